@@ -1,0 +1,1 @@
+"""Kimi VL suite."""

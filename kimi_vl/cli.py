@@ -1,0 +1,57 @@
+"""The ``kimi-vl`` command.
+
+Each subcommand is a ``main(argv) -> int`` function in the module that owns it, listed once in
+:data:`COMMANDS` and imported only when it runs (so ``kimi-vl --help`` stays fast). A subcommand
+parses its own arguments; run configs go through :mod:`kimi_vl.runconfig`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (one-line help, "module:function")
+COMMANDS: dict[str, tuple[str, str]] = {
+    "env": ("print versions, devices and how the kernels will run here", "kimi_vl.cli:cmd_env"),
+}
+
+
+def cmd_env(argv: Sequence[str]) -> int:
+    import argparse
+    import json
+
+    from kimi_vl.envinfo import env_report, format_report
+
+    parser = argparse.ArgumentParser(prog="kimi-vl env", description=COMMANDS["env"][0])
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    report = env_report()
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: kimi-vl COMMAND [ARGS...]", "", "Kimi K2.5 recipe at research scale.", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (help_, _) in COMMANDS.items()]
+    lines += ["", "Run 'kimi-vl COMMAND --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"kimi-vl: unknown command '{name}'\n\n{usage()}", file=sys.stderr)
+        return 2
+    module, func = COMMANDS[name][1].split(":")
+    handler = getattr(importlib.import_module(module), func)
+    return int(handler(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
