@@ -1,0 +1,1 @@
+"""Training app: accelerate-launched pretraining and SFT (see README.md)."""
