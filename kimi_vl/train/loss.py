@@ -1,0 +1,55 @@
+"""Next-token loss with per-modality and per-source breakdowns.
+
+Shapes: ``logits_BLV [B, L, V]``, ``labels_BL [B, L]`` (unshifted, -100 = ignore), id maps
+``ids_BL [B, L]``, ``position_ids_BL [B, L]``. The target at position t is predicted from
+``logits[t-1]``. In a packed row the first token of a document would be "predicted" from the last
+token of the previous one; such targets (``position_ids == 0``) are masked out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def token_losses(logits_BLV: torch.Tensor, labels_BL: torch.Tensor,
+                 position_ids_BL: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token cross entropy aligned to the *target* position: ``(loss_BL, mask_BL)``.
+
+    ``loss_BL[:, t]`` is the loss of predicting ``labels[:, t]`` from ``logits[:, t-1]``; position 0
+    and ignored targets (and document starts, when ``position_ids_BL`` is given) have
+    ``mask == False`` and loss 0. Computed in fp32.
+    """
+    B, L, V = logits_BLV.shape
+    target_BL = labels_BL[:, 1:]
+    logits = logits_BLV[:, :-1].float().reshape(-1, V)
+    loss = F.cross_entropy(logits, target_BL.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
+    loss_BL = torch.cat([loss.new_zeros(B, 1), loss.view(B, L - 1)], dim=1)
+    mask_BL = torch.cat([labels_BL.new_zeros(B, 1, dtype=torch.bool), target_BL != IGNORE_INDEX], dim=1)
+    if position_ids_BL is not None:
+        mask_BL = mask_BL & (position_ids_BL != 0)
+    return loss_BL * mask_BL, mask_BL
+
+
+def mean_loss(loss_BL: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
+    """Mean over unmasked targets (0 with a zero gradient path when nothing is unmasked)."""
+    n = mask_BL.sum()
+    return (loss_BL * mask_BL).sum() / n.clamp(min=1)
+
+
+def breakdown(loss_BL: torch.Tensor, mask_BL: torch.Tensor, ids_BL: torch.Tensor | None,
+              names: Sequence[str], prefix: str) -> dict[str, float]:
+    """``{f"{prefix}/{name}": mean loss}`` for every id present among the unmasked targets."""
+    if ids_BL is None:
+        return {}
+    out = {}
+    loss, ids = loss_BL.detach()[mask_BL], ids_BL[mask_BL]
+    for i, name in enumerate(names):
+        sel = ids == i
+        if sel.any():
+            out[f"{prefix}/{name}"] = loss[sel].mean().item()
+    return out
