@@ -1,0 +1,157 @@
+"""Multi-head Latent Attention without positional encoding (NoPE MLA): the global layers of Kimi Linear.
+
+DeepSeek-V2/V3 layout (arXiv 2405.04434), used by Kimi Linear with no rotary embedding (KDA is the only
+positional mechanism):
+    q        = W_q x                      or  W_qb RMSNorm(W_qa x)       (low rank, ``q_lora_rank``)
+    [c, kr]  = W_kva x                    c: latent [R], kr: shared "rope" key part [dr] (not rotated)
+    [kn, v]  = W_kvb RMSNorm(c)           per head: kn [dn], v [V]
+    k_h      = [kn_h, kr]                 kr shared by all heads;  scale = (dn + dr)^-1/2
+Cached decode with the latent cache uses the absorbed form (scores against ``[c, kr]`` with
+``q_nope W_uk`` as query, values ``c`` then ``W_uv``), which never re-expands the cache.
+
+QK-Clip protocol (docs/INTERFACES.md): ``qk_clip_num_heads``, ``track_max_logits``, the ``max_logits_H``
+buffer, and ``qk_clip_(gamma_H)`` (q_nope and k_nope rows by sqrt(gamma), q_rope rows by gamma).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kimi_vl.modeling.cache import MLALayerCache
+from kimi_vl.modeling.masks import MaskSpec
+from kimi_vl.modeling.norm import RMSNorm
+
+_FLEX = None
+ABSORB_MAX_QUERY = 16  # cached steps with at most this many new tokens use the absorbed latent form
+
+
+def _flex_attention():
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    return _FLEX
+
+
+class MLAttention(nn.Module):
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.q_lora_rank, self.kv_lora_rank = config.q_lora_rank, config.kv_lora_rank
+        self.nope_dim, self.rope_dim, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        self.qk_dim = self.nope_dim + self.rope_dim
+        self.scaling = self.qk_dim ** -0.5
+        self.dropout = config.attention_dropout
+        d, h = config.hidden_size, self.num_heads
+        if self.q_lora_rank is None:
+            self.q_proj = nn.Linear(d, h * self.qk_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(d, self.q_lora_rank, bias=config.attention_bias)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank)
+            self.q_b_proj = nn.Linear(self.q_lora_rank, h * self.qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, self.kv_lora_rank + self.rope_dim, bias=config.attention_bias)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank)
+        self.kv_b_proj = nn.Linear(self.kv_lora_rank, h * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(h * self.v_dim, d, bias=config.attention_bias)
+        self.use_flex = config.attn_backend == "flex" or (config.attn_backend == "auto" and torch.cuda.is_available())
+        self.eager = config.attn_backend == "eager"
+        self.qk_clip_num_heads = h
+        self.track_max_logits = False
+        self.register_buffer("max_logits_H", torch.full((h,), float("-inf")), persistent=False)
+
+    def _query(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        q = self.q_proj(x_BTD) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BTD)))
+        return q.view(*x_BTD.shape[:2], self.num_heads, self.qk_dim)  # [B, T, H, dq]
+
+    def _latent(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ckv, k_rope = torch.split(self.kv_a_proj_with_mqa(x_BTD), [self.kv_lora_rank, self.rope_dim], dim=-1)
+        return self.kv_a_layernorm(ckv), k_rope  # [B, S, R], [B, S, dr]
+
+    def _expand(self, ckv_BSR: torch.Tensor, krope_BSd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s, _ = ckv_BSR.shape
+        kv = self.kv_b_proj(ckv_BSR).view(b, s, self.num_heads, self.nope_dim + self.v_dim)
+        k_nope, v = torch.split(kv, [self.nope_dim, self.v_dim], dim=-1)
+        k_rope = krope_BSd[:, :, None, :].expand(b, s, self.num_heads, self.rope_dim)
+        return torch.cat([k_nope, k_rope], dim=-1), v  # [B, S, H, dq], [B, S, H, V]
+
+    def forward(self, x_BTD: torch.Tensor, mask: MaskSpec, cache: MLALayerCache | None = None) -> torch.Tensor:
+        b, t, _ = x_BTD.shape
+        q_BTHd = self._query(x_BTD)
+        ckv, krope = self._latent(x_BTD)
+        if cache is not None and cache.mode == "latent":
+            had_past = cache.seq_length() > 0
+            ckv, krope = cache.update(ckv, krope)
+            if had_past and t <= ABSORB_MAX_QUERY:
+                return self.o_proj(self._absorbed(q_BTHd, ckv, krope, mask).reshape(b, t, -1))
+        k_BSHd, v_BSHV = self._expand(ckv, krope)
+        q, k, v = q_BTHd.transpose(1, 2), k_BSHd.transpose(1, 2), v_BSHV.transpose(1, 2)
+        if cache is not None and cache.mode == "expanded":
+            k, v = cache.update(k, v)
+        if self.track_max_logits and self.training:
+            self._track(q_BTHd, k_BSHd, mask)
+        out_BHTV = self._attend(q, k, v, mask)
+        return self.o_proj(out_BHTV.transpose(1, 2).reshape(b, t, -1))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskSpec) -> torch.Tensor:
+        """q ``[B, H, T, dq]``, k ``[B, H, S, dq]``, v ``[B, H, S, V]`` -> ``[B, H, T, V]``."""
+        dropout = self.dropout if self.training else 0.0
+        if mask.block_mask is not None:
+            return _flex_attention()(q, k, v, block_mask=mask.block_mask, scale=self.scaling)
+        if self.eager:
+            return _eager_attention(q, k, v, mask.dense_B1TS, mask.is_causal, self.scaling)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense_B1TS, dropout_p=dropout,
+                                              is_causal=mask.is_causal, scale=self.scaling)
+
+    def _absorbed(self, q_BTHd: torch.Tensor, ckv_BSR: torch.Tensor, krope_BSd: torch.Tensor,
+                  mask: MaskSpec) -> torch.Tensor:
+        """Attention against the latent cache without expanding it; returns ``[B, T, H, V]``."""
+        w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        w_uk, w_uv = w[:, : self.nope_dim], w[:, self.nope_dim:]  # [H, dn, R], [H, V, R]
+        q_nope, q_rope = torch.split(q_BTHd, [self.nope_dim, self.rope_dim], dim=-1)
+        q_lat = torch.einsum("bthn,hnr->bhtr", q_nope, w_uk)
+        query = torch.cat([q_lat, q_rope.transpose(1, 2)], dim=-1)  # [B, H, T, R+dr]
+        b, s, _ = ckv_BSR.shape
+        key = torch.cat([ckv_BSR, krope_BSd], dim=-1)[:, None].expand(b, self.num_heads, s, -1)
+        value = ckv_BSR[:, None].expand(b, self.num_heads, s, self.kv_lora_rank)
+        out_lat = F.scaled_dot_product_attention(query, key, value, attn_mask=mask.dense_B1TS,
+                                                 is_causal=False, scale=self.scaling)  # [B, H, T, R]
+        return torch.einsum("bhtr,hvr->bthv", out_lat, w_uv)
+
+    @torch.no_grad()
+    def _track(self, q_BTHd: torch.Tensor, k_BSHd: torch.Tensor, mask: MaskSpec) -> None:
+        from kernels.qk_max import max_logits_per_head
+
+        if q_BTHd.shape[1] != k_BSHd.shape[1]:
+            raise ValueError("MLAttention: QK-Clip tracking needs a forward without a cache (T == S)")
+        step_max = max_logits_per_head(q_BTHd, k_BSHd, self.scaling, True, cu_seqlens=mask.cu_seqlens,
+                                       key_padding_mask=mask.key_padding_mask_BS)
+        self.max_logits_H.copy_(torch.maximum(self.max_logits_H, step_max.to(self.max_logits_H)))
+
+    @torch.no_grad()
+    def qk_clip_(self, gamma_H: torch.Tensor) -> None:
+        """Rescale q_nope/k_nope rows by sqrt(gamma) and q_rope rows by gamma per head; k_rope, V, O untouched."""
+        if gamma_H.shape != (self.num_heads,):
+            raise ValueError(f"MLAttention.qk_clip_: gamma_H must be [{self.num_heads}], got {tuple(gamma_H.shape)}")
+        q_lin = self.q_proj if self.q_lora_rank is None else self.q_b_proj
+        g = gamma_H.to(device=q_lin.weight.device, dtype=torch.float32)
+        root = g.sqrt()
+        q_w = q_lin.weight.view(self.num_heads, self.qk_dim, -1)
+        q_w[:, : self.nope_dim].mul_(root[:, None, None].to(q_w.dtype))
+        q_w[:, self.nope_dim:].mul_(g[:, None, None].to(q_w.dtype))
+        kv_w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, -1)
+        kv_w[:, : self.nope_dim].mul_(root[:, None, None].to(kv_w.dtype))
+
+
+def _eager_attention(q, k, v, dense_B1TS, is_causal: bool, scale: float) -> torch.Tensor:
+    """Reference attention in fp32 (masked with ``where`` before the softmax)."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if is_causal:
+        t, s = scores.shape[-2:]
+        dense_B1TS = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+    if dense_B1TS is not None:
+        scores = scores.masked_fill(~dense_B1TS, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v.float()).to(q.dtype)

@@ -1,0 +1,209 @@
+"""Attention Residuals: softmax mixing over depth instead of PreNorm's plain sum (``../shared/REFERENCE.md`` s. 3).
+
+Sources ``v_0 = embedding``, ``v_i = f_i(...)`` (raw sublayer outputs). Sublayer ``l`` reads
+
+    h_l = sum_i alpha_i v_i,   alpha = softmax_i( w_l . RMSNorm_l(v_i) )      (fp32, no temperature)
+
+with ``w_l`` a zero-initialised pseudo-query ``[D]`` and ``RMSNorm_l`` a key norm with a learnable gain; a
+separate query/norm mixes the sources for the final norm. Since ``w . (g * n) = (w * g) . n`` we work with
+``u = w * g`` and the unit-RMS keys ``n_i = v_i * rstd_i``.
+
+Block AttnRes groups the sublayers into blocks of ``S``: sources are ``[b_0 = embedding, completed block sums,
+the current block's partial sum]`` (a block's first sublayer sees only completed blocks); full AttnRes is S = 1.
+
+Implementations (all equal): ``mix_naive`` (stack + softmax, the reference); ``AttnResMix`` (custom autograd
+function: saves only fp32 ``rstd`` and ``alpha`` ``[N, B, T]`` per call and recomputes keys in backward, so
+memory does not grow by a stacked copy of the sources per sublayer); ``phase1``/``phase2`` (inference: one
+batched pass of a block's queries over the completed blocks, then an online-softmax merge of each
+sublayer's own partial sum). The stream classes here are the single place that wires residuals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class ResProj(nn.Linear):
+    """A pseudo-query ``w [1, D]`` stored as a bias-free ``Linear(D, 1)`` (zero-initialised by the model)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim, 1, bias=False)
+
+
+@dataclass
+class ResQuery:
+    """One sublayer's mixing parameters: pseudo-query ``w [D]``, key-norm gain ``g [D]``, eps."""
+
+    weight: torch.Tensor
+    gain: torch.Tensor
+    eps: float
+
+    def u(self) -> torch.Tensor:
+        return self.weight.float().reshape(-1) * self.gain.float()
+
+
+def _rstd(v_fp32: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.rsqrt(v_fp32.pow(2).mean(-1) + eps)
+
+
+def mix_naive(sources: Sequence[torch.Tensor], query: ResQuery) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: ``(h [B, T, D] in the sources' dtype, alpha [N, B, T] fp32)``."""
+    v_NBTD = torch.stack([s.float() for s in sources])
+    keys = v_NBTD * _rstd(v_NBTD, query.eps)[..., None] * query.gain.float()
+    alpha_NBT = torch.softmax(keys @ query.weight.float().reshape(-1), dim=0)
+    h = (alpha_NBT[..., None] * v_NBTD).sum(0)
+    return h.to(sources[0].dtype), alpha_NBT
+
+
+class AttnResMix(torch.autograd.Function):
+    """Memory-lean mix: forward saves ``rstd`` and ``alpha`` (fp32 ``[N, B, T]``), backward recomputes keys."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, gain: torch.Tensor, eps: float, *sources: torch.Tensor):
+        u = weight.float().reshape(-1) * gain.float()
+        rstd = torch.stack([_rstd(s.float(), eps) for s in sources])  # [N, B, T]
+        scores = torch.stack([(s.float() @ u) for s in sources]) * rstd
+        alpha = torch.softmax(scores, dim=0)
+        h = alpha[0, ..., None] * sources[0].float()
+        for i in range(1, len(sources)):
+            h = h + alpha[i, ..., None] * sources[i].float()
+        ctx.save_for_backward(weight, gain, rstd, alpha, *sources)
+        ctx.mark_non_differentiable(alpha)
+        return h.to(sources[0].dtype), alpha
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
+        weight, gain, rstd, alpha, *sources = ctx.saved_tensors
+        d = sources[0].shape[-1]
+        u = weight.float().reshape(-1) * gain.float()
+        dhf = dh.float()
+        dalpha = torch.stack([(dhf * s.float()).sum(-1) for s in sources])  # [N, B, T]
+        ds = alpha * (dalpha - (alpha * dalpha).sum(0, keepdim=True))
+        du = torch.zeros_like(u)
+        grads = []
+        for i, s in enumerate(sources):
+            n = s.float() * rstd[i, ..., None]
+            score = (n @ u)[..., None]
+            du = du + (ds[i, ..., None] * n).reshape(-1, d).sum(0)
+            dv = alpha[i, ..., None] * dhf + (ds[i] * rstd[i])[..., None] * (u - n * score / d)
+            grads.append(dv.to(s.dtype) if ctx.needs_input_grad[3 + i] else None)
+        dweight = (du * gain.float()).reshape(weight.shape).to(weight.dtype)
+        dgain = (du * weight.float().reshape(-1)).to(gain.dtype)
+        return dweight, dgain, None, *grads
+
+
+def mix(sources: Sequence[torch.Tensor], query: ResQuery) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training path: :class:`AttnResMix` (same values as :func:`mix_naive`)."""
+    return AttnResMix.apply(query.weight, query.gain, query.eps, *sources)
+
+
+def phase1(completed: Sequence[torch.Tensor], queries: Sequence[ResQuery]):
+    """All of a block's queries against its completed sources at once.
+
+    Returns fp32 ``o [S, B, T, D]`` (unnormalised), ``m [S, B, T]`` (max score), ``l [S, B, T]`` (sum of exp).
+    """
+    v_NBTD = torch.stack([s.float() for s in completed])
+    rstd = _rstd(v_NBTD, queries[0].eps)
+    u_SD = torch.stack([q.u() for q in queries])
+    scores = torch.einsum("nbtd,sd->snbt", v_NBTD, u_SD) * rstd
+    m = scores.amax(dim=1)
+    p = torch.exp(scores - m[:, None])
+    return torch.einsum("snbt,nbtd->sbtd", p, v_NBTD), m, p.sum(dim=1)
+
+
+def phase2(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, partial: torch.Tensor | None,
+           query: ResQuery) -> torch.Tensor:
+    """Online-softmax merge of one sublayer's phase-1 result with its own partial sum -> ``h [B, T, D]`` fp32."""
+    if partial is None:
+        return o / l[..., None]
+    pf = partial.float()
+    s = (pf @ query.u()) * _rstd(pf, query.eps)
+    m_new = torch.maximum(m, s)
+    a, b = torch.exp(m - m_new), torch.exp(s - m_new)
+    return (o * a[..., None] + pf * b[..., None]) / (l * a + b)[..., None]
+
+
+def alpha_stats(alpha_NBT: torch.Tensor, token_mask: torch.Tensor | None = None) -> dict[str, float]:
+    """Mean over tokens of the entropy and max weight of alpha, and the weight on the embedding (source 0)."""
+    a = alpha_NBT.detach().float().flatten(1)
+    if token_mask is not None:
+        a = a[:, token_mask.reshape(-1).bool()]
+    entropy = -(a * a.clamp_min(1e-30).log()).sum(0)
+    return {"entropy": float(entropy.mean()), "max_weight": float(a.max(0).values.mean()),
+            "embed_weight": float(a[0].mean()), "num_sources": int(a.shape[0])}
+
+
+def rms(x: torch.Tensor) -> float:
+    return float(x.detach().float().pow(2).mean().sqrt())
+
+
+class StandardStream:
+    """PreNorm residual: ``x <- x + f(norm(x))``."""
+
+    def __init__(self, embeddings: torch.Tensor, record: dict | None = None) -> None:
+        self.x, self.record = embeddings, record
+
+    def input(self, i: int) -> torch.Tensor:
+        return self.x
+
+    def add(self, i: int, out: torch.Tensor) -> None:
+        self.x = self.x + out
+        if self.record is not None:
+            self.record.setdefault("sublayer_output_rms", []).append(rms(out))
+            self.record.setdefault("stream_rms", []).append(rms(self.x))
+
+    def final(self) -> torch.Tensor:
+        return self.x
+
+
+class AttnResStream:
+    """Block AttnRes (``block_size = 1`` is full AttnRes). ``queries`` has one entry per sublayer plus the output.
+
+    ``impl``: ``"fused"`` (custom autograd), ``"naive"`` (stacked reference), ``"two_phase"`` (inference).
+    """
+
+    def __init__(self, embeddings: torch.Tensor, queries: Sequence[ResQuery], block_size: int, impl: str,
+                 record: dict | None = None, token_mask: torch.Tensor | None = None) -> None:
+        if impl not in ("fused", "naive", "two_phase"):
+            raise ValueError(f"AttnResStream: impl must be fused, naive or two_phase, got {impl!r}")
+        self.completed: list[torch.Tensor] = [embeddings]
+        self.partial: torch.Tensor | None = None
+        self.queries, self.block_size, self.impl = list(queries), block_size, impl
+        self.record, self.token_mask = record, token_mask
+        self._phase1: tuple | None = None
+
+    def input(self, i: int) -> torch.Tensor:
+        if self.impl == "two_phase":
+            return self._two_phase_input(i)
+        sources = self.completed + ([self.partial] if self.partial is not None else [])
+        if len(sources) == 1 and self.impl == "fused" and self.record is None:
+            return sources[0]
+        h, alpha = (mix_naive if self.impl == "naive" else mix)(sources, self.queries[i])
+        if self.record is not None:
+            self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
+        return h
+
+    def _two_phase_input(self, i: int) -> torch.Tensor:
+        j = i % self.block_size
+        if j == 0:
+            block_queries = self.queries[i: i + self.block_size]
+            self._phase1 = phase1(self.completed, block_queries)
+        o, m, l = (t[j] for t in self._phase1)
+        return phase2(o, m, l, self.partial, self.queries[i]).to(self.completed[0].dtype)
+
+    def add(self, i: int, out: torch.Tensor) -> None:
+        self.partial = out if self.partial is None else self.partial + out
+        if self.record is not None:
+            self.record.setdefault("sublayer_output_rms", []).append(rms(out))
+        if (i + 1) % self.block_size == 0:
+            if self.record is not None:
+                self.record.setdefault("block_output_rms", []).append(rms(self.partial))
+            self.completed.append(self.partial)
+            self.partial = None
+
+    def final(self) -> torch.Tensor:
+        return self.input(len(self.queries) - 1)

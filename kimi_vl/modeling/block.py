@@ -1,0 +1,85 @@
+"""One decoder layer of the Kimi Linear backbone: two sublayers (token mixer, FFN), each PreNormed.
+
+The residual wiring is not here: each sublayer asks the residual stream for its input and hands back its
+raw output (``stream.input(i)`` / ``stream.add(i, out)``, see ``attn_res.py``), so the standard PreNorm sum
+and Attention Residuals are swapped in one place. With AttnRes each layer owns its pseudo-queries and key
+norms under the checkpoint names of later Kimi releases: ``self_attention_res_{proj,norm}`` and
+``mlp_res_{proj,norm}`` (the ``_res_proj`` / ``_res_norm`` suffixes route them to AdamW).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kimi_vl.modeling.attention import MLAttention
+from kimi_vl.modeling.attn_res import ResProj, ResQuery
+from kimi_vl.modeling.cache import KimiVLCache
+from kimi_vl.modeling.kda_layer import KDALayer
+from kimi_vl.modeling.masks import MaskSpec
+from kimi_vl.modeling.mlp import SwiGLU
+from kimi_vl.modeling.moe import MoE
+from kimi_vl.modeling.norm import RMSNorm
+
+
+@dataclass
+class LayerInputs:
+    """Per-forward context shared by all layers."""
+
+    mask: MaskSpec
+    kda_mask_BT: torch.Tensor | None  # 1 = real token (current tokens only), for KDA zeroing and MoE load
+    cu_seqlens: torch.Tensor | None
+    cache: KimiVLCache | None
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.layer_type = config.layer_types[layer_idx]
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = KDALayer(config, layer_idx) if self.layer_type == "linear_attention" \
+            else MLAttention(config, layer_idx)
+        self.mlp = MoE(config) if config.mlp_layer_types[layer_idx] == "sparse" \
+            else SwiGLU(d, config.intermediate_size)
+        self.input_layernorm = RMSNorm(d, eps)
+        self.post_attention_layernorm = RMSNorm(d, eps)
+        self.attnres = config.residual_mode != "standard"
+        if self.attnres:
+            self.self_attention_res_proj = ResProj(d)
+            self.self_attention_res_norm = RMSNorm(d, eps)
+            self.mlp_res_proj = ResProj(d)
+            self.mlp_res_norm = RMSNorm(d, eps)
+        self.gradient_checkpointing = False
+
+    def res_queries(self) -> list[ResQuery]:
+        return [ResQuery(self.self_attention_res_proj.weight, self.self_attention_res_norm.weight,
+                         self.self_attention_res_norm.eps),
+                ResQuery(self.mlp_res_proj.weight, self.mlp_res_norm.weight, self.mlp_res_norm.eps)]
+
+    def forward(self, stream, inputs: LayerInputs) -> None:
+        first = 2 * self.layer_idx
+        h = stream.input(first)
+        stream.add(first, self._maybe_checkpoint(self._mixer, h, inputs))
+        h = stream.input(first + 1)
+        stream.add(first + 1, self._maybe_checkpoint(self._ffn, h, inputs))
+
+    def _maybe_checkpoint(self, fn, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+        if self.gradient_checkpointing and self.training and inputs.cache is None:
+            return self._gradient_checkpointing_func(fn, h, inputs)
+        return fn(h, inputs)
+
+    def _mixer(self, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+        x = self.input_layernorm(h)
+        layer_cache = None if inputs.cache is None else inputs.cache.layers[self.layer_idx]
+        if self.layer_type == "linear_attention":
+            return self.self_attn(x, inputs.kda_mask_BT, inputs.cu_seqlens, layer_cache)
+        return self.self_attn(x, inputs.mask, layer_cache)
+
+    def _ffn(self, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+        x = self.post_attention_layernorm(h)
+        if isinstance(self.mlp, MoE):
+            return self.mlp(x, inputs.kda_mask_BT)
+        return self.mlp(x)

@@ -1,0 +1,211 @@
+"""KimiVLModel / KimiVLForCausalLM: the Kimi Linear text backbone as a transformers model.
+
+Inputs (``[B, L]`` unless noted): ``input_ids`` or ``inputs_embeds [B, L, D]`` (the multimodal model splices
+vision tokens into the embeddings); ``attention_mask`` (1 = token, 0 = padding; with a cache it covers
+cached + new tokens, so left-padded batch generation works); ``cu_seqlens`` (int ``[N+1]`` document
+boundaries over the flattened ``B*L`` tokens: packed documents never see each other, KDA runs varlen and
+MLA gets a block-diagonal causal mask); ``position_ids`` are accepted and unused (NoPE: KDA is the only
+positional mechanism). ``labels`` are unshifted; with ``cu_seqlens`` the target of a document's last
+token (the next document's first token) is ignored.
+
+Generation: the model builds its own :class:`KimiVLCache` (KDA states + MLA latent/expanded KV) and
+``generate()`` threads it through (``_supports_default_dynamic_cache`` is False). Under ``no_grad`` the
+AttnRes stream uses the two-phase inference form.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from kimi_vl.configuration import KimiVLConfig
+from kimi_vl.modeling.attn_res import AttnResStream, ResProj, ResQuery, StandardStream
+from kimi_vl.modeling.block import DecoderLayer, LayerInputs
+from kimi_vl.modeling.cache import KimiVLCache
+from kimi_vl.modeling.kda_layer import KDALayer, kda_init_values
+from kimi_vl.modeling.masks import build_mask
+from kimi_vl.modeling.moe import Experts, Router
+from kimi_vl.modeling.norm import GatedRMSNorm, RMSNorm
+
+
+class KimiVLPreTrainedModel(PreTrainedModel):
+    config_class = KimiVLConfig
+    config: KimiVLConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["DecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _is_stateful = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, ResProj):
+            init.zeros_(module.weight)
+        elif isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, (RMSNorm, GatedRMSNorm)):
+            init.ones_(module.weight)
+        elif isinstance(module, Experts):
+            for p in (module.gate_proj, module.up_proj, module.down_proj):
+                init.normal_(p, mean=0.0, std=std)
+        elif isinstance(module, Router):
+            init.normal_(module.weight, mean=0.0, std=std)
+            init.zeros_(module.e_score_correction_bias)
+        elif isinstance(module, KDALayer):
+            a_log, dt_bias, conv = kda_init_values(module)
+            init.copy_(module.A_log, a_log)
+            init.copy_(module.dt_bias, dt_bias)
+            init.copy_(module.conv1d_weight, conv)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False
+
+
+class KimiVLModel(KimiVLPreTrainedModel):
+    def __init__(self, config: KimiVLConfig) -> None:
+        super().__init__(config)
+        d = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        attnres = config.residual_mode != "standard"
+        self.output_attn_res_proj = ResProj(d) if attnres else None
+        self.output_attn_res_norm = RMSNorm(d, config.rms_norm_eps) if attnres else None
+        self.attnres_impl = "auto"  # "auto" | "fused" | "naive" | "two_phase"
+        self.record_diagnostics = False
+        self.last_diagnostics: dict = {}
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def _stream(self, x: torch.Tensor, token_mask: torch.Tensor | None):
+        record = {} if self.record_diagnostics else None
+        self.last_diagnostics = record if record is not None else {}
+        if self.config.residual_mode == "standard":
+            return StandardStream(x, record)
+        queries = [q for layer in self.layers for q in layer.res_queries()]
+        queries.append(ResQuery(self.output_attn_res_proj.weight, self.output_attn_res_norm.weight,
+                                self.output_attn_res_norm.eps))
+        size = 1 if self.config.residual_mode == "attnres_full" else self.config.attnres_block_size
+        impl = self.attnres_impl
+        if impl == "auto":
+            impl = "fused" if torch.is_grad_enabled() or record is not None else "two_phase"
+        return AttnResStream(x, queries, size, impl, record, token_mask)
+
+    def forward(self, input_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: KimiVLCache | None = None,
+                use_cache: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("KimiVLModel.forward: pass exactly one of input_ids and inputs_embeds")
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        b, t, d = x.shape
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if cu_seqlens is not None:
+            _check_packed(cu_seqlens, b * t, past_key_values, use_cache)
+            x, attention_mask, use_cache = x.reshape(1, b * t, d), None, False
+        if use_cache and past_key_values is None:
+            past_key_values = KimiVLCache(self.config)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        kda_mask = None if attention_mask is None else attention_mask[:, -x.shape[1]:]
+        if kda_mask is not None and bool(kda_mask.all()):
+            kda_mask = None
+        use_flex = any(getattr(layer.self_attn, "use_flex", False) for layer in self.layers)
+        mask = build_mask(x.shape[1], past + x.shape[1], attention_mask, cu_seqlens, x.device,
+                          use_flex and cu_seqlens is not None)
+        inputs = LayerInputs(mask, kda_mask, cu_seqlens, past_key_values)
+        stream = self._stream(x, kda_mask)
+        for layer in self.layers:
+            layer(stream, inputs)
+        if past_key_values is not None:
+            past_key_values.advance(x.shape[1])
+        hidden = self.norm(stream.final())
+        return BaseModelOutputWithPast(last_hidden_state=hidden.reshape(b, t, d), past_key_values=past_key_values)
+
+
+def _check_packed(cu_seqlens: torch.Tensor, total: int, cache, use_cache: bool | None) -> None:
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != total:
+        raise ValueError(f"KimiVLModel.forward: cu_seqlens must be [N+1] from 0 to B*L={total}, got "
+                         f"{cu_seqlens.tolist() if cu_seqlens.numel() < 20 else tuple(cu_seqlens.shape)}")
+    if cache is not None:
+        raise ValueError("KimiVLModel.forward: cu_seqlens (packed documents) cannot be combined with past_key_values")
+
+
+class KimiVLForCausalLM(KimiVLPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: KimiVLConfig) -> None:
+        super().__init__(config)
+        self.model = KimiVLModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: KimiVLCache | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
+                logits_to_keep: int | torch.Tensor = 0, **kwargs) -> CausalLMOutputWithPast:
+        out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                         cu_seqlens=cu_seqlens, position_ids=position_ids, past_key_values=past_key_values,
+                         use_cache=use_cache)
+        hidden = out.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden = hidden[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden = hidden[:, logits_to_keep]
+        logits = self.lm_head(hidden)
+        loss = None if labels is None else causal_lm_loss(logits, labels, cu_seqlens)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+
+    def update_moe_bias(self, rate: float | None = None) -> dict[str, float]:
+        """Aux-loss-free balancing step for every MoE layer (call after ``optimizer.step()``); returns stats to log."""
+        rate = self.config.moe_bias_update_rate if rate is None else rate
+        stats = {}
+        for i, layer in enumerate(self.model.layers):
+            gate = getattr(layer.mlp, "gate", None)
+            if isinstance(gate, Router):
+                stats[f"moe/layer{i}/max_violation"] = gate.update_bias(rate)["max_violation"]
+        if stats:
+            stats["moe/max_violation"] = max(stats.values())
+        return stats
+
+
+def causal_lm_loss(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """Mean next-token cross entropy (fp32) over targets != -100; packed documents do not predict each other."""
+    targets = torch.full_like(labels_BL, -100)
+    targets[:, :-1] = labels_BL[:, 1:]
+    if cu_seqlens is not None:
+        flat = targets.reshape(-1)
+        starts = cu_seqlens[1:-1].to(torch.long)
+        flat[starts - 1] = -100
+        targets = flat.view_as(labels_BL)
+    return F.cross_entropy(logits_BLV.float().reshape(-1, logits_BLV.shape[-1]), targets.reshape(-1),
+                           ignore_index=-100)
