@@ -1,0 +1,51 @@
+"""2-D rotary position embedding for MoonViT (REFERENCE.md section 5), in the layout of transformers'
+``Kimi_K25VisionRotaryEmbedding`` so converted checkpoints need no weight permutation.
+
+Frequencies ``f_j = theta^(-4j / D)`` for ``j < D/4`` (the same ladder for rows and columns). Rotate-half
+layout: channel ``c`` pairs with ``c + D/2``; for ``c < D/2`` the angle is ``col * f_{c//2}`` when ``c`` is
+even and ``row * f_{c//2}`` when odd. Half the rotary pairs therefore encode the column, half the row.
+
+Shapes: ``P`` = packed patches, ``H`` heads, ``D`` head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rope_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """``[D/4]`` fp32 inverse frequencies."""
+    half = head_dim // 2
+    return 1.0 / (theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half))
+
+
+def patch_positions(grid_thw: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """``[P, 2]`` long (row, col) of every packed patch: row-major per frame, repeated over ``t``."""
+    parts = []
+    for t, h, w in grid_thw.tolist():
+        rows = torch.arange(h, device=device).repeat_interleave(w)
+        cols = torch.arange(w, device=device).repeat(h)
+        parts.append(torch.stack([rows, cols], dim=-1).repeat(t, 1))
+    if not parts:
+        return torch.zeros(0, 2, dtype=torch.long, device=device)
+    return torch.cat(parts)
+
+
+def rope_cos_sin(positions_P2: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``cos, sin`` of shape ``[P, D]`` for (row, col) positions."""
+    freqs = positions_P2[:, :, None].float() * inv_freq.to(positions_P2.device)[None, None, :]  # [P, 2, D/4]
+    angles = freqs.flip(1).transpose(1, 2).reshape(positions_P2.shape[0], -1)  # [P, D/2]: col, row, col, row...
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope_2d(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [..., H, D]`` with ``cos/sin [..., D]`` (computed in fp32, cast back to ``x.dtype``)."""
+    xf = x.float()
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return (xf * c + _rotate_half(xf) * s).to(x.dtype)
