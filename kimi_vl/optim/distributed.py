@@ -1,0 +1,124 @@
+"""Distributed Newton-Schulz: every matrix orthogonalised once, by an owner rank, results shared.
+
+Source: REFERENCE.md section 4 ("Distributed Muon"), Liu et al. "Muon is Scalable for LLM Training".
+
+- DDP (replicated parameters, all-reduced gradients): each rank already holds every full update
+  matrix. Matrices of one shape are dealt round-robin to ranks (the start rotates between shape groups
+  so the extra matrices spread out); each rank runs the batched iteration on its own matrices only; one
+  ``all_gather`` per shape group shares the results.
+- FSDP2 (DTensor parameters): the sharded update is gathered with ``full_tensor()`` first, then the same
+  owner scheme runs, and each rank keeps only its own shard of the result
+  (``distribute_tensor(..., src_data_rank=None)``: slicing, no communication).
+
+``comm_bytes`` counts the payload bytes each rank receives from these collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from kimi_vl.optim.muon import newton_schulz5
+
+
+@dataclass
+class DistContext:
+    """The process group Muon's collectives run on."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    world: int
+
+    @staticmethod
+    def detect(group: dist.ProcessGroup | None = None) -> DistContext | None:
+        """A context when torch.distributed is initialised with more than one rank, else None."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        world = dist.get_world_size(group)
+        return DistContext(group, dist.get_rank(group), world) if world > 1 else None
+
+
+@dataclass
+class NSReport:
+    """What the owner scheme did at one step (for logging and for the orthogonalise-once test)."""
+
+    ids_local: list[int] = field(default_factory=list)
+    total: int = 0
+    comm_bytes: int = 0
+
+
+def owner_of(j: int, offset: int, world: int) -> int:
+    return (offset + j) % world
+
+
+def owner_newton_schulz(
+    batches: dict[tuple, torch.Tensor], ctx: DistContext, steps_of: dict[tuple, int], dtype: torch.dtype
+) -> tuple[dict[tuple, torch.Tensor], NSReport]:
+    """Orthogonalise every ``[N, A, B]`` batch with each matrix computed by exactly one rank.
+
+    ``batches`` must hold the same keys, in the same order, with the same shapes on every rank.
+    Returns the full results on every rank and the report (global ids this rank computed).
+    """
+    out: dict[tuple, torch.Tensor] = {}
+    report = NSReport()
+    base = 0
+    for key, G_NAB in batches.items():
+        N, A, B = G_NAB.shape
+        offset = base % ctx.world
+        mine = [j for j in range(N) if owner_of(j, offset, ctx.world) == ctx.rank]
+        per = -(-N // ctx.world)
+        chunk = torch.zeros(per, A, B, dtype=dtype, device=G_NAB.device)
+        if mine:
+            chunk[: len(mine)] = newton_schulz5(G_NAB[mine], steps=steps_of[key], dtype=dtype)
+        gathered = [torch.empty_like(chunk) for _ in range(ctx.world)]
+        dist.all_gather(gathered, chunk, group=ctx.group)
+        result = torch.empty(N, A, B, dtype=dtype, device=G_NAB.device)
+        taken = [0] * ctx.world
+        for j in range(N):
+            r = owner_of(j, offset, ctx.world)
+            result[j] = gathered[r][taken[r]]
+            taken[r] += 1
+        out[key] = result
+        report.ids_local += [base + j for j in mine]
+        report.comm_bytes += (ctx.world - 1) * chunk.numel() * chunk.element_size()
+        base += N
+    report.total = base
+    return out, report
+
+
+def is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def local_view(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (shares storage), or the tensor itself."""
+    return t.to_local() if is_dtensor(t) else t
+
+
+def check_fsdp_param(p: torch.Tensor, name: str) -> None:
+    """Muon supports DTensor parameters on a 1-D mesh (FSDP2 ``fully_shard``)."""
+    if p.device_mesh.ndim != 1:
+        raise ValueError(
+            f"kimi_vl/optim/distributed.py: {name} is a DTensor on a {p.device_mesh.ndim}-D mesh; "
+            "MuonClip supports 1-D meshes (FSDP2 without HSDP/TP)"
+        )
+
+
+def gather_full(p: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Full tensor from this rank's shard ``local`` laid out like DTensor ``p``; also bytes received."""
+    from torch.distributed.tensor import DTensor
+
+    dt = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+    full = dt.full_tensor()
+    return full, (full.numel() - local.numel()) * full.element_size()
+
+
+def shard_like(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``full`` under ``p``'s placements (local slicing, no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()

@@ -1,0 +1,109 @@
+"""QK-Clip: per-head rescaling of query/key weights whose max pre-softmax logit exceeded tau.
+
+Source: Kimi K2 technical report, REFERENCE.md section 4; module protocol in docs/INTERFACES.md ("QK-Clip").
+During a step's forward passes each participating attention module keeps ``max_logits_H`` (a running
+max over micro-batches). After the optimizer update :class:`QKClipper` all-reduces MAX of those
+buffers across ranks (one collective for all layers), computes ``gamma_H = min(1, tau / S_max_H)``,
+calls ``module.qk_clip_(gamma_H)`` where some head exceeds tau, and resets the buffers to ``-inf``.
+It is a feedback controller on the weights, not a hard bound on the next batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+PROTOCOL = ("qk_clip_num_heads", "track_max_logits", "max_logits_H", "qk_clip_")
+
+
+def find_qk_clip_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """All submodules implementing the duck-typed QK-Clip protocol, in ``named_modules`` order."""
+    return [(n, m) for n, m in model.named_modules() if all(hasattr(m, a) for a in PROTOCOL)]
+
+
+def qk_clip_gamma(max_logits_H: torch.Tensor, tau: float) -> torch.Tensor:
+    """``gamma_H = min(1, tau / S_max_H)``; 1 for heads at or below tau and heads never seen (-inf / NaN)."""
+    s = max_logits_H.float()
+    over = torch.isfinite(s) & (s > tau)
+    return torch.where(over, tau / torch.where(over, s, torch.ones_like(s)), torch.ones_like(s))
+
+
+@dataclass
+class QKClipStats:
+    """What happened at one step: per-layer max logit (after the all-reduce) and clipped-head count."""
+
+    tau: float
+    layer_names: list[str]
+    max_logit: list[float]
+    clipped_heads: list[int]
+    clip_applied: bool
+
+    def to_dict(self, prefix: str = "qk_clip/", per_layer: bool = True) -> dict[str, float]:
+        """Flat metrics for a JSON-lines logger: global max, total clipped heads, and per layer."""
+        finite = [m for m in self.max_logit if m != float("-inf")]
+        out = {f"{prefix}max_logit": max(finite) if finite else float("nan"),
+               f"{prefix}clipped_heads": float(sum(self.clipped_heads))}
+        if per_layer:
+            for name, m, c in zip(self.layer_names, self.max_logit, self.clipped_heads):
+                out[f"{prefix}max_logit/{name}"] = m
+                out[f"{prefix}clipped_heads/{name}"] = float(c)
+        return out
+
+
+class QKClipper:
+    """Turns tracking on, and after each optimizer step reduces, clips and resets (see module docstring).
+
+    ``enabled=False`` keeps tracking and logging the max logits but never rescales (plain Muon baseline).
+    """
+
+    def __init__(
+        self, modules: Sequence[tuple[str, nn.Module]], tau: float, enabled: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if tau <= 0:
+            raise ValueError(f"kimi_vl/optim/qk_clip.py: tau must be > 0, got {tau}")
+        self.modules = list(modules)
+        self.tau = float(tau)
+        self.enabled = enabled
+        self.process_group = process_group
+        for _, m in self.modules:
+            m.track_max_logits = True
+            m.max_logits_H.fill_(float("-inf"))
+
+    def _gather_max(self) -> torch.Tensor:
+        maxes = torch.cat([m.max_logits_H.detach().float().reshape(-1) for _, m in self.modules])
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(self.process_group) > 1:
+            dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=self.process_group)
+        return maxes
+
+    @torch.no_grad()
+    def step(self) -> QKClipStats | None:
+        """Reduce the step's max logits, clip heads above tau (if enabled), reset buffers; return the stats."""
+        if not self.modules:
+            return None
+        maxes = self._gather_max()
+        gamma = qk_clip_gamma(maxes, self.tau)
+        names, layer_max, clipped = [], [], []
+        offset = 0
+        for name, m in self.modules:
+            h = m.max_logits_H.numel()
+            g_H = gamma[offset:offset + h].to(m.max_logits_H.device)
+            offset += h
+            if self.enabled and bool((g_H < 1).any()):
+                m.qk_clip_(g_H)
+            names.append(name)
+            m.max_logits_H.fill_(float("-inf"))
+        stats_H = torch.stack([maxes, (gamma < 1).float()]).cpu().tolist()  # one host sync for all layers
+        offset = 0
+        for _, m in self.modules:
+            h = m.max_logits_H.numel()
+            seg_max = stats_H[0][offset:offset + h]
+            layer_max.append(max(seg_max) if seg_max else float("-inf"))
+            clipped.append(int(sum(stats_H[1][offset:offset + h])))
+            offset += h
+        return QKClipStats(self.tau, names, layer_max, clipped, self.enabled)
+
