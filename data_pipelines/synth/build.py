@@ -1,0 +1,199 @@
+"""Build a synthetic dataset on disk: presets, deterministic generation, shards and a manifest.
+
+Layout: ``DIR/{split}/{stream}-{i:06d}.tar`` (split: ``train``, ``eval``; stream: ``vision``, ``text``)
+and ``DIR/manifest.json`` (counts, bytes, seed, generator version, per-shard sha256, content hash).
+Each sample's seed comes from ``(seed, split, family, index)`` (:func:`~data_pipelines.synth.common.sample_seed`),
+the sample order inside a split is a seeded shuffle, and worker processes return samples in order, so
+the same ``(preset, seed)`` gives byte-identical shards and manifest whatever ``workers`` is (on the same
+Python / Pillow / PyAV versions, which the manifest records).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from data_pipelines.shards import ShardWriter
+from data_pipelines.synth.common import Sample, sample_seed
+from data_pipelines.synth.families import FamilyContext, get_family
+
+GENERATOR_VERSION = "1.0.0"
+STREAMS = ("vision", "text")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Samples per family per split, plus the knobs of :class:`FamilyContext` and shard limits."""
+
+    name: str
+    train: dict[str, int]
+    eval: dict[str, int]
+    image_sides: tuple[int, int]
+    video_sides: tuple[int, int]
+    video_frames: tuple[int, int]
+    video_fps: int = 8
+    shard_max_count: int = 1000
+    shard_max_bytes: int = 256 * 2**20
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def scaled(self, factor: float) -> Preset:
+        """The same preset with every count multiplied by ``factor`` (at least 1 per family)."""
+        scale = lambda d: {k: max(1, int(round(v * factor))) for k, v in d.items()}  # noqa: E731
+        return replace(self, train=scale(self.train), eval=scale(self.eval))
+
+
+def _counts(scale: int, eval_scale: int) -> tuple[dict[str, int], dict[str, int]]:
+    base = {"shapes": 40, "ocr": 24, "chart": 24, "document": 16, "video": 12, "interleaved": 12, "chat": 24,
+            "text_mirror": 40, "prose": 40, "tool_sft": 40}
+    ev = {"shapes": 16, "ocr": 8, "chart": 8, "document": 8, "video": 8, "text_mirror": 24}
+    return {k: v * scale for k, v in base.items()}, {k: v * eval_scale for k, v in ev.items()}
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset("tiny", *_counts(1, 1), image_sides=(56, 448), video_sides=(64, 128), video_frames=(8, 16),
+                   shard_max_count=100),
+    "small": Preset("small", *_counts(30, 12), image_sides=(56, 672), video_sides=(64, 224), video_frames=(8, 32),
+                    shard_max_count=1000),
+    "large": Preset("large", *_counts(3000, 120), image_sides=(56, 900), video_sides=(64, 320), video_frames=(8, 64),
+                    shard_max_count=2000),
+}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+def plan(preset: Preset, split: str, seed: int) -> list[tuple[str, int]]:
+    """The ``(family, index)`` list of a split in writing order (a seeded shuffle)."""
+    counts = preset.train if split == "train" else preset.eval
+    items = [(fam, i) for fam in sorted(counts) for i in range(counts[fam])]
+    random.Random(f"{seed}/{split}/order").shuffle(items)
+    return items
+
+
+def generate_sample(preset: Preset, seed: int, split: str, family: str, index: int) -> Sample:
+    """One sample, fully determined by its arguments."""
+    s = sample_seed(seed, split, family, index)
+    ctx = FamilyContext(split, index, s, preset.image_sides, preset.video_sides, preset.video_frames,
+                        preset.video_fps)
+    sample = get_family(family).make(random.Random(s), ctx)
+    sample.meta = {"seed": s, "split": split, "index": index, "key": sample_key(split, family, index)}
+    return sample
+
+
+def sample_key(split: str, family: str, index: int) -> str:
+    return f"{split}_{family}_{index:08d}"
+
+
+def to_raw(sample: Sample) -> dict[str, Any]:
+    """A sample as webdataset members: ``json`` (record), ``txt`` (plain text), one member per media file."""
+    raw: dict[str, Any] = {"__key__": sample.meta["key"],
+                           "json": json.dumps(sample.record(), sort_keys=True, separators=(",", ":")),
+                           "txt": sample.plain_text()}
+    for media in sample.media:
+        raw[media.name] = media.data
+    return raw
+
+
+def _work(args: tuple[Preset, int, str, str, int]) -> tuple[str, str, dict[str, Any], list[str]]:
+    sample = generate_sample(*args)
+    return sample.family, sample.stream, to_raw(sample), [q["category"] for q in sample.qa]
+
+
+def _progress(total: int, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    env = os.environ.get("KVL_PROGRESS")
+    disable = (env in ("0", "false", "")) if env is not None else (bool(os.environ.get("CI")) or
+                                                                   not sys.stderr.isatty())
+    return tqdm(total=total, desc=desc, disable=disable, leave=False, dynamic_ncols=True)
+
+
+def _results(tasks: list, workers: int) -> Iterator[tuple[str, str, dict[str, Any], list[str]]]:
+    if workers <= 1:
+        yield from map(_work, tasks)
+        return
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    with ctx.Pool(workers) as pool:
+        yield from pool.imap(_work, tasks, chunksize=4)
+
+
+def write_split(out: Path, preset: Preset, seed: int, split: str, workers: int = 1) -> dict[str, Any]:
+    """Generate and write one split; returns its manifest entry."""
+    tasks = [(preset, seed, split, fam, i) for fam, i in plan(preset, split, seed)]
+    writers = {s: ShardWriter(out / split, s, preset.shard_max_count, preset.shard_max_bytes) for s in STREAMS}
+    counts, categories = Counter(), Counter()
+    bar = _progress(len(tasks), f"synth {split}")
+    for family, stream, raw, cats in _results(tasks, workers):
+        writers[stream].write(raw)
+        counts[family] += 1
+        categories.update(cats)
+        bar.update(1)
+    bar.close()
+    streams = {}
+    for name, writer in writers.items():
+        shards = writer.close()
+        streams[name] = {"samples": sum(s.count for s in shards), "bytes": sum(s.bytes for s in shards),
+                         "shards": [{"path": os.path.relpath(s.path, out), "count": s.count, "bytes": s.bytes,
+                                     "sha256": s.sha256} for s in shards]}
+    return {"counts": dict(sorted(counts.items())), "qa_categories": dict(sorted(categories.items())),
+            "samples": sum(counts.values()), "bytes": sum(s["bytes"] for s in streams.values()), "streams": streams}
+
+
+def _versions() -> dict[str, str]:
+    import av
+    import PIL
+
+    return {"python": f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}",
+            "pillow": PIL.__version__, "av": av.__version__}
+
+
+def build_dataset(out: str | os.PathLike, preset: str | Preset = "tiny", seed: int = 0, workers: int = 1,
+                  splits: tuple[str, ...] = ("train", "eval")) -> dict[str, Any]:
+    """Generate ``preset`` with ``seed`` into ``out``; writes and returns the manifest."""
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"output directory {out} is not empty; choose a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, Any] = {"generator": "kimi-vl-suite synth", "generator_version": GENERATOR_VERSION,
+                                "preset": preset.name, "seed": seed, "versions": _versions(), "splits": {}}
+    for split in splits:
+        manifest["splits"][split] = write_split(out, preset, seed, split, workers)
+    digest = hashlib.sha256()
+    for split in splits:
+        for stream in STREAMS:
+            for shard in manifest["splits"][split]["streams"][stream]["shards"]:
+                digest.update(f"{shard['path']}:{shard['sha256']}\n".encode())
+    manifest["total_samples"] = sum(s["samples"] for s in manifest["splits"].values())
+    manifest["total_bytes"] = sum(s["bytes"] for s in manifest["splits"].values())
+    manifest["content_hash"] = digest.hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
+    path = Path(root) / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no manifest.json in {root} (is it a dataset built by `kimi-vl data synth`?)")
+    return json.loads(path.read_text())
+
+
+def split_shards(root: str | os.PathLike, split: str = "train", stream: str | None = None) -> list[str]:
+    """Absolute shard paths of a built dataset's ``split`` (one ``stream`` or both)."""
+    manifest = read_manifest(root)
+    if split not in manifest["splits"]:
+        raise ValueError(f"dataset {root} has no split {split!r}; it has {sorted(manifest['splits'])}")
+    streams = STREAMS if stream is None else (stream,)
+    return [str(Path(root) / s["path"]) for st in streams for s in manifest["splits"][split]["streams"][st]["shards"]]
