@@ -1,0 +1,185 @@
+"""GPU benchmark of the KDA kernels against fla-core's ``fla.ops.kda`` in the same run (issue 4).
+
+Checks correctness on the GPU first (ours and fla vs the fp32 PyTorch chunked path, bf16 inputs), then
+times with ``triton.testing.do_bench`` (median) at bf16, K = V = 128, Kimi Linear flags (in-kernel L2
+norm of q, k and in-kernel softplus gate): ``chunk_kda`` forward, forward+backward, the peak extra
+memory of one training step, and the one-token decode (``fused_recurrent_kda``) at batch 64, H = 32.
+Also measures the GPU's ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json``
+(or ``--out``) after every shape and prints a table.
+
+    python kernels/benchmarks/bench_kda.py --shapes 1x8192x32,4x4096x32 --deadline 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from kernels.kda import chunk_kda, fused_recurrent_kda  # noqa: E402
+
+SHAPES = ["1x8192x32", "4x4096x32", "1x32768x16", "8x2048x16", "2x16384x16"]
+K = V = 128
+C = 64
+
+
+def bench(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def ceilings() -> dict:
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    mm = bench(lambda: a @ a)
+    return {"copy_GBps": 2 * (1 << 30) / ms / 1e6, "bf16_matmul_TFLOPs": 2 * 8192**3 / mm / 1e9}
+
+
+def make(B, T, H, dev="cuda", grad=False):
+    q, k, v = (torch.randn(B, T, H, K, dtype=torch.bfloat16, device=dev) for _ in range(3))
+    g = torch.randn(B, T, H, K, dtype=torch.bfloat16, device=dev)
+    beta = torch.rand(B, T, H, dtype=torch.bfloat16, device=dev)
+    A_log = torch.log(torch.empty(H, device=dev).uniform_(1, 16))
+    dt_bias = torch.randn(H * K, device=dev) * 0.5 - 3.0
+    xs = [q, k, v, g, beta, A_log, dt_bias]
+    return [x.requires_grad_(grad) for x in xs]
+
+
+def call(impl, xs, fn_name="chunk"):
+    q, k, v, g, beta, A_log, dt_bias = xs
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+    if impl == "ours":
+        fn = chunk_kda if fn_name == "chunk" else fused_recurrent_kda
+        return fn(q, k, v, g, beta, **kw)
+    if impl == "torch":
+        return chunk_kda(q, k, v, g, beta, backend="torch", **kw)
+    from fla.ops.kda import chunk_kda as fla_chunk
+    from fla.ops.kda import fused_recurrent_kda as fla_rec
+
+    return (fla_chunk if fn_name == "chunk" else fla_rec)(q, k, v, g, beta, **kw)
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def correctness(impls) -> dict:
+    xs = make(2, 1000, 4, grad=True)
+    ref = call("torch", xs)[0]
+    do = torch.randn_like(ref)
+    ref_g = torch.autograd.grad(ref, xs, do)
+    out = {}
+    for impl in impls:
+        o = call(impl, xs)[0]
+        gr = torch.autograd.grad(o, xs, do, allow_unused=True)
+        out[impl] = {"o": rel(o, ref)} | {
+            n: (rel(a, b) if a is not None else None) for n, a, b in zip(["dq", "dk", "dv", "dg", "dbeta"], gr, ref_g)
+        }
+    return out
+
+
+def time_shape(impl, B, T, H) -> dict:
+    xs = make(B, T, H, grad=True)
+    fwd = bench(lambda: call(impl, xs))
+    do = torch.randn(B, T, H, V, dtype=torch.bfloat16, device="cuda")
+    step = lambda: torch.autograd.backward(call(impl, xs)[0], do)
+    fb = bench(step)
+    for x in xs:
+        x.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    flops = B * H * (6 * T * K * K + 3 * T * C * K + T * C * C)
+    return {"fwd_ms": fwd, "fwdbwd_ms": fb, "peak_extra_GiB": peak / 2**30, "fwd_TFLOPs": flops / fwd / 1e9}
+
+
+def time_decode(impl, N=64, H=32) -> dict:
+    xs = make(N, 1, H)
+    state = torch.randn(N, H, K, V, device="cuda")
+    q, k, v, g, beta, A_log, dt_bias = xs
+    kw = dict(
+        use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        initial_state=state,
+        output_final_state=True,
+    )
+    if impl == "ours":
+        fn = lambda: fused_recurrent_kda(q, k, v, g, beta, **kw)
+    else:
+        from fla.ops.kda import fused_recurrent_kda as fla_rec
+
+        fn = lambda: fla_rec(q, k, v, g, beta, **kw)
+    ms = bench(fn)
+    return {"decode_us": ms * 1e3, "state_GBps": 2 * state.numel() * 4 / ms / 1e6}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--deadline", type=float, default=420.0, help="seconds; later shapes are skipped")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kda.json"))
+    args = ap.parse_args()
+    t0 = time.time()
+    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    impls = ["ours"]
+    try:
+        import fla
+
+        res["fla"] = fla.__version__
+        impls.append("fla")
+    except Exception as e:  # noqa: BLE001 - record why the peer could not run
+        res["fla_error"] = repr(e)
+    save = lambda: json.dump(res, open(args.out, "w"), indent=1)
+    res["ceilings"] = ceilings()
+    res["correctness_vs_torch_fp32"] = correctness(impls)
+    save()
+    res["decode_B64_H32"] = {i: time_decode(i) for i in impls}
+    save()
+    res["shapes"] = {}
+    for s in args.shapes.split(","):
+        if time.time() - t0 > args.deadline:
+            res["shapes"][s] = "skipped: deadline"
+            continue
+        B, T, H = (int(x) for x in s.split("x"))
+        res["shapes"][s] = {}
+        for impl in impls:
+            try:
+                res["shapes"][s][impl] = time_shape(impl, B, T, H)
+            except Exception as e:  # noqa: BLE001 - an OOM or a peer failure is a result too
+                res["shapes"][s][impl] = {"error": repr(e)[:300]}
+            torch.cuda.empty_cache()
+            save()
+    res["elapsed_s"] = time.time() - t0
+    save()
+    print(json.dumps(res["correctness_vs_torch_fp32"]))
+    print(f"{'shape':>12} {'impl':>5} {'fwd ms':>8} {'f+b ms':>8} {'peak GiB':>9} {'TFLOP/s':>8}")
+    for s, d in res["shapes"].items():
+        for impl, r in d.items() if isinstance(d, dict) else []:
+            if "error" in r:
+                print(f"{s:>12} {impl:>5} {r['error'][:60]}")
+            else:
+                print(
+                    f"{s:>12} {impl:>5} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['peak_extra_GiB']:9.2f} "
+                    f"{r['fwd_TFLOPs']:8.1f}"
+                )
+    for impl, r in res["decode_B64_H32"].items():
+        print(f"decode B64 H32 {impl:>5}: {r['decode_us']:.1f} us, state {r['state_GBps']:.0f} GB/s")
+    print("ceilings", res["ceilings"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""KDA Triton kernels vs the fp64 oracle. On a CPU they run under the Triton interpreter (tiny shapes);
+``gpu``-marked tests check the issue's full sizes and bf16 tolerances on CUDA."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kda_cases import GATES, make_inputs
+from kvl_testing import assert_rel_rms
+
+from kernels.kda import chunk_kda, fused_recurrent_kda, kda_gate_ref, naive_recurrent_kda
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    """Run Triton on the CPU through the interpreter when there is no GPU (the flag is read at launch)."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_KDA_BACKEND", "triton")
+
+
+def _dev():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _to(xs, dtype=torch.float32):
+    return [None if x is None else x.to(_dev(), dtype) for x in xs]
+
+
+@pytest.mark.parametrize(
+    "T,H,HV,K,V,gate,h0",
+    [
+        (1, 1, 1, 16, 16, "logsig", False),
+        (63, 1, 2, 20, 12, "logsig_sharp", True),
+        (65, 1, 1, 32, 32, "lower_bound", True),
+        (17, 2, 2, 24, 16, "logsig_slow", False),
+    ],
+)
+def test_triton_fp32_vs_oracle(T, H, HV, K, V, gate, h0):
+    q, k, v, g, beta, s0 = make_inputs(1, T, H, HV, K, V, gate=gate, h0=h0)
+    o, S = naive_recurrent_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True)
+    for fn in (chunk_kda, fused_recurrent_kda):
+        x = _to([q, k, v, g, beta, s0])
+        res = fn(*x[:5], initial_state=x[5], output_final_state=True)
+        assert_rel_rms(res[0], o, 1e-5, f"{fn.__name__} o")
+        assert_rel_rms(res[1], S, 1e-5, f"{fn.__name__} state")
+
+
+@pytest.mark.parametrize("fn", [chunk_kda, fused_recurrent_kda])
+def test_triton_varlen_gate_l2_and_backward(fn):
+    H, K, V = 1, 16, 16  # sequence lengths 1, 66, 9
+    cu = torch.tensor([0, 1, 67, 76], dtype=torch.int32)
+    q, k, v, raw, beta, s0 = make_inputs(1, 76, H, H, K, V, h0=True, N=3)
+    A_log = torch.log(torch.empty(H, dtype=torch.float64).uniform_(1, 16))
+    dtb = torch.randn(H * K, dtype=torch.float64)
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
+    x = [t.requires_grad_() for t in _to([q * 2, k * 2, v, raw, beta, s0])]
+    o, S = fn(*x[:5], initial_state=x[5], A_log=A_log.float(), dt_bias=dtb.float(), cu_seqlens=cu, **kw)
+    g = kda_gate_ref(raw, A_log, dtb)
+    o_ref, S_ref = naive_recurrent_kda(
+        F.normalize(q, dim=-1, eps=0),
+        F.normalize(k, dim=-1, eps=0),
+        v,
+        g,
+        beta,
+        initial_state=s0,
+        output_final_state=True,
+        cu_seqlens=cu,
+    )
+    assert_rel_rms(o, o_ref, 1e-5, "o")
+    assert_rel_rms(S, S_ref, 1e-5, "state")
+    if fn is chunk_kda:
+        (o.square().sum() + S.sum()).backward()
+        y = [t.detach().clone().requires_grad_() for t in x]
+        o2, S2 = chunk_kda(
+            *y[:5], initial_state=y[5], A_log=A_log.float(), dt_bias=dtb.float(), cu_seqlens=cu, backend="torch", **kw
+        )
+        (o2.square().sum() + S2.sum()).backward()
+        for a, b in zip(x, y):
+            assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
+
+
+def test_triton_no_nan_strong_decay_and_decode_pool():
+    q, k, v, _, beta, s0 = make_inputs(1, 70, 1, 1, 16, 16, dtype=torch.float32, h0=True)
+    g = -50.0 * torch.rand(1, 70, 1, 16)
+    x = _to([q, k, v, g, beta, s0])
+    o, S = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    o_ref, _ = naive_recurrent_kda(*(t.double() for t in (q, k, v, g, beta)), initial_state=s0.double())
+    assert_rel_rms(o, o_ref, 1e-5, "o")
+    pool = torch.randn(4, 1, 16, 16, device=_dev())
+    idx = torch.tensor([3, 1], device=_dev())
+    xs = _to(make_inputs(2, 1, 1, 1, 16, 16)[:5])
+    ref_o, ref_S = fused_recurrent_kda(*xs, initial_state=pool[idx].clone(), output_final_state=True)
+    o1, P = fused_recurrent_kda(*xs, initial_state=pool, output_final_state=True, ssm_state_indices=idx)
+    assert P is pool
+    assert_rel_rms(o1, ref_o, 1e-6, "pool o")
+    assert_rel_rms(pool[idx], ref_S, 1e-6, "pool state")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 15, 63, 64, 65, 1000])
+@pytest.mark.parametrize("D", [64, 100, 128])
+@pytest.mark.parametrize("H,HV", [(1, 1), (4, 4), (2, 8)])
+def test_gpu_fp32_full_grid(T, D, H, HV):
+    for gate in GATES:
+        for h0 in (False, True):
+            q, k, v, g, beta, s0 = make_inputs(1, T, H, HV, D, D, gate=gate, h0=h0)
+            qc, kc, vc, gc, bc, sc = (None if t is None else t.cuda() for t in (q, k, v, g, beta, s0))
+            o, S = naive_recurrent_kda(qc, kc, vc, gc, bc, initial_state=sc, output_final_state=True)
+            x = _to([q, k, v, g, beta, s0])
+            o2, S2 = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True)
+            assert_rel_rms(o2, o, 1e-5, f"o {gate} h0={h0}")
+            assert_rel_rms(S2, S, 1e-5, f"S {gate} h0={h0}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,D", [(1000, 128), (4096, 128), (333, 100)])
+def test_gpu_bf16_tolerances(T, D):
+    q, k, v, g, beta, s0 = make_inputs(2, T, 4, 4, D, D, gate="logsig", h0=True)
+    q, k, v = (t.bfloat16().double() for t in (q, k, v))
+    ref_in = [t.cuda().requires_grad_() for t in (q, k, v, g, beta, s0)]
+    o, S = (
+        naive_recurrent_kda(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
+        if T <= 1000
+        else chunk_kda(*ref_in[:5], initial_state=ref_in[5], output_final_state=True, backend="torch")
+    )
+    do, dS = torch.randn_like(o), torch.randn_like(S)
+    ref_g = torch.autograd.grad([o, S], ref_in, [do, dS])
+    x = [t.detach().to(dt).requires_grad_() for t, dt in zip(ref_in, [torch.bfloat16] * 3 + [torch.float32] * 3)]
+    o2, S2 = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True)
+    got = torch.autograd.grad([o2, S2], x, [do.to(o2.dtype), dS.float()])
+    assert_rel_rms(o2, o, 5e-3, "o")
+    assert_rel_rms(S2, S, 5e-3, "S")
+    for name, a, b, tol in zip(
+        ["dq", "dk", "dv", "dg", "dbeta", "dh0"], got, ref_g, [8e-3, 8e-3, 8e-3, 2e-2, 2e-2, 8e-3]
+    ):
+        assert_rel_rms(a, b, tol, name)
+
+
+@pytest.mark.gpu
+def test_gpu_no_nan_long_and_decode_matches_chunk():
+    q, k, v, _, beta, _ = make_inputs(1, 65536, 2, 2, 100, 100, dtype=torch.float32)
+    g = -50.0 * torch.rand(1, 65536, 2, 100)
+    x = [t.cuda().bfloat16().requires_grad_() for t in (q, k, v)] + [t.cuda().requires_grad_() for t in (g, beta)]
+    o, S = chunk_kda(*x, output_final_state=True)
+    (o.float().sum() + S.sum()).backward()
+    for t in [o, S] + [t.grad for t in x]:
+        assert torch.isfinite(t).all()
+    xs = [t.detach()[:, -9:] for t in x]
+    o_c, _ = chunk_kda(*xs)
+    _, S_prev = chunk_kda(*(t[:, :-1] for t in xs), output_final_state=True)
+    o_d, _ = fused_recurrent_kda(*(t[:, -1:] for t in xs), initial_state=S_prev)
+    assert_rel_rms(o_d.float(), o_c[:, -1:].float(), 5e-3, "decode vs chunk")
+    assert os.environ.get("KVL_KDA_BACKEND") == "triton"
