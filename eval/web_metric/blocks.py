@@ -6,7 +6,8 @@ touched between them, so every render has the same geometry):
 1. ``screenshot``: the page as it is (full page);
 2. ``text_free``: every text and list marker made transparent (the input of the visual score);
 3. ``recolour A``: backgrounds, borders, shadows and media made invisible, and every element that owns text
-   (has a non-blank direct text node) painted in its own colour ``c_i`` from a lattice (channel values
+   (has a non-blank direct text node) painted in its own colour (fill colour = ``currentcolor``, so list markers,
+   which cannot take a fill colour of their own, stay transparent) ``c_i`` from a lattice (channel values
    ``24 * k``, k = 0..9: up to 1000 elements);
 4. ``recolour B``: the same with every ``c_i`` shifted by ``+36`` per channel.
 
@@ -46,7 +47,7 @@ HIDE_TEXT_CSS = (
 RECOLOUR_CSS = (
     "*,*::before,*::after,*::marker{background:transparent!important;border-color:transparent!important;"
     "outline-color:transparent!important;box-shadow:none!important;text-shadow:none!important;"
-    "color:transparent!important;-webkit-text-fill-color:transparent!important;"
+    "color:transparent!important;-webkit-text-fill-color:currentcolor!important;"
     "text-decoration-color:transparent!important;caret-color:transparent!important}"
     "html{background:#fff!important}"
     "img,svg,video,canvas,iframe,object,embed,picture{opacity:0!important}"
@@ -79,7 +80,6 @@ _PAINT_JS = """((offset, levels, step) => {
       .map(d => d * step + offset);
     const value = `rgb(${rgb.join(',')})`;
     el.style.setProperty('color', value, 'important');
-    el.style.setProperty('-webkit-text-fill-color', value, 'important');
   }
 })"""
 

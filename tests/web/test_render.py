@@ -1,0 +1,79 @@
+"""Real-browser rendering: determinism, full page, network and scripts off, scroll videos, missing browser."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import av
+import numpy as np
+import pytest
+
+from data_pipelines.web import (
+    ChromiumNotFoundError,
+    ScrollVideoConfig,
+    Viewport,
+    decode_png,
+    find_chromium,
+    render_screenshot,
+    render_scroll_frames,
+    render_scroll_video,
+)
+from data_pipelines.web.generator import generate_page
+
+LONG_PAGE = (
+    "<html><body style='margin:0;font:14px DejaVu Sans'>"
+    "<nav style='position:sticky;top:0;background:#123456;color:#fff;height:40px'>Nav</nav>"
+    + "".join(f"<p>Paragraph {i}</p>" for i in range(60))
+    + "</body></html>"
+)
+
+
+def test_missing_chromium_gives_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ChromiumNotFoundError, match="install_chromium.sh"):
+        find_chromium("/nonexistent/chromium")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("KVL_CHROMIUM", raising=False)
+    with pytest.raises(ChromiumNotFoundError, match="apt-get install -y chromium"):
+        find_chromium()
+
+
+def test_screenshot_is_deterministic_and_full_page(browser) -> None:
+    html = generate_page(4).html
+    first = render_screenshot(html, browser=browser)
+    assert render_screenshot(html, browser=browser) == first, "same HTML must give the same PNG bytes"
+    image = decode_png(first)
+    assert image.shape[1] == 512 and image.shape[0] > 384
+    tall = decode_png(render_screenshot(LONG_PAGE, Viewport(320, 240), max_height=600, browser=browser))
+    assert tall.shape == (600, 320, 3)
+
+
+def test_network_and_scripts_are_off(browser) -> None:
+    plain = "<html><body style='background:#ffffff'><p>x</p></body></html>"
+    hostile = plain.replace(
+        "<p>x</p>",
+        "<link rel='stylesheet' href='http://example.com/a.css'><img src='https://example.com/b.png'>"
+        "<p>x</p><script>document.body.style.background='red'</script>",
+    )
+    start = time.monotonic()
+    assert decode_png(render_screenshot(hostile, browser=browser))[5, 5].tolist() == [255, 255, 255]
+    assert time.monotonic() - start < 5.0, "blocked requests must fail fast"
+
+
+def test_scroll_frames_follow_offsets_and_keep_sticky_nav(browser) -> None:
+    config = ScrollVideoConfig(step_px=200, fps=2)
+    frames, offsets = render_scroll_frames(LONG_PAGE, Viewport(320, 240), config, browser=browser)
+    assert offsets[0] == 0 and offsets == sorted(offsets) and len(frames) == len(offsets) >= 3
+    assert frames.shape[1:] == (240, 320, 3)
+    assert not np.array_equal(frames[0], frames[-1])
+    np.testing.assert_array_equal(frames[-1][10, 300], [0x12, 0x34, 0x56])  # sticky bar still on top
+
+
+def test_scroll_video_is_deterministic_mp4(browser) -> None:
+    config = ScrollVideoConfig(step_px=300, fps=2)
+    video = render_scroll_video(LONG_PAGE, Viewport(320, 240), config, browser=browser)
+    assert render_scroll_video(LONG_PAGE, Viewport(320, 240), config, browser=browser) == video
+    with av.open(io.BytesIO(video)) as container:
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    _, offsets = render_scroll_frames(LONG_PAGE, Viewport(320, 240), config, browser=browser)
+    assert len(decoded) == len(offsets) and decoded[0].shape == (240, 320, 3)
