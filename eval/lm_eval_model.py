@@ -49,8 +49,9 @@ def _as_bool(v: Any) -> bool:
 
 def load_checkpoint(path: str, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
     """``import kimi_vl`` (registers the suite's Auto classes), then ``AutoModelForCausalLM.from_pretrained``."""
-    import kimi_vl  # noqa: F401 - registers KimiVL configs/models with transformers' Auto classes
     from transformers import AutoModelForCausalLM
+
+    import kimi_vl  # noqa: F401 - registers KimiVL configs/models with transformers' Auto classes
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")

@@ -1,4 +1,4 @@
-"""The ``kimi_vl`` lm-eval model: exact log-likelihoods, stop strings, rolling perplexity, parity with lm-eval's ``hf``."""
+"""The ``kimi_vl`` lm-eval model: exact log-likelihoods, stop strings, rolling perplexity, parity with ``hf``."""
 
 from __future__ import annotations
 
