@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from data_pipelines.adapters import ensure_record
 from data_pipelines.tokenizer import SpecialIds, render_chat, require_chat_tokens, special_ids
 from data_pipelines.video import format_timestamp
 from vision_encoder.geometry import DEFAULT_GEOMETRY, PatchGeometry, num_vision_tokens, tokens_for_grid
@@ -102,9 +103,10 @@ class Encoder:
         return pieces
 
     def encode(self, sample: dict[str, Any]) -> TokenDoc:
-        """A decoded sample (``json`` record, ``images``, ``videos``; or ``txt`` only) -> :class:`TokenDoc`."""
-        record = sample.get("json") or {"doc": [{"text": sample.get("txt", "")}]}
+        """A decoded sample (``json`` record, ``images``, ``videos``; or a caption/``txt`` only, see
+        :func:`data_pipelines.adapters.ensure_record`) -> :class:`TokenDoc`."""
         images, videos = list(sample.get("images", [])), list(sample.get("videos", []))
+        record = ensure_record(sample)
         ids: list[int] = []
         labels: list[int] = []
         n_img = n_vid = vision = 0
