@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("print versions, devices and how the kernels will run here", "kimi_vl.cli:cmd_env"),
     "data": ("build (synth), inspect and tokenize datasets", "data_pipelines.cli:main"),
     "plot": ("draw a run's curves (loss, max logits, throughput) to PNG", "kimi_vl.train.plot:main"),
+    "eval": ("run lm-eval tasks on a checkpoint with the kimi_vl model (local task suites)", "eval.cli:main"),
+    "ablate": ("run an ablation experiment (arms x seeds) and write its report with CIs", "eval.ablation.cli:main"),
 }
 
 

@@ -176,3 +176,19 @@ def test_parallel_devices_and_failures_are_reported(exp_path: Path, tmp_path: Pa
     text = write_report(exp, chains, results, tmp_path / "rep").read_text()
     assert "**FAILED**" in text and "| qa | good | — | no result |" in text
     assert "good" not in results["scores"]["qa"]
+
+
+def test_default_subprocess_commands(exp_path: Path, tmp_path: Path):
+    from eval.ablation.runner import EvalJob
+    from eval.ablation.stages import eval_command, stage_command
+
+    exp = load_experiment(exp_path, ["eval.tasks=[qa, 'prose:bits_per_byte']", "eval.include_path=[tasks]",
+                                     "eval.limit=10"])
+    rl = plan_chain(exp, "good", 1, tmp_path)[1]
+    cmd = stage_command(rl)
+    assert cmd[2:6] == ["kimi_vl.cli", "train", "--config", str(exp_path.parent / "base.yaml")]
+    assert cmd[6:] == ["steps=20", "quality=0.7", f"output_dir={rl.run_dir}", "seed=1", f"init_from={rl.init_from}"]
+    ev = eval_command(EvalJob(rl.key, rl.run_dir / "final", tmp_path / "ev", experiment=exp))
+    assert ev[2] == "eval" and f"checkpoint={rl.run_dir / 'final'}" in ev and "qa,prose" in ev
+    assert ev[ev.index("--include_path") + 1] == str(exp_path.parent / "tasks")
+    assert ev[-2:] == ["--metric", "prose=bits_per_byte"] and ev[ev.index("--limit") + 1] == "10"

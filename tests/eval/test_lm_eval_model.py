@@ -8,14 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from lm_eval.api.instance import Instance
-from tiny_lm import make_checkpoint
 
 from eval.lm_eval_model import KimiVLLM
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("tiny_ckpt"))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,117 @@
+"""``kimi-vl eval`` / ``python -m eval``: lm-eval with the ``kimi_vl`` model registered and local tasks.
+
+lm-eval's own CLI cannot discover an external model and indexes its ~15k bundled tasks on every start, so this
+entry point imports the model (which registers ``kimi_vl``), builds
+``TaskManager(include_path=..., include_defaults=False)`` and calls ``lm_eval.simple_evaluate``. Options follow
+lm-eval's CLI names::
+
+    kimi-vl eval --model_args checkpoint=runs/x/final --tasks kimi_text --include_path eval/tasks/out
+    kimi-vl eval --model hf --model_args pretrained=runs/x/final --tasks arc_easy --include_defaults
+
+``--include_defaults`` also indexes lm-eval's bundled tasks (needed for MMLU-Pro, GPQA, ARC, ...).
+``--samples_out FILE`` writes per-question scores for the ablation harness (``eval.ablation.collect``).
+``kimi-vl eval lm-eval ARGS...`` hands ARGS to lm-eval's own CLI (every option it has) after registering the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kimi-vl eval", description="run lm-eval tasks on a kimi_vl (or hf) checkpoint")
+    p.add_argument("--model", default="kimi_vl", help="lm-eval model name (kimi_vl, hf, ...)")
+    p.add_argument("--model_args", default="", help="comma-separated key=value, e.g. checkpoint=DIR,batch_size=8")
+    p.add_argument("--tasks", required=True, help="comma-separated task or group names")
+    p.add_argument("--include_path", action="append", default=[], help="directory of task YAML (repeatable)")
+    p.add_argument("--include_defaults", action="store_true", help="also index lm-eval's bundled tasks")
+    p.add_argument("--num_fewshot", type=int, default=None)
+    p.add_argument("--batch_size", default="8")
+    p.add_argument("--device", default=None)
+    p.add_argument("--limit", type=float, default=None, help="max docs per task (a fraction if < 1)")
+    p.add_argument("--gen_kwargs", default=None, help="e.g. temperature=0,max_gen_toks=64")
+    p.add_argument("--apply_chat_template", action="store_true")
+    p.add_argument("--use_cache", default=None, help="sqlite cache path for model responses")
+    p.add_argument("--bootstrap_iters", type=int, default=1000, help="lm-eval's own stderr bootstrap (0 = off)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--output_path", default=None, help="write lm-eval's results JSON here (file or directory)")
+    p.add_argument("--log_samples", action="store_true", help="keep per-sample outputs in --output_path")
+    p.add_argument("--samples_out", default=None, help="write per-question scores (samples.json) for ablations")
+    p.add_argument("--metric", action="append", default=[], help="TASK=METRIC analysed in --samples_out")
+    return p
+
+
+def register() -> None:
+    """Import what registers models: ``kimi_vl`` with transformers and ``kimi_vl`` with lm-eval."""
+    import eval.lm_eval_model  # noqa: F401
+    import kimi_vl  # noqa: F401
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate and return lm-eval's results dict (with ``samples`` when per-sample output was asked for)."""
+    register()
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    include = [str(Path(p).resolve()) for p in args.include_path]
+    for p in include:
+        if not Path(p).is_dir():
+            raise ValueError(f"--include_path {p}: not a directory")
+    tm = TaskManager(include_path=include or None, include_defaults=args.include_defaults or not include)
+    batch = int(args.batch_size) if str(args.batch_size).isdigit() else args.batch_size
+    return simple_evaluate(
+        model=args.model, model_args=args.model_args, tasks=args.tasks.split(","), num_fewshot=args.num_fewshot,
+        batch_size=batch, device=args.device, limit=args.limit, gen_kwargs=args.gen_kwargs,
+        apply_chat_template=args.apply_chat_template, use_cache=args.use_cache, bootstrap_iters=args.bootstrap_iters,
+        log_samples=bool(args.log_samples or args.samples_out), task_manager=tm, random_seed=args.seed,
+        numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed,
+    )
+
+
+def _write_outputs(results: dict, args: argparse.Namespace) -> None:
+    from lm_eval.utils import handle_non_serializable
+
+    if args.samples_out:
+        from eval.ablation.collect import samples_from_lm_eval, write_samples
+
+        metrics = dict(m.split("=", 1) for m in args.metric)
+        write_samples(args.samples_out, samples_from_lm_eval(results, metrics))
+    if args.output_path:
+        out = Path(args.output_path)
+        if out.suffix != ".json":
+            out.mkdir(parents=True, exist_ok=True)
+            out = out / "results.json"
+        keep = results if args.log_samples else {k: v for k, v in results.items() if k != "samples"}
+        out.write_text(json.dumps(keep, indent=1, default=handle_non_serializable, ensure_ascii=False))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "lm-eval":
+        register()
+        from lm_eval.__main__ import cli_evaluate
+
+        sys.argv = ["lm-eval", *argv[1:]]
+        cli_evaluate()
+        return 0
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    results = run(args)
+    if results is None:  # non-zero ranks of a distributed run
+        return 0
+    _write_outputs(results, args)
+    from lm_eval.utils import make_table
+
+    print(make_table(results))
+    if results.get("groups"):
+        print(make_table(results, "groups"))
+    return 0
+
+
+__all__ = ["build_parser", "main", "register", "run"]

@@ -1,0 +1,38 @@
+"""``kimi-vl eval``: local tasks only, lm-eval-like output, per-question samples for the ablation harness."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from test_lm_eval_model import TASKS, write_tasks
+
+from eval.ablation.collect import read_samples
+from eval.cli import main
+from kimi_vl.cli import COMMANDS
+
+
+def test_eval_cli_writes_results_and_samples(ckpt, tmp_path, capsys):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    write_tasks(tasks)
+    out = tmp_path / "out"
+    rc = main(["--model_args", f"checkpoint={ckpt},device=cpu", "--tasks", ",".join(TASKS), "--include_path",
+               str(tasks), "--batch_size", "4", "--bootstrap_iters", "0", "--samples_out", str(tmp_path / "s.json"),
+               "--output_path", str(out)])
+    assert rc == 0 and "tiny_mc" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    samples = read_samples(tmp_path / "s.json")
+    assert set(samples) == set(TASKS)
+    mc = samples["tiny_mc"]
+    assert mc["metric"] == "acc" and mc["higher_is_better"] and len(mc["num"]) == 4
+    assert mc["aggregate"] == pytest.approx(results["results"]["tiny_mc"]["acc,none"])
+    ppl = samples["tiny_ppl"]
+    assert ppl["metric"] == "bits_per_byte" and not ppl["higher_is_better"] and len(ppl["den"]) == 2
+    assert ppl["aggregate"] == pytest.approx(results["results"]["tiny_ppl"]["bits_per_byte,none"], rel=1e-6)
+    assert math.isfinite(ppl["aggregate"]) and ppl["aggregate"] > 0
+
+
+def test_commands_are_registered():
+    assert COMMANDS["eval"][1] == "eval.cli:main" and COMMANDS["ablate"][1] == "eval.ablation.cli:main"
