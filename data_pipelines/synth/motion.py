@@ -22,6 +22,8 @@ DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 
 def motion_spec(rng: random.Random, min_side: int, max_side: int, frames: int, fps: int = 8) -> dict[str, Any]:
     height, width = sample_size(rng, min_side, max_side, max_ratio=2.0)
+    # decord 0.6 mis-sizes frames whose width is not a multiple of 16 (it then fails to copy them out)
+    height, width = max(16, height // 16 * 16), max(16, width // 16 * 16)
     n = rng.randint(1, 3)
     used: set[tuple[str, str]] = set()
     objects = []
