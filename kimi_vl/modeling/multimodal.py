@@ -1,0 +1,174 @@
+"""KimiVLForConditionalGeneration: MoonViT(-3D) + projector + the Kimi Linear backbone (early fusion).
+
+REFERENCE.md sections 5-6; inputs as transformers' ``Kimi_K25ForConditionalGeneration``. Media placeholder
+tokens in ``input_ids`` (``image_token_id`` for images, ``video_token_id`` for video chunks) are replaced,
+in order, by the projected vision tokens at the embedding level; then the text model runs on
+``inputs_embeds``. A mismatch between placeholder count and vision-token count is a ``ValueError``.
+
+Vision settings live in ``KimiVLConfig.vision_config`` (a plain dict, so the config stays JSON):
+``MoonViTConfig`` fields (``out_hidden_size`` is forced to the text ``hidden_size``) plus
+``image_token_id`` / ``video_token_id``. Example::
+
+    cfg = KimiVLConfig.from_flavor("debug", vision_config=vision_config_dict("debug", 500, 501))
+    model = KimiVLForConditionalGeneration(cfg)
+    out = model(input_ids, pixel_values=pv, image_grid_thw=grid, labels=labels)
+
+Shapes: ``B`` batch, ``L`` tokens, ``D`` text width, ``P`` packed patches, ``N`` vision tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+from transformers import initialization as init
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from kimi_vl.configuration import KimiVLConfig
+from kimi_vl.modeling.model import KimiVLModel, KimiVLPreTrainedModel, causal_lm_loss
+from vision_encoder.config import MoonViTConfig, moonvit_config
+from vision_encoder.model import MoonViT, MoonViTPositionEmbedding, sincos_time_table
+from vision_encoder.rope_2d import rope_inv_freq
+
+MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+_TOKEN_KEYS = ("image_token_id", "video_token_id")
+
+
+def vision_config_dict(flavor: str, image_token_id: int, video_token_id: int, **overrides: object) -> dict:
+    """A ``KimiVLConfig.vision_config`` dict from a MoonViT flavor and the two placeholder token ids."""
+    return {**moonvit_config(flavor, **overrides).to_dict(), "image_token_id": image_token_id,
+            "video_token_id": video_token_id}
+
+
+def parse_vision_config(config: KimiVLConfig) -> tuple[MoonViTConfig, int, int]:
+    """``(MoonViTConfig with the projector to the text width, image_token_id, video_token_id)``."""
+    vc = dict(config.vision_config or {})
+    missing = [k for k in _TOKEN_KEYS if k not in vc]
+    if missing:
+        raise ValueError(f"KimiVLConfig.vision_config needs {missing} (kimi_vl/modeling/multimodal.py)")
+    image_id, video_id = int(vc.pop("image_token_id")), int(vc.pop("video_token_id"))
+    known = {f.name for f in fields(MoonViTConfig)}
+    unknown = sorted(set(vc) - known)
+    if unknown:
+        raise ValueError(f"KimiVLConfig.vision_config has unknown keys {unknown}; known: {sorted(known)}")
+    vc["out_hidden_size"] = config.hidden_size
+    return MoonViTConfig(**vc), image_id, video_id
+
+
+class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, GenerationMixin):
+    """Vision tower (``vision_tower.*``, projector at ``vision_tower.projector.*``) + ``model.*`` + ``lm_head``.
+
+    The text keys equal ``KimiVLForCausalLM``'s, so a text checkpoint loads into it unchanged.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _no_split_modules = ["DecoderLayer", "MoonViTBlock"]
+
+    def __init__(self, config: KimiVLConfig) -> None:
+        super().__init__(config)
+        vision_cfg, self.image_token_id, self.video_token_id = parse_vision_config(config)
+        self.vision_tower = MoonViT(vision_cfg)
+        self.model = KimiVLModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, MoonViTPositionEmbedding):
+            init.trunc_normal_(module.table, std=self.config.initializer_range)
+            init.copy_(module.time_table, sincos_time_table(module.max_frames, module.table.shape[-1]))
+        elif isinstance(module, MoonViT):
+            init.copy_(module.rope_inv_freq, rope_inv_freq(module.config.head_dim, module.config.rope_theta))
+            for block in module.blocks:
+                init.constant_(block.attn.max_logits_H, float("-inf"))
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def get_image_features(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+        """``[N, D]`` projected vision tokens for packed images (or video chunks), in order."""
+        return self.vision_tower(pixel_values, image_grid_thw).projected
+
+    get_video_features = get_image_features
+
+    def embed_multimodal(self, input_ids: torch.Tensor, pixel_values: torch.Tensor | None = None,
+                         image_grid_thw: torch.Tensor | None = None, pixel_values_videos: torch.Tensor | None = None,
+                         video_grid_thw: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, L, D]`` token embeddings with every placeholder replaced by its vision token."""
+        ids = input_ids.masked_fill((input_ids == self.image_token_id) | (input_ids == self.video_token_id), 0)
+        embeds = self.model.embed_tokens(ids)
+        for token_id, pv, grid, name in ((self.image_token_id, pixel_values, image_grid_thw, "image"),
+                                         (self.video_token_id, pixel_values_videos, video_grid_thw, "video")):
+            embeds = self._splice(embeds, input_ids == token_id, pv, grid, name)
+        return embeds
+
+    def _splice(self, embeds_BLD: torch.Tensor, mask_BL: torch.Tensor, pixel_values: torch.Tensor | None,
+                grid_thw: torch.Tensor | None, name: str) -> torch.Tensor:
+        n_slots = int(mask_BL.sum())
+        if pixel_values is None:
+            if n_slots:
+                raise ValueError(f"input_ids has {n_slots} {name} placeholder tokens but no {name} pixel values")
+            return embeds_BLD
+        if grid_thw is None:
+            raise ValueError(f"{name} pixel values of shape {tuple(pixel_values.shape)} need a {name} grid_thw")
+        feats_ND = self.get_image_features(pixel_values, grid_thw).to(embeds_BLD.dtype)
+        if feats_ND.shape[0] != n_slots:
+            raise ValueError(f"{name} tokens do not match: input_ids has {n_slots} {name} placeholders, the "
+                             f"vision encoder produced {feats_ND.shape[0]} tokens for grid_thw {grid_thw.tolist()}")
+        return embeds_BLD.masked_scatter(mask_BL[..., None].to(embeds_BLD.device), feats_ND)
+
+    def forward(self, input_ids: torch.LongTensor | None = None, pixel_values: torch.Tensor | None = None,
+                image_grid_thw: torch.LongTensor | None = None, pixel_values_videos: torch.Tensor | None = None,
+                video_grid_thw: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None, position_ids: torch.LongTensor | None = None,
+                past_key_values=None, inputs_embeds: torch.Tensor | None = None,
+                labels: torch.LongTensor | None = None, use_cache: bool | None = None,
+                logits_to_keep: int | torch.Tensor = 0, **kwargs) -> CausalLMOutputWithPast:
+        if inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("KimiVLForConditionalGeneration.forward: pass input_ids or inputs_embeds")
+            inputs_embeds = self.embed_multimodal(input_ids, pixel_values, image_grid_thw, pixel_values_videos,
+                                                  video_grid_thw)
+        out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
+                         position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache)
+        hidden = out.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden = hidden[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden = hidden[:, logits_to_keep]
+        logits = self.lm_head(hidden)
+        loss = None if labels is None else causal_lm_loss(logits, labels, cu_seqlens)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values=None, **kwargs) -> dict:
+        """Media enter only on the prefill step; later steps feed one new token against the cache."""
+        inputs = super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
+        if past_key_values is not None and past_key_values.get_seq_length() > 0:
+            for key in MEDIA_KEYS:
+                inputs[key] = None
+        return inputs
+
+
+def register() -> None:
+    """``AutoModelForImageTextToText`` knows ``model_type="kimi_vl"`` (also done on import of this module)."""
+    from transformers import AutoModelForImageTextToText
+
+    AutoModelForImageTextToText.register(KimiVLConfig, KimiVLForConditionalGeneration, exist_ok=True)
+
+
+register()
