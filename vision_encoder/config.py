@@ -1,7 +1,7 @@
 """MoonViT architecture configs and named flavors (REFERENCE.md section 5).
 
 ``so400m`` is the released MoonViT shape (Kimi-VL / Kimi K2.5: width 1152, 27 layers, 16 heads, MLP 4304,
-~413M trunk parameters plus the projector). ``debug`` runs CPU tests in milliseconds; ``tiny`` is the CPU
+~417M trunk parameters plus the projector). ``debug`` runs CPU tests in milliseconds; ``tiny`` is the CPU
 quickstart encoder; ``small`` is a research-scale ViT-S-like trunk.
 """
 
