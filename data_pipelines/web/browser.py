@@ -9,6 +9,8 @@ Isolation and determinism:
 - a fresh ``--user-data-dir`` per browser (deleted on close), software rendering, scale factor 1, no scrollbars;
 - network off: every http(s)/ws request goes to a dead proxy and DNS resolves nothing, so only ``file://`` and
   ``data:`` content loads; pages are written to a private temporary folder and opened as ``file://``;
+- ``<meta http-equiv="refresh">`` is neutralised in the source before loading (it would navigate away, even to
+  other local files, at a racy moment);
 - page JavaScript is disabled (``Emulation.setScriptExecutionDisabled``): pages are static HTML+CSS, and a
   candidate page cannot loop forever; the driver's own ``Runtime.evaluate`` calls still run;
 - CSS animations, transitions and the caret are switched off after load.
@@ -23,6 +25,7 @@ import base64
 import fcntl
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -63,6 +66,14 @@ FREEZE_CSS = (
     "*,*::before,*::after{animation:none!important;transition:none!important;caret-color:transparent!important;"
     "scroll-behavior:auto!important}"
 )
+
+
+_META_REFRESH = re.compile(r"http-equiv\s*=\s*([\"']?)\s*refresh", re.IGNORECASE)
+
+
+def neutralise_refresh(html: str) -> str:
+    """Rename ``http-equiv=refresh`` so the page cannot navigate itself away (layout is unaffected)."""
+    return _META_REFRESH.sub(r"http-equiv=\1kvl-refresh-disabled", html)
 
 
 class ChromiumNotFoundError(RuntimeError):
@@ -153,6 +164,7 @@ class ChromiumBrowser:
         self._profile_dir: str | None = None
         self._page_dir = tempfile.mkdtemp(prefix="kvl-pages-")
         self._page_count = 0
+        self._owner_pid = os.getpid()
 
     def __enter__(self) -> ChromiumBrowser:
         return self
@@ -254,7 +266,7 @@ class ChromiumBrowser:
         self.start()
         self._page_count += 1
         path = Path(self._page_dir) / f"page{self._page_count % 2}.html"
-        path.write_text(html, encoding="utf-8")
+        path.write_text(neutralise_refresh(html), encoding="utf-8")
         self.set_viewport(viewport)
         self._events.clear()
         result = self.call("Page.navigate", {"url": path.as_uri()})
@@ -281,6 +293,10 @@ class ChromiumBrowser:
         return base64.b64decode(data)
 
     def _stop_process(self) -> None:
+        if os.getpid() != self._owner_pid:  # a forked child: forget the parent's browser, never stop it
+            self._process, self._pipe, self._session, self._profile_dir = None, None, None, None
+            self._page_dir, self._owner_pid = tempfile.mkdtemp(prefix="kvl-pages-"), os.getpid()
+            return
         if self._pipe is not None:
             self._pipe.close()
             self._pipe = None
@@ -299,6 +315,7 @@ class ChromiumBrowser:
             self._profile_dir = None
 
     def close(self) -> None:
-        """Stop the browser and delete its profile and page folders."""
+        """Stop the browser and delete its profile and page folders (only in the process that created it)."""
         self._stop_process()
-        shutil.rmtree(self._page_dir, ignore_errors=True)
+        if os.getpid() == self._owner_pid:
+            shutil.rmtree(self._page_dir, ignore_errors=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import os
 from dataclasses import dataclass
 
 import av
@@ -22,6 +23,7 @@ from data_pipelines.web.browser import ChromiumBrowser, Viewport
 
 DEFAULT_VIEWPORT = Viewport(512, 384)
 _SHARED: ChromiumBrowser | None = None
+_SHARED_PID: int | None = None
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,13 @@ class ScrollVideoConfig:
 
 
 def shared_browser() -> ChromiumBrowser:
-    """The process-wide browser (started on first use; raises ChromiumNotFoundError with the install hint)."""
-    global _SHARED
-    if _SHARED is None:
-        _SHARED = ChromiumBrowser()
+    """The process-wide browser (started on first use; raises ChromiumNotFoundError with the install hint).
+
+    A forked child (e.g. a dataset-builder worker) gets its own browser instead of the parent's pipes.
+    """
+    global _SHARED, _SHARED_PID
+    if _SHARED is None or _SHARED_PID != os.getpid():
+        _SHARED, _SHARED_PID = ChromiumBrowser(), os.getpid()
         atexit.register(_SHARED.close)
     return _SHARED
 

@@ -77,3 +77,20 @@ def test_scroll_video_is_deterministic_mp4(browser) -> None:
         decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     _, offsets = render_scroll_frames(LONG_PAGE, Viewport(320, 240), config, browser=browser)
     assert len(decoded) == len(offsets) and decoded[0].shape == (240, 320, 3)
+
+
+def test_meta_refresh_cannot_navigate_away(browser) -> None:
+    page = "<html><body style='background:#00ff00'><p>stay</p></body></html>"
+    refresh = page.replace("<html>", "<html><meta http-equiv='Refresh' content='0;url=file:///etc/hostname'>")
+    assert render_screenshot(refresh, browser=browser) == render_screenshot(page, browser=browser)
+    assert browser.evaluate("location.protocol") == "file:" and browser.evaluate("document.body.innerText") == "stay"
+
+
+def test_browser_restarts_after_a_crash() -> None:
+    from data_pipelines.web import ChromiumBrowser
+
+    with ChromiumBrowser() as own:
+        first = render_screenshot("<p>x</p>", browser=own)
+        own._process.kill()
+        own._process.wait()
+        assert render_screenshot("<p>x</p>", browser=own) == first
