@@ -23,6 +23,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from kimi_vl.configuration import KimiVLConfig
+from kimi_vl.modeling.attention import MLAttention
 from kimi_vl.modeling.attn_res import AttnResStream, ResProj, ResQuery, StandardStream
 from kimi_vl.modeling.block import DecoderLayer, LayerInputs
 from kimi_vl.modeling.cache import KimiVLCache
@@ -61,6 +62,9 @@ class KimiVLPreTrainedModel(PreTrainedModel):
         elif isinstance(module, Router):
             init.normal_(module.weight, mean=0.0, std=std)
             init.zeros_(module.e_score_correction_bias)
+            init.zeros_(module.tokens_per_expert)
+        elif isinstance(module, MLAttention):
+            init.constant_(module.max_logits_H, float("-inf"))
         elif isinstance(module, KDALayer):
             a_log, dt_bias, conv = kda_init_values(module)
             init.copy_(module.A_log, a_log)
