@@ -132,7 +132,8 @@ def split_key(name: str) -> tuple[str, str]:
 def iter_tar(path: str) -> Iterator[dict[str, Any]]:
     """Raw samples ``{"__key__", "__url__", field: bytes}`` of one shard, in file order.
 
-    A truncated or unreadable tar raises ``tarfile.ReadError``/``OSError`` after the complete samples.
+    A truncated or unreadable tar raises ``tarfile.ReadError``/``OSError`` after the complete samples (the
+    sample being read when the data ran out is not yielded).
     """
     current: dict[str, Any] | None = None
     with tarfile.open(path, "r|*") as tar:
@@ -148,6 +149,9 @@ def iter_tar(path: str) -> Iterator[dict[str, Any]]:
             if current is None:
                 current = {"__key__": key, "__url__": path}
             current[ext] = tar.extractfile(member).read()
+        end = tar.offset
+    if os.path.getsize(path) < end + 2 * tarfile.BLOCKSIZE:  # a cut inside a header reads as a clean end
+        raise tarfile.ReadError(f"{path} is truncated (no end-of-archive marker after byte {end})")
     if current is not None:
         yield current
 
