@@ -13,6 +13,7 @@ import argparse
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from eval.ablation.analysis import analyse
 from eval.ablation.report import write_report
@@ -42,6 +43,15 @@ def _report_only(runner: Runner):
     return chains
 
 
+def _write_suites(exp, tasks_dir: Path) -> None:
+    """Write the offline suites once (kept on restart, so every run is scored on the same questions)."""
+    from eval.tasks import SuiteSpec, write_suites
+
+    if not (tasks_dir / "suites.json").is_file():
+        write_suites(SuiteSpec(tasks_dir.resolve(), exp.eval.suite_samples, exp.eval.suite_preset))
+    exp.eval.include_path = [*exp.eval.include_path, str(tasks_dir.resolve())]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kimi-vl ablate", description=__doc__.split("\n")[0])
     parser.add_argument("experiment", help="experiment YAML")
@@ -51,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     exp = load_experiment(args.experiment, args.overrides)
+    if exp.eval.suite_samples > 0:
+        _write_suites(exp, Path(args.out) / "tasks")
     devices = default_devices() if args.devices is None else [d for d in args.devices.split(",") if d]
     runner = Runner(exp, args.out, run_stage_subprocess, run_eval_subprocess, devices=devices)
     chains = _report_only(runner) if args.report_only else runner.run()

@@ -64,6 +64,10 @@ class EvalSpec:
     num_fewshot: int | None = None
     # task -> metric to analyse (default: the task's first metric; a "task:metric" pair also works in tasks)
     metrics: dict[str, str] = field(default_factory=dict)
+    # > 0: `kimi-vl ablate` writes the kimi_text/kimi_vision suites (this many samples per family) to OUT/tasks
+    # and adds that folder to include_path
+    suite_samples: int = 0
+    suite_preset: str = "tiny"
 
 
 @dataclass
