@@ -46,6 +46,11 @@ class ResQuery:
         return self.weight.float().reshape(-1) * self.gain.float()
 
 
+def _up(x: torch.Tensor) -> torch.Tensor:
+    """At least fp32 (fp64 stays fp64, for gradcheck)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def _rstd(v_fp32: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(v_fp32.pow(2).mean(-1) + eps)
 
@@ -64,13 +69,13 @@ class AttnResMix(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor, gain: torch.Tensor, eps: float, *sources: torch.Tensor):
-        u = weight.float().reshape(-1) * gain.float()
-        rstd = torch.stack([_rstd(s.float(), eps) for s in sources])  # [N, B, T]
-        scores = torch.stack([(s.float() @ u) for s in sources]) * rstd
+        u = _up(weight).reshape(-1) * _up(gain)
+        rstd = torch.stack([_rstd(_up(s), eps) for s in sources])  # [N, B, T]
+        scores = torch.stack([(_up(s) @ u) for s in sources]) * rstd
         alpha = torch.softmax(scores, dim=0)
-        h = alpha[0, ..., None] * sources[0].float()
+        h = alpha[0, ..., None] * _up(sources[0])
         for i in range(1, len(sources)):
-            h = h + alpha[i, ..., None] * sources[i].float()
+            h = h + alpha[i, ..., None] * _up(sources[i])
         ctx.save_for_backward(weight, gain, rstd, alpha, *sources)
         ctx.mark_non_differentiable(alpha)
         return h.to(sources[0].dtype), alpha
@@ -79,20 +84,20 @@ class AttnResMix(torch.autograd.Function):
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
         weight, gain, rstd, alpha, *sources = ctx.saved_tensors
         d = sources[0].shape[-1]
-        u = weight.float().reshape(-1) * gain.float()
-        dhf = dh.float()
-        dalpha = torch.stack([(dhf * s.float()).sum(-1) for s in sources])  # [N, B, T]
+        u = _up(weight).reshape(-1) * _up(gain)
+        dhf = _up(dh)
+        dalpha = torch.stack([(dhf * _up(s)).sum(-1) for s in sources])  # [N, B, T]
         ds = alpha * (dalpha - (alpha * dalpha).sum(0, keepdim=True))
         du = torch.zeros_like(u)
         grads = []
         for i, s in enumerate(sources):
-            n = s.float() * rstd[i, ..., None]
+            n = _up(s) * rstd[i, ..., None]
             score = (n @ u)[..., None]
             du = du + (ds[i, ..., None] * n).reshape(-1, d).sum(0)
             dv = alpha[i, ..., None] * dhf + (ds[i] * rstd[i])[..., None] * (u - n * score / d)
             grads.append(dv.to(s.dtype) if ctx.needs_input_grad[3 + i] else None)
-        dweight = (du * gain.float()).reshape(weight.shape).to(weight.dtype)
-        dgain = (du * weight.float().reshape(-1)).to(gain.dtype)
+        dweight = (du * _up(gain)).reshape(weight.shape).to(weight.dtype)
+        dgain = (du * _up(weight).reshape(-1)).to(gain.dtype)
         return dweight, dgain, None, *grads
 
 

@@ -1,0 +1,129 @@
+"""Attention Residuals: fused == naive (fwd/bwd), two-phase == naive, convexity, step-0 equivalence, generation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from backbone_utils import build, tiny_config
+from kvl_testing import assert_rel_rms
+
+from kimi_vl.modeling.attn_res import AttnResMix, AttnResStream, ResQuery, mix, mix_naive
+
+
+def _query(d: int, scale: float = 1.0, dtype=torch.float32) -> ResQuery:
+    return ResQuery(weight=(torch.randn(1, d) * scale).to(dtype).requires_grad_(),
+                    gain=(1 + 0.3 * torch.randn(d)).to(dtype).requires_grad_(), eps=1e-6)
+
+
+def _sources(n: int, shape=(2, 5, 24), dtype=torch.float32) -> list[torch.Tensor]:
+    return [(torch.randn(shape) * (1 + i)).to(dtype).requires_grad_() for i in range(n)]
+
+
+def test_fused_mix_equals_naive_forward_and_backward():
+    sources, q = _sources(5), _query(24)
+    h_ref, a_ref = mix_naive(sources, q)
+    h, a = mix(sources, q)
+    assert_rel_rms(h, h_ref, 1e-6, "h")
+    assert_rel_rms(a, a_ref, 1e-6, "alpha")
+    dh = torch.randn_like(h)
+    ref = torch.autograd.grad(h_ref, [*sources, q.weight, q.gain], dh)
+    got = torch.autograd.grad(h, [*sources, q.weight, q.gain], dh)
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert_rel_rms(g, r, 1e-5, f"grad {i}")
+
+
+def test_fused_mix_gradcheck_fp64():
+    sources = _sources(3, (1, 3, 6), torch.float64)
+    q = _query(6, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda w, g, *s: AttnResMix.apply(w, g, 1e-6, *s)[0],
+                                    (q.weight, q.gain, *sources))
+
+
+def test_fused_mix_bf16_sources():
+    sources, q = _sources(4, dtype=torch.bfloat16), _query(24)
+    h, _ = mix(sources, q)
+    h_ref, _ = mix_naive(sources, q)
+    assert h.dtype == torch.bfloat16
+    assert_rel_rms(h, h_ref, 2e-2, "bf16")
+
+
+def test_mix_is_convex_per_element():
+    sources, q = _sources(6), _query(24, scale=3.0)
+    h, alpha = mix(sources, q)
+    stack = torch.stack(sources).detach()
+    assert torch.allclose(alpha.sum(0), torch.ones_like(alpha[0]), atol=1e-6) and (alpha >= 0).all()
+    assert (h >= stack.min(0).values - 1e-5).all() and (h <= stack.max(0).values + 1e-5).all()
+
+
+@pytest.mark.parametrize(("num_sublayers", "block_size"), [(7, 3), (6, 2), (5, 1), (4, 8)])
+def test_two_phase_equals_naive_stream(num_sublayers, block_size):
+    """Includes each block's first sublayer, a ragged last block (7 = 3+3+1) and the output mix."""
+    d = 16
+    queries = [_query(d) for _ in range(num_sublayers + 1)]
+    outs = [torch.randn(2, 3, d) * (i + 1) for i in range(num_sublayers)]
+    emb = torch.randn(2, 3, d)
+    results = {}
+    for impl in ("naive", "fused", "two_phase"):
+        stream, got = AttnResStream(emb, queries, block_size, impl), []
+        for i, out in enumerate(outs):
+            got.append(stream.input(i))
+            stream.add(i, out)
+        got.append(stream.final())
+        results[impl] = torch.stack(got).detach()
+    assert_rel_rms(results["fused"], results["naive"], 1e-6, "fused")
+    assert_rel_rms(results["two_phase"], results["naive"], 1e-6, "two-phase")
+
+
+@pytest.mark.parametrize("mode", ["attnres_full", "attnres_block"])
+def test_step0_equivalence_with_standard_residual(mode):
+    eps = 1e-12  # norms see sums (standard) vs means (AttnRes): equal up to eps only
+    std_model = build(tiny_config(rms_norm_eps=eps), seed=3).train()
+    res_model = build(tiny_config(rms_norm_eps=eps, residual_mode=mode), seed=3).train()
+    missing, unexpected = res_model.load_state_dict(std_model.state_dict(), strict=False)
+    assert not unexpected and all("_res_" in k for k in missing) and missing
+    ids = torch.randint(3, 97, (2, 30))
+    outs = {}
+    for name, model in (("standard", std_model), (mode, res_model)):
+        out = model(ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        outs[name] = out.logits.detach()
+    assert_rel_rms(outs[mode], outs["standard"], 1e-5, "logits")
+    std_params = dict(std_model.named_parameters())
+    for name, p in res_model.named_parameters():
+        if "_res_" in name:
+            continue
+        assert_rel_rms(p.grad, std_params[name].grad, 1e-4, name)
+    queries = [p for n, p in res_model.named_parameters() if n.endswith("_res_proj.weight")
+               and n != "model.layers.0.self_attention_res_proj.weight"]
+    assert queries and all(q.grad.abs().sum() > 0 for q in queries)
+
+
+@pytest.mark.parametrize("mode", ["attnres_full", "attnres_block"])
+def test_generate_with_two_phase_matches_naive_full_forward(mode):
+    model = build(tiny_config(residual_mode=mode))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attention_res_proj.weight.normal_()
+            layer.mlp_res_proj.weight.normal_()
+    ids = torch.randint(3, 97, (2, 6))
+    out = model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None)
+    model.model.attnres_impl = "naive"
+    with torch.no_grad():
+        ref = model(out, use_cache=False).logits
+    model.model.attnres_impl = "two_phase"
+    with torch.no_grad():
+        two = model(out, use_cache=False).logits
+    assert_rel_rms(two, ref, 1e-6, "two-phase model")
+    assert torch.equal(ref[:, 5:-1].argmax(-1), out[:, 6:])
+
+
+def test_diagnostics_are_recorded():
+    model = build(tiny_config(residual_mode="attnres_block"))
+    model.model.record_diagnostics = True
+    model(torch.randint(3, 97, (1, 8)), use_cache=False)
+    diag = model.model.last_diagnostics
+    assert len(diag["alpha"]) == 2 * 4 + 1 and len(diag["sublayer_output_rms"]) == 8
+    assert len(diag["block_output_rms"]) == 2  # blocks of 3 sublayers: 3 + 3 (+ ragged 2 still partial)
+    first = diag["alpha"][0]
+    assert first["num_sources"] == 1 and first["embed_weight"] == pytest.approx(1.0)
+    assert all(0 <= a["max_weight"] <= 1 and a["entropy"] >= 0 for a in diag["alpha"])
