@@ -14,6 +14,7 @@ from collections.abc import Sequence
 # name -> (one-line help, "module:function")
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("print versions, devices and how the kernels will run here", "kimi_vl.cli:cmd_env"),
+    "convert": ("convert transformers kimi_linear <-> kimi_vl checkpoints", "kimi_vl.convert:main"),
     "data": ("build (synth), inspect and tokenize datasets", "data_pipelines.cli:main"),
     "plot": ("draw a run's curves (loss, max logits, throughput) to PNG", "kimi_vl.train.plot:main"),
     "eval": ("run lm-eval tasks on a checkpoint with the kimi_vl model (local task suites)", "eval.cli:main"),
