@@ -58,3 +58,15 @@ def test_to_hf_refuses_what_kimi_linear_cannot_express():
         config_to_hf(tiny_config(residual_mode="attnres_block"))
     with pytest.raises(ValueError, match="kda_gate_lower_bound"):
         config_to_hf(tiny_config(kda_gate_lower_bound=-5.0))
+
+
+def test_convert_cli_round_trip(tmp_path):
+    from kimi_vl.cli import main
+
+    theirs = KimiLinearForCausalLM(config_to_hf(tiny_config(moe=True))).eval()
+    theirs.save_pretrained(tmp_path / "hf")
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
+    assert main(["convert", "--to-hf", str(tmp_path / "ours"), "--out", str(tmp_path / "back")]) == 0
+    back = KimiLinearForCausalLM.from_pretrained(tmp_path / "back")
+    sd, sd2 = theirs.state_dict(), back.state_dict()
+    assert sorted(sd) == sorted(sd2) and all(torch.equal(sd[k], sd2[k]) for k in sd)

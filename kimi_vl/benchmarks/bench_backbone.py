@@ -1,0 +1,154 @@
+"""GPU speed of the Kimi Linear backbone against an all-global-attention model of the same size (issues 5, 6).
+
+One command, JSON to ``$OUT/bench_backbone.json`` plus a markdown table on stdout:
+
+    python -m kimi_vl.benchmarks.bench_backbone [--flavor small] [--quick]
+
+Measured in one run, bf16 weights, CUDA events after warm-up:
+- training (forward + backward, no optimizer step) tokens/s and MFU at each ``--train-seqs`` length, for
+  ``hybrid`` (the flavor's 3:1 KDA:MLA layout), ``full_attn`` (every layer MLA) and ``hybrid_attnres``
+  (block AttnRes), with peak memory;
+- decode tokens/s (batch ``--decode-batch``, greedy steps after a cached prefill) and cache bytes per token at
+  each ``--decode-contexts`` length, for the same variants.
+MFU = achieved model FLOP/s / ``--peak-tflops`` (989 = H100 SXM dense bf16). Model FLOPs per token: 6 x
+(non-embedding parameters + LM head) + attention/KDA terms (causal MLA: 6 H (dq + dv) T / 2 per layer;
+KDA: 3 x H (6 K^2 + 3 C K + C^2) per layer, C = 64, from ``../shared/REFERENCE.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+
+
+def variant_config(flavor: str, variant: str) -> KimiVLConfig:
+    cfg = KimiVLConfig.from_flavor(flavor)
+    n = cfg.num_hidden_layers
+    if variant == "full_attn":
+        return KimiVLConfig.from_flavor(flavor, layer_types=["mla"] * n)
+    if variant == "hybrid_attnres":
+        return KimiVLConfig.from_flavor(flavor, residual_mode="attnres_block")
+    return cfg
+
+
+def flops_per_token(cfg: KimiVLConfig, model: KimiVLForCausalLM, seq: int) -> float:
+    embed = model.get_input_embeddings().weight.numel()
+    params = sum(p.numel() for p in model.parameters()) - embed
+    if not cfg.tie_word_embeddings:
+        params -= model.lm_head.weight.numel()
+    params += model.lm_head.weight.numel()
+    flops = 6.0 * params
+    for t in cfg.layer_types:
+        if t == "full_attention":
+            flops += 6.0 * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * seq / 2
+        else:
+            k, c = cfg.linear_head_dim, 64
+            flops += 3.0 * cfg.linear_num_heads * (6 * k * k + 3 * c * k + c * c)
+    return flops
+
+
+def _time_cuda(fn, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1000 / iters
+
+
+def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> dict:
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+    model.train()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids, use_cache=False).loss.backward()
+
+    torch.cuda.reset_peak_memory_stats()
+    sec = _time_cuda(step, warmup=2, iters=iters)
+    tps = batch * seq / sec
+    return {"seq": seq, "batch": batch, "step_s": sec, "tokens_per_s": tps,
+            "mfu": flops_per_token(cfg, model, seq) * tps / (peak * 1e12),
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+
+@torch.no_grad()
+def bench_decode(model, cfg, context: int, batch: int, steps: int) -> dict:
+    model.eval()
+    ids = torch.randint(0, cfg.vocab_size, (batch, context), device="cuda")
+    cache, chunk = None, 8192
+    for s in range(0, context, chunk):  # chunked prefill bounds the activation memory at long context
+        cache = model(ids[:, s: s + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1).past_key_values
+    nbytes = cache.nbytes()
+    tok = ids[:, -1:]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = model(tok, past_key_values=cache, use_cache=True)
+        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    torch.cuda.synchronize()
+    sec = (time.perf_counter() - t0) / steps
+    return {"context": context, "batch": batch, "step_s": sec, "tokens_per_s": batch / sec,
+            "cache_bytes_per_token": nbytes / (batch * context)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--flavor", default="small")
+    p.add_argument("--train-seqs", type=int, nargs="+", default=[4096, 32768])
+    p.add_argument("--train-tokens", type=int, default=32768, help="tokens per training step (batch = this / seq)")
+    p.add_argument("--decode-contexts", type=int, nargs="+", default=[32768, 131072])
+    p.add_argument("--decode-batch", type=int, default=1)
+    p.add_argument("--decode-steps", type=int, default=64)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--peak-tflops", type=float, default=989.0)
+    p.add_argument("--variants", nargs="+", default=["hybrid", "full_attn", "hybrid_attnres"])
+    p.add_argument("--quick", action="store_true", help="short sequences, for a smoke run")
+    args = p.parse_args()
+    if args.quick:
+        args.train_seqs, args.decode_contexts, args.decode_steps, args.iters = [1024], [4096], 8, 2
+    torch.manual_seed(0)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "flavor": args.flavor,
+               "date": time.strftime("%Y-%m-%d"), "train": {}, "decode": {}}
+    for variant in args.variants:
+        cfg = variant_config(args.flavor, variant)
+        model = KimiVLForCausalLM(cfg).to("cuda", torch.bfloat16)
+        results["train"][variant] = [bench_train(model, cfg, s, max(1, args.train_tokens // s), args.peak_tflops,
+                                                 args.iters) for s in args.train_seqs]
+        model.zero_grad(set_to_none=True)
+        results["decode"][variant] = [bench_decode(model, cfg, c, args.decode_batch, args.decode_steps)
+                                      for c in args.decode_contexts]
+        del model
+        torch.cuda.empty_cache()
+    out_dir = Path(os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench_backbone.json").write_text(json.dumps(results, indent=2))
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    lines = [f"{results['device']}, flavor {results['flavor']}, torch {results['torch']}, {results['date']}", "",
+             "| variant | seq | tokens/s | MFU | peak GiB |", "| --- | --- | --- | --- | --- |"]
+    for v, rows in results["train"].items():
+        lines += [f"| {v} | {r['seq']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {r['peak_mem_gib']:.1f} |"
+                  for r in rows]
+    lines += ["", "| variant | context | decode tokens/s | cache bytes/token |", "| --- | --- | --- | --- |"]
+    for v, rows in results["decode"].items():
+        lines += [f"| {v} | {r['context']} | {r['tokens_per_s']:,.1f} | {r['cache_bytes_per_token']:,.0f} |"
+                  for r in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
