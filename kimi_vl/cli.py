@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("print versions, devices and how the kernels will run here", "kimi_vl.cli:cmd_env"),
     "convert": ("convert transformers kimi_linear <-> kimi_vl checkpoints", "kimi_vl.convert:main"),
     "data": ("build (synth), inspect and tokenize datasets", "data_pipelines.cli:main"),
+    "train": ("train a stage (pretrain / sft) from a YAML run config", "kimi_vl.train.cli:main"),
+    "configs": ("list the shipped run configs with their paths", "kimi_vl.train.cli:configs_main"),
     "plot": ("draw a run's curves (loss, max logits, throughput) to PNG", "kimi_vl.train.plot:main"),
     "eval": ("run lm-eval tasks on a checkpoint with the kimi_vl model (local task suites)", "eval.cli:main"),
     "ablate": ("run an ablation experiment (arms x seeds) and write its report with CIs", "eval.ablation.cli:main"),

@@ -1,0 +1,124 @@
+"""Build what a training stage needs from its run config: tokenizer, processor, model, loaders.
+
+The data side comes from ``data_pipelines`` (shards written by ``kimi-vl data synth`` or adapters),
+the model from ``kimi_vl``'s flavors; this module is the only place that joins the two (the vocabulary
+size and the media token ids flow from the tokenizer into the model config).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data_pipelines.loader import LoaderConfig, VisionRatioSchedule, build_loader
+from data_pipelines.synth.build import read_manifest, split_shards
+from data_pipelines.tokenizer import load_tokenizer, special_ids
+from kimi_vl.configuration import KimiVLConfig
+from kimi_vl.modeling.model import KimiVLForCausalLM
+from kimi_vl.train.config import TrainConfig
+from vision_encoder.geometry import PatchGeometry
+from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
+
+
+def data_root(cfg: TrainConfig) -> Path:
+    root = Path(cfg.data.path)
+    if not cfg.data.path or not (root / "manifest.json").is_file():
+        raise FileNotFoundError(
+            f"data.path={cfg.data.path!r}: no manifest.json there; create a dataset with "
+            "`kimi-vl data synth --out DIR --preset tiny` and pass data.path=DIR")
+    return root
+
+
+def build_tokenizer(cfg: TrainConfig) -> Any:
+    path = cfg.data.tokenizer or str(data_root(cfg) / "tokenizer")
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"data.tokenizer={path!r} is not a folder (train one with `kimi-vl data tokenizer`)")
+    tok = load_tokenizer(path)
+    special_ids(tok, where=path)  # fails with the missing media tokens named
+    return tok
+
+
+def geometry(cfg: TrainConfig) -> PatchGeometry:
+    return PatchGeometry(max_patches=cfg.data.max_patches)
+
+
+def build_processor(cfg: TrainConfig) -> MoonViTProcessor | None:
+    if cfg.model.vision_flavor is None:
+        return None
+    geo = geometry(cfg)
+    return MoonViTProcessor(MoonViTProcessorConfig(image_geometry=geo, video_geometry=geo))
+
+
+def model_config(cfg: TrainConfig, tokenizer: Any) -> KimiVLConfig:
+    """The flavor with ``model.overrides``; vocabulary and special ids from the tokenizer."""
+    ids = special_ids(tokenizer)
+    overrides = dict(cfg.model.overrides)
+    overrides.setdefault("vocab_size", len(tokenizer))
+    overrides.setdefault("pad_token_id", ids.pad)
+    overrides.setdefault("eos_token_id", ids.eos)
+    overrides.setdefault("bos_token_id", ids.eos)
+    if cfg.model.vision_flavor is not None:
+        from kimi_vl.modeling.multimodal import vision_config_dict
+
+        overrides["vision_config"] = vision_config_dict(cfg.model.vision_flavor, ids.media_pad, ids.video_placeholder)
+    return KimiVLConfig.from_flavor(cfg.model.flavor, **overrides)
+
+
+def build_model(cfg: TrainConfig, tokenizer: Any) -> torch.nn.Module:
+    """A fresh model, or the weights of ``init_from`` (an export folder) when it is set."""
+    config = model_config(cfg, tokenizer)
+    if cfg.model.vision_flavor is not None:
+        from kimi_vl.modeling.multimodal import KimiVLForConditionalGeneration as cls
+    else:
+        cls = KimiVLForCausalLM
+    if cfg.init_from:
+        return load_init(cls, cfg.init_from, config)
+    torch.manual_seed(cfg.seed)
+    return cls(config)
+
+
+def load_init(cls: type, path: str, config: KimiVLConfig) -> torch.nn.Module:
+    """Load an export; a checkpoint of another architecture is an error naming the fields."""
+    from kimi_vl.train.checkpoint import check_compatible
+
+    folder = Path(path)
+    if (folder / "final" / "config.json").is_file():
+        folder = folder / "final"
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"init_from={path!r}: no config.json (expected an export folder such as RUN/final)")
+    saved = KimiVLConfig.from_pretrained(folder)
+    keys = ("hidden_size", "num_hidden_layers", "layer_types", "vocab_size", "residual_mode", "num_experts")
+    check_compatible({k: getattr(saved, k, None) for k in keys}, {k: getattr(config, k, None) for k in keys},
+                     str(folder))
+    if (saved.vision_config is None) != (config.vision_config is None):
+        raise ValueError(f"init_from={path!r}: vision tower present={saved.vision_config is not None}, "
+                         f"run wants vision={config.vision_config is not None}")
+    return cls.from_pretrained(folder, config=config)
+
+
+def loader_config(cfg: TrainConfig, split: str = "train", max_batches: int | None = None) -> LoaderConfig:
+    root = data_root(cfg)
+    read_manifest(root)
+    vision = split_shards(root, split, "vision") if cfg.model.vision_flavor is not None else []
+    geo = geometry(cfg)
+    ratio = cfg.data.vision_ratio if vision else 0.0
+    return LoaderConfig(
+        text_shards=split_shards(root, split, "text"), vision_shards=vision, seq_len=cfg.data.seq_len,
+        batch_size=cfg.data.batch_size, mode="sft" if cfg.stage == "sft" else "pretrain",
+        schedule=VisionRatioSchedule(ratio, cfg.data.vision_inject_step), seed=cfg.seed,
+        resampled=split == "train", epochs=None if split == "train" else 1, shuffle_block=cfg.data.shuffle_buffer,
+        grad_accum=cfg.grad_accum, image_geometry=geo, video_geometry=geo, max_batches=max_batches,
+    )
+
+
+def build_train_loader(cfg: TrainConfig, tokenizer: Any, processor: Any, rank: int, world: int) -> Any:
+    lc = loader_config(cfg, "train")
+    return build_loader(lc, tokenizer, processor, cfg.data.num_workers, rank=rank, world_size=world)
+
+
+def eval_batches(cfg: TrainConfig, tokenizer: Any, processor: Any) -> list[dict[str, Any]]:
+    """A fixed list of held-out batches (the eval split, read once, in order)."""
+    lc = loader_config(cfg, "eval", max_batches=cfg.eval_batches)
+    return list(build_loader(lc, tokenizer, processor, 0, rank=0, world_size=1))

@@ -1,0 +1,42 @@
+"""``kimi-vl train`` / ``accelerate launch -m kimi_vl.train`` and ``kimi-vl configs``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from kimi_vl.runconfig import ConfigError, load_config
+from kimi_vl.train.config import CONFIG_DIR, TrainConfig, list_run_configs, resolve_config_path
+
+
+def parse_args(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Train a stage (pretrain or sft) from a YAML run config.",
+        epilog="Overrides: key=value with dotted keys, e.g. optim.lr=3e-4 data.path=DIR max_steps=100.")
+    parser.add_argument("--config", required=True, help=f"a YAML file or the name of a shipped config ({CONFIG_DIR})")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides applied after the file")
+    return parser.parse_args(argv), []
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "kimi-vl train") -> int:
+    import sys
+
+    args, _ = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    try:
+        cfg = load_config(TrainConfig, resolve_config_path(args.config), args.overrides)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    from kimi_vl.train.loop import train
+
+    out = train(cfg)
+    print(f"[train] done: {out}")
+    return 0
+
+
+def configs_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kimi-vl configs", description="list the shipped run configs")
+    parser.parse_args(argv)
+    for path in list_run_configs():
+        print(f"{path.stem:<28} {path}")
+    return 0

@@ -1,0 +1,87 @@
+"""The run config of a training stage (``pretrain`` or ``sft``), merged strictly from YAML.
+
+Every run config has the top-level ``output_dir``, ``max_steps``, ``seed`` and ``init_from`` keys;
+sections hold the model, data, optimizer and loop settings. Ship configs live in
+``kimi_vl/configs/<flavor>_<stage>.yaml``; ``kimi-vl configs`` lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kimi_vl.optim.builder import OptimConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class ModelSection:
+    flavor: str = "debug"
+    overrides: dict[str, Any] = field(default_factory=dict)  # any KimiVLConfig field, e.g. residual_mode
+    vision_flavor: str | None = "debug"  # None: text-only model (no vision tower)
+
+
+@dataclass
+class DataSection:
+    path: str = ""  # a folder written by `kimi-vl data synth` (or a real-data folder of shards)
+    tokenizer: str | None = None  # a transformers tokenizer folder; default <path>/tokenizer
+    seq_len: int = 512
+    batch_size: int = 4  # packed rows per micro-batch and process
+    vision_ratio: float = 0.1  # share of vision documents after injection
+    vision_inject_step: int = 0  # 0 = early fusion; later steps give mid/late fusion arms
+    text_sources: list[str] = field(default_factory=list)  # empty = every text family of the split
+    sft_preset: Literal["zero_vision", "image_text"] = "zero_vision"
+    max_patches: int = 1024  # per-image patch budget of the processor
+    num_workers: int = 0
+    shuffle_buffer: int = 64
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str
+    max_steps: int
+    seed: int = 0
+    init_from: str | None = None  # a checkpoint or export to start from
+    resume: str = "auto"  # auto | never | path to a checkpoint
+    stage: Literal["pretrain", "sft"] = "pretrain"
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    grad_accum: int = 1
+    grad_clip: float = 1.0
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    activation_checkpointing: bool = False
+    compile: bool = False
+    checkpoint_every: int = 0  # 0: only at the end
+    keep_last: int = 2
+    log_every: int = 1
+    eval_every: int = 0  # 0: only at the end
+    eval_batches: int = 2
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if not 0.0 <= self.data.vision_ratio <= 1.0:
+            raise ValueError(f"data.vision_ratio must lie in [0, 1], got {self.data.vision_ratio}")
+
+
+def list_run_configs() -> list[Path]:
+    """The run configs shipped with the suite (``kimi_vl/configs/*.yaml``)."""
+    return sorted(CONFIG_DIR.glob("*.yaml"))
+
+
+def resolve_config_path(name: str) -> Path:
+    """A path as given, or the name of a shipped config (with or without ``.yaml``)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = CONFIG_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if shipped.is_file():
+        return shipped
+    known = ", ".join(p.stem for p in list_run_configs())
+    raise FileNotFoundError(f"run config {name!r} not found (not a file, not a shipped config; shipped: {known})")

@@ -1,0 +1,262 @@
+"""The training loop shared by every stage (``pretrain``, ``sft``), launched in-process or by accelerate.
+
+One step = ``grad_accum`` micro-batches per process -> clip -> optimizer (MuonClip: Muon + AdamW +
+QK-Clip) -> scheduler -> MoE bias update. Metrics go to ``metrics.jsonl`` (and TensorBoard); held-out
+losses on the eval split every ``eval_every`` steps; atomic checkpoints every ``checkpoint_every``
+steps and at the end; SIGTERM finishes the step, checkpoints and exits; a NaN loss stops the run
+naming the step, keeping the last good checkpoint. The end of a stage writes ``<output_dir>/final``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from kimi_vl.logs import MetricsWriter, print0, progress
+from kimi_vl.optim.builder import build_optimizer, build_scheduler
+from kimi_vl.runconfig import save_config, to_dict
+from kimi_vl.train import build
+from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve_resume, save_checkpoint
+from kimi_vl.train.config import TrainConfig
+from kimi_vl.train.faults import GracefulStop, NonFiniteGuard
+from kimi_vl.train.loss import breakdown, mean_loss, token_losses
+
+MODEL_KEYS = ("input_ids", "attention_mask", "cu_seqlens", "position_ids", "pixel_values", "image_grid_thw",
+              "pixel_values_videos", "video_grid_thw")
+MODALITIES = ("text", "image", "video")
+
+
+class LoaderPosition:
+    """Checkpointable handle on the resumable loader (registered with accelerate)."""
+
+    def __init__(self, loader: Any):
+        self.loader = loader
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader": self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+
+
+def model_inputs(batch: dict[str, Any], device: torch.device, multimodal: bool) -> dict[str, Any]:
+    keys = MODEL_KEYS if multimodal else MODEL_KEYS[:4]
+    return {k: batch[k].to(device) for k in keys if k in batch}
+
+
+def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.device, multimodal: bool,
+                 autocast: contextlib.AbstractContextManager) -> tuple[torch.Tensor, dict[str, float], int]:
+    """Mean next-token loss of a packed batch, its breakdown, and its number of target tokens."""
+    with autocast:
+        out = model(**model_inputs(batch, device, multimodal), use_cache=False)
+    labels = batch["labels"].to(device)
+    loss_BL, mask_BL = token_losses(out.logits, labels, batch["position_ids"].to(device))
+    loss = mean_loss(loss_BL, mask_BL)
+    parts = breakdown(loss_BL, mask_BL, batch["modality_ids"].to(device), MODALITIES, "loss")
+    parts.update(breakdown(loss_BL, mask_BL, batch["source_ids"].to(device), batch["sources"], "loss/src"))
+    return loss, parts, int(mask_BL.sum())
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list[dict[str, Any]], device: torch.device, multimodal: bool,
+             autocast: contextlib.AbstractContextManager) -> dict[str, float]:
+    """Token-weighted held-out loss overall, per modality and per task family (data source)."""
+    was_training = model.training
+    model.eval()
+    sums: dict[str, list[float]] = {}
+    for batch in batches:
+        with autocast:
+            out = model(**model_inputs(batch, device, multimodal), use_cache=False)
+        loss_BL, mask_BL = token_losses(out.logits, batch["labels"].to(device), batch["position_ids"].to(device))
+        groups = {"eval/loss": mask_BL}
+        for ids_key, names in (("modality_ids", MODALITIES), ("source_ids", batch["sources"])):
+            ids = batch[ids_key].to(device)
+            for i, name in enumerate(names):
+                groups[f"eval/{name}/loss"] = mask_BL & (ids == i)
+        for key, m in groups.items():
+            acc = sums.setdefault(key, [0.0, 0.0])
+            acc[0] += float(loss_BL[m].sum())
+            acc[1] += float(m.sum())
+    model.train(was_training)
+    return {k: s / n for k, (s, n) in sums.items() if n > 0}
+
+
+def _autocast(accelerator: Accelerator, precision: str) -> contextlib.AbstractContextManager:
+    use_bf16 = precision == "bf16" or (precision == "auto" and accelerator.device.type == "cuda")
+    if use_bf16:
+        return torch.autocast(accelerator.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _qk_and_optim_stats(optimizer: Any) -> dict[str, float]:
+    inner = getattr(optimizer, "optimizer", optimizer)
+    stats: dict[str, float] = {}
+    qk = getattr(inner, "last_qk_stats", None)
+    if qk is not None:
+        stats.update(qk.to_dict(prefix="qk/"))
+    stats.update(getattr(inner, "last_muon_stats", {}) or {})
+    return stats
+
+
+def _flops_per_token(model: torch.nn.Module) -> float:
+    """6 * parameters: the usual dense estimate (attention's T-dependent term is left out)."""
+    return 6.0 * sum(p.numel() for p in model.parameters())
+
+
+def _peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return 989e12 if "H100" in name or "H200" in name else None
+
+
+class Trainer:
+    """Holds the state of one run; :meth:`run` trains until ``max_steps`` or a stop request."""
+
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None):
+        self.cfg = cfg
+        self.out = Path(cfg.output_dir)
+        self.acc = accelerator or Accelerator(
+            cpu=not torch.cuda.is_available(), log_with="tensorboard" if cfg.tensorboard else None,
+            project_dir=str(self.out))
+        set_seed(cfg.seed)
+        if self.acc.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.out / "config.yaml")
+        self.tokenizer = build.build_tokenizer(cfg)
+        self.processor = build.build_processor(cfg)
+        self.multimodal = self.processor is not None
+        model = build.build_model(cfg, self.tokenizer)
+        if cfg.activation_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.flops_per_token = _flops_per_token(model)
+        optimizer = build_optimizer(model, cfg.optim)
+        scheduler = build_scheduler(optimizer, cfg.optim)
+        self.loader = build.build_train_loader(cfg, self.tokenizer, self.processor, self.acc.process_index,
+                                               self.acc.num_processes)
+        self.model, self.optimizer, self.scheduler = self.acc.prepare(model, optimizer, scheduler)
+        if cfg.compile:
+            self.model = torch.compile(self.model)
+        self.position = LoaderPosition(self.loader)
+        self.acc.register_for_checkpointing(self.position)
+        self.autocast = _autocast(self.acc, cfg.precision)
+        self.metrics = MetricsWriter(self.out, accelerator=self.acc if cfg.tensorboard else None)
+        if cfg.tensorboard:
+            self.acc.init_trackers("tb", config={k: str(v) for k, v in to_dict(cfg).items()})
+        self.step = 0
+        self.tokens = 0
+        self._eval_batches: list[dict[str, Any]] | None = None
+
+    @property
+    def unwrapped(self) -> torch.nn.Module:
+        return self.acc.unwrap_model(self.model)
+
+    def resume(self) -> None:
+        path = resolve_resume(self.cfg.resume, self.out)
+        if path is None:
+            return
+        state = load_checkpoint(self.acc, path)
+        self.step, self.tokens = int(state["step"]), int(state.get("tokens", 0))
+        print0(f"[train] resumed from {path} at step {self.step}")
+
+    def _batches(self) -> Iterator[dict[str, Any]]:
+        while True:
+            yielded = False
+            for batch in self.loader:
+                yielded = True
+                yield batch
+            if not yielded:
+                raise RuntimeError(f"data.path={self.cfg.data.path!r}: the training loader produced no batch")
+
+    def train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, Any]:
+        cfg, model = self.cfg, self.model
+        t0 = time.perf_counter()
+        total, parts_sum, n_tokens = 0.0, {}, 0
+        skipped = {"data/corrupt": 0, "data/dropped": 0}
+        for micro in range(cfg.grad_accum):
+            batch = next(batches)
+            sync = micro == cfg.grad_accum - 1
+            with contextlib.nullcontext() if sync else self.acc.no_sync(model):
+                loss, parts, n = compute_loss(model, batch, self.acc.device, self.multimodal, self.autocast)
+                self.acc.backward(loss / cfg.grad_accum)
+            total += float(loss.detach()) / cfg.grad_accum
+            n_tokens += int(batch["attention_mask"].sum())
+            for k, v in parts.items():
+                parts_sum[k] = parts_sum.get(k, 0.0) + v / cfg.grad_accum
+            state = batch.get("loader_state", {})
+            skipped = {"data/corrupt": state.get("corrupt", 0), "data/dropped": state.get("dropped", 0)}
+        grad_norm = self.acc.clip_grad_norm_(model.parameters(), cfg.grad_clip) if cfg.grad_clip > 0 else None
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        moe = self.unwrapped.update_moe_bias() if hasattr(self.unwrapped, "update_moe_bias") else {}
+        n_tokens *= self.acc.num_processes
+        self.tokens += n_tokens
+        dt = time.perf_counter() - t0
+        metrics: dict[str, Any] = {"loss": total, **parts_sum, "lr": self.scheduler.get_last_lr()[0],
+                                   "tokens": self.tokens, "tokens_per_s": n_tokens / dt, "step_time_s": dt,
+                                   **skipped, **moe, **_qk_and_optim_stats(self.optimizer)}
+        if grad_norm is not None:
+            metrics["grad_norm"] = float(grad_norm)
+        peak = _peak_flops(self.acc.device)
+        if peak:
+            metrics["mfu"] = self.flops_per_token * n_tokens / dt / (peak * self.acc.num_processes)
+        return metrics
+
+    def eval_metrics(self) -> dict[str, float]:
+        if self._eval_batches is None:
+            self._eval_batches = build.eval_batches(self.cfg, self.tokenizer, self.processor)
+        return evaluate(self.model, self._eval_batches, self.acc.device, self.multimodal, self.autocast)
+
+    def checkpoint(self) -> Path:
+        return save_checkpoint(self.acc, self.out, self.step, {"tokens": self.tokens}, self.cfg.keep_last)
+
+    def export(self) -> Path:
+        final = self.out / "final"
+        if self.acc.is_main_process:
+            export_pretrained(self.unwrapped, final, self.tokenizer)
+        self.acc.wait_for_everyone()
+        return final
+
+    def run(self) -> Path:
+        """Train to ``max_steps`` (or until SIGTERM); return the export folder (or the checkpoint)."""
+        cfg = self.cfg
+        self.resume()
+        guard = NonFiniteGuard()
+        batches = self._batches()
+        bar = progress(total=cfg.max_steps, initial=self.step, desc=f"{cfg.stage} {self.out.name}")
+        with GracefulStop() as stop:
+            while self.step < cfg.max_steps:
+                metrics = self.train_step(batches)
+                self.step += 1
+                guard.check(self.step, metrics["loss"], metrics)
+                last = self.step == cfg.max_steps
+                if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
+                    metrics.update(self.eval_metrics())
+                if self.step % cfg.log_every == 0 or last:
+                    self.metrics.log(self.step, metrics)
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
+                    self.checkpoint()
+                if stop.requested:
+                    print0(f"[train] {stop.requested} at step {self.step}: checkpointing and exiting")
+                    bar.close()
+                    return self.checkpoint()
+        bar.close()
+        self.checkpoint()
+        final = self.export()
+        if cfg.tensorboard:
+            self.acc.end_training()
+        return final
+
+
+def train(cfg: TrainConfig, accelerator: Accelerator | None = None) -> Path:
+    return Trainer(cfg, accelerator).run()
