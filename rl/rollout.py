@@ -129,7 +129,6 @@ class _StopWatch:
             self.done[row], self.finish[row] = True, "stop"
 
 
-@torch.no_grad()
 def sample_group(
     model: Any,
     prompt: Prompt,
@@ -140,16 +139,62 @@ def sample_group(
     decode: Callable[[list[int]], str],
     generator: torch.Generator | None = None,
 ) -> Group:
-    """Sample ``k`` responses to ``prompt`` (see the module docstring). ``decode(ids) -> str`` turns response ids
-    into text for stop strings and rewards; ``eos_ids`` end a response (the EOS token is kept and scored)."""
-    if not prompt.input_ids:
-        raise ValueError("sample_group: prompt.input_ids is empty")
+    """Sample ``k`` responses to one prompt (see :func:`sample_groups`)."""
+    return sample_groups(model, [prompt], k, cfg, eos_ids, pad_id, decode, generator)[0]
+
+
+def sample_groups(
+    model: Any,
+    prompts: Sequence[Prompt],
+    k: int,
+    cfg: SamplingConfig,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    decode: Callable[[list[int]], str],
+    generator: torch.Generator | None = None,
+) -> list[Group]:
+    """Sample ``k`` responses to each prompt; prompts of equal length share one batch of ``n * k`` rows (no
+    padding needed). ``decode(ids) -> str`` turns response ids into text for stop strings and rewards;
+    ``eos_ids`` end a response (the EOS token is kept and scored). Groups come back in prompt order."""
+    for i, p in enumerate(prompts):
+        if not p.input_ids:
+            raise ValueError(f"sample_groups: prompts[{i}].input_ids is empty")
+    buckets: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        buckets.setdefault(len(p.input_ids), []).append(i)
+    out: list[Group | None] = [None] * len(prompts)
+    for idx in buckets.values():
+        groups = _sample_bucket(model, [prompts[i] for i in idx], k, cfg, eos_ids, pad_id, decode, generator)
+        for i, g in zip(idx, groups):
+            out[i] = g
+    return out  # type: ignore[return-value]
+
+
+def batch_media(media_list: Sequence[Mapping[str, torch.Tensor]], k: int) -> dict[str, torch.Tensor]:
+    """Media of several prompts, each repeated ``k`` times, in row order (one packed media dict)."""
+    parts = [repeat_media(m, k) for m in media_list]
+    keys = {key for m in parts for key in m}
+    return {key: torch.cat([m[key] for m in parts if key in m], dim=0) for key in sorted(keys)}
+
+
+@torch.no_grad()
+def _sample_bucket(
+    model: Any,
+    prompts: Sequence[Prompt],
+    k: int,
+    cfg: SamplingConfig,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    decode: Callable[[list[int]], str],
+    generator: torch.Generator | None,
+) -> list[Group]:
     device = next(model.parameters()).device
-    prompt_KS = torch.tensor([prompt.input_ids] * k, dtype=torch.long, device=device)
-    media = {key: v.to(device) for key, v in repeat_media(prompt.media, k).items()}
-    watch = _StopWatch(k, eos_ids, cfg.stop_strings, decode)
-    out = _forward(model, prompt_KS, media, None, cfg.use_cache)
-    past, seq = out.past_key_values if cfg.use_cache else None, prompt_KS
+    rows = [p.input_ids for p in prompts for _ in range(k)]
+    prompt_RS = torch.tensor(rows, dtype=torch.long, device=device)  # R = len(prompts) * k rows
+    media = {key: v.to(device) for key, v in batch_media([p.media for p in prompts], k).items()}
+    watch = _StopWatch(len(rows), eos_ids, cfg.stop_strings, decode)
+    out = _forward(model, prompt_RS, media, None, cfg.use_cache)
+    past, seq = out.past_key_values if cfg.use_cache else None, prompt_RS
     tokens, logps = [], []
     for _ in range(cfg.max_new_tokens):
         tok, lp = sample_tokens(out.logits[:, -1], cfg, generator)
@@ -158,7 +203,7 @@ def sample_group(
         tokens.append(tok)
         logps.append(torch.where(live, lp, torch.zeros_like(lp)))
         cols = torch.stack(tokens, 1).tolist()
-        for row in range(k):
+        for row in range(len(rows)):
             if live[row]:
                 watch.update(row, cols[row])
         if all(watch.done):
@@ -169,24 +214,33 @@ def sample_group(
             past = out.past_key_values
         else:
             out = _forward(model, seq, media, None, False)
-    return _finish_group(prompt, torch.stack(tokens, 1), torch.stack(logps, 1), watch, pad_id, decode)
+    ids_RT, logp_RT = torch.stack(tokens, 1), torch.stack(logps, 1)
+    return [_finish_group(p, ids_RT[i * k : (i + 1) * k], logp_RT[i * k : (i + 1) * k], watch, i * k, pad_id, decode)
+            for i, p in enumerate(prompts)]  # fmt: skip
 
 
 def _finish_group(
-    prompt: Prompt, ids_KT: torch.Tensor, logp_KT: torch.Tensor, watch: _StopWatch, pad_id: int, decode: Callable
+    prompt: Prompt,
+    ids_KT: torch.Tensor,
+    logp_KT: torch.Tensor,
+    watch: _StopWatch,
+    row0: int,
+    pad_id: int,
+    decode: Callable,
 ) -> Group:
     k, t = ids_KT.shape
     lengths = []
     for row in range(k):
         ids = ids_KT[row].tolist()
         n = t
-        if watch.finish[row] != "length":
+        if watch.finish[row0 + row] != "length":
             n = next(i for i in range(1, t + 1) if _ends_here(ids[:i], watch))
         lengths.append(n)
-    mask = (torch.arange(t, device=ids_KT.device)[None, :] < torch.tensor(lengths, device=ids_KT.device)[:, None])
+    mask = torch.arange(t, device=ids_KT.device)[None, :] < torch.tensor(lengths, device=ids_KT.device)[:, None]
     ids_KT = torch.where(mask, ids_KT, torch.full_like(ids_KT, pad_id)).cpu()
     texts = [decode(ids_KT[row, : lengths[row]].tolist()) for row in range(k)]
-    return Group(prompt, ids_KT, (logp_KT * mask).float().cpu(), mask.float().cpu(), texts, list(watch.finish))
+    finish = watch.finish[row0 : row0 + k]
+    return Group(prompt, ids_KT, (logp_KT * mask).float().cpu(), mask.float().cpu(), texts, finish)
 
 
 def _ends_here(ids: list[int], watch: _StopWatch) -> bool:
@@ -195,35 +249,44 @@ def _ends_here(ids: list[int], watch: _StopWatch) -> bool:
 
 def recompute_logprobs(
     model: Any,
-    prompt_ids: Sequence[int],
-    response_ids_KT: torch.Tensor,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    response_ids_RT: torch.Tensor,
     media: Mapping[str, torch.Tensor],
     temperature: float = 1.0,
     with_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One full forward over ``prompt + response`` for K rows; log softmax(logits / T) of each response token.
+    """One full forward over ``prompt + response`` rows; log softmax(logits / T) of each response token.
 
-    Returns log-probs ``[K, T]`` (differentiable if grad is on) and, if ``with_logits``, the tempered response
-    logits ``[K, T, V]`` (for the entropy metric)."""
+    ``prompt_ids`` is one prompt (a list, used for every row; ``media`` then belongs to that one prompt and is
+    repeated per row) or a ``[R, S]`` tensor of prompt rows (``media`` then already holds every row's media in
+    row order, see :func:`batch_media`). Returns log-probs ``[R, T]`` (differentiable if grad is on) and, if
+    ``with_logits``, the tempered response logits ``[R, T, V]`` (for the entropy metric)."""
     device = next(model.parameters()).device
-    k, t = response_ids_KT.shape
-    prompt_KS = torch.tensor([list(prompt_ids)] * k, dtype=torch.long, device=device)
-    ids = torch.cat([prompt_KS, response_ids_KT.to(device)], dim=1)  # [K, S + T]
-    rep = {key: v.to(device) for key, v in repeat_media(media, k).items()}
-    logits = model(input_ids=ids, use_cache=False, **rep).logits  # [K, S + T, V]
-    s = prompt_KS.shape[1]
+    r, t = response_ids_RT.shape
+    if isinstance(prompt_ids, torch.Tensor):
+        prompt_RS, rep = prompt_ids.to(device), {key: v.to(device) for key, v in media.items()}
+    else:
+        prompt_RS = torch.tensor([list(prompt_ids)] * r, dtype=torch.long, device=device)
+        rep = {key: v.to(device) for key, v in repeat_media(media, r).items()}
+    if prompt_RS.shape[0] != r:
+        raise ValueError(f"recompute_logprobs: {prompt_RS.shape[0]} prompt rows for {r} response rows")
+    ids = torch.cat([prompt_RS, response_ids_RT.to(device)], dim=1)  # [R, S + T]
+    logits = model(input_ids=ids, use_cache=False, **rep).logits  # [R, S + T, V]
+    s = prompt_RS.shape[1]
     resp_logits = logits[:, s - 1 : s - 1 + t].float() / temperature  # position i predicts token i + 1
-    logp = torch.log_softmax(resp_logits, dim=-1).gather(2, response_ids_KT.to(device)[..., None]).squeeze(-1)
+    logp = torch.log_softmax(resp_logits, dim=-1).gather(2, response_ids_RT.to(device)[..., None]).squeeze(-1)
     return logp, (resp_logits if with_logits else None)
 
 
 __all__ = [
     "Group",
     "Prompt",
+    "batch_media",
     "SamplingConfig",
     "recompute_logprobs",
     "repeat_media",
     "sample_group",
+    "sample_groups",
     "sample_tokens",
     "top_p_filter",
 ]

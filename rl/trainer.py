@@ -1,0 +1,233 @@
+"""The RL trainer: sample K responses per prompt, reward them, update the policy with the K2.5 objective
+(or the GRPO clipped variant), log one JSON line per step, evaluate held-out pass@1 every ``eval_every``
+steps, checkpoint resumably and export ``<output_dir>/final`` like the training app.
+
+Entry points: ``kimi-vl rl --config kimi_vl/configs/debug_rl.yaml [key=value ...]``,
+``python -m rl --config ...`` and ``accelerate launch -m rl --config ...`` (each rank samples its own
+prompts; DDP averages the gradients).
+
+Metrics per step (``<output_dir>/metrics.jsonl``): ``reward``, ``reward/<family>``, ``response_len``,
+``unparsed_share``, ``masked_share`` (tokens with zero gradient from the [alpha, beta] mask or the clip),
+``kl_to_init`` (k3 estimate against a frozen copy of the initial policy), ``entropy``, ``loss``,
+``update_tokens`` (cumulative), ``time_rollout_s``, ``time_update_s``; every ``eval_every`` steps (and at
+step 0) ``heldout/reward``, ``heldout/pass@1``, ``heldout/reward/<family>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kimi_vl.logs import MetricsWriter, print0
+from kimi_vl.runconfig import load_config, save_config
+from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve_resume, save_checkpoint
+from rl.config import RLRunConfig
+from rl.objective import length_budget
+from rl.rollout import Group, Prompt, SamplingConfig, sample_groups
+from rl.step import accumulate_policy_gradient, advantages, family_means, score_groups, shaped_rewards
+from rl.tasks import CharTokenizer, LetterCountSource, PromptSource, Tokenizer
+
+# A random transformers Kimi Linear LM for runs before the suite's model exists (and for fast tests).
+HF_PRESETS: dict[str, dict[str, Any]] = {
+    "debug": dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "dense"], linear_head_dim=16,
+        linear_num_heads=2, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+    ),
+}  # fmt: skip
+
+
+def build_source(cfg: RLRunConfig) -> tuple[Tokenizer, PromptSource]:
+    if cfg.data.source == "letter_count":
+        tok = CharTokenizer(cfg.data.alphabet) if cfg.data.alphabet else CharTokenizer()
+        src = LetterCountSource(tok, cfg.data.letters, cfg.data.min_len, cfg.data.max_len, seed=cfg.seed)
+        return tok, src
+    raise ValueError(f"data.source: unknown source '{cfg.data.source}'")
+
+
+def build_model(cfg: RLRunConfig, tokenizer: Tokenizer) -> torch.nn.Module:
+    """The initial policy: ``init_from`` (an exported folder) or a fresh model of ``model.flavor``, seeded."""
+    torch.manual_seed(cfg.seed)
+    if cfg.init_from:
+        from transformers import AutoModelForCausalLM
+
+        import kimi_vl  # noqa: F401  (registers the suite's model types with transformers)
+
+        return AutoModelForCausalLM.from_pretrained(cfg.init_from)
+    vocab = max(getattr(tokenizer, "vocab_size", 0), int(cfg.model.overrides.get("vocab_size", 0)))
+    overrides = {**cfg.model.overrides, "vocab_size": vocab}
+    special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    if cfg.model.backend == "transformers":
+        from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+        if cfg.model.flavor not in HF_PRESETS:
+            raise ValueError(f"model.flavor: '{cfg.model.flavor}' has no transformers preset ({sorted(HF_PRESETS)})")
+        return KimiLinearForCausalLM(KimiLinearConfig(**{**HF_PRESETS[cfg.model.flavor], **special, **overrides}))
+    try:
+        from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+    except ImportError as exc:
+        raise ValueError(f"model.backend=kimi_vl: the suite's model is not importable ({exc})") from exc
+    return KimiVLForCausalLM(KimiVLConfig.from_flavor(cfg.model.flavor, **special, **overrides))
+
+
+def build_optimizer(cfg: RLRunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optim
+    if o.name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    try:
+        from kimi_vl.optim import build_optimizer as build_kimi_optimizer
+    except ImportError as exc:
+        raise ValueError(f"optim.name=muonclip: kimi_vl.optim.build_optimizer is not importable ({exc})") from exc
+    return build_kimi_optimizer(model, {"name": "muonclip", "lr": o.lr, "weight_decay": o.weight_decay, **o.extra})
+
+
+class SamplerState:
+    """The prompt RNG and the token sampler's generator, saved with each checkpoint."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), "gen": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["rng"])
+        self.gen.set_state(state["gen"])
+
+
+def rollout(model: Any, tokenizer: Tokenizer, prompts: list[Prompt], k: int, sampling: SamplingConfig,
+            gen: torch.Generator) -> list[Group]:  # fmt: skip
+    """One group of ``k`` responses per prompt, sampled in eval mode without gradients."""
+    was_training = model.training
+    model.eval()
+    groups = sample_groups(model, prompts, k, sampling, [tokenizer.eos_token_id], tokenizer.pad_token_id,
+                           tokenizer.decode, gen)  # fmt: skip
+    model.train(was_training)
+    return groups
+
+
+def evaluate(model: Any, tokenizer: Tokenizer, prompts: list[Prompt], cfg: RLRunConfig) -> dict[str, float]:
+    """Held-out reward and pass@1 (one sample per prompt, ``rollout.eval_sampling``, fixed seed)."""
+    gen = torch.Generator().manual_seed(cfg.seed + 12345)
+    batch = score_groups(rollout(model, tokenizer, prompts, 1, cfg.rollout.eval_sampling, gen))
+    correct = batch.correct(cfg.objective.correct_threshold).float()
+    out = {"heldout/reward": batch.rewards_PK.mean().item(), "heldout/pass@1": correct.mean().item()}
+    out.update(family_means(batch.rewards_PK, batch.families, "heldout/reward"))
+    return out
+
+
+class RLTrainer:
+    """Holds the policy, its frozen initial copy, the optimizer and the prompt source for one run."""
+
+    def __init__(self, cfg: RLRunConfig, accelerator: Any = None):
+        from accelerate import Accelerator
+
+        self.cfg = cfg
+        self.acc = accelerator or Accelerator(cpu=cfg.cpu)
+        self.tokenizer, self.source = build_source(cfg)
+        model = build_model(cfg, self.tokenizer)
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.acc.device) if cfg.kl_to_init else None
+        self.model, self.optimizer = self.acc.prepare(model, build_optimizer(cfg, model))
+        self.sampler = SamplerState(cfg.seed + 1000 * self.acc.process_index)
+        self.acc.register_for_checkpointing(self.sampler)
+        self.heldout = self.source.heldout(cfg.data.heldout_prompts)
+        self.step, self.update_tokens, self.budget = 0, 0, None
+        self.out = Path(cfg.output_dir)
+        self.metrics = MetricsWriter(self.out)
+
+    def resume(self) -> None:
+        path = resolve_resume(self.cfg.resume, self.out)
+        if path is None:
+            return
+        state = load_checkpoint(self.acc, path)
+        self.step, self.update_tokens, self.budget = state["step"], state["update_tokens"], state.get("budget")
+        print0(f"rl: resumed from {path} at step {self.step}")
+
+    def _done(self) -> bool:
+        cap = self.cfg.max_update_tokens
+        return self.step >= self.cfg.max_steps or (cap is not None and self.update_tokens >= cap)
+
+    def train_step(self) -> dict[str, float]:
+        cfg, t0 = self.cfg, time.time()
+        prompts = self.source.sample(cfg.rollout.prompts_per_step, self.sampler.rng)
+        groups = rollout(self.model, self.tokenizer, prompts, cfg.rollout.k, cfg.rollout.sampling, self.sampler.gen)
+        batch = score_groups(groups)
+        if cfg.objective.toggle_phase_steps > 0 and self.budget is None:
+            correct_lengths = batch.lengths_PK[batch.correct(cfg.objective.correct_threshold)]
+            self.budget = (
+                length_budget(correct_lengths, cfg.objective.toggle_percentile) if correct_lengths.numel() else None
+            )
+        adv = advantages(shaped_rewards(batch, cfg.objective, self.step, self.budget), cfg.objective)
+        t1 = time.time()
+        stats: dict[str, float] = {}
+        for update in range(cfg.objective.updates_per_batch):
+            ref = self.ref if update == 0 else None
+            stats_u = accumulate_policy_gradient(self.model, groups, adv, cfg.objective,
+                                                 cfg.rollout.sampling.temperature, self.acc.backward, ref,
+                                                 self.tokenizer.pad_token_id)  # fmt: skip
+            stats = stats or stats_u
+            if cfg.optim.grad_clip > 0:
+                self.acc.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.update_tokens += int(batch.lengths_PK.sum()) * cfg.objective.updates_per_batch
+        return {
+            "reward": batch.rewards_PK.mean().item(),
+            **family_means(batch.rewards_PK, batch.families, "reward"),
+            "response_len": batch.lengths_PK.float().mean().item(),
+            "unparsed_share": 1.0 - batch.parsed_PK.float().mean().item(),
+            **stats,
+            "update_tokens": self.update_tokens,
+            "time_rollout_s": t1 - t0,
+            "time_update_s": time.time() - t1,
+        }
+
+    def save(self) -> None:
+        state = {"update_tokens": self.update_tokens, "budget": self.budget}
+        save_checkpoint(self.acc, self.out, self.step, state, keep_last=self.cfg.keep_last)
+
+    def train(self) -> list[dict]:
+        """Run to ``max_steps`` (or ``max_update_tokens``); return the logged records."""
+        save_config(self.cfg, self.out / "config.yaml")
+        self.resume()
+        records = []
+        if self.step == 0:
+            records.append(self.metrics.log(0, evaluate(self.model, self.tokenizer, self.heldout, self.cfg)))
+        while not self._done():
+            record = self.train_step()
+            if self.step % self.cfg.eval_every == 0 or self._done():
+                record.update(evaluate(self.model, self.tokenizer, self.heldout, self.cfg))
+            records.append(self.metrics.log(self.step, record))
+            print0(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in records[-1].items()
+                            if k in ("step", "reward", "response_len", "heldout/reward", "kl_to_init")))  # fmt: skip
+            if self.step % self.cfg.checkpoint_every == 0 or self._done():
+                self.save()
+        if self.acc.is_main_process:
+            export_pretrained(self.acc.unwrap_model(self.model), self.out / "final",
+                              extra_files={"rl_config.yaml": (self.out / "config.yaml").read_text()})  # fmt: skip
+        self.acc.wait_for_everyone()
+        return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``kimi-vl rl --config FILE [key=value ...]``."""
+    parser = argparse.ArgumentParser(prog="kimi-vl rl", description="vision RL with verifiable rewards (K2.5)")
+    parser.add_argument("--config", required=True, help="YAML run config (kimi_vl/configs/*_rl.yaml)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_steps=10")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    cfg = load_config(RLRunConfig, args.config, args.overrides)
+    RLTrainer(cfg).train()
+    return 0
+
+
+__all__ = ["RLTrainer", "build_model", "build_optimizer", "build_source", "evaluate", "main", "rollout"]
