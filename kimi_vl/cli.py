@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "configs": ("list the shipped run configs with their paths", "kimi_vl.train.cli:configs_main"),
     "plot": ("draw a run's curves (loss, max logits, throughput) to PNG", "kimi_vl.train.plot:main"),
     "eval": ("run lm-eval tasks on a checkpoint with the kimi_vl model (local task suites)", "eval.cli:main"),
+    "rl": ("vision RL with verifiable rewards (K2.5 objective) from a YAML run config", "rl.trainer:main"),
     "ablate": ("run an ablation experiment (arms x seeds) and write its report with CIs", "eval.ablation.cli:main"),
 }
 

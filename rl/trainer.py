@@ -82,11 +82,11 @@ def build_optimizer(cfg: RLRunConfig, model: torch.nn.Module) -> torch.optim.Opt
     o = cfg.optim
     if o.name == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
-    try:
-        from kimi_vl.optim import build_optimizer as build_kimi_optimizer
-    except ImportError as exc:
-        raise ValueError(f"optim.name=muonclip: kimi_vl.optim.build_optimizer is not importable ({exc})") from exc
-    return build_kimi_optimizer(model, {"name": "muonclip", "lr": o.lr, "weight_decay": o.weight_decay, **o.extra})
+    from kimi_vl.optim.builder import OptimConfig
+    from kimi_vl.optim.builder import build_optimizer as build_kimi_optimizer
+
+    kimi_cfg = OptimConfig(name="muonclip", lr=o.lr, weight_decay=o.weight_decay, betas=o.betas, **o.extra)
+    return build_kimi_optimizer(model, kimi_cfg)
 
 
 class SamplerState:
