@@ -167,3 +167,17 @@ def test_cache_is_smaller_with_latent_mla_and_constant_for_kda():
         kda = [c for c in cache.layers if hasattr(c, "recurrent_state")]
         assert kda and all(c.recurrent_state.dtype == torch.float32 for c in kda)
     assert sizes["latent"] < sizes["expanded"]
+
+
+def test_gradient_checkpointing_gives_identical_gradients():
+    model = build(tiny_config(residual_mode="attnres_block")).train()
+    ids = torch.randint(3, 97, (2, 16))
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model.zero_grad()
+        model(ids, labels=ids, use_cache=False).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-7) for n in grads[0])

@@ -129,3 +129,15 @@ def test_absorbed_latent_decode_equals_expanded():
             attn(x[:, :8], build_mask(8, 8, None, None, x.device, False), cache)
             outs[mode] = attn(x[:, 8:], build_mask(4, 12, None, None, x.device, False), cache)
     assert_rel_rms(outs["latent"], outs["expanded"], 1e-6, "absorbed vs expanded")
+
+
+def test_flex_block_mask_equals_dense_packed_mask():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    cu = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+    flex = build_mask(20, 20, None, cu, torch.device("cpu"), use_flex=True)
+    dense = build_mask(20, 20, None, cu, torch.device("cpu"), use_flex=False)
+    q, k, v = torch.randn(1, 2, 20, 12), torch.randn(1, 2, 20, 12), torch.randn(1, 2, 20, 8)
+    got = flex_attention(q, k, v, block_mask=flex.block_mask, scale=0.3)  # eager here; compiled on CUDA
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense.dense_B1TS, scale=0.3)
+    assert_rel_rms(got, ref, 1e-5, "flex vs dense")
