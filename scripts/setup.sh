@@ -9,6 +9,9 @@
 # torchvision importable on CPU torch (see scripts/torchvision_cpu_fix.py). On a GPU machine pip
 # resolves a CUDA torch normally and the hook is not installed.
 #
+# It also installs Debian's Chromium (scripts/install_chromium.sh) for page rendering and the
+# Design2Code metric, unless KVL_NO_BROWSER=1 or KVL_CHROMIUM points at another browser.
+#
 # Environment: KVL_VENV (default .venv), PYTHON (default python3), KVL_EXTRAS (default dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +26,13 @@ else
   CONSTRAINTS=requirements/constraints-cpu.txt
 fi
 
+if [ "${KVL_NO_BROWSER:-0}" != "1" ] && [ -z "${KVL_CHROMIUM:-}" ]; then
+  bash scripts/install_chromium.sh >/dev/null || echo "[setup] Chromium not installed: web rendering tests will fail (see scripts/install_chromium.sh)" >&2
+fi
+
 # Skip the pip run when nothing that decides the environment changed since the last success.
 stamp="$VENV/.kvl-setup-stamp"
-want=$(cat pyproject.toml "$CONSTRAINTS" scripts/setup.sh scripts/torchvision_cpu_fix.py | sha256sum | cut -c1-16)-$EXTRAS
+want=$(cat pyproject.toml "$CONSTRAINTS" scripts/setup.sh scripts/torchvision_cpu_fix.py scripts/install_chromium.sh | sha256sum | cut -c1-16)-$EXTRAS
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   exit 0
 fi
