@@ -5,6 +5,7 @@ materialises the whole ``T x S`` logit matrix. Public entry point: :func:`max_lo
 
 - ``naive.py``: full-matrix fp64 specification (tests only).
 - ``chunked.py``: PyTorch, chunked over query rows and packed segments (CPU, and GPU fallback).
+- ``triton_max.py``: fused Triton pass (GPU; also runs under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from kernels.qk_max.naive import max_logits_per_head_naive
 
 __all__ = ["max_logits_per_head", "max_logits_per_head_chunked", "max_logits_per_head_naive"]
 
-_BACKENDS = (None, "torch")
+_BACKENDS = (None, "torch", "triton")
 
 
 def _check_inputs(
@@ -63,7 +64,8 @@ def max_logits_per_head(
         cu_seqlens: optional int ``[N + 1]`` segment bounds over the flattened ``B * T`` tokens
             (``T == S``); only pairs inside one segment are visible (block-diagonal).
         key_padding_mask: optional ``[B, S]`` bool/int, True/1 = real key; masked keys are invisible.
-        backend: ``None`` (reads ``KVL_QK_MAX_BACKEND``) or ``"torch"``.
+        backend: ``None`` (reads ``KVL_QK_MAX_BACKEND``, else Triton on CUDA, PyTorch on CPU),
+            ``"torch"`` or ``"triton"``.
 
     Returns:
         fp32 ``[H]``; ``-inf`` for a head with no visible pair. No gradient.
@@ -76,8 +78,12 @@ def max_logits_per_head(
     _check_inputs(q, k, causal, cu_seqlens, key_padding_mask)
     if backend not in _BACKENDS:
         raise ValueError(f"kernels/qk_max: backend must be one of {_BACKENDS}, got {backend!r}")
-    backend = backend or os.environ.get("KVL_QK_MAX_BACKEND") or "torch"
+    backend = backend or os.environ.get("KVL_QK_MAX_BACKEND") or ("triton" if q.is_cuda else "torch")
     if backend not in _BACKENDS:
         raise ValueError(f"kernels/qk_max: KVL_QK_MAX_BACKEND must be one of {_BACKENDS[1:]}, got {backend!r}")
     with torch.no_grad():
+        if backend == "triton":
+            from kernels.qk_max.triton_max import max_logits_per_head_triton
+
+            return max_logits_per_head_triton(q, k, scale, causal, cu_seqlens, key_padding_mask)
         return max_logits_per_head_chunked(q, k, scale, causal, cu_seqlens, key_padding_mask)

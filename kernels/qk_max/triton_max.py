@@ -1,0 +1,90 @@
+"""Fused Triton pass for the per-head max pre-softmax logit (GPU; also runs under ``TRITON_INTERPRET=1``).
+
+Same contract as :func:`kernels.qk_max.chunked.max_logits_per_head_chunked` (the reference it is tested
+against). One program per (batch, head, block of BLOCK_M queries) streams key blocks, computes
+``scale * q . k`` in fp32 registers, applies the causal / same-segment / key-padding masks and keeps the
+row max; nothing of the ``T x S`` matrix is written. Per-program maxima ``[B, H, n_blocks]`` are reduced
+with ``amax`` afterwards (deterministic, no float atomics).
+Packed sequences are given as one segment id per token (from ``cu_seqlens``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _qk_max_kernel(
+    q_ptr, k_ptr, seg_ptr, kmask_ptr, out_ptr, scale,
+    T, S, H, D, n_mblocks,
+    sqb, sqt, sqh, skb, sks, skh,
+    CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < T
+    q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
+                mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
+    if HAS_SEG:
+        seg_q = tl.load(seg_ptr + b * T + offs_m, mask=m_ok, other=-1)
+    row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    n_end = S
+    if CAUSAL:
+        n_end = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
+    for n0 in range(0, n_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < S
+        k = tl.load(k_ptr + b * skb + h * skh + offs_n[:, None] * sks + offs_d[None, :],
+                    mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
+        logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        vis = m_ok[:, None] & n_ok[None, :]
+        if CAUSAL:
+            vis = vis & (offs_n[None, :] <= offs_m[:, None] + (S - T))
+        if HAS_SEG:
+            seg_k = tl.load(seg_ptr + b * S + offs_n, mask=n_ok, other=-2)
+            vis = vis & (seg_q[:, None] == seg_k[None, :])
+        if HAS_KMASK:
+            km = tl.load(kmask_ptr + b * S + offs_n, mask=n_ok, other=0)
+            vis = vis & (km[None, :] != 0)
+        logits = tl.where(vis, logits, float("-inf"))
+        row_max = tl.maximum(row_max, tl.max(logits, axis=1))
+    tl.store(out_ptr + pid_bh * n_mblocks + pid_m, tl.max(row_max, axis=0))
+
+
+def max_logits_per_head_triton(
+    q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
+    cu_seqlens: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
+    block_m: int = 64, block_n: int = 64,
+) -> torch.Tensor:
+    """Per-head max of ``scale * q_i . k_j`` over visible pairs; fp32 ``[H]``; inputs already validated."""
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    B, T, H, D = q.shape
+    S = k.shape[1]
+    seg = None
+    if cu_seqlens is not None:
+        seg = torch.zeros(B * T, dtype=torch.int32, device=q.device)
+        bounds = cu_seqlens.to(device=q.device, dtype=torch.long)
+        seg[bounds[1:-1]] += 1
+        seg = seg.cumsum(0).to(torch.int32)
+    kmask = key_padding_mask.to(device=q.device, dtype=torch.int32).contiguous() if key_padding_mask is not None else None
+    n_mblocks = triton.cdiv(T, block_m)
+    partial = torch.full((B * H, n_mblocks), float("-inf"), dtype=torch.float32, device=q.device)
+    if T == 0 or S == 0:
+        return torch.full((H,), float("-inf"), dtype=torch.float32, device=q.device)
+    dummy = partial
+    _qk_max_kernel[(n_mblocks, B * H)](
+        q, k, seg if seg is not None else dummy, kmask if kmask is not None else dummy, partial, float(scale),
+        T, S, H, D, n_mblocks,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        CAUSAL=causal, HAS_SEG=seg is not None, HAS_KMASK=kmask is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(D)),
+    )
+    return partial.view(B, H, n_mblocks).amax(dim=(0, 2))
