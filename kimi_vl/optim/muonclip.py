@@ -203,7 +203,8 @@ class MuonClip(torch.optim.Optimizer):
     def _muon_updates(self, groups: list[dict[str, Any]], ctx: DistContext | None) -> list[tuple]:
         """Momentum on every Muon parameter that has a gradient on any rank; full update matrices."""
         entries = [(g, n, p) for g in groups for n, p in zip(g["param_names"], g["params"])]
-        has_grad = torch.tensor([p.grad is not None for _, _, p in entries], dtype=torch.float32)
+        device = entries[0][2].device if entries else None  # NCCL needs the flags on the GPU
+        has_grad = torch.tensor([p.grad is not None for _, _, p in entries], dtype=torch.float32, device=device)
         if ctx is not None and entries:
             torch.distributed.all_reduce(has_grad, op=torch.distributed.ReduceOp.MAX, group=ctx.group)
         items, comm = [], 0
