@@ -52,13 +52,22 @@ def model_inputs(batch: dict[str, Any], device: torch.device, multimodal: bool) 
 
 
 def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.device, multimodal: bool,
-                 autocast: contextlib.AbstractContextManager) -> tuple[torch.Tensor, dict[str, float], int]:
-    """Mean next-token loss of a packed batch, its breakdown, and its number of target tokens."""
+                 autocast: contextlib.AbstractContextManager,
+                 accelerator: Accelerator | None = None) -> tuple[torch.Tensor, dict[str, float], int]:
+    """Next-token loss of a packed batch, its breakdown, and its number of target tokens.
+
+    With ``accelerator`` over several processes the loss is ``local sum * world / global count`` so
+    that DDP's gradient average weighs every target token of the global batch equally (and equals
+    one process running the concatenated batch).
+    """
     with autocast:
         out = model(**model_inputs(batch, device, multimodal), use_cache=False)
     labels = batch["labels"].to(device)
     loss_BL, mask_BL = token_losses(out.logits, labels, batch["position_ids"].to(device))
     loss = mean_loss(loss_BL, mask_BL)
+    if accelerator is not None and accelerator.num_processes > 1:
+        count = accelerator.reduce(mask_BL.sum().float(), reduction="sum")
+        loss = (loss_BL * mask_BL).sum() * accelerator.num_processes / count.clamp(min=1)
     parts = breakdown(loss_BL, mask_BL, batch["modality_ids"].to(device), MODALITIES, "loss")
     parts.update(breakdown(loss_BL, mask_BL, batch["source_ids"].to(device), batch["sources"], "loss/src"))
     return loss, parts, int(mask_BL.sum())
@@ -184,7 +193,7 @@ class Trainer:
             batch = next(batches)
             sync = micro == cfg.grad_accum - 1
             with contextlib.nullcontext() if sync else self.acc.no_sync(model):
-                loss, parts, n = compute_loss(model, batch, self.acc.device, self.multimodal, self.autocast)
+                loss, parts, n = compute_loss(model, batch, self.acc.device, self.multimodal, self.autocast, self.acc)
                 self.acc.backward(loss / cfg.grad_accum)
             total += float(loss.detach()) / cfg.grad_accum
             n_tokens += int(batch["attention_mask"].sum())

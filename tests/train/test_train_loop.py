@@ -1,0 +1,112 @@
+"""The training app end to end on the CPU: golden losses, resume, SIGTERM, NaN, bad input."""
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from kimi_vl.logs import read_metrics
+from kimi_vl.runconfig import ConfigError, load_config
+from kimi_vl.train.checkpoint import CheckpointError, list_checkpoints
+from kimi_vl.train.cli import main as train_cli
+from kimi_vl.train.config import TrainConfig
+from kimi_vl.train.faults import NonFiniteLossError
+from kimi_vl.train.loop import Trainer, train
+
+GOLDEN = Path(__file__).with_name("golden_debug_pretrain.json")
+FAST = ["data.seq_len=128", "data.batch_size=2", "data.max_patches=64", "eval_batches=1"]
+
+
+def config(tiny_data, out, *overrides):
+    return load_config(TrainConfig, "kimi_vl/configs/debug_pretrain.yaml",
+                       [f"data.path={tiny_data}", f"output_dir={out}", *FAST, *overrides])
+
+
+def losses(out):
+    return [r["loss"] for r in read_metrics(Path(out) / "metrics.jsonl")]
+
+
+def test_golden_20_steps(tiny_data, tmp_path):
+    """Per-step losses of the debug flavor on the tiny preset match the committed golden file.
+
+    Regenerate on purpose only (KVL_REGEN_GOLDEN=1), with the reason in the commit message.
+    """
+    final = train(config(tiny_data, tmp_path / "run", "max_steps=20"))
+    got = losses(tmp_path / "run")
+    assert len(got) == 20 and all(math.isfinite(x) for x in got)
+    if os.environ.get("KVL_REGEN_GOLDEN") == "1":
+        GOLDEN.write_text(json.dumps({"losses": got}, indent=1) + "\n")
+    want = json.loads(GOLDEN.read_text())["losses"]
+    assert got == pytest.approx(want, rel=2e-4), "training trajectory changed"
+    assert sum(got[-5:]) / 5 < sum(got[:5]) / 5 - 0.4, "20 steps must reduce the loss"
+    assert (final / "config.json").is_file() and (final / "tokenizer.json").is_file()
+    from transformers import AutoModelForImageTextToText
+
+    import kimi_vl  # noqa: F401  (registers the Auto classes)
+
+    model = AutoModelForImageTextToText.from_pretrained(final)
+    assert type(model).__name__ == "KimiVLForConditionalGeneration"
+
+
+def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tiny_data, tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    train(config(tiny_data, full, "max_steps=5"))
+    part = tmp_path / "part"
+    original = Trainer.train_step
+
+    def step_then_sigterm(self, batches):
+        metrics = original(self, batches)
+        if self.step == 2:  # during step 3: the loop must finish it, checkpoint and stop
+            os.kill(os.getpid(), signal.SIGTERM)
+        return metrics
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_sigterm)
+    stopped = train(config(tiny_data, part, "max_steps=5"))
+    assert stopped.name == "step_00000003" and not (part / "final").exists()
+    monkeypatch.setattr(Trainer, "train_step", original)
+    train(config(tiny_data, part, "max_steps=5"))  # resume=auto
+    assert losses(part) == losses(full), "resumed run must follow the uninterrupted trajectory exactly"
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(full / "final" / "model.safetensors"), load_file(part / "final" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
+    original = Trainer.train_step
+
+    def poisoned(self, batches):
+        metrics = original(self, batches)
+        if self.step == 3:
+            metrics["loss"] = float("nan")
+        return metrics
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
+    with pytest.raises(NonFiniteLossError, match="at step 4"):
+        train(config(tiny_data, tmp_path / "r", "max_steps=6", "checkpoint_every=2"))
+    assert [p.name for p in list_checkpoints(tmp_path / "r")] == ["step_00000002"]
+
+
+def test_bad_inputs_are_named(tiny_data, tmp_path, capsys):
+    with pytest.raises(ConfigError, match="optim.lrr"):
+        config(tiny_data, tmp_path, "optim.lrr=1")
+    assert train_cli(["--config", "debug_pretrain", "bogus=1"]) == 2
+    assert "bogus" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="no manifest.json"):
+        Trainer(load_config(TrainConfig, "kimi_vl/configs/debug_pretrain.yaml",
+                            [f"data.path={empty}", f"output_dir={tmp_path / 'x'}"]))
+    with pytest.raises(ValueError, match="vision_ratio"):
+        config(tiny_data, tmp_path, "data.vision_ratio=1.5")
+
+
+def test_incompatible_init_from_is_refused(tiny_data, tmp_path):
+    final = train(config(tiny_data, tmp_path / "a", "max_steps=1"))
+    with pytest.raises(CheckpointError, match="hidden_size"):
+        Trainer(config(tiny_data, tmp_path / "b", "max_steps=1", f"init_from={final}",
+                       "model.overrides={hidden_size: 96}"))
