@@ -68,3 +68,30 @@ def test_top_p_keeps_the_nucleus():
     assert torch.isfinite(top_p_filter(lp, 0.01)).sum() == 1
     tok, tok_lp = sample_tokens(torch.log(torch.tensor([[0.0, 1.0, 0.0]]) + 1e-30), SamplingConfig(), None)
     assert tok.item() == 1 and tok_lp.item() == pytest.approx(0.0, abs=1e-6)
+
+
+def _suite_models():
+    from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+    from kimi_vl.modeling.multimodal import KimiVLForConditionalGeneration, vision_config_dict
+
+    torch.manual_seed(0)
+    text = KimiVLForCausalLM(KimiVLConfig.from_flavor("debug", vocab_size=64, pad_token_id=PAD, eos_token_id=EOS))
+    cfg = KimiVLConfig.from_flavor("debug", vision_config=vision_config_dict("debug", 500, 501))
+    return text.eval(), KimiVLForConditionalGeneration(cfg).eval()
+
+
+def test_suite_model_text_image_video_logprobs_and_cache():
+    text_model, vlm = _suite_models()
+    cfg = SamplingConfig(max_new_tokens=5)
+    _check_logprobs_match(text_model, Prompt(input_ids=[1, 5, 9, 13, 4], family="exact", answer="x"), cfg)
+    media = {
+        "pixel_values": torch.randn(24, 3, 14, 14),
+        "image_grid_thw": torch.tensor([[1, 4, 6]]),
+        "pixel_values_videos": torch.randn(24, 3, 14, 14),
+        "video_grid_thw": torch.tensor([[4, 2, 2], [2, 2, 2]]),
+    }
+    prompt = Prompt(input_ids=[1, 2] + [500] * 6 + [3, 501, 4, 501, 5], family="counting", answer=2, media=media)
+    cached = _check_logprobs_match(vlm, prompt, cfg)
+    uncached = sample_group(vlm, prompt, 4, SamplingConfig(max_new_tokens=5, use_cache=False), [EOS], PAD, decode,
+                            torch.Generator().manual_seed(1))  # fmt: skip
+    assert torch.equal(cached.response_ids_KT, uncached.response_ids_KT)

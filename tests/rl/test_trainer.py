@@ -23,17 +23,28 @@ def test_shipped_configs_load(tmp_path):
         assert cfg.rollout.k >= 2
 
 
-def test_rl_raises_heldout_reward_on_letter_counting(tmp_path):
-    # fixed seed; starting reward ~0.15 (random one-token answers, most unparseable); the run reaches ~0.45+
-    cfg = _cfg(tmp_path, "max_steps=16", "eval_every=16", "kl_to_init=false", "model.backend=transformers")
-    records = RLTrainer(cfg).train()
+def _assert_learns(records, margin):
     before, after = records[0]["heldout/reward"], records[-1]["heldout/reward"]
-    assert after > before + 0.15, f"held-out reward {before:.3f} -> {after:.3f}"
+    assert after > before + margin, f"held-out reward {before:.3f} -> {after:.3f}"
     last = records[-1]
     for key in ("reward/counting", "response_len", "unparsed_share", "masked_share", "entropy", "heldout/pass@1"):
         assert key in last, key
     assert last["unparsed_share"] < records[1]["unparsed_share"]
+
+
+def test_rl_raises_heldout_reward_on_letter_counting(tmp_path):
+    # fixed seed; a random policy answers with one random token (mostly unparseable): held-out reward ~0.15;
+    # measured 0.146 -> 0.555 after 8 steps (transformers Kimi Linear preset, 16 s on 2 busy cores)
+    overrides = ["max_steps=8", "eval_every=8", "optim.lr=0.01", "rollout.prompts_per_step=4", "kl_to_init=false"]
+    records = RLTrainer(_cfg(tmp_path, *overrides, "model.backend=transformers")).train()
+    _assert_learns(records, 0.15)
     assert (tmp_path / "final" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_rl_raises_heldout_reward_debug_flavor(tmp_path):
+    # the suite's own debug flavor with the shipped debug_rl.yaml (20 steps)
+    _assert_learns(RLTrainer(_cfg(tmp_path)).train(), 0.15)
 
 
 def test_resume_continues_from_checkpoint(tmp_path):
