@@ -103,6 +103,11 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             raise fail()
         return _build(tp, value, key, source)
     if tp is float:
+        if isinstance(value, str):  # PyYAML reads `3e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise fail() from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail()
         return float(value)

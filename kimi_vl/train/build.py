@@ -7,6 +7,8 @@ size and the media token ids flow from the tokenizer into the model config).
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +18,51 @@ from data_pipelines.loader import LoaderConfig, VisionRatioSchedule, build_loade
 from data_pipelines.synth.build import read_manifest, split_shards
 from data_pipelines.tokenizer import load_tokenizer, special_ids
 from kimi_vl.configuration import KimiVLConfig
+from kimi_vl.logs import print0
 from kimi_vl.modeling.model import KimiVLForCausalLM
 from kimi_vl.train.config import TrainConfig
 from vision_encoder.geometry import PatchGeometry
 from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
 
 
+SYNTH_PREFIX = "synth:"
+
+
+def synth_cache_dir() -> Path:
+    return Path(os.environ.get("KVL_DATA_CACHE", Path.home() / ".cache" / "kimi-vl" / "synth"))
+
+
+def ensure_synth(spec: str) -> Path:
+    """``synth:PRESET[:SEED]`` -> the built dataset in the cache, generated once (atomically) if missing."""
+    parts = spec[len(SYNTH_PREFIX):].split(":")
+    preset, seed = parts[0], int(parts[1]) if len(parts) > 1 else 0
+    root = synth_cache_dir() / f"{preset}-seed{seed}"
+    if (root / "manifest.json").is_file() and (root / "tokenizer").is_dir():
+        return root
+    from data_pipelines.synth.build import build_dataset
+    from data_pipelines.tokenizer import iter_corpus_texts, train_tokenizer
+
+    tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    print0(f"[data] generating the synthetic '{preset}' preset (seed {seed}) into {root}")
+    build_dataset(tmp, preset, seed=seed)
+    train_tokenizer(iter_corpus_texts(split_shards(tmp, "train")), tmp / "tokenizer")
+    try:
+        os.replace(tmp, root)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
 def data_root(cfg: TrainConfig) -> Path:
+    """``data.path``: a dataset folder, or ``synth:PRESET[:SEED]`` for the built-in world (cached)."""
+    if cfg.data.path.startswith(SYNTH_PREFIX):
+        return ensure_synth(cfg.data.path)
     root = Path(cfg.data.path)
     if not cfg.data.path or not (root / "manifest.json").is_file():
         raise FileNotFoundError(
             f"data.path={cfg.data.path!r}: no manifest.json there; create a dataset with "
-            "`kimi-vl data synth --out DIR --preset tiny` and pass data.path=DIR")
+            "`kimi-vl data synth --out DIR --preset tiny` and pass data.path=DIR (or use data.path=synth:tiny)")
     return root
 
 
@@ -101,7 +136,8 @@ def load_init(cls: type, path: str, config: KimiVLConfig) -> torch.nn.Module:
 def loader_config(cfg: TrainConfig, split: str = "train", max_batches: int | None = None) -> LoaderConfig:
     root = data_root(cfg)
     read_manifest(root)
-    vision = split_shards(root, split, "vision") if cfg.model.vision_flavor is not None else []
+    zero_vision = cfg.stage == "sft" and cfg.data.sft_preset == "zero_vision"
+    vision = split_shards(root, split, "vision") if cfg.model.vision_flavor is not None and not zero_vision else []
     geo = geometry(cfg)
     ratio = cfg.data.vision_ratio if vision else 0.0
     return LoaderConfig(

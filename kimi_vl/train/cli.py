@@ -14,6 +14,8 @@ def parse_args(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, list
         prog=prog, description="Train a stage (pretrain or sft) from a YAML run config.",
         epilog="Overrides: key=value with dotted keys, e.g. optim.lr=3e-4 data.path=DIR max_steps=100.")
     parser.add_argument("--config", required=True, help=f"a YAML file or the name of a shipped config ({CONFIG_DIR})")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="build the model and print the resolved config and the optimizer routing, then exit")
     parser.add_argument("overrides", nargs="*", help="key=value overrides applied after the file")
     return parser.parse_args(argv), []
 
@@ -27,10 +29,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "kimi-vl train") -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        return dry_run(cfg)
     from kimi_vl.train.loop import train
 
     out = train(cfg)
     print(f"[train] done: {out}")
+    return 0
+
+
+def dry_run(cfg: TrainConfig) -> int:
+    """Print the resolved config and where every parameter goes (Muon or AdamW), without training."""
+    import yaml
+
+    from kimi_vl.optim import routing_summary
+    from kimi_vl.runconfig import to_dict
+    from kimi_vl.train.build import build_model, build_tokenizer
+
+    print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    model = build_model(cfg, build_tokenizer(cfg))
+    print(routing_summary(model, cfg.optim))
     return 0
 
 

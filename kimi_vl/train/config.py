@@ -25,13 +25,14 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    path: str = ""  # a folder written by `kimi-vl data synth` (or a real-data folder of shards)
+    path: str = "synth:tiny"  # a folder written by `kimi-vl data synth`, or synth:PRESET[:SEED] (built once, cached)
     tokenizer: str | None = None  # a transformers tokenizer folder; default <path>/tokenizer
     seq_len: int = 512
     batch_size: int = 4  # packed rows per micro-batch and process
     vision_ratio: float = 0.1  # share of vision documents after injection
     vision_inject_step: int = 0  # 0 = early fusion; later steps give mid/late fusion arms
     text_sources: list[str] = field(default_factory=list)  # empty = every text family of the split
+    # sft only: zero_vision = text-only data (chat + image-as-code tool transcripts); image_text = with images
     sft_preset: Literal["zero_vision", "image_text"] = "zero_vision"
     max_patches: int = 1024  # per-image patch budget of the processor
     num_workers: int = 0

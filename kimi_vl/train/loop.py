@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
 from kimi_vl.logs import MetricsWriter, print0, progress
 from kimi_vl.optim.builder import build_optimizer, build_scheduler
@@ -132,9 +132,11 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None):
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
+        # broadcast_buffers=False: each rank keeps its own QK-Clip max-logit buffers (the optimizer
+        # all-reduces them); DDP's default would overwrite them with rank 0's at every forward.
         self.acc = accelerator or Accelerator(
             cpu=not torch.cuda.is_available(), log_with="tensorboard" if cfg.tensorboard else None,
-            project_dir=str(self.out))
+            project_dir=str(self.out), kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         set_seed(cfg.seed)
         if self.acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)

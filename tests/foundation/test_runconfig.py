@@ -31,8 +31,9 @@ def write(tmp_path, name, data):
 
 def test_yaml_then_overrides(tmp_path):
     p = write(tmp_path, "run.yaml", {"output_dir": "out", "optim": {"lr": 1}})
-    cfg = load_config(Run, p, ["optim.name=adamw", "max_steps=5", "layers=[mla,mla,kda]", "init_from=ckpt"])
-    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+    cfg = load_config(Run, p, ["optim.name=adamw", "max_steps=5", "layers=[mla,mla,kda]", "init_from=ckpt",
+                               "optim.lr=3e-4"])
+    assert cfg.optim.lr == 3e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.optim.name == "adamw" and cfg.max_steps == 5 and cfg.layers == ["mla", "mla", "kda"]
     assert cfg.init_from == "ckpt" and cfg.optim.betas == (0.9, 0.95)
 
@@ -57,6 +58,8 @@ def test_wrong_type_names_key_and_source(tmp_path):
         load_config(Run, p, ["max_steps=1", "optim.name=sgd"])
     with pytest.raises(ConfigError, match="bool"):
         load_config(Run, p, ["max_steps=true"])
+    with pytest.raises(ConfigError, match="optim.lr: expected float"):
+        load_config(Run, p, ["max_steps=1", "optim.lr=fast"])
 
 
 def test_missing_required(tmp_path):
