@@ -24,7 +24,6 @@ from kimi_vl.train.config import TrainConfig
 from vision_encoder.geometry import PatchGeometry
 from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
 
-
 SYNTH_PREFIX = "synth:"
 
 
