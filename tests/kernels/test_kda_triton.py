@@ -156,3 +156,17 @@ def test_gpu_no_nan_long_and_decode_matches_chunk():
     o_d, _ = fused_recurrent_kda(*(t[:, -1:] for t in xs), initial_state=S_prev)
     assert_rel_rms(o_d.float(), o_c[:, -1:].float(), 5e-3, "decode vs chunk")
     assert os.environ.get("KVL_KDA_BACKEND") == "triton"
+
+
+def test_triton_16bit_path_fp16():
+    """The 16-bit storage / tensor-core-dot path (what bf16 uses on a GPU), exercised with fp16 because the
+    interpreter mishandles bf16 loads; compared with the fp32 PyTorch path on the same rounded inputs."""
+    q, k, v, g, beta, s0 = make_inputs(1, 80, 1, 2, 32, 16, gate="logsig", h0=True)
+    A_log = torch.log(torch.empty(2).uniform_(1, 16)).to(_dev())
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, output_final_state=True)
+    x = [t.to(_dev(), torch.float16) for t in (q * 3, k, v)] + _to([g, beta, s0])
+    o, S = chunk_kda(*x[:5], initial_state=x[5], **kw)
+    assert o.dtype == torch.float16
+    o2, S2 = chunk_kda(*(t.float() for t in x[:5]), initial_state=x[5], backend="torch", **kw)
+    assert_rel_rms(o, o2, 2e-3, "o fp16")
+    assert_rel_rms(S, S2, 2e-3, "S fp16")
