@@ -79,8 +79,12 @@ def correctness(impls) -> dict:
     ref_g = torch.autograd.grad(ref, xs, do)
     out = {}
     for impl in impls:
-        o = call(impl, xs)[0]
-        gr = torch.autograd.grad(o, xs, do, allow_unused=True)
+        try:
+            o = call(impl, xs)[0]
+            gr = torch.autograd.grad(o, xs, do, allow_unused=True)
+        except Exception as e:  # noqa: BLE001 - a failure is a result too
+            out[impl] = {"error": repr(e)[:600]}
+            continue
         out[impl] = {"o": rel(o, ref)} | {
             n: (rel(a, b) if a is not None else None) for n, a, b in zip(["dq", "dk", "dv", "dg", "dbeta"], gr, ref_g)
         }
@@ -103,6 +107,23 @@ def time_shape(impl, B, T, H) -> dict:
     peak = torch.cuda.max_memory_allocated() - base
     flops = B * H * (6 * T * K * K + 3 * T * C * K + T * C * C)
     return {"fwd_ms": fwd, "fwdbwd_ms": fb, "peak_extra_GiB": peak / 2**30, "fwd_TFLOPs": flops / fwd / 1e9}
+
+
+def profile_fwd(B, T, H) -> dict:
+    """Mean CUDA time per kernel name of our forward (torch.profiler, 5 calls after a warm-up)."""
+    xs = make(B, T, H)
+    call("ours", xs)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            call("ours", xs)
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            out[e.key[:60]] = t / 5 / 1e3
+    return out
 
 
 def time_decode(impl, N=64, H=32) -> dict:
@@ -133,6 +154,9 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=420.0, help="seconds; later shapes are skipped")
     ap.add_argument("--impls", default="ours,fla", help="comma list of ours, fla")
     ap.add_argument("--no-prelude", action="store_true", help="skip ceilings, correctness and decode")
+    ap.add_argument("--prelude-impls", default=None, help="impls for correctness/decode (default: --impls)")
+    ap.add_argument("--fla-shapes", default=None, help="shapes at which fla is timed (default: all of --shapes)")
+    ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of our forward at each shape")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kda.json"))
     args = ap.parse_args()
     t0 = time.time()
@@ -147,11 +171,13 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - record why the peer could not run
             res["fla_error"] = repr(e)
     save = lambda: json.dump(res, open(args.out, "w"), indent=1)
+    pre = [i for i in impls if args.prelude_impls is None or i in args.prelude_impls.split(",")]
+    fla_shapes = args.shapes.split(",") if args.fla_shapes is None else args.fla_shapes.split(",")
     if not args.no_prelude:
         res["ceilings"] = ceilings()
-        res["correctness_vs_torch_fp32"] = correctness(impls)
+        res["correctness_vs_torch_fp32"] = correctness(pre)
         save()
-        res["decode_B64_H32"] = {i: time_decode(i) for i in impls}
+        res["decode_B64_H32"] = {i: time_decode(i) for i in pre}
         save()
     res["shapes"] = {}
     for s in args.shapes.split(","):
@@ -160,7 +186,14 @@ def main() -> None:
             continue
         B, T, H = (int(x) for x in s.split("x"))
         res["shapes"][s] = {}
+        if args.profile:
+            try:
+                res["shapes"][s]["ours_fwd_kernels_ms"] = profile_fwd(B, T, H)
+            except Exception as e:  # noqa: BLE001 - the profile is optional
+                res["shapes"][s]["ours_fwd_kernels_ms"] = {"error": repr(e)[:300]}
         for impl in impls:
+            if impl == "fla" and s not in fla_shapes:
+                continue
             try:
                 res["shapes"][s][impl] = time_shape(impl, B, T, H)
             except Exception as e:  # noqa: BLE001 - an OOM or a peer failure is a result too
@@ -173,7 +206,9 @@ def main() -> None:
     print(f"{'shape':>12} {'impl':>5} {'fwd ms':>8} {'f+b ms':>8} {'peak GiB':>9} {'TFLOP/s':>8}")
     for s, d in res["shapes"].items():
         for impl, r in d.items() if isinstance(d, dict) else []:
-            if "error" in r:
+            if impl not in impls:
+                print(f"{s:>12} {impl}: {json.dumps(r)}")
+            elif "error" in r:
                 print(f"{s:>12} {impl:>5} {r['error'][:60]}")
             else:
                 print(
