@@ -1,7 +1,11 @@
 """Run config of the RL stage (YAML -> these dataclasses through :mod:`kimi_vl.runconfig`).
 
 Top-level keys follow the training app: ``output_dir``, ``max_steps``, ``seed``, ``init_from`` (an exported
-model folder, e.g. ``<sft run>/final``; null builds a fresh model from ``model``), ``resume``.
+model folder, e.g. ``<sft run>/final``, as written by ``kimi-vl train``; null builds a fresh model from ``model``),
+``resume``. ``data.path`` takes the training app's conventions (a dataset folder or ``synth:PRESET[:SEED]``);
+the tokenizer is ``data.tokenizer``, else the one exported with ``init_from``, else ``<data root>/tokenizer``.
+``data.source`` picks the prompts: ``vision`` (images / video of the synthetic world), ``text`` (the text-RL
+control arm: text_mirror problems) or ``letter_count`` (a character-level toy for fast tests).
 ``max_update_tokens`` stops the run once that many response tokens went into updates: give the vision arm
 and the text-RL control arm the same value to compare them at equal update tokens.
 """
@@ -16,19 +20,29 @@ from rl.rollout import SamplingConfig
 
 @dataclass
 class ModelCfg:
-    backend: Literal["kimi_vl", "transformers"] = "kimi_vl"  # transformers: a random KimiLinearForCausalLM
+    """A fresh model (when ``init_from`` is null): kimi_vl ``flavor`` (+ ``vision_flavor`` tower), or
+    ``backend: transformers`` (a random KimiLinearForCausalLM; letter_count only)."""
+
+    backend: Literal["kimi_vl", "transformers"] = "kimi_vl"
     flavor: str = "debug"
+    vision_flavor: str | None = "debug"  # None: text-only model (letter_count / text source)
     overrides: dict[str, Any] = field(default_factory=dict)  # config fields replacing the flavor's
 
 
 @dataclass
 class DataCfg:
-    source: Literal["letter_count"] = "letter_count"
+    source: Literal["vision", "text", "letter_count"] = "vision"
+    path: str = "synth:tiny"  # a folder written by `kimi-vl data synth`, or synth:PRESET[:SEED] (built once, cached)
+    tokenizer: str | None = None  # default: the init_from export's tokenizer, else <data root>/tokenizer
+    reward_families: list[str] = field(default_factory=list)  # data families to train on (empty: all of the source)
+    categories: list[str] = field(default_factory=list)  # QA categories to keep (empty: all), e.g. [count]
+    max_patches: int = 256  # per-image patch budget of the processor (as the training app's data.max_patches)
+    heldout_prompts: int = 64
+    # letter_count only
     letters: str = "ab"
     alphabet: str | None = None  # the character tokenizer's alphabet (None: its default)
     min_len: int = 2
     max_len: int = 6
-    heldout_prompts: int = 64
 
 
 @dataclass

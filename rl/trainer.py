@@ -10,7 +10,11 @@ Metrics per step (``<output_dir>/metrics.jsonl``): ``reward``, ``reward/<family>
 ``unparsed_share``, ``masked_share`` (tokens with zero gradient from the [alpha, beta] mask or the clip),
 ``kl_to_init`` (k3 estimate against a frozen copy of the initial policy), ``entropy``, ``loss``,
 ``update_tokens`` (cumulative), ``time_rollout_s``, ``time_update_s``; every ``eval_every`` steps (and at
-step 0) ``heldout/reward``, ``heldout/pass@1``, ``heldout/reward/<family>``.
+step 0 and the last step) on the held-out prompts: ``eval/reward``, ``eval/pass@1``, ``eval/reward/<family>``,
+``eval/unparsed_share``, ``eval/response_len``. A family is the reward family of the prompt (for the synthetic
+world its QA category: ``count``, ``color``, ``ocr``, ...; see :mod:`rl.synth_source`).
+
+Python entry point (e.g. for a quickstart stage): :func:`run_rl` ``(cfg) -> <output_dir>/final``.
 """
 
 from __future__ import annotations
@@ -29,54 +33,12 @@ import torch
 from kimi_vl.logs import MetricsWriter, print0
 from kimi_vl.runconfig import load_config, save_config
 from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve_resume, save_checkpoint
+from rl.build import build_model, build_source
 from rl.config import RLRunConfig
 from rl.objective import length_budget
 from rl.rollout import Group, Prompt, SamplingConfig, sample_groups
 from rl.step import accumulate_policy_gradient, advantages, family_means, score_groups, shaped_rewards
-from rl.tasks import CharTokenizer, LetterCountSource, PromptSource, Tokenizer
-
-# A random transformers Kimi Linear LM for runs before the suite's model exists (and for fast tests).
-HF_PRESETS: dict[str, dict[str, Any]] = {
-    "debug": dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-        layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "dense"], linear_head_dim=16,
-        linear_num_heads=2, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
-    ),
-}  # fmt: skip
-
-
-def build_source(cfg: RLRunConfig) -> tuple[Tokenizer, PromptSource]:
-    if cfg.data.source == "letter_count":
-        tok = CharTokenizer(cfg.data.alphabet) if cfg.data.alphabet else CharTokenizer()
-        src = LetterCountSource(tok, cfg.data.letters, cfg.data.min_len, cfg.data.max_len, seed=cfg.seed)
-        return tok, src
-    raise ValueError(f"data.source: unknown source '{cfg.data.source}'")
-
-
-def build_model(cfg: RLRunConfig, tokenizer: Tokenizer) -> torch.nn.Module:
-    """The initial policy: ``init_from`` (an exported folder) or a fresh model of ``model.flavor``, seeded."""
-    torch.manual_seed(cfg.seed)
-    if cfg.init_from:
-        from transformers import AutoModelForCausalLM
-
-        import kimi_vl  # noqa: F401  (registers the suite's model types with transformers)
-
-        return AutoModelForCausalLM.from_pretrained(cfg.init_from)
-    vocab = max(getattr(tokenizer, "vocab_size", 0), int(cfg.model.overrides.get("vocab_size", 0)))
-    overrides = {**cfg.model.overrides, "vocab_size": vocab}
-    special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    if cfg.model.backend == "transformers":
-        from transformers import KimiLinearConfig, KimiLinearForCausalLM
-
-        if cfg.model.flavor not in HF_PRESETS:
-            raise ValueError(f"model.flavor: '{cfg.model.flavor}' has no transformers preset ({sorted(HF_PRESETS)})")
-        return KimiLinearForCausalLM(KimiLinearConfig(**{**HF_PRESETS[cfg.model.flavor], **special, **overrides}))
-    try:
-        from kimi_vl import KimiVLConfig, KimiVLForCausalLM
-    except ImportError as exc:
-        raise ValueError(f"model.backend=kimi_vl: the suite's model is not importable ({exc})") from exc
-    return KimiVLForCausalLM(KimiVLConfig.from_flavor(cfg.model.flavor, **special, **overrides))
-
+from rl.tasks import Tokenizer
 
 def build_optimizer(cfg: RLRunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     o = cfg.optim
@@ -109,8 +71,8 @@ def rollout(model: Any, tokenizer: Tokenizer, prompts: list[Prompt], k: int, sam
     """One group of ``k`` responses per prompt, sampled in eval mode without gradients."""
     was_training = model.training
     model.eval()
-    groups = sample_groups(model, prompts, k, sampling, [tokenizer.eos_token_id], tokenizer.pad_token_id,
-                           tokenizer.decode, gen)  # fmt: skip
+    eos_ids = getattr(tokenizer, "eos_ids", [tokenizer.eos_token_id])
+    groups = sample_groups(model, prompts, k, sampling, eos_ids, tokenizer.pad_token_id, tokenizer.decode, gen)
     model.train(was_training)
     return groups
 
@@ -120,8 +82,10 @@ def evaluate(model: Any, tokenizer: Tokenizer, prompts: list[Prompt], cfg: RLRun
     gen = torch.Generator().manual_seed(cfg.seed + 12345)
     batch = score_groups(rollout(model, tokenizer, prompts, 1, cfg.rollout.eval_sampling, gen))
     correct = batch.correct(cfg.objective.correct_threshold).float()
-    out = {"heldout/reward": batch.rewards_PK.mean().item(), "heldout/pass@1": correct.mean().item()}
-    out.update(family_means(batch.rewards_PK, batch.families, "heldout/reward"))
+    out = {"eval/reward": batch.rewards_PK.mean().item(), "eval/pass@1": correct.mean().item(),
+           "eval/unparsed_share": 1.0 - batch.parsed_PK.float().mean().item(),
+           "eval/response_len": batch.lengths_PK.float().mean().item()}
+    out.update(family_means(batch.rewards_PK, batch.families, "eval/reward"))
     return out
 
 
@@ -134,7 +98,7 @@ class RLTrainer:
         self.cfg = cfg
         self.acc = accelerator or Accelerator(cpu=cfg.cpu)
         self.tokenizer, self.source = build_source(cfg)
-        model = build_model(cfg, self.tokenizer)
+        model = build_model(cfg, self.tokenizer).train()  # exports load in eval mode; MoE counts need train
         self.ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.acc.device) if cfg.kl_to_init else None
         self.model, self.optimizer = self.acc.prepare(model, build_optimizer(cfg, model))
         self.sampler = SamplerState(cfg.seed + 1000 * self.acc.process_index)
@@ -179,6 +143,9 @@ class RLTrainer:
                 self.acc.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            unwrapped = self.acc.unwrap_model(self.model)
+            if hasattr(unwrapped, "update_moe_bias"):  # aux-loss-free MoE balancing, as in the training loop
+                stats.update(unwrapped.update_moe_bias())
         self.step += 1
         self.update_tokens += int(batch.lengths_PK.sum()) * cfg.objective.updates_per_batch
         return {
@@ -209,14 +176,22 @@ class RLTrainer:
                 record.update(evaluate(self.model, self.tokenizer, self.heldout, self.cfg))
             records.append(self.metrics.log(self.step, record))
             print0(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in records[-1].items()
-                            if k in ("step", "reward", "response_len", "heldout/reward", "kl_to_init")))  # fmt: skip
+                            if k in ("step", "reward", "response_len", "eval/reward", "kl_to_init")))  # fmt: skip
             if self.step % self.cfg.checkpoint_every == 0 or self._done():
                 self.save()
         if self.acc.is_main_process:
             export_pretrained(self.acc.unwrap_model(self.model), self.out / "final",
+                              getattr(self.tokenizer, "tokenizer", None),
                               extra_files={"rl_config.yaml": (self.out / "config.yaml").read_text()})  # fmt: skip
         self.acc.wait_for_everyone()
         return records
+
+
+def run_rl(cfg: RLRunConfig, accelerator: Any = None) -> Path:
+    """Run the RL stage of ``cfg`` (resuming if a checkpoint exists); return the export folder
+    ``<output_dir>/final`` (model, tokenizer when the run has one, ``rl_config.yaml``)."""
+    RLTrainer(cfg, accelerator).train()
+    return Path(cfg.output_dir) / "final"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -226,8 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_steps=10")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     cfg = load_config(RLRunConfig, args.config, args.overrides)
-    RLTrainer(cfg).train()
+    run_rl(cfg)
     return 0
 
 
-__all__ = ["RLTrainer", "build_model", "build_optimizer", "build_source", "evaluate", "main", "rollout"]
+__all__ = ["RLTrainer", "build_model", "build_optimizer", "build_source", "evaluate", "main", "rollout", "run_rl"]
