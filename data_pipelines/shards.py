@@ -171,7 +171,7 @@ def decode_image(data: bytes, name: str) -> Image.Image:
 
 def decode_sample(raw: dict[str, Any], video_fps: float | None = 2.0,
                   video_frames: int | None = None) -> dict[str, Any]:
-    """Decode a raw sample: ``json`` -> dict, ``txt`` -> str, images -> RGB PIL (native size), videos ->
+    """Decode a raw sample: ``json`` -> dict, ``txt`` and ``html`` -> str, images -> RGB PIL (native size), videos ->
     :class:`~data_pipelines.video.DecodedVideo` sampled at ``video_fps`` or ``video_frames``. Media are
     listed in name order under ``images`` / ``videos``."""
     from data_pipelines.video import decode_mp4
@@ -189,6 +189,8 @@ def decode_sample(raw: dict[str, Any], video_fps: float | None = 2.0,
                 raise CorruptSample(f"{where}: bad JSON: {err}") from err
         elif ext in ("txt", "text", "caption"):
             out["txt"] = value.decode("utf-8", errors="replace")
+        elif ext in ("html", "htm"):  # a web page's ground-truth HTML (data_pipelines/web)
+            out["html"] = value.decode("utf-8", errors="replace")
         elif ext in IMAGE_EXTS:
             out["images"].append(decode_image(value, where))
             out["image_names"].append(name)

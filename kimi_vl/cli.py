@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("run lm-eval tasks on a checkpoint with the kimi_vl model (local task suites)", "eval.cli:main"),
     "rl": ("vision RL with verifiable rewards (K2.5 objective) from a YAML run config", "rl.trainer:main"),
     "ablate": ("run an ablation experiment (arms x seeds) and write its report with CIs", "eval.ablation.cli:main"),
+    "demo": ("page demos with a checkpoint: video2web, screenshot2web, heldout", "eval.demo.cli:main"),
 }
 
 

@@ -11,6 +11,7 @@ Python / Pillow / PyAV versions, which the manifest records).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import multiprocessing as mp
 import os
@@ -24,7 +25,7 @@ from typing import Any
 
 from data_pipelines.shards import ShardWriter
 from data_pipelines.synth.common import Sample, sample_seed
-from data_pipelines.synth.families import FamilyContext, get_family
+from data_pipelines.synth.families import FAMILIES, FamilyContext, SampleFamily, get_family
 
 GENERATOR_VERSION = "1.0.0"
 STREAMS = ("vision", "text")
@@ -53,9 +54,15 @@ class Preset:
 
 def _counts(scale: int, eval_scale: int) -> tuple[dict[str, int], dict[str, int]]:
     base = {"shapes": 40, "ocr": 24, "chart": 24, "document": 16, "video": 12, "interleaved": 12, "chat": 24,
-            "text_mirror": 40, "prose": 40, "tool_sft": 40}
-    ev = {"shapes": 16, "ocr": 8, "chart": 8, "document": 8, "video": 8, "text_mirror": 24}
+            "text_mirror": 40, "prose": 40, "tool_sft": 40, **PAGE_COUNTS[0]}
+    ev = {"shapes": 16, "ocr": 8, "chart": 8, "document": 8, "video": 8, "text_mirror": 24, **PAGE_COUNTS[1]}
     return {k: v * scale for k, v in base.items()}, {k: v * eval_scale for k, v in ev.items()}
+
+
+# Rendered web pages (REFERENCE.md section 7; Chromium, ~0.2-0.3 s per sample): a few in every preset, and
+# page-only presets for the page-to-HTML recipe (kimi_vl/configs/{tiny,small}_web.yaml).
+PAGE_COUNTS = ({"page": 6, "page_video": 6}, {"page": 4, "page_video": 4})
+WEB_PRESET_SIDES = dict(image_sides=(56, 448), video_sides=(64, 128), video_frames=(8, 16))
 
 
 PRESETS: dict[str, Preset] = {
@@ -65,7 +72,22 @@ PRESETS: dict[str, Preset] = {
                     shard_max_count=1000),
     "large": Preset("large", *_counts(3000, 120), image_sides=(56, 900), video_sides=(64, 320), video_frames=(8, 64),
                     shard_max_count=2000),
+    "web_tiny": Preset("web_tiny", {"page": 96, "page_video": 48}, {"page": 8, "page_video": 8},
+                       **WEB_PRESET_SIDES, shard_max_count=200),
+    "web_small": Preset("web_small", {"page": 3000, "page_video": 1500}, {"page": 50, "page_video": 50},
+                        **WEB_PRESET_SIDES, shard_max_count=1000),
 }
+# Families registered on first use (importing them would pull in the browser driver): name -> registrar.
+LAZY_FAMILIES = {"page": "data_pipelines.web.family:register_page_families",
+                 "page_video": "data_pipelines.web.family:register_page_families"}
+
+
+def family_for(name: str) -> SampleFamily:
+    """The registered family ``name``, registering a lazy one (e.g. the Chromium-rendered pages) first."""
+    if name in LAZY_FAMILIES and name not in FAMILIES:
+        module, func = LAZY_FAMILIES[name].split(":")
+        getattr(importlib.import_module(module), func)()
+    return get_family(name)
 
 
 def get_preset(name: str) -> Preset:
@@ -87,7 +109,7 @@ def generate_sample(preset: Preset, seed: int, split: str, family: str, index: i
     s = sample_seed(seed, split, family, index)
     ctx = FamilyContext(split, index, s, preset.image_sides, preset.video_sides, preset.video_frames,
                         preset.video_fps)
-    sample = get_family(family).make(random.Random(s), ctx)
+    sample = family_for(family).make(random.Random(s), ctx)
     sample.meta = {"seed": s, "split": split, "index": index, "key": sample_key(split, family, index)}
     return sample
 
@@ -97,12 +119,15 @@ def sample_key(split: str, family: str, index: int) -> str:
 
 
 def to_raw(sample: Sample) -> dict[str, Any]:
-    """A sample as webdataset members: ``json`` (record), ``txt`` (plain text), one member per media file."""
+    """A sample as webdataset members: ``json`` (record), ``txt`` (plain text), one member per media file, and
+    ``html`` for samples whose spec carries a page's HTML."""
     raw: dict[str, Any] = {"__key__": sample.meta["key"],
                            "json": json.dumps(sample.record(), sort_keys=True, separators=(",", ":")),
                            "txt": sample.plain_text()}
     for media in sample.media:
         raw[media.name] = media.data
+    if isinstance(sample.spec.get("html"), str):  # web pages: the ground-truth HTML as its own member
+        raw["html"] = sample.spec["html"]
     return raw
 
 

@@ -1,0 +1,153 @@
+"""Page-to-HTML generation with a trained checkpoint: the training prompt, the training pixels, greedy decoding.
+
+The prompt is built exactly as the training app builds an SFT sample of the ``page``/``page_video`` families
+(``data_pipelines.web.family``): the chat ``[user: media + instruction]`` goes through
+:class:`data_pipelines.packing.Encoder` (``mode="sft"``, so the same ``render_chat`` pieces, media blocks and
+timestamps as in training), the assistant header is appended, and :func:`data_pipelines.packing.collate` with the
+MoonViT processor turns it into ``input_ids`` plus ``pixel_values[_videos]`` / ``*_grid_thw`` (checking that the
+processor's grids give as many vision tokens as the prompt has placeholders). Videos are decoded with
+``data_pipelines.video.decode_mp4`` at the loader's 2 frames per second, as in training.
+
+The processor's patch budget must be the one the model was trained with: it is read from the run config next to
+an export (``RUN/config.yaml`` for ``RUN/final``, key ``data.max_patches``), else given explicitly.
+
+Shapes: ``T`` prompt tokens, ``P`` packed patches.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from PIL import Image
+
+from data_pipelines.packing import IGNORE, Encoder, TokenDoc, collate
+from data_pipelines.tokenizer import ROLE_HEADERS
+from data_pipelines.video import DecodedVideo, decode_mp4
+from data_pipelines.web.family import IMAGE_PROMPT, VIDEO_PROMPT
+from vision_encoder.geometry import PatchGeometry
+from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
+
+VIDEO_FPS = 2.0  # the training loader's sampling rate (data_pipelines.loader.LoaderConfig.video_fps)
+MAX_VIDEO_FRAMES = 32
+MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+
+
+@dataclass
+class Generation:
+    """One generation: the decoded text (special tokens removed), token counts and seconds."""
+
+    text: str
+    prompt_tokens: int
+    new_tokens: int
+    vision_tokens: int
+    seconds: float
+    stopped: bool  # True when the model ended its turn (``<|im_end|>`` / end of text) before ``max_new_tokens``
+
+
+def run_config_max_patches(checkpoint: str | os.PathLike) -> int | None:
+    """``data.max_patches`` of the run that wrote ``checkpoint`` (an export ``RUN/final`` or ``RUN``), if found."""
+    folder = Path(checkpoint)
+    for candidate in (folder / "config.yaml", folder.parent / "config.yaml"):
+        if candidate.is_file():
+            data = yaml.safe_load(candidate.read_text()) or {}
+            value = (data.get("data") or {}).get("max_patches")
+            if value is not None:
+                return int(value)
+    return None
+
+
+def load_video(path_or_bytes: str | os.PathLike | bytes, fps: float = VIDEO_FPS,
+               max_frames: int = MAX_VIDEO_FRAMES) -> DecodedVideo:
+    """Decode a clip at ``fps`` (the training rate); a long clip gets ``max_frames`` evenly spaced frames."""
+    data = path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
+    name = "<bytes>" if isinstance(path_or_bytes, bytes) else str(path_or_bytes)
+    video = decode_mp4(data, fps=fps, name=name)
+    if len(video.timestamps) > max_frames:
+        video = decode_mp4(data, num_frames=max_frames, name=name)
+    return video
+
+
+class WebsiteGenerator:
+    """A loaded checkpoint (model, tokenizer, processor) that writes HTML for a screenshot or a scroll video."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_patches: int, device: str = "cpu") -> None:
+        missing = [k for k in MEDIA_KEYS if k not in _forward_params(model)]
+        if missing:
+            raise ValueError(f"{type(model).__name__} takes no {missing}: the checkpoint has no vision tower "
+                             "(train with model.vision_flavor set, e.g. kimi_vl/configs/tiny_web.yaml)")
+        self.model, self.tokenizer, self.device = model.to(device).eval(), tokenizer, torch.device(device)
+        geo = PatchGeometry(max_patches=max_patches)
+        self.processor = MoonViTProcessor(MoonViTProcessorConfig(image_geometry=geo, video_geometry=geo))
+        self.encoder = Encoder(tokenizer, "sft", geo, geo)
+        vocab = tokenizer.get_vocab()
+        self.stop_ids = sorted({vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab})
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: str | os.PathLike, max_patches: int | None = None,
+                        device: str = "cpu") -> WebsiteGenerator:
+        """``import kimi_vl``, ``AutoModelForImageTextToText.from_pretrained`` and the tokenizer saved beside it."""
+        from transformers import AutoModelForImageTextToText
+
+        import kimi_vl  # noqa: F401 - registers the suite's Auto classes
+        import kimi_vl.modeling.multimodal  # noqa: F401 - registers AutoModelForImageTextToText (not done by kimi_vl)
+        from data_pipelines.tokenizer import load_tokenizer
+
+        folder = Path(checkpoint)
+        if (folder / "final" / "config.json").is_file():
+            folder = folder / "final"
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"checkpoint {checkpoint}: no config.json (pass an export such as RUN/final)")
+        patches = max_patches if max_patches is not None else run_config_max_patches(folder)
+        if patches is None:
+            raise ValueError(f"checkpoint {folder}: no run config with data.max_patches beside it; pass max_patches "
+                             "(the processor budget the model was trained with)")
+        model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32)
+        return cls(model, load_tokenizer(folder), patches, device)
+
+    def prompt(self, image: Image.Image | None = None, video: DecodedVideo | None = None
+               ) -> tuple[dict[str, Any], int]:
+        """The model inputs for one screenshot or one video (exactly one), and the prompt's vision-token count."""
+        if (image is None) == (video is None):
+            raise ValueError("pass exactly one of image= or video=")
+        kind, text = ("image", IMAGE_PROMPT) if image is not None else ("video", VIDEO_PROMPT)
+        messages = [{"role": "user", "content": [{"type": kind, "media": 0}, {"type": "text", "text": text}]}]
+        sample = {"__key__": "demo", "json": {"messages": messages, "media": [{"kind": kind}]},
+                  "images": [image.convert("RGB")] if image is not None else [],
+                  "videos": [video] if video is not None else []}
+        doc = self.encoder.encode(sample)
+        header = self.encoder.text_ids(ROLE_HEADERS["assistant"])
+        doc = TokenDoc(doc.input_ids + header, doc.labels + [IGNORE] * len(header), doc.images, doc.videos,
+                       doc.source, doc.modality, doc.vision_tokens)
+        batch = collate([[doc]], len(doc.input_ids), self.encoder.ids.pad, self.processor, self.encoder.ids)
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", *MEDIA_KEYS) if k in batch}
+        return inputs, doc.vision_tokens
+
+    @torch.no_grad()
+    def generate(self, image: Image.Image | None = None, video: DecodedVideo | None = None,
+                 max_new_tokens: int = 1024) -> Generation:
+        """Greedy decoding until the assistant turn ends or ``max_new_tokens``."""
+        inputs, vision_tokens = self.prompt(image, video)
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        prompt_len = inputs["input_ids"].shape[1]
+        t0 = time.perf_counter()
+        out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                  eos_token_id=self.stop_ids, pad_token_id=self.encoder.ids.pad)
+        new = out[0, prompt_len:].tolist()
+        stopped = bool(new) and new[-1] in self.stop_ids
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        return Generation(text, prompt_len, len(new), vision_tokens, time.perf_counter() - t0, stopped)
+
+
+def _forward_params(model: torch.nn.Module) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(model.forward).parameters)
+
+
+__all__ = ["Generation", "VIDEO_FPS", "WebsiteGenerator", "load_video", "run_config_max_patches"]
