@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 # name -> (one-line help, "module:function")
 COMMANDS: dict[str, tuple[str, str]] = {
+    "quickstart": ("the whole pipeline on a CPU in minutes (data, pretrain, SFT, RL, eval, demo, report)",
+                   "eval.quickstart.cli:main"),
     "env": ("print versions, devices and how the kernels will run here", "kimi_vl.cli:cmd_env"),
     "convert": ("convert transformers kimi_linear <-> kimi_vl checkpoints", "kimi_vl.convert:main"),
     "data": ("build (synth), inspect and tokenize datasets", "data_pipelines.cli:main"),

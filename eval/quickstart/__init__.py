@@ -1,0 +1,1 @@
+"""The quickstart pipeline (see pipeline.py)."""
