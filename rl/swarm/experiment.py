@@ -95,6 +95,7 @@ class SwarmExperimentCfg:
     flavor: str = "tiny"
     step_budget: int = 40  # max_total_steps of every episode, both arms
     max_orchestrator_steps: int = 24
+    subagent_max_steps: int = 17  # a worker may read 16 scenes and answer
     n_boot: int = 2000
     scripted: ScriptedCfg = field(default_factory=ScriptedCfg)
     model_init: ModelInitCfg = field(default_factory=ModelInitCfg)
@@ -102,7 +103,8 @@ class SwarmExperimentCfg:
 
 
 def _runtime_cfg(cfg: SwarmExperimentCfg, allow: bool, **kw: Any) -> RuntimeConfig:
-    base = dict(max_total_steps=cfg.step_budget, max_orchestrator_steps=cfg.max_orchestrator_steps)
+    base = dict(max_total_steps=cfg.step_budget, max_orchestrator_steps=cfg.max_orchestrator_steps,
+                subagent_max_steps=cfg.subagent_max_steps)
     return RuntimeConfig(allow_subagents=allow, **{**base, **kw})
 
 
