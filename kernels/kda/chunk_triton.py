@@ -211,6 +211,14 @@ def _intra_kernel(
     g3 = _load_g(g_ptr, bos, n, r3, ck, i_hv, a_log, dtb, lb, HV, K, GATE, LOWER)
     G3 = c3[None, :] + tl.cumsum(g3, 0)
     gl = c3 + tl.sum(g3, 0)
+    # gl - G as suffix sums of g (accurate to its own size, unlike a difference of two large prefix sums)
+    t2 = tl.sum(g3, 0)
+    t1 = t2 + tl.sum(g2, 0)
+    t0 = t1 + tl.sum(g1, 0)
+    E0 = tl.cumsum(g0, 0, reverse=True) - g0 + t0[None, :]
+    E1 = tl.cumsum(g1, 0, reverse=True) - g1 + t1[None, :]
+    E2 = tl.cumsum(g2, 0, reverse=True) - g2 + t2[None, :]
+    E3 = tl.cumsum(g3, 0, reverse=True) - g3
     sc = i_c.to(tl.int64) * HV + i_hv  # scratch slab index
     tl.store(gl_ptr + sc * K + ck, gl, mask=ck < K)
     k0 = _load_qk(k_ptr, bos, n, r0, ck, i_h, H, K, L2)
@@ -226,13 +234,13 @@ def _intra_kernel(
     # sub-block row 0
     q = _load_qk(q_ptr, bos, n, r0, ck, i_h, H, K, L2)
     _store_rows(qg_ptr, ck_base, q * tl.exp(G0) * scale, r0, ck, K, K)
-    _store_rows(kg_ptr, ck_base, k0 * tl.exp(gl[None, :] - G0), r0, ck, K, K)
+    _store_rows(kg_ptr, ck_base, k0 * tl.exp(E0), r0, ck, K, K)
     A00, Q00 = _diag(q, k0, G0, b0, scale, r16, S)
     _store_rows(Aqk_ptr, a_base, Q00, r0, r0, C, C)
     # sub-block row 1
     q = _load_qk(q_ptr, bos, n, r1, ck, i_h, H, K, L2)
     _store_rows(qg_ptr, ck_base, q * tl.exp(G1) * scale, r1, ck, K, K)
-    _store_rows(kg_ptr, ck_base, k1 * tl.exp(gl[None, :] - G1), r1, ck, K, K)
+    _store_rows(kg_ptr, ck_base, k1 * tl.exp(E1), r1, ck, K, K)
     ref = tl.sum(tl.where(r16[:, None] == 0, G1, 0.0), 0)
     A10, Q10 = _offdiag(q, k1, G1, k0, G0, ref, b1, scale, PREC)
     A11, Q11 = _diag(q, k1, G1, b1, scale, r16, S)
@@ -241,7 +249,7 @@ def _intra_kernel(
     # sub-block row 2
     q = _load_qk(q_ptr, bos, n, r2, ck, i_h, H, K, L2)
     _store_rows(qg_ptr, ck_base, q * tl.exp(G2) * scale, r2, ck, K, K)
-    _store_rows(kg_ptr, ck_base, k2 * tl.exp(gl[None, :] - G2), r2, ck, K, K)
+    _store_rows(kg_ptr, ck_base, k2 * tl.exp(E2), r2, ck, K, K)
     ref = tl.sum(tl.where(r16[:, None] == 0, G2, 0.0), 0)
     A20, Q20 = _offdiag(q, k2, G2, k0, G0, ref, b2, scale, PREC)
     A21, Q21 = _offdiag(q, k2, G2, k1, G1, ref, b2, scale, PREC)
@@ -252,7 +260,7 @@ def _intra_kernel(
     # sub-block row 3
     q = _load_qk(q_ptr, bos, n, r3, ck, i_h, H, K, L2)
     _store_rows(qg_ptr, ck_base, q * tl.exp(G3) * scale, r3, ck, K, K)
-    _store_rows(kg_ptr, ck_base, k3 * tl.exp(gl[None, :] - G3), r3, ck, K, K)
+    _store_rows(kg_ptr, ck_base, k3 * tl.exp(E3), r3, ck, K, K)
     ref = tl.sum(tl.where(r16[:, None] == 0, G3, 0.0), 0)
     A30, Q30 = _offdiag(q, k3, G3, k0, G0, ref, b3, scale, PREC)
     A31, Q31 = _offdiag(q, k3, G3, k1, G1, ref, b3, scale, PREC)
