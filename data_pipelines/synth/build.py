@@ -6,6 +6,10 @@ Each sample's seed comes from ``(seed, split, family, index)`` (:func:`~data_pip
 the sample order inside a split is a seeded shuffle, and worker processes return samples in order, so
 the same ``(preset, seed)`` gives byte-identical shards and manifest whatever ``workers`` is (on the same
 Python / Pillow / PyAV versions, which the manifest records).
+
+Every preset holds a few rendered web pages (``page``: screenshot -> HTML, ``page_video``: scroll video -> HTML;
+``data_pipelines/web``, headless Chromium); their families register on first use, so importing this module
+starts no browser. ``web_tiny`` / ``web_small`` hold pages only (the page-to-HTML recipes).
 """
 
 from __future__ import annotations
