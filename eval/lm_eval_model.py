@@ -48,14 +48,17 @@ def _as_bool(v: Any) -> bool:
 
 
 def load_checkpoint(path: str, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
-    """``import kimi_vl`` (registers the suite's Auto classes), then ``AutoModelForCausalLM.from_pretrained``."""
-    from transformers import AutoModelForCausalLM
+    """``import kimi_vl`` (registers the suite's Auto classes), then ``from_pretrained`` with
+    ``AutoModelForImageTextToText`` when the checkpoint has a vision tower, else ``AutoModelForCausalLM``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     import kimi_vl  # noqa: F401 - registers KimiVL configs/models with transformers' Auto classes
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    config = AutoConfig.from_pretrained(path)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=DTYPES[dtype])
     return model.to(device).eval()
 
 
@@ -306,7 +309,8 @@ class KimiVLLM(TemplateLM):
                     raise ValueError(f"visual prompt of {len(encoded[chunk[0]])} tokens exceeds max_length - "
                                      f"max_gen_toks = {budget}; media cannot be truncated")
                 ctx = [encoded[i][-budget:] for i in chunk]
-                media = merge_media([media_prompts[i] for i in chunk]) if has_media else None
+                chunk_media = [media_prompts[i] for i in chunk if media_prompts[i] is not None]
+                media = merge_media(chunk_media) if chunk_media else None
                 for i, text in zip(chunk, self._generate(ctx, until, max_gen, gen, media)):
                     results[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)

@@ -8,7 +8,8 @@ from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.hf import register as _register
 from kimi_vl.modeling.cache import KimiVLCache
 from kimi_vl.modeling.model import KimiVLForCausalLM, KimiVLModel
+from kimi_vl.modeling.multimodal import KimiVLForConditionalGeneration  # registers AutoModelForImageTextToText
 
 _register()
 
-__all__ = ["KimiVLCache", "KimiVLConfig", "KimiVLForCausalLM", "KimiVLModel"]
+__all__ = ["KimiVLCache", "KimiVLConfig", "KimiVLForCausalLM", "KimiVLForConditionalGeneration", "KimiVLModel"]
