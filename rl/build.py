@@ -126,7 +126,8 @@ def build_model(cfg: RLRunConfig, tokenizer: Tokenizer) -> torch.nn.Module:
         model = build_train_model(train_view(cfg), getattr(tokenizer, "tokenizer", tokenizer))
     vocab = getattr(tokenizer, "vocab_size", 0)
     if model.config.vocab_size < vocab:
-        raise ValueError(f"init_from={cfg.init_from!r}: model vocab_size {model.config.vocab_size} < tokenizer's {vocab}")
+        raise ValueError(f"init_from={cfg.init_from!r}: model vocab_size {model.config.vocab_size} < "
+                         f"the tokenizer's {vocab}")
     if cfg.data.source == "vision" and getattr(model.config, "vision_config", None) is None:
         raise ValueError(f"data.source=vision needs a model with a vision tower; init_from={cfg.init_from!r} has none")
     return model

@@ -40,6 +40,7 @@ from rl.rollout import Group, Prompt, SamplingConfig, sample_groups
 from rl.step import accumulate_policy_gradient, advantages, family_means, score_groups, shaped_rewards
 from rl.tasks import Tokenizer
 
+
 def build_optimizer(cfg: RLRunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     o = cfg.optim
     if o.name == "adamw":

@@ -85,3 +85,22 @@ def test_one_step_each_objective(tmp_path, kind):
     cfg = _cfg(tmp_path, *overrides)
     rec = RLTrainer(cfg).train()[-1]
     assert rec["step"] == 1 and rec["update_tokens"] > 0 and 0.0 <= rec["masked_share"] <= 1.0
+
+
+def test_vision_rl_experiment_rl_stages_validate(tmp_path):
+    from eval.ablation import load_experiment, plan_chain
+
+    exp = load_experiment(CONFIGS / "experiments" / "1_vision_rl.yaml")
+    sources = {}
+    for arm in exp.arms:
+        for job in plan_chain(exp, arm.name, exp.seeds[0], tmp_path):
+            if job.command != "rl":
+                continue
+            extra = [f"output_dir={job.run_dir}", f"seed={job.seed}", f"init_from={job.init_from}"]
+            cfg = load_config(RLRunConfig, job.config, list(job.overrides) + extra)
+            assert job.init_from is not None and job.init_from.parent.name.startswith("sft")
+            sources[arm.name] = cfg
+    text, vision = sources["text_rl"], sources["vision_rl"]
+    assert (text.data.source, vision.data.source) == ("text", "vision")
+    assert text.max_update_tokens == vision.max_update_tokens is not None, "the arms must be compute-matched"
+    assert text.data.categories == vision.data.categories
