@@ -103,7 +103,7 @@ def _diag(q_i, k_i, G_i, b_i, scale, r16, S: tl.constexpr):
     """Diagonal sub-block, pairwise in fp32: Akk strictly lower (times beta_i), Aqk lower (times scale)."""
     akk = tl.zeros([S, S], dtype=tl.float32)
     aqk = tl.zeros([S, S], dtype=tl.float32)
-    for j in tl.static_range(S):
+    for j in range(S):
         sel = r16[:, None] == j
         k_j = tl.sum(tl.where(sel, k_i, 0.0), 0)
         G_j = tl.sum(tl.where(sel, G_i, 0.0), 0)
