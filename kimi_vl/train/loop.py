@@ -207,7 +207,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        moe = self.unwrapped.update_moe_bias() if hasattr(self.unwrapped, "update_moe_bias") else {}
+        moe = self._update_moe_bias()
         n_tokens *= self.acc.num_processes
         self.tokens += n_tokens
         dt = time.perf_counter() - t0
@@ -220,6 +220,18 @@ class Trainer:
         if peak:
             metrics["mfu"] = self.flops_per_token * n_tokens / dt / (peak * self.acc.num_processes)
         return metrics
+
+    def _update_moe_bias(self) -> dict[str, float]:
+        """Aux-loss-free balancing from the *global* expert load: sum the per-rank counts first."""
+        model = self.unwrapped
+        if not hasattr(model, "update_moe_bias"):
+            return {}
+        if self.acc.num_processes > 1:
+            for module in model.modules():
+                counts = getattr(module, "tokens_per_expert", None)
+                if isinstance(counts, torch.Tensor):
+                    counts.copy_(self.acc.reduce(counts, reduction="sum"))
+        return model.update_moe_bias()
 
     def eval_metrics(self) -> dict[str, float]:
         if self._eval_batches is None:

@@ -1,0 +1,43 @@
+"""Worker for test_ddp.py: train 2 steps on fixed batches, each rank taking its share of the rows.
+
+Run as ``ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N ddp_worker.py DATA BATCHES OUT``.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from kimi_vl.runconfig import load_config
+from kimi_vl.train.config import TrainConfig
+from kimi_vl.train.loop import Trainer
+
+
+def select_rows(batch: dict, start: int, stop: int) -> dict:
+    """Rows ``[start, stop)`` of a packed text batch, with ``cu_seqlens`` re-based to those rows."""
+    L = batch["input_ids"].shape[1]
+    out = {k: v[start:stop] for k, v in batch.items() if torch.is_tensor(v) and v.dim() == 2}
+    cu = batch["cu_seqlens"].long()
+    cu = cu[(cu >= start * L) & (cu <= stop * L)] - start * L
+    out["cu_seqlens"] = cu.to(torch.int32)
+    out["sources"] = batch["sources"]
+    return out
+
+
+def main(data: str, batches_file: str, out: str) -> None:
+    cfg = load_config(TrainConfig, "kimi_vl/configs/debug_pretrain.yaml", [
+        f"data.path={data}", f"output_dir={out}", "model.vision_flavor=null", "data.seq_len=64",
+        "data.batch_size=2", "optim.name=muonclip", "optim.ns_dtype=float32", "eval_batches=1"])
+    tr = Trainer(cfg)
+    rank, world = tr.acc.process_index, tr.acc.num_processes
+    batches = torch.load(batches_file)
+    rows = batches[0]["input_ids"].shape[0] // world
+    mine = iter([select_rows(b, rank * rows, (rank + 1) * rows) for b in batches])
+    losses = [tr.train_step(mine)["loss"] for _ in batches]
+    if rank == 0:
+        state = {k: v.detach().clone() for k, v in tr.unwrapped.state_dict().items()}
+        torch.save({"state": state, "losses": losses}, Path(out) / "result.pt")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

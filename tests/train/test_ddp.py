@@ -1,0 +1,38 @@
+"""2-process gloo DDP (accelerate, MuonClip owner scheme) equals 1 process running the doubled batch."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from data_pipelines.loader import LoaderConfig, build_loader
+from data_pipelines.synth.build import split_shards
+from data_pipelines.tokenizer import load_tokenizer
+
+WORKER = Path(__file__).with_name("ddp_worker.py")
+
+
+def run_worker(nproc: int, data: Path, batches: Path, out: Path) -> dict:
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
+           str(WORKER), str(data), str(batches), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return torch.load(out / "result.pt")
+
+
+def test_two_process_ddp_equals_one_process_doubled_batch(tiny_data, tmp_path):
+    tok = load_tokenizer(tiny_data / "tokenizer")
+    loader = build_loader(LoaderConfig(text_shards=split_shards(tiny_data, "train", "text"), seq_len=64,
+                                       batch_size=4, resampled=False, epochs=1, max_batches=2), tok)
+    batches = [{k: v for k, v in b.items() if k != "loader_state"} for b in loader]
+    assert len(batches) == 2
+    torch.save(batches, tmp_path / "batches.pt")
+    one = run_worker(1, tiny_data, tmp_path / "batches.pt", tmp_path / "one")
+    two = run_worker(2, tiny_data, tmp_path / "batches.pt", tmp_path / "two")
+    for name, w in one["state"].items():
+        if w.is_floating_point():
+            err = (two["state"][name] - w).abs().max().item()
+            assert err <= 1e-5 * max(1.0, w.abs().max().item()), f"{name}: max |diff| {err:.2e}"
