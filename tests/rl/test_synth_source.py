@@ -7,8 +7,9 @@ import pytest
 
 from data_pipelines.synth.tasks import eval_items
 from data_pipelines.tokenizer import load_tokenizer, special_ids
+from kimi_vl.logs import read_metrics
 from kimi_vl.runconfig import load_config
-from rl.build import load_policy
+from rl.build import load_policy, tokenizer_path
 from rl.config import RLRunConfig
 from rl.rewards import compute_reward
 from rl.synth_source import CATEGORY_REWARDS, PromptBuilder, SynthPromptSource, ground_truth
@@ -101,13 +102,14 @@ def test_vision_rl_path_runs_logs_and_exports(rl_data, tmp_path):
     assert any(k.startswith("reward/") for k in last) and 0.0 <= last["reward"] <= 1.0
     for key in ("unparsed_share", "masked_share", "entropy", "kl_to_init", "eval/pass@1", "response_len"):
         assert key in last, key
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
     final = tmp_path / "run" / "final"
     assert (final / "tokenizer.json").is_file() and (final / "rl_config.yaml").is_file()
     assert type(load_policy(str(final))).__name__ == "KimiVLForConditionalGeneration"
-    # a second stage can start from this export (its tokenizer is found there) and run_rl returns the export
-    cfg2 = _cfg(rl_data, tmp_path / "run2", f"init_from={tmp_path / 'run'}", "data.heldout_prompts=1")
-    assert run_rl(cfg2) == tmp_path / "run2" / "final"
-    assert (tmp_path / "run2" / "final" / "tokenizer.json").is_file()
+    # a later stage starts from this export (its own tokenizer is used); run_rl returns the export folder
+    cfg2 = _cfg(rl_data, tmp_path / "run", f"init_from={tmp_path / 'run'}")
+    assert tokenizer_path(cfg2) == final
+    assert run_rl(cfg2) == final  # resumes at step 1 = max_steps: nothing to do but re-export
 
 
 def test_text_control_arm_runs_without_media(rl_data, tmp_path):
