@@ -18,16 +18,21 @@ from rl.trainer import RLTrainer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "kimi_vl" / "configs"
 SFT = ["data.sft_preset=image_text", "data.vision_ratio=0.8", "data.seq_len=128", "data.batch_size=4",
-       "data.max_patches=64", "max_steps=60", "eval_batches=1", "checkpoint_every=0"]
+       "data.max_patches=64", "max_steps=40", "eval_batches=1", "checkpoint_every=0"]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_vision_rl_raises_heldout_counting_reward(rl_data, tmp_path):
+    run_learning(rl_data, tmp_path)
+
+
+def run_learning(rl_data, tmp_path):
     sft = train(load_config(TrainConfig, CONFIGS / "debug_sft.yaml",
                             [f"data.path={rl_data}", f"output_dir={tmp_path / 'sft'}", *SFT]))
     cfg = load_config(RLRunConfig, CONFIGS / "debug_rl.yaml",
                       [f"output_dir={tmp_path / 'rl'}", f"data.path={rl_data}", f"init_from={sft}", "cpu=true",
-                       "max_steps=16", "eval_every=8", "data.heldout_prompts=64"])
+                       "max_steps=12", "eval_every=6", "data.heldout_prompts=64", "rollout.prompts_per_step=4"])
     records = RLTrainer(cfg).train()
     before, after = records[0]["eval/reward"], records[-1]["eval/reward"]
     assert after > before + 0.15, f"held-out counting reward {before:.3f} -> {after:.3f}"
