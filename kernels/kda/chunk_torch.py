@@ -30,17 +30,17 @@ def _pad_time(x: torch.Tensor, T_pad: int) -> torch.Tensor:
 
 
 def _diag_blocks(a_BHNIsK: torch.Tensor, k_BHNIsK: torch.Tensor, G_BHNIsK: torch.Tensor) -> torch.Tensor:
-    """Inside each 16-row sub-block: out[i, j] = sum_d a_i[d] k_j[d] exp(G_i[d] - G_j[d]) for j <= i, else 0."""
+    """Inside each 16-row sub-block: out[i, j] = sum_d a_i[d] k_j[d] exp(G_i[d] - G_j[d]) for j <= i, else 0.
+
+    All pairs at once: the exponent is masked to 0 above the diagonal *before* the exp (so no inf ever
+    appears, forward or backward), and G_i - G_j <= 0 below it.
+    """
     s = a_BHNIsK.shape[-2]
-    idx = torch.arange(s, device=a_BHNIsK.device)
-    cols = []
-    for j in range(s):
-        diff = G_BHNIsK - G_BHNIsK[..., j : j + 1, :]
-        mask = (idx >= j)[:, None]
-        decay = torch.exp(torch.where(mask, diff, torch.zeros_like(diff)))
-        col = (a_BHNIsK * k_BHNIsK[..., j : j + 1, :] * decay).sum(-1)
-        cols.append(torch.where(idx >= j, col, torch.zeros_like(col)))
-    return torch.stack(cols, dim=-1)  # [..., nb, s(i), s(j)]
+    causal = torch.tril(torch.ones(s, s, dtype=torch.bool, device=a_BHNIsK.device))
+    diff = G_BHNIsK[..., :, None, :] - G_BHNIsK[..., None, :, :]  # [..., s(i), s(j), K]
+    decay = torch.exp(torch.where(causal[:, :, None], diff, torch.zeros_like(diff)))
+    out = torch.einsum("...id,...jd,...ijd->...ij", a_BHNIsK, k_BHNIsK, decay)
+    return torch.where(causal, out, torch.zeros_like(out))  # [..., nb, s(i), s(j)]
 
 
 def intra_chunk_scores(a: torch.Tensor, k: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
@@ -70,9 +70,11 @@ def chunk_kda_torch(
     beta: torch.Tensor,
     scale: float,
     initial_state: torch.Tensor | None,
-    chunk_size: int = 64,
+    chunk_size: int = 16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense chunked KDA. q, k, g ``[B, T, HV, K]`` (heads already expanded, already normalised/gated);
+    ``chunk_size`` 16 (one sub-block per chunk: pairwise decays only, the fastest choice on a CPU, measured
+    ~2x faster than 64 at B4 T512 H4 K32) or a multiple of 16 (the GPU kernels' sub-blocked form);
     v ``[B, T, HV, V]``; beta ``[B, T, HV]``; initial_state ``[B, HV, K, V]`` or None.
     Returns o ``[B, T, HV, V]`` and the final state ``[B, HV, K, V]``, both in the compute dtype
     (fp64 if q is fp64, else fp32)."""

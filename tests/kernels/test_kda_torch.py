@@ -42,6 +42,19 @@ def test_torch_chunk_long_and_batched():
     assert_rel_rms(S2, S, 1e-5, "state")
 
 
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+@pytest.mark.parametrize("gate", GATES)
+def test_torch_chunk_sizes_agree_with_oracle(chunk_size, gate):
+    """The CPU default (16: pairwise decays only) and the sub-blocked forms (32, 64) compute one function."""
+    from kernels.kda.chunk_torch import chunk_kda_torch
+
+    q, k, v, g, beta, s0 = make_inputs(2, 100, 3, 3, 20, 12, gate=gate, h0=True)
+    o, S = naive_recurrent_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True)
+    o2, S2 = chunk_kda_torch(*f32(q, k, v, g, beta), q.shape[-1] ** -0.5, s0.float(), chunk_size=chunk_size)
+    assert_rel_rms(o2, o, 1e-5, f"o (chunk {chunk_size})")
+    assert_rel_rms(S2, S, 1e-5, f"state (chunk {chunk_size})")
+
+
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_in_kernel_gate_and_l2norm(lower_bound):
     B, T, H, K, V = 1, 40, 2, 16, 8
