@@ -98,14 +98,19 @@ class Pipeline:
         def run(path: Path) -> dict[str, Any]:
             from kimi_vl.runconfig import load_config
             from kimi_vl.train.config import TrainConfig, resolve_config_path
-            from kimi_vl.train.loop import train
+            from kimi_vl.train.loop import Trainer
 
             overrides = [f"output_dir={path}", f"data.path={self.out / 'data'}", f"max_steps={steps}",
                          f"optim.total_steps={steps}", f"seed={self.cfg.seed}", "resume=auto"]
             if init_from is not None:
                 overrides.append(f"init_from={init_from}")
             cfg = load_config(TrainConfig, resolve_config_path(config), overrides + self.cfg.overrides.get(stage, []))
-            return {"export": str(train(cfg))}
+            trainer = Trainer(cfg)
+            export = trainer.run()
+            if trainer.interrupted:
+                raise SystemExit(f"[quickstart] {stage} stopped by {trainer.interrupted} at step {trainer.step}; "
+                                 "run the same command again to resume")
+            return {"export": str(export)}
 
         return run
 

@@ -31,9 +31,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "kimi-vl train") -> int:
         return 2
     if args.dry_run:
         return dry_run(cfg)
-    from kimi_vl.train.loop import train
+    from kimi_vl.train.loop import Trainer
 
-    out = train(cfg)
+    trainer = Trainer(cfg)
+    out = trainer.run()
+    if trainer.interrupted:
+        print(f"[train] stopped by {trainer.interrupted}; checkpoint {out}")
+        return 143
     print(f"[train] done: {out}")
     return 0
 

@@ -163,6 +163,7 @@ class Trainer:
             self.acc.init_trackers("tb", config={k: str(v) for k, v in to_dict(cfg).items()})
         self.step = 0
         self.tokens = 0
+        self.interrupted: str | None = None  # the signal that stopped the run early, if any
         self._eval_batches: list[dict[str, Any]] | None = None
 
     @property
@@ -249,7 +250,8 @@ class Trainer:
         return final
 
     def run(self) -> Path:
-        """Train to ``max_steps`` (or until SIGTERM); return the export folder (or the checkpoint)."""
+        """Train to ``max_steps``; return the export folder. After SIGTERM/SIGINT: the checkpoint written,
+        with :attr:`interrupted` set to the signal's name."""
         cfg = self.cfg
         self.resume()
         guard = NonFiniteGuard()
@@ -270,8 +272,10 @@ class Trainer:
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
                     self.checkpoint()
                 if stop.requested:
-                    print0(f"[train] {stop.requested} at step {self.step}: checkpointing and exiting")
+                    print0(f"[train] {stop.requested} at step {self.step}: checkpointing and exiting "
+                           "(run the same command again to resume)")
                     bar.close()
+                    self.interrupted = stop.requested
                     return self.checkpoint()
         bar.close()
         self.checkpoint()
