@@ -4,6 +4,10 @@ The starting checkpoint comes from the training app (``kimi_vl.train.loop.train`
 image-text SFT of a fresh debug model on the test slice of the synthetic world), then ``debug_rl.yaml`` runs RL on
 the train split's "how many ... are in the image?" questions and evaluates on the eval split's. Slow (minutes on a
 busy 2-core CPU): the fast tests in test_synth_source.py cover the vision path, rewards and metrics.
+
+Measured (seed 0, 258 s on the shared 2-core CPU at load ~6): held-out reward 0.593 -> 0.787 (pass@1 0.556 ->
+0.722) after 6 and after 12 steps. Caveat: 13 of the 18 held-out answers are 1, and always answering "1" scores
+exactly 0.787, so this run shows RL raising held-out reward, not that the debug model learned to count from pixels.
 """
 
 from pathlib import Path
