@@ -73,7 +73,7 @@ def _choices(qa: dict, pool: dict[str, list[str]], rng: random.Random) -> tuple[
         options = ["yes", "no"]
     elif qa["answer_type"] == "int":
         a = int(answer)
-        near = [str(v) for v in range(max(0, a - 3), a + 4) if v != a]
+        near = [str(v) for v in range(a - 3, a + 4) if v != a and (v >= 0 or a < 0)]  # negatives only for negatives
         options = [answer] + rng.sample(near, 3)
     else:
         others = sorted({x for x in pool.get(qa["category"], []) + FALLBACK_CHOICES.get(qa["category"], [])
