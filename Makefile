@@ -12,7 +12,7 @@ setup:
 	@bash scripts/setup.sh
 
 quickstart: setup
-	$(VENV)/bin/kimi-vl env
+	$(VENV)/bin/kimi-vl quickstart --out $(OUT)
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
