@@ -142,8 +142,13 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, GenerationMixin):
         if inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("KimiVLForConditionalGeneration.forward: pass input_ids or inputs_embeds")
-            inputs_embeds = self.embed_multimodal(input_ids, pixel_values, image_grid_thw, pixel_values_videos,
-                                                  video_grid_thw)
+            decoding = past_key_values is not None and past_key_values.get_seq_length() > 0
+            if decoding and pixel_values is None and pixel_values_videos is None:
+                # a placeholder the model generated itself during decoding is an ordinary token
+                inputs_embeds = self.model.embed_tokens(input_ids)
+            else:
+                inputs_embeds = self.embed_multimodal(input_ids, pixel_values, image_grid_thw, pixel_values_videos,
+                                                      video_grid_thw)
         out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
                          position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache)
         hidden = out.last_hidden_state

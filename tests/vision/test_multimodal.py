@@ -49,6 +49,18 @@ def test_count_mismatch_is_a_clear_error(model) -> None:
         model(ids, pixel_values=pv, image_grid_thw=grid)
 
 
+def test_generated_placeholder_token_decodes_as_text(model) -> None:
+    """An (untrained) model may sample a placeholder id; a cached decode step must embed it as a token."""
+    ids, pv, grid, pvv, vgrid = _inputs()
+    with torch.no_grad():
+        out = model(ids, pixel_values=pv, image_grid_thw=grid, pixel_values_videos=pvv, video_grid_thw=vgrid,
+                    use_cache=True)
+        step = model(torch.tensor([[IMG]]), past_key_values=out.past_key_values, use_cache=True)
+    assert torch.isfinite(step.logits).all()
+    with pytest.raises(ValueError, match="no image pixel values"):  # without a cache it is still an error
+        model(torch.tensor([[1, IMG]]))
+
+
 def test_gradients_reach_the_vision_tower(model) -> None:
     ids, pv, grid, pvv, vgrid = _inputs()
     model.train()
