@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +144,9 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     axes[1].text(0.02, 0.97, "workers -> critical steps: " + ", ".join(f"{k}:{sweep[k]['critical_steps']:.1f}"
                                                                       for k in ks),
                  transform=axes[1].transAxes, fontsize=7, va="top")  # fmt: skip
-    fig.suptitle(f"{r['command']}  |  {r['machine']}  |  {r['date']}", fontsize=7)
-    fig.tight_layout()
+    title = textwrap.fill(f"{r['command']}  |  {r['machine']}  |  {r['date']}", width=170)
+    fig.suptitle(title, fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
