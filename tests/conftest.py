@@ -1,7 +1,7 @@
 """Test infrastructure shared by every test module.
 
-- Offline by construction: ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` and a temporary HF cache are set
-  before any test module imports transformers or lm-eval.
+- Offline by construction: ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``, a temporary HF cache and a temporary
+  data cache (``synth:PRESET`` datasets) are set before any test module imports transformers or lm-eval.
 - Markers: ``gpu`` tests are skipped without CUDA; ``slow`` tests run with ``--runslow`` or
   ``KVL_RUN_SLOW=1``.
 - Every test starts from the same seeds (``torch``, ``random``, ``numpy``).
@@ -23,6 +23,7 @@ for _key, _value in {
     "TOKENIZERS_PARALLELISM": "false",
     "DISABLE_MULTIPROC": "1",
     "KVL_PROGRESS": "0",
+    "KVL_DATA_CACHE": os.path.join(_HF_TMP, "kvl-data"),  # synth:PRESET datasets, built once per session
 }.items():
     os.environ[_key] = _value
 

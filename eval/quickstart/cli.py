@@ -10,7 +10,8 @@ from eval.quickstart.pipeline import Pipeline, QuickstartConfig
 from eval.quickstart.report import summary_lines
 
 # A reduced run for CI: same stages, fewer steps and questions.
-CI_SIZES = {"pretrain_steps": 30, "sft_steps": 10, "rl_steps": 3, "eval_limit": 3, "suite_samples": 3}
+CI_SIZES = {"pretrain_steps": 30, "sft_steps": 10, "rl_steps": 3, "eval_limit": 3, "suite_samples": 3,
+            "overrides": {"pretrain": ["eval_every=10", "checkpoint_every=0"], "sft": ["eval_every=5"]}}
 
 
 def main(argv: Sequence[str]) -> int:

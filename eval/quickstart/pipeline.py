@@ -36,8 +36,8 @@ class QuickstartConfig:
     data_seed: int = 0
     seed: int = 0
     pretrain_steps: int = 120
-    sft_steps: int = 60
-    rl_steps: int = 12
+    sft_steps: int = 40
+    rl_steps: int = 20
     eval_limit: int = 12  # questions per task at each evaluation point
     suite_samples: int = 12  # held-out samples per family written into the suites
     overrides: dict[str, list[str]] = field(default_factory=dict)  # stage -> extra key=value overrides
