@@ -151,14 +151,12 @@ def _check_packed(cu_seqlens: torch.Tensor, total: int, cache, use_cache: bool |
         raise ValueError("KimiVLModel.forward: cu_seqlens (packed documents) cannot be combined with past_key_values")
 
 
-class KimiVLForCausalLM(KimiVLPreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+class LMHeadMixin:
+    """What every kimi_vl language-model head shares (``self.model`` a :class:`KimiVLModel`, ``self.lm_head``):
+    embedding accessors, logits (with ``logits_to_keep``) + loss, and the MoE balancing step."""
 
-    def __init__(self, config: KimiVLConfig) -> None:
-        super().__init__(config)
-        self.model = KimiVLModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+    model: KimiVLModel
+    lm_head: nn.Linear
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
@@ -172,14 +170,8 @@ class KimiVLForCausalLM(KimiVLPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, past_key_values: KimiVLCache | None = None,
-                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
-                logits_to_keep: int | torch.Tensor = 0, **kwargs) -> CausalLMOutputWithPast:
-        out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                         cu_seqlens=cu_seqlens, position_ids=position_ids, past_key_values=past_key_values,
-                         use_cache=use_cache)
+    def _head(self, out: BaseModelOutputWithPast, labels: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+              logits_to_keep: int | torch.Tensor) -> CausalLMOutputWithPast:
         hidden = out.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
@@ -191,7 +183,7 @@ class KimiVLForCausalLM(KimiVLPreTrainedModel, GenerationMixin):
 
     def update_moe_bias(self, rate: float | None = None) -> dict[str, float]:
         """Aux-loss-free balancing step for every MoE layer (call after ``optimizer.step()``); returns stats to log."""
-        rate = self.config.moe_bias_update_rate if rate is None else rate
+        rate = self.model.config.moe_bias_update_rate if rate is None else rate
         stats = {}
         for i, layer in enumerate(self.model.layers):
             gate = getattr(layer.mlp, "gate", None)
@@ -200,6 +192,26 @@ class KimiVLForCausalLM(KimiVLPreTrainedModel, GenerationMixin):
         if stats:
             stats["moe/max_violation"] = max(stats.values())
         return stats
+
+
+class KimiVLForCausalLM(LMHeadMixin, KimiVLPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: KimiVLConfig) -> None:
+        super().__init__(config)
+        self.model = KimiVLModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: KimiVLCache | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
+                logits_to_keep: int | torch.Tensor = 0, **kwargs) -> CausalLMOutputWithPast:
+        out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                         cu_seqlens=cu_seqlens, position_ids=position_ids, past_key_values=past_key_values,
+                         use_cache=use_cache)
+        return self._head(out, labels, cu_seqlens, logits_to_keep)
 
 
 def causal_lm_loss(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:

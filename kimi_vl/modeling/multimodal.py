@@ -27,7 +27,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from kimi_vl.configuration import KimiVLConfig
-from kimi_vl.modeling.model import KimiVLModel, KimiVLPreTrainedModel, causal_lm_loss
+from kimi_vl.modeling.model import KimiVLModel, KimiVLPreTrainedModel, LMHeadMixin
 from vision_encoder.config import MoonViTConfig, moonvit_config
 from vision_encoder.model import MoonViT, MoonViTPositionEmbedding, sincos_time_table
 from vision_encoder.rope_2d import rope_inv_freq
@@ -57,7 +57,7 @@ def parse_vision_config(config: KimiVLConfig) -> tuple[MoonViTConfig, int, int]:
     return MoonViTConfig(**vc), image_id, video_id
 
 
-class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, GenerationMixin):
+class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, GenerationMixin):
     """Vision tower (``vision_tower.*``, projector at ``vision_tower.projector.*``) + ``model.*`` + ``lm_head``.
 
     The text keys equal ``KimiVLForCausalLM``'s, so a text checkpoint loads into it unchanged.
@@ -87,18 +87,6 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, GenerationMixin):
             init.copy_(module.rope_inv_freq, rope_inv_freq(module.config.head_dim, module.config.rope_theta))
             for block in module.blocks:
                 init.constant_(block.attn.max_logits_H, float("-inf"))
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
 
     def get_image_features(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
         """``[N, D]`` projected vision tokens for packed images (or video chunks), in order."""
@@ -151,14 +139,7 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, GenerationMixin):
                                                       video_grid_thw)
         out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
                          position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache)
-        hidden = out.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden = hidden[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            hidden = hidden[:, logits_to_keep]
-        logits = self.lm_head(hidden)
-        loss = None if labels is None else causal_lm_loss(logits, labels, cu_seqlens)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+        return self._head(out, labels, cu_seqlens, logits_to_keep)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values=None, **kwargs) -> dict:
         """Media enter only on the prefill step; later steps feed one new token against the cache."""

@@ -61,6 +61,14 @@ def test_generated_placeholder_token_decodes_as_text(model) -> None:
         model(torch.tensor([[1, IMG]]))
 
 
+def test_moe_balancing_runs_for_the_multimodal_model(model) -> None:
+    ids, pv, grid, pvv, vgrid = _inputs()
+    with torch.no_grad():
+        model(ids, pixel_values=pv, image_grid_thw=grid, pixel_values_videos=pvv, video_grid_thw=vgrid)
+    stats = model.update_moe_bias()
+    assert "moe/max_violation" in stats and len(stats) > 1
+
+
 def test_gradients_reach_the_vision_tower(model) -> None:
     ids, pv, grid, pvv, vgrid = _inputs()
     model.train()
