@@ -15,7 +15,7 @@ quickstart: setup
 	$(VENV)/bin/kimi-vl quickstart --out $(OUT)
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

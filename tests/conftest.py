@@ -32,6 +32,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # one core per xdist worker: no oversubscription on a 2-core machine
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
 
