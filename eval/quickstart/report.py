@@ -36,6 +36,10 @@ def _scores(out: Path) -> dict[str, dict[str, dict[str, float]]]:
     return found
 
 
+def _moving_mean(ys: list[float], window: int) -> list[float]:
+    return [sum(ys[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(ys))]
+
+
 def _plot_training(out: Path, png: Path) -> None:
     import matplotlib
 
@@ -46,9 +50,12 @@ def _plot_training(out: Path, png: Path) -> None:
     offset = 0
     for stage in ("pretrain", "sft"):
         recs = _records(out, stage)
-        for key, style in (("loss", "-"), ("eval/loss", "o--")):
-            xs, ys = _series(recs, key)
-            axes[0].plot([x + offset for x in xs], ys, style, label=f"{stage} {key}")
+        xs, ys = _series(recs, "loss")
+        line = axes[0].plot([x + offset for x in xs], ys, alpha=0.3)[0]
+        axes[0].plot([x + offset for x in xs], _moving_mean(ys, 10), color=line.get_color(),
+                     label=f"{stage} loss (mean of 10)")
+        xs, ys = _series(recs, "eval/loss")
+        axes[0].plot([x + offset for x in xs], ys, "o--", label=f"{stage} held-out loss")
         xs, ys = _series(recs, "qk/max_logit")
         axes[1].plot([x + offset for x in xs], ys, label=stage)
         offset += max((r["step"] for r in recs), default=0)
@@ -90,9 +97,14 @@ def _plot_scores(scores: dict, png: Path) -> None:
     plt.close(fig)
 
 
-def _first_last(records: list[dict], key: str) -> str:
+def _first_last(records: list[dict], key: str, window: int = 1) -> str:
+    """``first -> last`` of a series; with ``window`` > 1 the means of the first and last ``window`` points
+    (per-step training values are noisy: each step sees other documents)."""
     _, ys = _series(records, key)
-    return f"{ys[0]:.3f} -> {ys[-1]:.3f}" if ys else "n/a"
+    if not ys:
+        return "n/a"
+    w = max(1, min(window, len(ys) // 2))
+    return f"{sum(ys[:w]) / w:.3f} -> {sum(ys[-w:]) / w:.3f}"
 
 
 def _score_table(scores: dict) -> list[str]:
@@ -106,11 +118,12 @@ def _score_table(scores: dict) -> list[str]:
 
 
 def _stage_seconds(out: Path) -> dict[str, float]:
+    order = ["data", "suites", "eval/init", "pretrain", "eval/pretrain", "sft", "eval/sft", "rl", "eval/rl", "demo"]
     secs = {}
-    for done in sorted(out.glob("**/DONE")):
+    for done in out.glob("**/DONE"):
         info = json.loads(done.read_text())
         secs[str(done.parent.relative_to(out))] = info.get("seconds", 0.0)
-    return secs
+    return dict(sorted(secs.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
 
 
 def summary_lines(out: Path) -> list[str]:
@@ -118,9 +131,12 @@ def summary_lines(out: Path) -> list[str]:
     demo = json.loads((out / "demo" / "DONE").read_text()) if (out / "demo" / "DONE").is_file() else {}
     secs = _stage_seconds(out)
     return [
-        f"pretrain loss {_first_last(pre, 'loss')}, held-out {_first_last(pre, 'eval/loss')}",
-        f"sft loss {_first_last(sft, 'loss')}, held-out {_first_last(sft, 'eval/loss')}",
-        f"rl reward {_first_last(rl, 'reward')}, held-out reward {_first_last(rl, 'eval/reward')}",
+        f"pretrain loss {_first_last(pre, 'loss', 10)} (mean of first/last 10 steps), "
+        f"held-out {_first_last(pre, 'eval/loss')}",
+        f"sft loss {_first_last(sft, 'loss', 10)} (mean of first/last 10 steps), "
+        f"held-out {_first_last(sft, 'eval/loss')}",
+        f"rl reward {_first_last(rl, 'reward', 5)} (mean of first/last 5 steps), "
+        f"held-out reward {_first_last(rl, 'eval/reward')}",
         f"demo (video -> website) overall score: {demo.get('overall', 'n/a')}",
         f"total time {sum(secs.values()):.0f} s over {len(secs)} stages",
     ]
