@@ -5,13 +5,20 @@
 - Markers: ``gpu`` tests are skipped without CUDA; ``slow`` tests run with ``--runslow`` or
   ``KVL_RUN_SLOW=1``.
 - Every test starts from the same seeds (``torch``, ``random``, ``numpy``).
+- Without a GPU, ``TRITON_INTERPRET=1`` is set for the whole session (Triton kernels run on the CPU).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
+
+if shutil.which("nvidia-smi") is None:
+    # No GPU: Triton kernels can only run interpreted. The flag must be set before anything imports
+    # triton, because @triton.jit decides between compiled and interpreted functions at decoration time.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _HF_TMP = tempfile.mkdtemp(prefix="kvl-hf-cache-")
 for _key, _value in {
@@ -30,7 +37,6 @@ for _key, _value in {
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)  # one core per xdist worker: no oversubscription on a 2-core machine
