@@ -22,8 +22,8 @@ def test_torchvision_hook_is_cpu_only():
         "print(torch.version.cuda is None, '_kvl_torchvision_cpu_fix' in sys.modules)"
     )
     is_cpu, hooked = out.split()
-    if torch.version.cuda is not None:
-        assert is_cpu == "False"
+    assert is_cpu == str(torch.version.cuda is None)
+    assert hooked == is_cpu, "the hook must be installed exactly when torch is a CPU build"
 
 
 def test_hf_does_not_see_our_kernels_package_as_hub_kernels():
