@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-DEFAULT_VOCAB = {"tiny": 4096, "small": 8192, "large": 16384}
+from data_pipelines.synth.build import PRESETS, default_vocab
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -32,7 +32,7 @@ def _synth(args: argparse.Namespace) -> int:
     n = manifest["total_samples"]
     print(f"wrote {n} samples ({manifest['total_bytes'] / 2**20:.1f} MiB) to {args.out} in {dt:.1f} s "
           f"({n / dt:.1f} samples/s with {args.workers} worker(s)); content hash {manifest['content_hash'][:16]}")
-    vocab = DEFAULT_VOCAB[args.preset] if args.vocab_size is None else args.vocab_size
+    vocab = default_vocab(args.preset) if args.vocab_size is None else args.vocab_size
     if vocab:
         t1 = time.perf_counter()
         tok = train_tokenizer(iter_corpus_texts(split_shards(args.out, "train")), os.path.join(args.out, "tokenizer"),
@@ -85,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("synth", help="generate the synthetic multimodal world into shards")
     s.add_argument("--out", required=True)
-    s.add_argument("--preset", choices=sorted(DEFAULT_VOCAB), default="tiny")
+    s.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--workers", type=int, default=1, help="generator processes (output does not depend on it)")
     s.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (0: no tokenizer)")

@@ -94,6 +94,15 @@ def family_for(name: str) -> SampleFamily:
     return get_family(name)
 
 
+# Tokenizer vocabulary trained with each preset (by `kimi-vl data synth` and `synth:PRESET` data paths).
+DEFAULT_VOCAB = {"tiny": 4096, "small": 8192, "large": 16384, "web_tiny": 4096, "web_small": 8192}
+
+
+def default_vocab(preset: str) -> int:
+    """The tokenizer size that goes with ``preset`` (8192 for presets not listed)."""
+    return DEFAULT_VOCAB.get(preset, 8192)
+
+
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")

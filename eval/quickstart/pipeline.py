@@ -76,7 +76,7 @@ class Pipeline:
 
     # -- stages -------------------------------------------------------------------------------------
     def data(self, path: Path) -> dict[str, Any]:
-        from data_pipelines.synth.build import build_dataset, split_shards
+        from data_pipelines.synth.build import build_dataset, default_vocab, split_shards
         from data_pipelines.tokenizer import iter_corpus_texts, train_tokenizer
 
         if path.exists():
@@ -84,7 +84,8 @@ class Pipeline:
 
             shutil.rmtree(path)
         manifest = build_dataset(path, self.cfg.preset, seed=self.cfg.data_seed)
-        tok = train_tokenizer(iter_corpus_texts(split_shards(path, "train")), path / "tokenizer")
+        tok = train_tokenizer(iter_corpus_texts(split_shards(path, "train")), path / "tokenizer",
+                              default_vocab(self.cfg.preset))
         return {"samples": manifest["total_samples"], "bytes": manifest["total_bytes"], "vocab": len(tok)}
 
     def suites(self, path: Path) -> dict[str, Any]:

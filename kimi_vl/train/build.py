@@ -38,14 +38,14 @@ def ensure_synth(spec: str) -> Path:
     root = synth_cache_dir() / f"{preset}-seed{seed}"
     if (root / "manifest.json").is_file() and (root / "tokenizer").is_dir():
         return root
-    from data_pipelines.synth.build import build_dataset
+    from data_pipelines.synth.build import build_dataset, default_vocab
     from data_pipelines.tokenizer import iter_corpus_texts, train_tokenizer
 
     tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     print0(f"[data] generating the synthetic '{preset}' preset (seed {seed}) into {root}")
     build_dataset(tmp, preset, seed=seed)
-    train_tokenizer(iter_corpus_texts(split_shards(tmp, "train")), tmp / "tokenizer")
+    train_tokenizer(iter_corpus_texts(split_shards(tmp, "train")), tmp / "tokenizer", default_vocab(preset))
     try:
         os.replace(tmp, root)
     except OSError:  # another process finished first
