@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("draw a run's curves (loss, max logits, throughput) to PNG", "kimi_vl.train.plot:main"),
     "eval": ("run lm-eval tasks on a checkpoint with the kimi_vl model (local task suites)", "eval.cli:main"),
     "rl": ("vision RL with verifiable rewards (K2.5 objective) from a YAML run config", "rl.trainer:main"),
+    "swarm": ("agent-swarm experiment (single agent vs orchestrator + sub-agents, PARL)", "rl.swarm.experiment:main"),
     "ablate": ("run an ablation experiment (arms x seeds) and write its report with CIs", "eval.ablation.cli:main"),
     "demo": ("page demos with a checkpoint: video2web, screenshot2web, heldout", "eval.demo.cli:main"),
 }
