@@ -33,6 +33,8 @@ the forward. This backward is not a Triton kernel.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -168,6 +170,8 @@ def _intra_kernel(
     U_ptr,
     Aqk_ptr,
     gl_ptr,
+    G_ptr,
+    T_ptr,
     scale,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -182,6 +186,7 @@ def _intra_kernel(
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
     PREC: tl.constexpr,
+    STORE_GT: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -231,6 +236,11 @@ def _intra_kernel(
     b3 = tl.load(beta_ptr + (bos + r3) * HV + i_hv, mask=r3 < n, other=0.0).to(tl.float32)
     ck_base = sc * (C * K)
     a_base = sc * (C * C)
+    if STORE_GT:
+        _store_rows(G_ptr, ck_base, G0, r0, ck, K, K)
+        _store_rows(G_ptr, ck_base, G1, r1, ck, K, K)
+        _store_rows(G_ptr, ck_base, G2, r2, ck, K, K)
+        _store_rows(G_ptr, ck_base, G3, r3, ck, K, K)
     # sub-block row 0
     q = _load_qk(q_ptr, bos, n, r0, ck, i_h, H, K, L2)
     _store_rows(qg_ptr, ck_base, q * tl.exp(G0) * scale, r0, ck, K, K)
@@ -288,6 +298,24 @@ def _intra_kernel(
         + tl.dot(A32, T20, input_precision=PREC),
         input_precision=PREC,
     )
+    if STORE_GT:
+        z = tl.zeros([S, S], dtype=tl.float32)
+        _store_rows(T_ptr, a_base, T00, r0, r0, C, C)
+        _store_rows(T_ptr, a_base, z, r0, r1, C, C)
+        _store_rows(T_ptr, a_base, z, r0, r2, C, C)
+        _store_rows(T_ptr, a_base, z, r0, r3, C, C)
+        _store_rows(T_ptr, a_base, T10, r1, r0, C, C)
+        _store_rows(T_ptr, a_base, T11, r1, r1, C, C)
+        _store_rows(T_ptr, a_base, z, r1, r2, C, C)
+        _store_rows(T_ptr, a_base, z, r1, r3, C, C)
+        _store_rows(T_ptr, a_base, T20, r2, r0, C, C)
+        _store_rows(T_ptr, a_base, T21, r2, r1, C, C)
+        _store_rows(T_ptr, a_base, T22, r2, r2, C, C)
+        _store_rows(T_ptr, a_base, z, r2, r3, C, C)
+        _store_rows(T_ptr, a_base, T30, r3, r0, C, C)
+        _store_rows(T_ptr, a_base, T31, r3, r1, C, C)
+        _store_rows(T_ptr, a_base, T32, r3, r2, C, C)
+        _store_rows(T_ptr, a_base, T33, r3, r3, C, C)
     # W = T (beta K Gamma)
     x0 = k0 * tl.exp(G0) * b0[:, None]
     x1 = k1 * tl.exp(G1) * b1[:, None]
@@ -444,8 +472,37 @@ STATE_BV = 32  # value columns per program of the sequential state pass
 OUT_BV = 64  # value columns per program of the output kernel
 
 
-def chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
-    """Forward only. Returns o [B, T, HV, V] (v's dtype) and the final state [N, HV, K, V] fp32."""
+class KDAFwdState(NamedTuple):
+    """Forward outputs and per-chunk intermediates (the kda-fwd / kda-bwd contract, ``[NC, HV, C, X]`` slabs).
+
+    o [B, T, HV, V] (v's dtype); ht [N, HV, K, V] fp32; G [NC, HV, C, K] fp32 chunk-local cumsum of g;
+    Gl [NC, HV, K] fp32 (G's last row); Aqk [NC, HV, C, C] lower incl. diagonal, upper part zero;
+    T [NC, HV, C, C] = (I + Akk)^-1 with its unit diagonal; W, qg, kg [NC, HV, C, K]; U, vn [NC, HV, C, V];
+    h [NC, HV, K, V] the state entering each chunk (all in the scratch dtype: fp32 for fp32 inputs, else the
+    input dtype, T and G always fp32); cbos, clen [NC] int32 chunk token start and length; s0, snc [N] int32
+    first chunk and number of chunks per sequence.
+    """
+
+    o: torch.Tensor
+    ht: torch.Tensor
+    G: torch.Tensor
+    Gl: torch.Tensor
+    Aqk: torch.Tensor
+    T: torch.Tensor
+    W: torch.Tensor
+    U: torch.Tensor
+    qg: torch.Tensor
+    kg: torch.Tensor
+    h: torch.Tensor
+    vn: torch.Tensor
+    cbos: torch.Tensor
+    clen: torch.Tensor
+    s0: torch.Tensor
+    snc: torch.Tensor
+
+
+def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep: bool) -> KDAFwdState:
+    """Run the forward kernels; ``keep`` also stores G and T (and zeroes Aqk's upper part) for the backward."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -461,10 +518,12 @@ def chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, fla
     kg, W = torch.empty_like(qg), torch.empty_like(qg)
     U = torch.empty(nc1, HV, CHUNK, V, dtype=sdt, device=dev)
     vn = torch.empty_like(U)
-    Aqk = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=sdt, device=dev)
+    Aqk = (torch.zeros if keep else torch.empty)(nc1, HV, CHUNK, CHUNK, dtype=sdt, device=dev)
     gl = torch.empty(nc1, HV, K, dtype=torch.float32, device=dev)
     h = torch.empty(nc1, HV, K, V, dtype=sdt, device=dev)
     dummy = torch.zeros(1, dtype=torch.float32, device=dev)
+    G = torch.empty(nc1, HV, CHUNK, K, dtype=torch.float32, device=dev) if keep else dummy
+    Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev) if keep else dummy
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     if nch:
@@ -485,6 +544,8 @@ def chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, fla
             U,
             Aqk,
             gl,
+            G,
+            Tm,
             scale,
             H=H,
             HV=HV,
@@ -499,6 +560,7 @@ def chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, fla
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
             PREC="ieee" if fp32 else "tf32",
+            STORE_GT=keep,
             num_warps=4 if BK * BV <= 64 * 64 else 8,
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
@@ -544,7 +606,29 @@ def chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, fla
             FP32=fp32,
             num_warps=4,
         )
-    return o, ht
+    return KDAFwdState(o, ht, G, gl, Aqk, Tm, W, U, qg, kg, h, vn, cbos, clen, s0, snc)
+
+
+def chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
+    """Forward only. Returns o [B, T, HV, V] (v's dtype) and the final state [N, HV, K, V] fp32."""
+    st = _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep=False)
+    return st.o, st.ht
+
+
+def chunk_kda_fwd_intermediates(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> KDAFwdState:
+    """Forward on the core path (q, k already normalised, g already the log-decay), keeping the per-chunk
+    intermediates the backward needs (see :class:`KDAFwdState`). q, k [B, T, H, K]; v [B, T, HV, V];
+    g [B, T, HV, K]; beta [B, T, HV]; initial_state [N, HV, K, V] or None; cu_seqlens [N + 1] or None."""
+    return _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, (False, False, None, None, None), keep=True)
 
 
 def _torch_reference_path(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):

@@ -170,3 +170,60 @@ def test_triton_16bit_path_fp16():
     o2, S2 = chunk_kda(*(t.float() for t in x[:5]), initial_state=x[5], backend="torch", **kw)
     assert_rel_rms(o, o2, 2e-3, "o fp16")
     assert_rel_rms(S, S2, 2e-3, "S fp16")
+
+
+def _chunk_intermediates_ref(q, k, v, g, beta, scale, h0, cu, C=64):
+    """Plain fp64 PyTorch recomputation of the contract's per-chunk tensors (``KDAFwdState``), chunk by chunk."""
+    HV, H = v.shape[2], q.shape[2]
+    q, k = q[0].repeat_interleave(HV // H, 1), k[0].repeat_interleave(HV // H, 1)  # [T, HV, K]
+    v, g, beta = v[0], g[0], beta[0]
+    names = ["G", "Gl", "Aqk", "T", "W", "U", "qg", "kg", "h", "vn"]
+    out = {n: [] for n in names}
+    o = torch.zeros_like(v)
+    S_fin = []
+    tri = torch.ones(C, C, dtype=torch.bool)
+    for i_n, (bos, eos) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        S = h0[i_n].clone()  # [HV, K, V]
+        for t0 in range(bos, eos, C):
+            n = min(C, eos - t0)
+            rows = [x[t0 : t0 + n].transpose(0, 1) for x in (q, k, v, g, beta)]
+            qc, kc, vc, gc, bc = (F.pad(x, (0, 0, 0, C - n) if x.dim() == 3 else (0, C - n)) for x in rows)
+            G = gc.cumsum(1)
+            Gl = G[:, -1]
+            dec = torch.exp((G[:, :, None] - G[:, None, :]).masked_fill(~tri.tril()[None, :, :, None], 0.0))
+            akk = torch.einsum("hid,hjd,hijd->hij", kc, kc, dec) * bc[..., None] * tri.tril(-1)
+            aqk = torch.einsum("hid,hjd,hijd->hij", qc, kc, dec) * scale * tri.tril()
+            Tm = torch.linalg.inv(torch.eye(C, dtype=q.dtype) + akk)
+            W = Tm @ (bc[..., None] * kc * torch.exp(G))
+            U = Tm @ (bc[..., None] * vc)
+            qg, kg = scale * qc * torch.exp(G), kc * torch.exp(Gl[:, None] - G)
+            vn = U - W @ S
+            o[t0 : t0 + n] = (qg @ S + aqk @ vn)[:, :n].transpose(0, 1)
+            for name, x in zip(names, [G, Gl, aqk, Tm, W, U, qg, kg, S.clone(), vn]):
+                out[name].append(x)
+            S = torch.exp(Gl)[..., None] * S + kg.transpose(1, 2) @ vn
+        S_fin.append(S)
+    return {n: torch.stack(x) for n, x in out.items()} | {"o": o[None], "ht": torch.stack(S_fin)}
+
+
+def test_triton_fwd_intermediates_vs_torch():
+    """``chunk_kda_fwd_intermediates`` (core path) vs an fp64 recomputation of every contract tensor: varlen
+    with a 5-token sequence and a 70-token one (a ragged last chunk), grouped value heads, h0, fp32."""
+    from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
+
+    cu = torch.tensor([0, 5, 75], dtype=torch.int32)
+    q, k, v, g, beta, s0 = make_inputs(1, 75, 1, 2, 20, 12, gate="logsig_sharp", h0=True, N=2)
+    scale = 20**-0.5
+    ref = _chunk_intermediates_ref(q, k, v, g, beta, scale, s0, cu)
+    x = _to([q, k, v, g, beta, s0])
+    st = chunk_kda_fwd_intermediates(*x[:5], scale, x[5], cu.to(_dev()))
+    assert st.cbos.tolist() == [0, 5, 69] and st.clen.tolist() == [5, 64, 6]
+    assert st.s0.tolist() == [0, 1] and st.snc.tolist() == [1, 2]
+    assert st.G.dtype == torch.float32 and st.T.dtype == torch.float32
+    eye = torch.eye(64, dtype=torch.float64)
+    for name in ["o", "ht", "G", "Gl", "Aqk", "T", "W", "U", "qg", "kg", "h", "vn"]:
+        got, want = getattr(st, name).double().cpu(), ref[name]
+        if name == "T":  # the unit diagonal would dominate the error norm
+            got, want = got - eye, want - eye
+        assert_rel_rms(got, want, 1e-5, name)
+    assert (st.Aqk.triu(1) == 0).all() and (st.T.triu(1) == 0).all()
