@@ -11,11 +11,12 @@ separate query/norm mixes the sources for the final norm. Since ``w . (g * n) = 
 Block AttnRes groups the sublayers into blocks of ``S``: sources are ``[b_0 = embedding, completed block sums,
 the current block's partial sum]`` (a block's first sublayer sees only completed blocks); full AttnRes is S = 1.
 
-Implementations (all equal): ``mix_naive`` (stack + softmax, the reference); ``AttnResMix`` (custom autograd
-function: saves only fp32 ``rstd`` and ``alpha`` ``[N, B, T]`` per call and recomputes keys in backward, so
-memory does not grow by a stacked copy of the sources per sublayer); ``phase1``/``phase2`` (inference: one
-batched pass of a block's queries over the completed blocks, then an online-softmax merge of each
-sublayer's own partial sum). The stream classes here are the single place that wires residuals.
+Implementations (all equal): ``mix_naive`` (stack + softmax, the reference); ``mix`` (training:
+``kernels/attn_res``, a fused Triton kernel on CUDA that reads the sources in place, the ``AttnResMix`` custom
+autograd function on CPU; both save only fp32 ``rstd`` and ``alpha`` ``[N, B, T]`` per call and recompute keys
+in backward, so memory does not grow by a stacked copy of the sources per sublayer); ``phase1``/``phase2``
+(inference: one batched pass of a block's queries over the completed blocks, then an online-softmax merge of
+each sublayer's own partial sum). The stream classes here are the single place that wires residuals.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
+
+__all__ = ["AttnResMix", "AttnResStream", "ResProj", "ResQuery", "StandardStream", "alpha_stats", "mix",
+           "mix_naive", "phase1", "phase2"]
 
 
 class ResProj(nn.Linear):
@@ -46,64 +52,21 @@ class ResQuery:
         return self.weight.float().reshape(-1) * self.gain.float()
 
 
-def _up(x: torch.Tensor) -> torch.Tensor:
-    """At least fp32 (fp64 stays fp64, for gradcheck)."""
-    return x if x.dtype == torch.float64 else x.float()
-
-
 def _rstd(v_fp32: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(v_fp32.pow(2).mean(-1) + eps)
 
 
 def mix_naive(sources: Sequence[torch.Tensor], query: ResQuery) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: ``(h [B, T, D] in the sources' dtype, alpha [N, B, T] fp32)``."""
-    v_NBTD = torch.stack([s.float() for s in sources])
-    keys = v_NBTD * _rstd(v_NBTD, query.eps)[..., None] * query.gain.float()
-    alpha_NBT = torch.softmax(keys @ query.weight.float().reshape(-1), dim=0)
-    h = (alpha_NBT[..., None] * v_NBTD).sum(0)
-    return h.to(sources[0].dtype), alpha_NBT
+    """Reference: ``(h [B, T, D] in the sources' dtype, alpha [N, B, T] fp32)`` (stacks the sources)."""
+    return attn_res_mix_naive(sources, query.weight, query.gain, query.eps)
 
 
-class AttnResMix(torch.autograd.Function):
-    """Memory-lean mix: forward saves ``rstd`` and ``alpha`` (fp32 ``[N, B, T]``), backward recomputes keys."""
-
-    @staticmethod
-    def forward(ctx, weight: torch.Tensor, gain: torch.Tensor, eps: float, *sources: torch.Tensor):
-        u = _up(weight).reshape(-1) * _up(gain)
-        rstd = torch.stack([_rstd(_up(s), eps) for s in sources])  # [N, B, T]
-        scores = torch.stack([(_up(s) @ u) for s in sources]) * rstd
-        alpha = torch.softmax(scores, dim=0)
-        h = alpha[0, ..., None] * _up(sources[0])
-        for i in range(1, len(sources)):
-            h = h + alpha[i, ..., None] * _up(sources[i])
-        ctx.save_for_backward(weight, gain, rstd, alpha, *sources)
-        ctx.mark_non_differentiable(alpha)
-        return h.to(sources[0].dtype), alpha
-
-    @staticmethod
-    def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
-        weight, gain, rstd, alpha, *sources = ctx.saved_tensors
-        d = sources[0].shape[-1]
-        u = _up(weight).reshape(-1) * _up(gain)
-        dhf = _up(dh)
-        dalpha = torch.stack([(dhf * _up(s)).sum(-1) for s in sources])  # [N, B, T]
-        ds = alpha * (dalpha - (alpha * dalpha).sum(0, keepdim=True))
-        du = torch.zeros_like(u)
-        grads = []
-        for i, s in enumerate(sources):
-            n = _up(s) * rstd[i, ..., None]
-            score = (n @ u)[..., None]
-            du = du + (ds[i, ..., None] * n).reshape(-1, d).sum(0)
-            dv = alpha[i, ..., None] * dhf + (ds[i] * rstd[i])[..., None] * (u - n * score / d)
-            grads.append(dv.to(s.dtype) if ctx.needs_input_grad[3 + i] else None)
-        dweight = (du * _up(gain)).reshape(weight.shape).to(weight.dtype)
-        dgain = (du * _up(weight).reshape(-1)).to(gain.dtype)
-        return dweight, dgain, None, *grads
-
-
-def mix(sources: Sequence[torch.Tensor], query: ResQuery) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training path: :class:`AttnResMix` (same values as :func:`mix_naive`)."""
-    return AttnResMix.apply(query.weight, query.gain, query.eps, *sources)
+def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = None
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training path (same values as :func:`mix_naive`): the fused Triton kernel on CUDA, the
+    :class:`AttnResMix` autograd function on CPU; ``backend`` or ``KVL_ATTNRES_BACKEND`` (``triton`` | ``torch``)
+    forces one (``kernels.attn_res.attn_res_mix``)."""
+    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend)
 
 
 def phase1(completed: Sequence[torch.Tensor], queries: Sequence[ResQuery]):

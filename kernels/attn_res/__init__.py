@@ -1,0 +1,102 @@
+"""Attention-Residual mix over depth (``../shared/REFERENCE.md`` section 3; Kimi "Attention Residuals").
+
+Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``, scores ``s_n = w . k_n``,
+``alpha = softmax_n(s)`` in fp32 (no temperature), ``h = sum_n alpha_n x_n``. Public entry point:
+:func:`attn_res_mix`. One dispatch point: ``backend`` argument, else ``KVL_ATTNRES_BACKEND``
+(``triton`` | ``torch``), else Triton on CUDA and the PyTorch autograd function on CPU.
+
+- ``naive.py``: stacked fp32/fp64 reference (the specification; tests only).
+- ``mix_torch.py``: :class:`AttnResMix`, custom autograd function, keys recomputed in backward (CPU path).
+- ``mix_triton.py``: fused forward/backward kernels, sources read in place (GPU; ``TRITON_INTERPRET=1`` on CPU).
+
+Example::
+
+    import torch
+    from kernels.attn_res import attn_res_mix
+    xs = [torch.randn(2, 7, 48, requires_grad=True) for _ in range(3)]
+    w, g = torch.zeros(1, 48, requires_grad=True), torch.ones(48, requires_grad=True)
+    h, alpha = attn_res_mix(xs, w, g, eps=1e-6)   # h [2, 7, 48], alpha [3, 2, 7] fp32 (uniform: w = 0)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from kernels.attn_res.mix_torch import AttnResMix
+from kernels.attn_res.naive import attn_res_mix_naive
+
+__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "resolve_backend"]
+
+_WHERE = "kernels/attn_res.attn_res_mix"
+BACKENDS = ("torch", "triton")
+
+
+def _validate(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor) -> None:
+    if len(sources) == 0:
+        raise ValueError(f"{_WHERE}: sources must hold at least one tensor, got none")
+    shape, device = sources[0].shape, sources[0].device
+    for i, s in enumerate(sources):
+        if s.shape != shape or s.device != device:
+            raise ValueError(f"{_WHERE}: sources[{i}] is {tuple(s.shape)} on {s.device}, sources[0] is "
+                             f"{tuple(shape)} on {device}; all must match")
+    d = shape[-1] if len(shape) else 0
+    if len(shape) < 1 or d == 0:
+        raise ValueError(f"{_WHERE}: sources must be [*, D] with D > 0, got {tuple(shape)}")
+    if weight.numel() != d or gain.shape != (d,):
+        raise ValueError(f"{_WHERE}: weight must have D={d} elements and gain be [D], got weight "
+                         f"{tuple(weight.shape)}, gain {tuple(gain.shape)}")
+
+
+def _triton_supported(x: torch.Tensor) -> bool:
+    from kernels.attn_res.mix_triton import DTYPES, MAX_D
+
+    return x.dtype in DTYPES and x.shape[-1] <= MAX_D and x.numel() > 0
+
+
+def resolve_backend(x: torch.Tensor, backend: str | None = None) -> str:
+    """The backend a call on sources like ``x`` uses: argument, else ``KVL_ATTNRES_BACKEND``, else by device.
+
+    Unforced, Triton is used on CUDA for fp32/fp16/bf16 with ``D <= 16384`` and PyTorch otherwise; a forced
+    ``triton`` on a CPU tensor needs ``TRITON_INTERPRET=1``."""
+    forced = backend or os.environ.get("KVL_ATTNRES_BACKEND") or None
+    if forced is not None and forced not in BACKENDS:
+        raise ValueError(f"{_WHERE}: backend (or KVL_ATTNRES_BACKEND) must be one of {BACKENDS}, got {forced!r}")
+    if forced is None:
+        return "triton" if x.is_cuda and _triton_supported(x) else "torch"
+    if forced == "triton":
+        if not _triton_supported(x):
+            raise ValueError(f"{_WHERE}: the Triton backend takes fp32/fp16/bf16 sources with D <= 16384, got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"{_WHERE}: backend 'triton' on a {x.device} tensor needs TRITON_INTERPRET=1")
+    return forced
+
+
+def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor, eps: float,
+                 backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax mix over depth of ``sources``; differentiable in the sources, ``weight`` and ``gain``.
+
+    Args:
+        sources: ``N >= 1`` tensors ``[*, D]`` of one shape and device (raw sublayer outputs, not normalised);
+            they are cast to the dtype of ``sources[0]`` if they differ.
+        weight: the pseudo-query, ``D`` elements (e.g. ``[1, D]``, a bias-free ``Linear(D, 1)`` weight).
+        gain: key RMSNorm gain ``[D]``.
+        eps: key RMSNorm epsilon.
+        backend: ``None``, ``"torch"`` or ``"triton"`` (see :func:`resolve_backend`).
+
+    Returns:
+        ``h [*, D]`` in the dtype of ``sources[0]`` and ``alpha [N, *]`` fp32 (not differentiable).
+    """
+    _validate(sources, weight, gain)
+    x0 = sources[0]
+    if resolve_backend(x0, backend) == "torch":
+        return AttnResMix.apply(weight, gain, eps, *sources)
+    from kernels.attn_res.mix_triton import AttnResMixTriton
+
+    lead, d = x0.shape[:-1], x0.shape[-1]
+    flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
+    h, alpha = AttnResMixTriton.apply(weight, gain, eps, *flat)
+    return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)

@@ -1,0 +1,178 @@
+"""Fused Triton kernels for the Attention-Residual mix over depth, forward and backward (GPU; also runs under
+``TRITON_INTERPRET=1``). Maths of ``naive.py`` (the spec), gradients as in ``mix_torch.py``.
+
+Shapes: ``M`` tokens (all leading dims flattened), ``D`` features, ``N`` sources ``x_n [M, D]`` (contiguous,
+one dtype: fp32, fp16 or bf16), read in place through a table of their addresses (``int64 [N]``), so the
+sources are never stacked and one compiled kernel serves every ``N``.
+
+- Forward: one program per tile of ``BLOCK_T`` tokens x all of ``D`` (``BLOCK_D`` = next power of two) walks
+  the sources once with an online softmax: per source, RMS and score in fp32, then ``acc = acc * e^(m - m') +
+  e^(s - m') x``. Writes ``h [M, D]``, fp32 ``rstd [N, M]``, scores ``s [N, M]`` and ``lse [M]``; the
+  wrapper turns ``s`` into ``alpha = exp(s - lse)`` in place (saved for backward, returned for diagnostics).
+- Backward: grid-stride over token tiles. Pass A reads every source once for ``c = sum_n alpha_n (dh . x_n)``;
+  pass B re-reads each source (mostly from L2: a tile is small), recomputes its key and score and writes
+  ``dx_n = alpha_n dh + ds_n rstd_n (u - n_n (u . n_n) / D)`` with ``ds_n = alpha_n (dh . x_n - c)``; the
+  query gradient ``du = sum ds_n n_n`` is accumulated per program in fp32 and summed afterwards (no atomics,
+  deterministic).
+
+Fixed launch configurations (no autotuning): ``BLOCK_T * BLOCK_D = TILE_ELEMS``, ``NUM_WARPS`` warps.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+TILE_ELEMS = 4096
+NUM_WARPS = 8
+MAX_D = 16384
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _attn_res_fwd_kernel(
+    src_tab, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    t_ok = offs_t < M
+    d_ok = offs_d < D
+    tile_ok = t_ok[:, None] & d_ok[None, :]
+    offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
+    u = tl.load(u_ptr + offs_d, mask=d_ok, other=0.0)
+    m = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_T], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    for n in range(N):
+        src = tl.load(src_tab + n).to(h_ptr.dtype)
+        x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        s = tl.sum(x * u[None, :], axis=1) * rstd
+        tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
+        tl.store(score_ptr + n * M + offs_t, s, mask=t_ok)
+        m_new = tl.maximum(m, s)
+        scale = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        acc = acc * scale[:, None] + p[:, None] * x
+        l = l * scale + p
+        m = m_new
+    h = acc / l[:, None]
+    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=tile_ok)
+    tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)
+
+
+@triton.jit
+def _attn_res_bwd_kernel(
+    src_tab, dsrc_tab, u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N, M, D, num_tiles,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    u = tl.load(u_ptr + offs_d, mask=d_ok, other=0.0)
+    du = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_ok = offs_t < M
+        tile_ok = t_ok[:, None] & d_ok[None, :]
+        offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
+        dh = tl.load(dh_ptr + offs, mask=tile_ok, other=0.0).to(tl.float32)
+        c = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for n in range(N):
+            src = tl.load(src_tab + n).to(dh_ptr.dtype)
+            x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
+            a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
+            c += a * tl.sum(dh * x, axis=1)
+        for n in range(N):
+            src = tl.load(src_tab + n).to(dh_ptr.dtype)
+            dsrc = tl.load(dsrc_tab + n).to(dh_ptr.dtype)
+            x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
+            a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
+            r = tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0)
+            ds = a * (tl.sum(dh * x, axis=1) - c)
+            key = x * r[:, None]
+            s = tl.sum(key * u[None, :], axis=1)
+            dx = a[:, None] * dh + (ds * r)[:, None] * (u[None, :] - key * (s / D)[:, None])
+            tl.store(dsrc + offs, dx.to(dh_ptr.dtype.element_ty), mask=tile_ok)
+            du += tl.sum(ds[:, None] * key, axis=0)
+    tl.store(du_ptr + pid * D + offs_d, du, mask=d_ok)
+
+
+def _blocks(d: int) -> tuple[int, int]:
+    block_d = triton.next_power_of_2(d)
+    return max(1, TILE_ELEMS // block_d), block_d
+
+
+def _address_table(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    ptrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    return ptrs.to(device) if device.type == "cuda" else ptrs
+
+
+def _num_bwd_programs(num_tiles: int, device: torch.device) -> int:
+    if device.type != "cuda":
+        return min(num_tiles, 4)
+    return min(num_tiles, 8 * torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``.
+
+    Returns ``h [M, D]`` (source dtype), fp32 ``rstd [N, M]`` and ``alpha [N, M]``."""
+    x0 = sources[0]
+    n, (m, d) = len(sources), x0.shape
+    h = torch.empty_like(x0)
+    rstd = torch.empty(n, m, device=x0.device, dtype=torch.float32)
+    alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
+    lse = torch.empty(m, device=x0.device, dtype=torch.float32)
+    block_t, block_d = _blocks(d)
+    _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
+        _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
+        BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
+    alpha.sub_(lse).exp_()
+    return h, rstd, alpha
+
+
+def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor, rstd: torch.Tensor,
+                   alpha: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Gradients ``dx_n [M, D]`` (source dtype) and ``du [D]`` fp32, ``dh [M, D]`` in the source dtype."""
+    x0 = sources[0]
+    n, (m, d) = len(sources), x0.shape
+    dxs = [torch.empty_like(x0) for _ in range(n)]
+    block_t, block_d = _blocks(d)
+    num_tiles = triton.cdiv(m, block_t)
+    programs = _num_bwd_programs(num_tiles, x0.device)
+    du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
+    _attn_res_bwd_kernel[(programs,)](
+        _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, du_partial,
+        n, m, d, num_tiles, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
+    return dxs, du_partial.sum(0)
+
+
+class AttnResMixTriton(torch.autograd.Function):
+    """``apply(weight [1, D] or [D], gain [D], eps, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32)``.
+
+    Sources must be contiguous, of one dtype in :data:`DTYPES` and on one device (the public wrapper
+    ``kernels.attn_res.attn_res_mix`` checks, casts and flattens)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, gain: torch.Tensor, eps: float, *sources: torch.Tensor):
+        u = (weight.float().reshape(-1) * gain.float()).contiguous()
+        h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
+        ctx.save_for_backward(weight, gain, rstd, alpha, *sources)
+        ctx.mark_non_differentiable(alpha)
+        return h, alpha
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
+        weight, gain, rstd, alpha, *sources = ctx.saved_tensors
+        u = (weight.float().reshape(-1) * gain.float()).contiguous()
+        dh = dh.to(sources[0].dtype).contiguous()
+        dxs, du = mix_bwd_triton(sources, u, dh, rstd, alpha)
+        dweight = (du * gain.float()).reshape(weight.shape).to(weight.dtype)
+        dgain = (du * weight.float().reshape(-1)).to(gain.dtype)
+        grads = [dx if ctx.needs_input_grad[3 + i] else None for i, dx in enumerate(dxs)]
+        return dweight, dgain, None, *grads
