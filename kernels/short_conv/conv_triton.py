@@ -1,0 +1,397 @@
+"""Triton kernels of the depthwise causal short convolution (forward, backward, decode step).
+
+Same maths and conventions as the PyTorch implementation ``conv_torch.py`` (the reference):
+
+    pre[t, d] = bias[d] + sum_{w < W} weight[d, w] * xe[t - (W - 1) + w, d];   y = act(pre)
+
+with ``xe`` a sequence's inputs preceded by its ``initial_state`` (the last W-1 inputs of the previous segment,
+time order, rounded to x's dtype like the PyTorch path) or zeros. Positions are relative to each sequence's
+start, so varlen sequences (``cu_seqlens``, B = 1) never see each other. Accumulation in fp32 (fp64 for fp64
+inputs).
+
+Kernels (all fixed configurations, so they run under ``TRITON_INTERPRET=1``; no autotuning):
+- ``_fwd_kernel``, grid (row tiles, channel tiles): the W taps as W shifted ``[BT, BD]`` loads (the
+  shifted rows come from L1/L2), bias, SiLU; one pass over x and y.
+- ``_final_state_kernel``, grid (sequence, channel tiles): the last W-1 inputs of each sequence.
+- ``_bwd_kernel``, grid (row groups, channel tiles): recomputes ``pre`` (no activation is saved), then
+  ``dpre = dy * silu'(pre)``, ``dx[t] = sum_k weight[W-1-k] * dpre[t+k]`` (same sequence only) plus the
+  final-state gradient on each sequence's last W-1 rows; ``dweight``/``dbias`` partial sums per
+  (row group, channel) are written to a buffer and summed by ``torch.sum``: deterministic, no atomics.
+- ``_dstate_kernel``, grid (sequence, channel tiles): ``d initial_state`` (the same row formula at the
+  W-1 positions before each sequence's start).
+- ``_update_kernel``, grid (sequence, channel tiles): one decode token per sequence, state in and a new
+  state out (the input state is not modified), matching ``causal_conv1d_update``.
+
+Shapes: x ``[B, T, D]`` (flattened to ``[NT, D]`` rows); weight ``[D, W]``; bias ``[D]``; state
+``[N, D, W-1]``; decode x ``[N, D]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+FWD_BT, FWD_BD = 64, 128
+BWD_BT, BWD_BD, BWD_TILES = 32, 128, 8  # one backward program covers up to BWD_BT * BWD_TILES rows
+STATE_BD = 128
+DEC_BD = 256
+NUM_WARPS = 4
+
+
+@triton.jit
+def _rows_seq(rows, rmask, seq_ptr, cu_ptr, T, VARLEN: tl.constexpr):
+    """Sequence id, first flattened row and length of each row's sequence (int64 vectors)."""
+    if VARLEN:
+        seq = tl.load(seq_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        bos = tl.load(cu_ptr + seq, mask=rmask, other=0).to(tl.int64)
+        L = tl.load(cu_ptr + seq + 1, mask=rmask, other=0).to(tl.int64) - bos
+    else:
+        seq = rows // T
+        bos = seq * T
+        L = tl.zeros_like(rows) + T
+    return seq, bos, L
+
+
+@triton.jit
+def _seq_span(n, j, cu_ptr, T, VARLEN: tl.constexpr):
+    """Sequence n's id, first row and length broadcast to the shape of ``j`` (int64 vectors)."""
+    seq = tl.zeros_like(j).to(tl.int64) + n
+    if VARLEN:
+        bos = tl.load(cu_ptr + seq).to(tl.int64)
+        L = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
+    else:
+        bos = seq * T
+        L = tl.zeros_like(seq) + T
+    return seq, bos, L
+
+
+@triton.jit
+def _tap(x_ptr, s_ptr, seq, bos, p, rmask, cols, cmask, D, W: tl.constexpr, HAS_STATE: tl.constexpr,
+         ACC: tl.constexpr):
+    """Input at sequence position ``p`` ([BR]) for channels ``cols``: x, the initial state before the start
+    (rounded to x's dtype), or zero. Returns ``[BR, BD]`` in ACC."""
+    m = (rmask & (p >= 0))[:, None] & cmask[None, :]
+    v = tl.load(x_ptr + (bos + p)[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
+    if HAS_STATE:
+        j = p + (W - 1)
+        ms = (rmask & (p < 0) & (j >= 0))[:, None] & cmask[None, :]
+        s_off = (seq * D)[:, None] * (W - 1) + cols[None, :] * (W - 1) + j[:, None]
+        s = tl.load(s_ptr + s_off, mask=ms, other=0.0)
+        v += s.to(x_ptr.dtype.element_ty).to(ACC)
+    return v
+
+
+@triton.jit
+def _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, pos, rmask, cols, cmask, D, W: tl.constexpr, BR: tl.constexpr,
+         BD: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, ACC: tl.constexpr):
+    """Pre-activation ``[BR, BD]`` at sequence positions ``pos``."""
+    acc = tl.zeros([BR, BD], dtype=ACC)
+    for w in tl.static_range(W):
+        wt = tl.load(w_ptr + cols * W + w, mask=cmask, other=0.0).to(ACC)
+        tap = _tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, rmask, cols, cmask, D, W, HAS_STATE, ACC)
+        acc += wt[None, :] * tap
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+    return acc
+
+
+@triton.jit
+def _silu(pre):
+    return pre / (1.0 + tl.exp(-pre))
+
+
+@triton.jit
+def _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, q, rmask, cols, cmask, D, W: tl.constexpr,
+          BR: tl.constexpr, BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+          ACC: tl.constexpr):
+    """Gradient of the pre-activation at sequence positions ``q`` (zero outside ``0 <= q < L``)."""
+    valid = rmask & (q >= 0) & (q < L)
+    m = valid[:, None] & cmask[None, :]
+    g = tl.load(dy_ptr + (bos + q)[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
+    if ACT:
+        pre = _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, q, valid, cols, cmask, D, W, BR, BD, HAS_BIAS, HAS_STATE,
+                   ACC)
+        sig = 1.0 / (1.0 + tl.exp(-pre))
+        g = g * sig * (1.0 + pre * (1.0 - sig))
+    return g
+
+
+@triton.jit
+def _drow(acc, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, pos, rmask, cols, cmask, D,
+          W: tl.constexpr, K0: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, ACT: tl.constexpr,
+          HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_DFS: tl.constexpr, ACC: tl.constexpr):
+    """Gradient of the input at sequence positions ``pos`` (x rows, or initial-state columns when pos < 0):
+    ``acc + sum_{K0 <= k < W} weight[W-1-k] * dpre[pos + k]`` plus the final-state gradient of that input."""
+    for k in tl.static_range(K0, W):
+        wt = tl.load(w_ptr + cols * W + (W - 1 - k), mask=cmask, other=0.0).to(ACC)
+        g = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, pos + k, rmask, cols, cmask, D, W, BR, BD, ACT,
+                  HAS_BIAS, HAS_STATE, ACC)
+        acc += wt[None, :] * g
+    if HAS_DFS:
+        c = pos - L + (W - 1)  # final-state column that holds this input
+        m = (rmask & (c >= 0))[:, None] & cmask[None, :]
+        f_off = (seq * D)[:, None] * (W - 1) + cols[None, :] * (W - 1) + c[:, None]
+        acc += tl.load(dfs_ptr + f_off, mask=m, other=0.0).to(ACC)
+    return acc
+
+
+@triton.jit
+def _fwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, seq_ptr, cu_ptr, NT, T, D, W: tl.constexpr, BT: tl.constexpr,
+                BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+                VARLEN: tl.constexpr, ACC: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    rmask, cmask = rows < NT, cols < D
+    seq, bos, L = _rows_seq(rows, rmask, seq_ptr, cu_ptr, T, VARLEN)
+    pre = _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, rows - bos, rmask, cols, cmask, D, W, BT, BD, HAS_BIAS,
+               HAS_STATE, ACC)
+    y = _silu(pre) if ACT else pre
+    m = rmask[:, None] & cmask[None, :]
+    tl.store(y_ptr + rows[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _final_state_kernel(x_ptr, s_ptr, fs_ptr, cu_ptr, T, D, W: tl.constexpr, BJ: tl.constexpr, BD: tl.constexpr,
+                        HAS_STATE: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cmask = cols < D
+    j = tl.arange(0, BJ).to(tl.int64)
+    jm = j < W - 1
+    seq, bos, L = _seq_span(n, j, cu_ptr, T, VARLEN)
+    v = _tap(x_ptr, s_ptr, seq, bos, L - (W - 1) + j, jm, cols, cmask, D, W, HAS_STATE, ACC)
+    off = n * D * (W - 1) + cols[None, :] * (W - 1) + j[:, None]
+    tl.store(fs_ptr + off, v.to(fs_ptr.dtype.element_ty), mask=jm[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _bwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_ptr, seq_ptr, cu_ptr, NT, T, D,
+                W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, TILES: tl.constexpr,
+                ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_DFS: tl.constexpr,
+                VARLEN: tl.constexpr, ACC: tl.constexpr):
+    i_p = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cmask = cols < D
+    wc = tl.arange(0, BW)
+    dw = tl.zeros([BD, BW], dtype=ACC)
+    db = tl.zeros([BD], dtype=ACC)
+    w_last = tl.load(w_ptr + cols * W + (W - 1), mask=cmask, other=0.0).to(ACC)
+    for it in range(TILES):
+        rows = (i_p * TILES + it) * BT + tl.arange(0, BT)
+        rmask = rows < NT
+        seq, bos, L = _rows_seq(rows, rmask, seq_ptr, cu_ptr, T, VARLEN)
+        pos = rows - bos
+        g0 = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, pos, rmask, cols, cmask, D, W, BT, BD, ACT,
+                   HAS_BIAS, HAS_STATE, ACC)
+        for w in tl.static_range(W):
+            tap = _tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, rmask, cols, cmask, D, W, HAS_STATE, ACC)
+            dw += tl.where(wc[None, :] == w, tl.sum(g0 * tap, axis=0)[:, None], 0.0)
+        db += tl.sum(g0, axis=0)
+        dx = _drow(w_last[None, :] * g0, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, pos, rmask, cols,
+                   cmask, D, W, 1, BT, BD, ACT, HAS_BIAS, HAS_STATE, HAS_DFS, ACC)
+        m = rmask[:, None] & cmask[None, :]
+        tl.store(dx_ptr + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=m)
+    w_off = i_p * D * W + cols[:, None] * W + wc[None, :]
+    tl.store(dw_ptr + w_off, dw, mask=cmask[:, None] & (wc < W)[None, :])
+    if HAS_BIAS:
+        tl.store(db_ptr + i_p * D + cols, db, mask=cmask)
+
+
+@triton.jit
+def _dstate_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, ds_ptr, cu_ptr, T, D, W: tl.constexpr,
+                   BJ: tl.constexpr, BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cmask = cols < D
+    j = tl.arange(0, BJ).to(tl.int64)
+    jm = j < W - 1
+    seq, bos, L = _seq_span(n, j, cu_ptr, T, VARLEN)
+    acc = tl.zeros([BJ, BD], dtype=ACC)
+    acc = _drow(acc, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, j - (W - 1), jm, cols, cmask, D, W,
+                0, BJ, BD, ACT, HAS_BIAS, True, HAS_DFS, ACC)
+    off = n * D * (W - 1) + cols[None, :] * (W - 1) + j[:, None]
+    tl.store(ds_ptr + off, acc.to(ds_ptr.dtype.element_ty), mask=jm[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _update_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, ns_ptr, D, W: tl.constexpr, BJ: tl.constexpr,
+                   BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cmask = cols < D
+    j = tl.arange(0, BJ)
+    jm = j < W - 1
+    m2 = cmask[:, None] & jm[None, :]
+    x_raw = tl.load(x_ptr + n * D + cols, mask=cmask, other=0.0)
+    s_base = s_ptr + n * D * (W - 1) + cols[:, None] * (W - 1)
+    s = tl.load(s_base + j[None, :], mask=m2, other=0.0).to(x_ptr.dtype.element_ty)
+    ws = tl.load(w_ptr + cols[:, None] * W + j[None, :], mask=m2, other=0.0).to(ACC)
+    w_last = tl.load(w_ptr + cols * W + (W - 1), mask=cmask, other=0.0).to(ACC)
+    acc = tl.sum(s.to(ACC) * ws, axis=1) + x_raw.to(ACC) * w_last
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    y = _silu(acc) if ACT else acc
+    tl.store(y_ptr + n * D + cols, y.to(y_ptr.dtype.element_ty), mask=cmask)
+    nxt = tl.load(s_base + j[None, :] + 1, mask=cmask[:, None] & (j + 1 < W - 1)[None, :], other=0.0)
+    nxt = tl.where((j == W - 2)[None, :], x_raw[:, None], nxt.to(x_ptr.dtype.element_ty))
+    ns_off = n * D * (W - 1) + cols[:, None] * (W - 1) + j[None, :]
+    tl.store(ns_ptr + ns_off, nxt.to(ns_ptr.dtype.element_ty), mask=m2)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    NT: int  # flattened rows B * T
+    T: int
+    D: int
+    W: int
+    N: int  # sequences
+    varlen: bool
+    seq: torch.Tensor  # [NT] int32 sequence id per row (varlen), else a 1-element dummy
+    cu: torch.Tensor  # [N + 1] int32 (varlen), else a 1-element dummy
+
+
+def _layout(B: int, T: int, D: int, W: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> _Layout:
+    if cu_seqlens is None:
+        dummy = torch.zeros(1, dtype=torch.int32, device=device)
+        return _Layout(B * T, T, D, W, B, False, dummy, dummy)
+    cu = cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
+    N = cu.numel() - 1
+    lens = (cu[1:] - cu[:-1]).long()
+    seq = torch.repeat_interleave(torch.arange(N, dtype=torch.int32, device=device), lens, output_size=T)
+    return _Layout(T, T, D, W, N, True, seq if T else cu, cu)
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _bj(W: int) -> int:
+    return max(2, triton.next_power_of_2(max(W - 1, 1)))
+
+
+def _forward(x_TD, w, b, s, lay: _Layout, silu: bool) -> torch.Tensor:
+    y = torch.empty_like(x_TD)
+    if lay.NT == 0 or lay.D == 0:
+        return y
+    grid = (triton.cdiv(lay.NT, FWD_BT), triton.cdiv(lay.D, FWD_BD))
+    _fwd_kernel[grid](
+        x_TD, w, b if b is not None else w, s if s is not None else x_TD, y, lay.seq, lay.cu, lay.NT, lay.T, lay.D,
+        W=lay.W, BT=FWD_BT, BD=FWD_BD, ACT=silu, HAS_BIAS=b is not None, HAS_STATE=s is not None,
+        VARLEN=lay.varlen, ACC=_acc(x_TD.dtype), num_warps=NUM_WARPS,
+    )
+    return y
+
+
+def _final_state(x_TD, s, lay: _Layout) -> torch.Tensor:
+    out_dt = s.dtype if s is not None else x_TD.dtype
+    fs = torch.empty(lay.N, lay.D, lay.W - 1, dtype=out_dt, device=x_TD.device)
+    if fs.numel() == 0:
+        return fs
+    grid = (lay.N, triton.cdiv(lay.D, STATE_BD))
+    _final_state_kernel[grid](
+        x_TD, s if s is not None else x_TD, fs, lay.cu, lay.T, lay.D, W=lay.W, BJ=_bj(lay.W), BD=STATE_BD,
+        HAS_STATE=s is not None, VARLEN=lay.varlen, ACC=_acc(x_TD.dtype), num_warps=NUM_WARPS,
+    )
+    return fs
+
+
+def _backward(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
+    """dx ``[NT, D]``, dweight ``[D, W]`` and dbias ``[D]`` (fp32/fp64 sums; dbias None without bias)."""
+    acc_dt = torch.float64 if x_TD.dtype == torch.float64 else torch.float32
+    dx = torch.empty_like(x_TD)
+    tiles = max(1, min(BWD_TILES, triton.cdiv(lay.NT, BWD_BT)))
+    n_prog = triton.cdiv(lay.NT, BWD_BT * tiles)
+    dw_part = torch.zeros(n_prog, lay.D, lay.W, dtype=acc_dt, device=x_TD.device)
+    db_part = torch.zeros(n_prog, lay.D, dtype=acc_dt, device=x_TD.device) if b is not None else None
+    if n_prog and lay.D:
+        _bwd_kernel[(n_prog, triton.cdiv(lay.D, BWD_BD))](
+            x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dfs if dfs is not None else dy_TD,
+            dx, dw_part, db_part if db_part is not None else dw_part, lay.seq, lay.cu, lay.NT, lay.T, lay.D,
+            W=lay.W, BW=max(2, triton.next_power_of_2(lay.W)), BT=BWD_BT, BD=BWD_BD, TILES=tiles, ACT=silu,
+            HAS_BIAS=b is not None, HAS_STATE=s is not None, HAS_DFS=dfs is not None, VARLEN=lay.varlen,
+            ACC=_acc(x_TD.dtype), num_warps=NUM_WARPS,
+        )
+    return dx, dw_part.sum(0), (db_part.sum(0) if db_part is not None else None)
+
+
+def _dstate(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool) -> torch.Tensor:
+    ds = torch.zeros(lay.N, lay.D, lay.W - 1, dtype=s.dtype, device=s.device)
+    if ds.numel() == 0:
+        return ds
+    _dstate_kernel[(lay.N, triton.cdiv(lay.D, STATE_BD))](
+        x_TD, w, b if b is not None else w, s, dy_TD, dfs if dfs is not None else s, ds, lay.cu, lay.T, lay.D,
+        W=lay.W, BJ=_bj(lay.W), BD=STATE_BD, ACT=silu, HAS_BIAS=b is not None, HAS_DFS=dfs is not None,
+        VARLEN=lay.varlen, ACC=_acc(x_TD.dtype), num_warps=NUM_WARPS,
+    )
+    return ds
+
+
+class CausalConv1dFunction(torch.autograd.Function):
+    """Autograd wrapper: gradients for x, weight, bias and initial_state (through y and the final state)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, initial_state, cu_seqlens, silu: bool, output_final_state: bool):
+        B, T, D = x.shape
+        lay = _layout(B, T, D, weight.shape[1], cu_seqlens, x.device)
+        x_TD = x.reshape(B * T, D).contiguous()
+        w = weight.contiguous()
+        b = bias.contiguous() if bias is not None else None
+        s = initial_state.contiguous() if initial_state is not None and lay.W > 1 else None
+        y = _forward(x_TD, w, b, s, lay, silu)
+        fs = _final_state(x_TD, s, lay) if output_final_state else None
+        ctx.save_for_backward(x_TD, w, b, s)
+        ctx.lay, ctx.silu, ctx.shape = lay, silu, (B, T, D)
+        ctx.state_dtype = initial_state.dtype if initial_state is not None else x.dtype
+        return y.view(B, T, D), fs
+
+    @staticmethod
+    def backward(ctx, dy, dfs):
+        x_TD, w, b, s = ctx.saved_tensors
+        lay, silu = ctx.lay, ctx.silu
+        dy_TD = dy.reshape(lay.NT, lay.D).contiguous() if dy is not None else torch.zeros_like(x_TD)
+        dfs = dfs.contiguous() if dfs is not None and dfs.numel() else None
+        dx, dw, db = _backward(x_TD, w, b, s, dy_TD, dfs, lay, silu)
+        ds = None
+        if ctx.needs_input_grad[3]:
+            if s is not None:
+                ds = _dstate(x_TD, w, b, s, dy_TD, dfs, lay, silu)
+            else:  # W = 1: the state is empty
+                ds = torch.zeros(lay.N, lay.D, 0, dtype=ctx.state_dtype, device=x_TD.device)
+        db = db.to(b.dtype) if db is not None else None
+        return dx.view(ctx.shape), dw.to(w.dtype), db, ds, None, None, None
+
+
+def causal_conv1d_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    silu: bool,
+    cu_seqlens: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x ``[B, T, D]`` -> y ``[B, T, D]`` (x's dtype) and the final state ``[N, D, W-1]`` when asked."""
+    return CausalConv1dFunction.apply(x, weight, bias, initial_state, cu_seqlens, silu, output_final_state)
+
+
+def causal_conv1d_update_triton(
+    x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode step (forward only): x ``[N, D]``, state ``[N, D, W-1]`` -> y ``[N, D]``, new state."""
+    N, D = x.shape
+    W = weight.shape[1]
+    x = x.contiguous()
+    s = state.contiguous() if W > 1 else x  # W = 1: an empty state, never read
+    y = torch.empty_like(x)
+    ns = torch.empty(N, D, W - 1, dtype=state.dtype, device=state.device)
+    if N and D:
+        w = weight.contiguous()
+        _update_kernel[(N, triton.cdiv(D, DEC_BD))](
+            x, s, w, bias.contiguous() if bias is not None else w, y, ns if W > 1 else y, D, W=W, BJ=_bj(W), BD=DEC_BD, ACT=silu,
+            HAS_BIAS=bias is not None, ACC=_acc(x.dtype), num_warps=NUM_WARPS,
+        )
+    return y, ns
