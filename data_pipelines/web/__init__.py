@@ -2,7 +2,8 @@
 
 - :mod:`data_pipelines.web.generator`: seeded HTML+CSS pages from a layout grammar, with the ground truth kept.
 - :mod:`data_pipelines.web.browser`: headless Chromium over the DevTools pipe (standard library only).
-- :mod:`data_pipelines.web.render`: full-page screenshots and scroll-through mp4 videos.
+- :mod:`data_pipelines.web.render`: full-page screenshots and scroll-through mp4 videos (optionally with
+  hover/click states).
 """
 
 from data_pipelines.web.browser import (
@@ -15,11 +16,14 @@ from data_pipelines.web.browser import (
 )
 from data_pipelines.web.render import (
     DEFAULT_VIEWPORT,
+    INTERACTIVE_SELECTOR,
+    FrameState,
     ScrollVideoConfig,
     decode_png,
     encode_mp4,
     render_screenshot,
     render_scroll_frames,
+    render_scroll_states,
     render_scroll_video,
     shared_browser,
 )
@@ -27,8 +31,10 @@ from data_pipelines.web.render import (
 __all__ = [
     "DEFAULT_VIEWPORT",
     "INSTALL_HINT",
+    "INTERACTIVE_SELECTOR",
     "ChromiumBrowser",
     "ChromiumNotFoundError",
+    "FrameState",
     "RenderError",
     "ScrollVideoConfig",
     "Viewport",
@@ -37,6 +43,7 @@ __all__ = [
     "find_chromium",
     "render_screenshot",
     "render_scroll_frames",
+    "render_scroll_states",
     "render_scroll_video",
     "shared_browser",
 ]

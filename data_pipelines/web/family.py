@@ -1,7 +1,9 @@
 """Sample families for the synthetic world's registry (``data_pipelines.synth.families``): rendered web pages.
 
 - ``page``: full-page screenshot (``img0.png``) -> the page's HTML;
-- ``page_video``: scroll-through video (``vid0.mp4``) -> the page's HTML.
+- ``page_video``: scroll-through video (``vid0.mp4``) -> the page's HTML;
+- ``page_video_interactive`` (opt-in, in no preset): pages with ``:hover`` / ``:active`` styles and a scroll video
+  that also hovers and clicks up to three elements (``ScrollVideoConfig(interaction="click")``) -> the HTML.
 
 The ground-truth HTML is the assistant turn, the ``doc`` text after the media, and ``spec["html"]`` (with the
 layout spec under ``spec["layout"]``). Rendering needs Chromium (``scripts/install_chromium.sh``); each worker
@@ -23,6 +25,10 @@ from data_pipelines.web.render import ScrollVideoConfig, decode_png, encode_mp4,
 
 IMAGE_PROMPT = "Write the HTML and CSS of this web page."
 VIDEO_PROMPT = "This video scrolls through a web page from top to bottom. Write the page's HTML and CSS."
+INTERACTIVE_VIDEO_PROMPT = (
+    "This video scrolls through a web page from top to bottom and hovers and clicks some of its elements. "
+    "Write the page's HTML and CSS, with the hover and active styles."
+)
 MAX_PAGE_HEIGHT = 1536
 
 
@@ -51,25 +57,39 @@ def make_page_screenshot(rng: random.Random, ctx: FamilyContext) -> Sample:
     return _page_sample("page", page, Media("img0.png", "image", png, height, width), IMAGE_PROMPT, "image")
 
 
-def make_page_video(rng: random.Random, ctx: FamilyContext) -> Sample:
-    """Scroll video -> HTML sample (one frame per half viewport of scrolling, at ``ctx.video_fps``)."""
-    page = generate_page(rng.randrange(2**31))
+def _page_video_sample(
+    family: str, rng: random.Random, ctx: FamilyContext, interaction: str, prompt: str
+) -> Sample:
+    page = generate_page(rng.randrange(2**31), interactive=interaction != "none")
     viewport = page_viewport(ctx)
-    config = ScrollVideoConfig(step_px=viewport.height // 2, fps=max(1, ctx.video_fps // 4), max_frames=16)
+    config = ScrollVideoConfig(step_px=viewport.height // 2, fps=max(1, ctx.video_fps // 4), max_frames=16,
+                               interaction=interaction, max_interactions=3)
     frames_FHW3, _ = render_scroll_frames(page.html, viewport, config)
     data = encode_mp4(frames_FHW3, config.fps, config.crf)
     media = Media("vid0.mp4", "video", data, viewport.height, viewport.width, len(frames_FHW3), float(config.fps))
-    return _page_sample("page_video", page, media, VIDEO_PROMPT, "video")
+    return _page_sample(family, page, media, prompt, "video")
+
+
+def make_page_video(rng: random.Random, ctx: FamilyContext) -> Sample:
+    """Scroll video -> HTML sample (one frame per half viewport of scrolling, at ``ctx.video_fps``)."""
+    return _page_video_sample("page_video", rng, ctx, "none", VIDEO_PROMPT)
+
+
+def make_page_video_interactive(rng: random.Random, ctx: FamilyContext) -> Sample:
+    """Scroll video with hover and click states -> HTML (with its ``:hover`` / ``:active`` rules) sample."""
+    return _page_video_sample("page_video_interactive", rng, ctx, "click", INTERACTIVE_VIDEO_PROMPT)
 
 
 PAGE_FAMILIES = (
     SampleFamily("page", "vision", make_page_screenshot, "synthetic web page screenshot -> HTML (Chromium)"),
     SampleFamily("page_video", "vision", make_page_video, "scroll-through video of a web page -> HTML (Chromium)"),
+    SampleFamily("page_video_interactive", "vision", make_page_video_interactive,
+                 "scroll-through video with hover/click states -> HTML with :hover/:active rules (Chromium)"),
 )
 
 
 def register_page_families() -> None:
-    """Add ``page`` and ``page_video`` to the synthetic world's registry (no-op when already there)."""
+    """Add ``page``, ``page_video`` and ``page_video_interactive`` to the synthetic world's registry (idempotent)."""
     for family in PAGE_FAMILIES:
         if family.name not in FAMILIES:
             register_family(family)

@@ -17,6 +17,11 @@ families shipped with Debian's ``fonts-dejavu-core`` and ``fonts-liberation`` (t
 brings; ``fc-list`` on the build machine), base size, corner radius, content width. The HTML is compact (one
 ``<style>`` block with only the rules the page uses, semantic tags, no scripts, no external resources), so that
 tiny models can learn to write it. The ground truth is the :class:`PageSpec` plus the exact HTML string.
+
+``interactive=True`` (off by default, so default pages are byte-identical to earlier ones) adds ``:hover`` and
+``:active`` rules for the elements a scroll video can point at (nav links, the hero button, cards, footer links;
+``data_pipelines.web.render.INTERACTIVE_SELECTOR``). They only change colours, backgrounds and inset shadows, so a
+pointer state repaints the element's own box and nothing else (no layout shift).
 """
 
 from __future__ import annotations
@@ -123,6 +128,7 @@ class GeneratedPage:
     seed: int
     html: str
     spec: PageSpec
+    interactive: bool = False  # the HTML carries :hover / :active rules
 
 
 def _words(rng: random.Random, lo: int, hi: int) -> list[str]:
@@ -221,6 +227,26 @@ def _css(spec: PageSpec) -> str:
     return "".join(rules)
 
 
+def _interactive_css(spec: PageSpec) -> str:
+    """``:hover`` / ``:active`` rules of the elements present: colours, backgrounds and inset shadows only."""
+    p, kinds = spec.palette, {s.kind for s in spec.sections}
+    ring = f"box-shadow:inset 0 0 0 2px {p.accent}"
+    rules = []
+    if "nav" in kinds:
+        rules.append(f"nav a:hover{{background:{p.background};color:{p.text}}}"
+                     f"nav a:active{{background:{p.muted};color:{p.background}}}")
+    if "hero" in kinds:
+        rules.append(f".btn:hover{{background:{p.on_accent};color:{p.accent};{ring}}}"
+                     f".btn:active{{background:{p.muted};color:{p.background}}}")
+    if "cards" in kinds:
+        rules.append(f".card:hover{{background:{p.background};{ring}}}"
+                     f".card:active,.card:active p{{background:{p.accent};color:{p.on_accent}}}")
+    if "footer" in kinds:
+        rules.append(f"footer a:hover{{background:{p.accent};color:{p.on_accent}}}"
+                     f"footer a:active{{background:{p.text};color:{p.background}}}")
+    return "".join(rules)
+
+
 def _section_html(s: Section) -> str:
     e = html_lib.escape
     if s.kind == "nav":
@@ -246,14 +272,16 @@ def _section_html(s: Section) -> str:
     raise ValueError(f"unknown section kind {s.kind!r}")
 
 
-def spec_to_html(spec: PageSpec) -> str:
-    """The exact HTML of a spec (deterministic; newline-separated top-level blocks)."""
+def spec_to_html(spec: PageSpec, interactive: bool = False) -> str:
+    """The exact HTML of a spec (deterministic; newline-separated top-level blocks); ``interactive`` adds the
+    ``:hover`` / ``:active`` rules after the page's other rules."""
     top = [s for s in spec.sections if s.kind in ("nav", "hero")]
     body = [s for s in spec.sections if s.kind not in ("nav", "hero", "footer")]
     bottom = [s for s in spec.sections if s.kind == "footer"]
+    css = _css(spec) + (_interactive_css(spec) if interactive else "")
     lines = [
         "<!DOCTYPE html>",
-        f"<html><head><meta charset=\"utf-8\"><style>{_css(spec)}</style></head><body>",
+        f"<html><head><meta charset=\"utf-8\"><style>{css}</style></head><body>",
         *(_section_html(s) for s in top),
         "<main>" + "".join(_section_html(s) for s in body) + "</main>",
         *(_section_html(s) for s in bottom),
@@ -262,8 +290,10 @@ def spec_to_html(spec: PageSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate_page(seed: int, size: PageSizeConfig = PageSizeConfig()) -> GeneratedPage:
+def generate_page(seed: int, size: PageSizeConfig = PageSizeConfig(), interactive: bool = False) -> GeneratedPage:
     """A seeded synthetic page: ``GeneratedPage(seed, html, spec)``; same seed, same HTML (byte for byte).
+
+    ``interactive`` adds ``:hover`` / ``:active`` styles (same spec, same layout; see the module docstring).
 
     >>> page = generate_page(0)
     >>> page.html.startswith("<!DOCTYPE html>")
@@ -272,4 +302,4 @@ def generate_page(seed: int, size: PageSizeConfig = PageSizeConfig()) -> Generat
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     spec = generate_spec(seed, size)
-    return GeneratedPage(seed=seed, html=spec_to_html(spec), spec=spec)
+    return GeneratedPage(seed=seed, html=spec_to_html(spec, interactive), spec=spec, interactive=interactive)
