@@ -226,33 +226,43 @@ def pair_grads(dA: torch.Tensor, a: torch.Tensor, k: torch.Tensor, G: torch.Tens
     return da.reshape(a.shape), dk.reshape(k.shape)
 
 
-def bwd_chunk_local_torch(st: KDAFwdState, q_c, k_c, v_c, g_c, b_c, do_c, dvn, dH, scale: float):
-    """Chunk-parallel part (steps 2-4 of the module docstring), per-chunk layout in the compute dtype.
+def bwd_dv_torch(st: KDAFwdState, v_c, b_c, do_c, dvn, dH):
+    """Reductions over V (step 2 of the module docstring, all but the ``dW X^T`` part of dT).
 
-    q_c, k_c, g_c ``[NC, HV, C, K]``; v_c, do_c, dvn ``[NC, HV, C, V]``; b_c ``[NC, HV, C, 1]``; dH ``[NC, HV, K, V]``.
-    Returns dq_c, dk_c, dv_c, dg_c ``[NC, HV, C, *]`` and dbeta_c ``[NC, HV, C, 1]``.
+    v_c, do_c, dvn ``[NC, HV, C, V]``; b_c ``[NC, HV, C, 1]``; dH ``[NC, HV, K, V]``, in the compute dtype.
+    Returns dqg, dkg, dW ``[NC, HV, C, K]``, dGl ``[NC, HV, K]``, dAqk, dT ``[NC, HV, C, C]``, dv ``[NC, HV, C, V]``,
+    dbeta ``[NC, HV, C, 1]`` (its V part).
     """
     cdt = do_c.dtype
-    h, vn, Tm = st.h.to(cdt), st.vn.to(cdt), st.T.to(cdt)
-    G = torch.cumsum(g_c, -2)
-    Gl = G[:, :, -1]
-    eG = torch.exp(G)
-    eE = torch.exp(_suffix(g_c))
+    h, vn, Tm, Gl = st.h.to(cdt), st.vn.to(cdt), st.T.to(cdt), st.Gl.to(cdt)
     ht = h.transpose(-1, -2)
     lower = torch.tril(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=do_c.device))
     dqg = do_c @ ht
     dkg = vn @ dH.transpose(-1, -2)
-    dGl = torch.exp(Gl) * (dH * h).sum(-1)  # [NC, HV, K]
-    dAqk = torch.where(lower, do_c @ vn.transpose(-1, -2), torch.zeros((), dtype=cdt, device=do_c.device))
-    X = b_c * k_c * eG
-    Y = b_c * v_c
     dW = -(dvn @ ht)
-    dT = dvn @ Y.transpose(-1, -2) + dW @ X.transpose(-1, -2)
+    dGl = torch.exp(Gl) * (dH * h).sum(-1)
+    dAqk = torch.where(lower, do_c @ vn.transpose(-1, -2), torch.zeros((), dtype=cdt, device=do_c.device))
+    dT = dvn @ (b_c * v_c).transpose(-1, -2)
+    dY = Tm.transpose(-1, -2) @ dvn
+    return dqg, dkg, dW, dGl, dAqk, dT, b_c * dY, (v_c * dY).sum(-1, keepdim=True)
+
+
+def bwd_pairwise_gated_torch(Tm, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale: float):
+    """Steps 2 (rest) to 4: dT += dW X^T, dX = T^T dW, dAkk, the pairwise decay gradients, the gated tensors and
+    the reverse cumulative sum. Tm ``[NC, HV, C, C]``; q_c, k_c, g_c ``[NC, HV, C, K]``; b_c ``[NC, HV, C, 1]``;
+    the rest from :func:`bwd_dv_torch`. Returns dq, dk, dg ``[NC, HV, C, K]`` and dbeta ``[NC, HV, C, 1]`` (K part).
+    """
+    cdt = q_c.dtype
+    Tm = Tm.to(cdt)
+    G = torch.cumsum(g_c, -2)
+    eG = torch.exp(G)
+    eE = torch.exp(_suffix(g_c))
+    X = b_c * k_c * eG
+    dT = dT + dW @ X.transpose(-1, -2)
     Tt = Tm.transpose(-1, -2)
     dX = Tt @ dW
-    dY = Tt @ dvn
-    dAkk = -(Tt @ dT @ Tt)
-    dAkk = torch.where(torch.tril(lower, -1), dAkk, torch.zeros((), dtype=cdt, device=do_c.device))
+    strict = torch.tril(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q_c.device), -1)
+    dAkk = torch.where(strict, -(Tt @ dT @ Tt), torch.zeros((), dtype=cdt, device=q_c.device))
     # pairwise scores: Aqk (a = scale q) and Akk (a = beta k)
     da_q, dk_q = pair_grads(dAqk, scale * q_c, k_c, G)
     a_k = b_c * k_c
@@ -261,7 +271,7 @@ def bwd_chunk_local_torch(st: KDAFwdState, q_c, k_c, v_c, g_c, b_c, do_c, dvn, d
     dq = scale * da_q
     dk = dk_q + dk_k + b_c * da_k
     db = (k_c * da_k).sum(-1, keepdim=True)
-    # gated tensors
+    # gated tensors: qg = scale q e^G, kg = k e^{Gl - G}, X = beta k e^G
     qg = scale * q_c * eG
     dq = dq + scale * eG * dqg
     dG = dG + qg * dqg
@@ -272,11 +282,16 @@ def bwd_chunk_local_torch(st: KDAFwdState, q_c, k_c, v_c, g_c, b_c, do_c, dvn, d
     dk = dk + b_c * eG * dX
     db = db + (k_c * eG * dX).sum(-1, keepdim=True)
     dG = dG + X * dX
-    dv = b_c * dY
-    db = db + (v_c * dY).sum(-1, keepdim=True)
     dG[:, :, -1] += dGl
     dg = torch.flip(torch.cumsum(torch.flip(dG, [-2]), -2), [-2])
-    return dq, dk, dv, dg, db
+    return dq, dk, dg, db
+
+
+def bwd_chunk_local_torch(st: KDAFwdState, q_c, k_c, v_c, g_c, b_c, do_c, dvn, dH, scale: float):
+    """Chunk-parallel part (steps 2-4), per-chunk layout in the compute dtype: dq, dk, dv, dg, dbeta [NC, HV, C, *]."""
+    dqg, dkg, dW, dGl, dAqk, dT, dv, db_v = bwd_dv_torch(st, v_c, b_c, do_c, dvn, dH)
+    dq, dk, dg, db = bwd_pairwise_gated_torch(st.T, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale)
+    return dq, dk, dv, dg, db + db_v
 
 
 def chunk_kda_bwd_torch(q, k, v, g, beta, scale, st: KDAFwdState, do, dht) -> KDAGrads:

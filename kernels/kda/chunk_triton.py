@@ -26,9 +26,10 @@ fp32. All varlen bookkeeping is a host-side table of chunks (token start, length
 (first chunk, number of chunks); dense batches are treated as B equal-length sequences. Offsets that
 can exceed 2^31 are int64.
 
-Backward (:class:`ChunkKDAFunction`): recomputes from the saved inputs through the PyTorch chunked
-implementation (``chunk_torch.py``) and autograd; no per-chunk states or O(T^2) buffers are saved from
-the forward. This backward is not a Triton kernel.
+Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the L2 norm and the gate are applied in
+PyTorch (autograd) outside the Function; the Function's forward keeps the per-chunk intermediates
+(``chunk_kda_fwd_intermediates``) and its backward is ``chunk_triton_bwd.chunk_kda_bwd_triton`` (Triton reverse
+state pass; see that file for what else is Triton).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kda.chunk_torch import chunk_kda_torch, pack_varlen, unpack_varlen
+from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 from kernels.kda.naive import kda_gate_ref, l2norm_ref
 
 CHUNK = 64
@@ -631,58 +632,42 @@ def chunk_kda_fwd_intermediates(
     return _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, (False, False, None, None, None), keep=True)
 
 
-def _torch_reference_path(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
-    """The same function through the PyTorch chunked path (used to recompute in backward)."""
-    use_l2, use_gate, A_log, dt_bias, lower_bound = flags
-    cdt = torch.float32
-    q, k = q.to(cdt), k.to(cdt)
-    if use_l2:
-        q, k = l2norm_ref(q), l2norm_ref(k)
-    if use_gate:
-        g = kda_gate_ref(g, A_log, dt_bias, lower_bound)
-    HV, H = v.shape[2], q.shape[2]
-    if HV > H:
-        q, k = q.repeat_interleave(HV // H, 2), k.repeat_interleave(HV // H, 2)
-    if cu_seqlens is None:
-        return chunk_kda_torch(q, k, v, g, beta, scale, initial_state)
-    packed = [pack_varlen(x, cu_seqlens) for x in (q, k, v, g.to(cdt), beta)]
-    o, S = chunk_kda_torch(*(p[0] for p in packed), scale, initial_state)
-    return unpack_varlen(o, packed[0][1]), S
+# KDAFwdState fields the backward reads (o, ht and U are not kept)
+_SAVED = ("G", "Gl", "Aqk", "T", "W", "qg", "kg", "h", "vn", "cbos", "clen", "s0", "snc")
 
 
 class ChunkKDAFunction(torch.autograd.Function):
-    """Triton forward; backward recomputes through the PyTorch chunked path from the saved inputs."""
+    """Core op (q, k already normalised, g the log-decay): Triton forward keeping its per-chunk intermediates
+    (about 11 [B, T, HV, 128]-sized bf16 tensors' worth at K = V = 128), manual backward ``chunk_kda_bwd_triton``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, scale, cu_seqlens, use_l2, use_gate, lower_bound):
-        flags = (use_l2, use_gate, A_log, dt_bias, lower_bound)
-        o, ht = chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens)
-        ctx.meta = (scale, use_l2, use_gate, lower_bound)
-        return o, ht
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, cu_seqlens):
+        st = chunk_kda_fwd_intermediates(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, beta, *(getattr(st, f) for f in _SAVED))
+        ctx.scale = scale
+        ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
+        return st.o, st.ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, h0, A_log, dt_bias, cu = ctx.saved_tensors
-        scale, use_l2, use_gate, lower_bound = ctx.meta
-        inputs = [q, k, v, g, beta, h0, A_log, dt_bias]
-        need = [x is not None and ctx.needs_input_grad[i] for i, x in enumerate(inputs)]
-        with torch.enable_grad():
-            leaves = [x.detach().requires_grad_(nd) if x is not None else None for x, nd in zip(inputs, need)]
-            flags = (use_l2, use_gate, leaves[6], leaves[7], lower_bound)
-            o, ht = _torch_reference_path(*leaves[:5], scale, leaves[5], cu, flags)
-            outs, grads_in = [o], [do]
-            if dht is not None:
-                outs.append(ht)
-                grads_in.append(dht)
-            wrt = [x for x, nd in zip(leaves, need) if nd]
-            got = iter(torch.autograd.grad(outs, wrt, grads_in, allow_unused=True)) if wrt else iter(())
-        grads = [next(got) if nd else None for nd in need]
-        return (*grads, None, None, None, None, None)
+        q, k, v, g, beta, *saved = ctx.saved_tensors
+        kept = dict(zip(_SAVED, saved))
+        st = KDAFwdState(o=None, ht=None, U=None, **kept)
+        gr = chunk_kda_bwd_triton(q, k, v, g, beta, ctx.scale, st, do, dht)
+        dh0 = gr.dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None
+        cast = (gr.dq.to(q.dtype), gr.dk.to(k.dtype), gr.dv.to(v.dtype), gr.dg.to(g.dtype), gr.dbeta.to(beta.dtype))
+        return (*cast, dh0, None, None)
 
 
 def chunk_kda_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
+    """Forward only (in-kernel L2 norm / gate) when no gradient is needed; otherwise the L2 norm (fp32, cast back to
+    q's dtype) and the gate in PyTorch autograd, then :class:`ChunkKDAFunction` on the core op."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
-    return ChunkKDAFunction.apply(
-        q, k, v, g, beta, initial_state, A_log, dt_bias, scale, cu_seqlens, use_l2, use_gate, lower_bound
-    )
+    ins = (q, k, v, g, beta, initial_state, A_log, dt_bias)
+    if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ins)):
+        return chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
+    if use_l2:
+        q, k = l2norm_ref(q.float()).to(q.dtype), l2norm_ref(k.float()).to(k.dtype)
+    if use_gate:
+        g = kda_gate_ref(g, A_log, dt_bias, lower_bound)
+    return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, cu_seqlens)

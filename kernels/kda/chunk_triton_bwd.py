@@ -1,0 +1,171 @@
+"""Triton kernels of the KDA chunked backward (``../shared/REFERENCE.md`` section 1; the maths and its reference
+implementation are in ``chunk_bwd_torch.py``, whose notation this file follows).
+
+Kernels (fixed configurations, no autotuning, so they run under ``TRITON_INTERPRET=1`` on a CPU):
+
+1. ``_bwd_state_kernel``, one program per (block of value columns, sequence x value head): the reverse pass over
+   the sequence's chunks with the gradient of the state ``dS`` (fp32 ``[K, BV]``) in registers. Per chunk, last
+   to first: store ``dH[c] = dS``; ``dVnew = Aqk^T dO + kg dS`` (stored fp32); ``dS <- e^{Gl} dS + qg^T dO -
+   W^T dVnew``. The final ``dS`` is ``dh0``. Columns of V are independent, so tiling over V is exact.
+2. ``_bwd_dv_kernel``, one program per (chunk, value head), looping over blocks of V: the reductions over V
+   ``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dW = -dVnew h^T``, ``dGl = e^{Gl} sum_v dH h``,
+   ``dAqk = lower(dO Vnew^T)``, ``dT = dVnew (beta V)^T`` (its ``dW X^T`` part is added later) and, per block,
+   ``dv = beta T^T dVnew`` with ``dbeta += sum_v v T^T dVnew``.
+
+Tensor-core dots take the scratch dtype (bf16/fp16) with fp32 accumulation; fp32 inputs use ``ieee`` dots.
+The rest of the backward (the ``dW X^T`` / ``T^T dT T^T`` algebra, the pairwise decay gradients and the gated
+tensors) is the batched PyTorch of ``chunk_bwd_torch.py``; :func:`chunk_kda_bwd_triton` chains them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.kda.chunk_bwd_torch import KDAGrads, bwd_dv_torch, bwd_pairwise_gated_torch, from_chunks, to_chunks
+
+CHUNK = 64
+BWD_STATE_BV = 32  # value columns per program of the reverse state pass
+BWD_DV_BV = 32  # value columns per loop step of the dv kernel
+
+
+@triton.jit
+def _mm(a, b, FP32: tl.constexpr):
+    """fp32 ``ieee`` dot for fp32 inputs, else a tensor-core dot in the operands' (16-bit) dtype."""
+    if FP32:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _bwd_state_kernel(
+    qg_ptr,
+    kg_ptr,
+    W_ptr,
+    Aqk_ptr,
+    gl_ptr,
+    do_ptr,
+    dht_ptr,
+    dH_ptr,
+    dvn_ptr,
+    dh0_ptr,
+    cbos_ptr,
+    clen_ptr,
+    sc0_ptr,
+    snc_ptr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    C: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    FP32: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    c0 = tl.load(sc0_ptr + i_n)
+    nc = tl.load(snc_ptr + i_n)
+    rows = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    kmask = ck < K
+    vmask = cv < V
+    smask = kmask[:, None] & vmask[None, :]
+    s_off = ck[:, None] * V + cv[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht_ptr + i_nh.to(tl.int64) * (K * V) + s_off, mask=smask, other=0.0).to(tl.float32)
+    else:
+        dS = tl.zeros([BK, BV], dtype=tl.float32)
+    for i in range(0, nc):
+        c = c0 + nc - 1 - i
+        sc = c.to(tl.int64) * HV + i_hv
+        tl.store(dH_ptr + sc * (K * V) + s_off, dS, mask=smask)
+        bos = tl.load(cbos_ptr + c).to(tl.int64)
+        n = tl.load(clen_ptr + c)
+        do = tl.load(
+            do_ptr + (bos + rows)[:, None] * (HV * V) + i_hv * V + cv[None, :],
+            mask=(rows < n)[:, None] & vmask[None, :],
+            other=0.0,
+        ).to(qg_ptr.dtype.element_ty)
+        a = tl.load(Aqk_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :])
+        kg = tl.load(kg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
+        dv = _mm(tl.trans(a), do, FP32) + _mm(kg, dS.to(kg_ptr.dtype.element_ty), FP32)
+        tl.store(dvn_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], dv, mask=vmask[None, :])
+        qg = tl.load(qg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
+        w = tl.load(W_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
+        gl = tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)
+        dS = dS * tl.exp(gl)[:, None] + _mm(tl.trans(qg), do, FP32)
+        dS -= _mm(tl.trans(w), dv.to(W_ptr.dtype.element_ty), FP32)
+    tl.store(dh0_ptr + i_nh.to(tl.int64) * (K * V) + s_off, dS, mask=smask)
+
+
+def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
+    """Reverse pass on the GPU (or interpreter): (dVnew [NC,HV,C,V] fp32, dH [NC,HV,K,V] fp32, dh0 [N,HV,K,V] fp32).
+
+    ``st`` is a ``KDAFwdState`` (scratch dtype tensors); do ``[B, T, HV, V]`` in the token layout; dht or None.
+    """
+    NC, HV, C, K = st.qg.shape
+    V = st.vn.shape[-1]
+    N = st.s0.numel()
+    dev = do.device
+    fp32 = st.qg.dtype == torch.float32
+    do = do.contiguous()
+    dH = torch.empty(NC, HV, K, V, dtype=torch.float32, device=dev)
+    dvn = torch.empty(NC, HV, C, V, dtype=torch.float32, device=dev)
+    dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
+    BK = max(16, triton.next_power_of_2(K))
+    BV = min(max(16, triton.next_power_of_2(V)), BWD_STATE_BV)
+    _bwd_state_kernel[(triton.cdiv(V, BV), N * HV)](
+        st.qg,
+        st.kg,
+        st.W,
+        st.Aqk,
+        st.Gl,
+        do,
+        dht.contiguous() if dht is not None else dh0,
+        dH,
+        dvn,
+        dh0,
+        st.cbos,
+        st.clen,
+        st.s0,
+        st.snc,
+        HV=HV,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        C=C,
+        HAS_DHT=dht is not None,
+        FP32=fp32,
+        num_warps=4,
+        num_stages=2,
+    )
+    return dvn, dH, dh0
+
+
+def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None) -> KDAGrads:
+    """Backward of the core op (q, k normalised ``[B, T, H, K]``, g the log-decay ``[B, T, HV, K]``) from the forward
+    intermediates ``st`` (``KDAFwdState`` of ``chunk_kda_fwd_intermediates``). do ``[B, T, HV, V]``; dht
+    ``[N, HV, K, V]`` or None. Returns :class:`KDAGrads` in fp32 (the caller casts to the inputs' dtypes)."""
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    cb, cl = st.cbos, st.clen
+    dvn, dH, dh0 = bwd_state_pass_triton(st, do, dht)
+    f32 = torch.float32
+    q_c, k_c, v_c, g_c, do_c = (to_chunks(x.to(f32), cb, cl, HV) for x in (q, k, v, g, do))
+    b_c = to_chunks(beta.to(f32), cb, cl, HV)
+    dqg, dkg, dW, dGl, dAqk, dT, dv, db_v = bwd_dv_torch(st, v_c, b_c, do_c, dvn, dH)
+    dq, dk, dg, db = bwd_pairwise_gated_torch(st.T, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale)
+    return KDAGrads(
+        from_chunks(dq, cb, cl, B, T, H),
+        from_chunks(dk, cb, cl, B, T, H),
+        from_chunks(dv, cb, cl, B, T, HV),
+        from_chunks(dg, cb, cl, B, T, HV),
+        from_chunks(db + db_v, cb, cl, B, T, HV)[..., 0],
+        dh0,
+    )
