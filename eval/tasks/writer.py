@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.tasks.choices import mc_choices
+
 VISION_TASKS: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
     # task -> (families, categories (None = all but grounding))
     "kimi_vision_shapes": (("shapes",), None),
@@ -33,11 +35,6 @@ VISION_TASKS: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
     "kimi_vision_chart": (("chart",), None),
     "kimi_vision_grounding": (("shapes", "ocr", "document"), ("grounding",)),
     "kimi_vision_video": (("video",), None),
-}
-FALLBACK_CHOICES = {
-    "color": ["red", "green", "blue", "yellow", "orange", "purple", "black", "white"],
-    "shape": ["circle", "square", "triangle", "hexagon", "diamond", "star"],
-    "motion": ["left", "right", "up", "down"],
 }
 EXACT_MATCH = {"metric": "exact_match", "aggregation": "mean", "higher_is_better": True, "ignore_case": True,
                "ignore_punctuation": True, "regexes_to_ignore": ["^\\s+", "\\s+$"]}
@@ -64,23 +61,6 @@ def _samples(spec: SuiteSpec, family: str) -> Iterable[Any]:
 
 def _prompt(question: str, context: str = "") -> str:
     return (context.strip() + "\n" if context.strip() else "") + f"Question: {question}\nAnswer:"
-
-
-def _choices(qa: dict, pool: dict[str, list[str]], rng: random.Random) -> tuple[list[str], int]:
-    """The answer plus up to 3 distractors of the same category; returns (choices, index of the answer)."""
-    answer = qa["answer"]
-    if qa["answer_type"] == "yesno":
-        options = ["yes", "no"]
-    elif qa["answer_type"] == "int":
-        a = int(answer)
-        near = [str(v) for v in range(a - 3, a + 4) if v != a and (v >= 0 or a < 0)]  # negatives only for negatives
-        options = [answer] + rng.sample(near, 3)
-    else:
-        others = sorted({x for x in pool.get(qa["category"], []) + FALLBACK_CHOICES.get(qa["category"], [])
-                         if x != answer})
-        options = [answer] + rng.sample(others, min(3, len(others)))
-    rng.shuffle(options)
-    return options, options.index(answer)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -124,8 +104,9 @@ def write_text_suite(spec: SuiteSpec) -> list[str]:
                 box.append(row)
                 continue
             gen.append(row)
-            choices, label = _choices(qa, pool, rng)
-            mc.append({**row, "choices": choices, "label": label})
+            picked = mc_choices(qa, s.spec, context, pool, rng)
+            if picked is not None:
+                mc.append({**row, "choices": picked[0], "label": picked[1]})
     prose = [{"id": s.meta["key"], "text": "\n".join(p["text"] for p in s.doc if "text" in p)}
              for s in _samples(spec, "prose")]
     files = {"kimi_text_gen": gen, "kimi_text_mc": mc, "kimi_text_grounding": box, "kimi_text_ppl": prose}
@@ -137,7 +118,9 @@ def write_text_suite(spec: SuiteSpec) -> list[str]:
                                              "generation_kwargs": gen_kwargs, "metric_list": [EXACT_MATCH]}),
         "kimi_text_mc": ("multiple_choice", {"doc_to_text": "{{prompt}}", "doc_to_choice": "{{choices}}",
                                              "doc_to_target": "{{label}}", "metric_list": [
-                                                 {"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}),
+                                                 {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                                                 {"metric": "acc_norm", "aggregation": "mean",
+                                                  "higher_is_better": True}]}),
         "kimi_text_grounding": ("generate_until", _grounding_extra(gen_kwargs)),
         "kimi_text_ppl": ("loglikelihood_rolling", {"doc_to_text": "", "doc_to_target": "{{text}}", "metric_list": [
             {"metric": "bits_per_byte", "aggregation": "bits_per_byte", "higher_is_better": False},
