@@ -89,10 +89,11 @@ def test_text_suite_runs_through_kimi_vl(suites, ckpt, tmp_path):
 def test_integer_distractors_for_small_and_negative_answers():
     import random
 
-    from eval.tasks.writer import _choices
+    from eval.tasks.choices import mc_choices
 
     rng = random.Random(0)
     for a in (-5, -1, 0, 1, 2, 7):
-        options, label = _choices({"answer": str(a), "answer_type": "int", "category": "arithmetic"}, {}, rng)
+        qa = {"answer": str(a), "answer_type": "int", "category": "arithmetic", "question": "?"}
+        options, label = mc_choices(qa, {}, "", {}, rng)
         assert len(set(options)) == 4 and options[label] == str(a)
         assert a < 0 or all(int(o) >= 0 for o in options)
