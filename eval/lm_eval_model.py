@@ -18,6 +18,10 @@ model_args (strings from the command line): ``checkpoint`` (or ``pretrained``) =
 (default: the checkpoint), ``batch_size``, ``max_length``, ``max_gen_toks``, ``device``, ``dtype``,
 ``video_fps``, ``add_bos_token``.
 
+Generations come back with the special tokens removed, unless the task's ``generation_kwargs`` hold
+``keep_special_tokens: true`` (a key of this model only; lm-eval's ``hf`` model would pass it on to
+``generate``): then they keep them, e.g. the tool-call markers that ``kimi_vision_tooluse`` checks.
+
 Shapes: B batch rows, T tokens, V vocab.
 """
 
@@ -252,7 +256,7 @@ class KimiVLLM(TemplateLM):
         return out
 
     def _generate(self, contexts_ids: list[list[int]], until: list[str], max_gen: int, kwargs: dict,
-                  media: dict[str, torch.Tensor] | None) -> list[str]:
+                  media: dict[str, torch.Tensor] | None, keep_special: bool = False) -> list[str]:
         ids = torch.tensor(contexts_ids, dtype=torch.long, device=self._device)  # [B, T] equal lengths
         gen_kwargs = {"do_sample": False, **kwargs}
         if not gen_kwargs.get("do_sample"):
@@ -273,7 +277,7 @@ class KimiVLLM(TemplateLM):
             for stop in until:
                 if stop and stop in text:
                     text = text.split(stop)[0]
-            for special in self.tokenizer.all_special_tokens:
+            for special in ([] if keep_special else self.tokenizer.all_special_tokens):
                 text = text.replace(special, "")
             texts.append(text)
         return texts
@@ -300,6 +304,7 @@ class KimiVLLM(TemplateLM):
             if eos_text not in until:
                 until.append(eos_text)
             max_gen = int(gen.pop("max_gen_toks", self.max_gen_toks))
+            keep_special = _as_bool(gen.pop("keep_special_tokens", False))
             has_media = any(media_prompts[i] is not None for i in idx)
             step = 1 if has_media else self.batch_size
             for start in range(0, len(idx), step):
@@ -311,7 +316,7 @@ class KimiVLLM(TemplateLM):
                 ctx = [encoded[i][-budget:] for i in chunk]
                 chunk_media = [media_prompts[i] for i in chunk if media_prompts[i] is not None]
                 media = merge_media(chunk_media) if chunk_media else None
-                for i, text in zip(chunk, self._generate(ctx, until, max_gen, gen, media)):
+                for i, text in zip(chunk, self._generate(ctx, until, max_gen, gen, media, keep_special)):
                     results[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
                 bar.update(len(chunk))
