@@ -9,9 +9,10 @@ sources are never stacked and one compiled kernel serves every ``N``.
   the sources once with an online softmax: per source, RMS and score in fp32, then ``acc = acc * e^(m - m') +
   e^(s - m') x``. Writes ``h [M, D]``, fp32 ``rstd [N, M]``, scores ``s [N, M]`` and ``lse [M]``; the
   wrapper turns ``s`` into ``alpha = exp(s - lse)`` in place (saved for backward, returned for diagnostics).
-- Backward: grid-stride over token tiles. Pass A reads every source once for ``c = sum_n alpha_n (dh . x_n)``;
-  pass B re-reads each source (mostly from L2: a tile is small), recomputes its key and score and writes
-  ``dx_n = alpha_n dh + ds_n rstd_n (u - n_n (u . n_n) / D)`` with ``ds_n = alpha_n (dh . x_n - c)``; the
+- Backward: grid-stride over token tiles. Pass A reads every source once to rebuild ``h = sum_n alpha_n x_n`` in
+  fp32; pass B re-reads each source (mostly from L2: a tile is small), recomputes its key and score and writes
+  ``dx_n = alpha_n dh + ds_n rstd_n (u - n_n (u . n_n) / D)`` with ``ds_n = alpha_n dh . (x_n - h)`` (equal to
+  ``alpha_n (dh . x_n - sum_j alpha_j dh . x_j)`` without that form's cancellation of large dot products); the
   query gradient ``du = sum ds_n n_n`` is accumulated per program in fp32 and summed afterwards (no atomics,
   deterministic).
 
@@ -80,19 +81,19 @@ def _attn_res_bwd_kernel(
         tile_ok = t_ok[:, None] & d_ok[None, :]
         offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
         dh = tl.load(dh_ptr + offs, mask=tile_ok, other=0.0).to(tl.float32)
-        c = tl.zeros([BLOCK_T], dtype=tl.float32)
+        h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
         for n in range(N):
             src = tl.load(src_tab + n).to(dh_ptr.dtype)
             x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
             a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
-            c += a * tl.sum(dh * x, axis=1)
+            h += a[:, None] * x
         for n in range(N):
             src = tl.load(src_tab + n).to(dh_ptr.dtype)
             dsrc = tl.load(dsrc_tab + n).to(dh_ptr.dtype)
             x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
             a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
             r = tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0)
-            ds = a * (tl.sum(dh * x, axis=1) - c)
+            ds = a * tl.sum(dh * (x - h), axis=1)
             key = x * r[:, None]
             s = tl.sum(key * u[None, :], axis=1)
             dx = a[:, None] * dh + (ds * r)[:, None] * (u[None, :] - key * (s / D)[:, None])

@@ -1,0 +1,158 @@
+"""AttnRes mix: fused Triton kernel (``kernels/attn_res/mix_triton.py``) and the PyTorch autograd function vs
+the stacked reference, forward and backward. On a CPU the kernel runs under the Triton interpreter (tiny
+shapes); the ``gpu`` test checks the small flavor's width in bf16 on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvl_testing import assert_rel_rms
+
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, mix_triton, resolve_backend
+
+EPS = 1e-6
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 4e-3), torch.bfloat16: (1e-2, 2e-2)}
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    """Run Triton on the CPU through the interpreter when there is no GPU (the flag is read at launch)."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("KVL_ATTNRES_BACKEND", raising=False)
+
+
+def _dev() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _inputs(n: int, shape: tuple[int, ...], d: int, dtype=torch.float32, q_scale: float = 1.0, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    xs = [(torch.randn(*shape, d, generator=gen) * (1 + i)).to(_dev(), dtype).requires_grad_() for i in range(n)]
+    # scores ~ q_scale * 3: peaked but not saturated (at |s| ~ 30 fp32 score rounding alone moves alpha by 1e-5)
+    w = (torch.randn(1, d, generator=gen) * q_scale * 3 / d**0.5).to(_dev()).requires_grad_()
+    g = (1 + 0.3 * torch.randn(d, generator=gen)).to(_dev()).requires_grad_()
+    return xs, w, g
+
+
+def _check_against_naive(xs, w, g, backend: str, tol_fwd: float, tol_bwd: float) -> None:
+    """The mix against the stacked reference run in fp64 on the same (rounded) inputs."""
+    h, alpha = attn_res_mix(xs, w, g, EPS, backend=backend)
+    wide = [t.detach().double().requires_grad_() for t in (*xs, w, g)]
+    h_ref, alpha_ref = attn_res_mix_naive(wide[:-2], wide[-2], wide[-1], EPS)
+    assert h.dtype == xs[0].dtype and alpha.dtype == torch.float32
+    assert_rel_rms(h, h_ref, tol_fwd, "h")
+    assert_rel_rms(alpha, alpha_ref, 1e-6, "alpha")
+    dh = torch.randn_like(h)
+    got = torch.autograd.grad(h, [*xs, w, g], dh)
+    ref = torch.autograd.grad(h_ref, wide, dh.double())
+    names = [f"dx{i}" for i in range(len(xs))] + ["dweight", "dgain"]
+    for name, a, t, r in zip(names, got, (*xs, w, g), ref):
+        assert a.dtype == t.dtype, name
+        assert_rel_rms(a, r, tol_bwd, name)
+
+
+@pytest.mark.parametrize(
+    ("n", "shape", "d"),
+    [
+        (1, (5,), 48),        # one source: h = x, alpha = 1, no query gradient
+        (2, (300,), 50),      # D not a power of two; 5 token tiles over 4 grid-stride programs
+        (3, (2, 7), 1000),    # wide rows (1 x 1024 block, 4 tokens a tile), ragged last tile
+        (9, (2, 33), 96),     # many sources
+    ],
+)
+def test_triton_fp32_equals_naive(n, shape, d):
+    xs, w, g = _inputs(n, shape, d)
+    _check_against_naive(xs, w, g, "triton", *TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_half_precision_equals_naive(dtype):
+    xs, w, g = _inputs(4, (3, 21), 80, dtype=dtype, q_scale=2.0, seed=1)
+    _check_against_naive(xs, w, g, "triton", *TOL[dtype])
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_torch_function_equals_naive(n):
+    xs, w, g = _inputs(n, (2, 9), 40, q_scale=2.0, seed=2)
+    _check_against_naive(xs, w, g, "torch", *TOL[torch.float32])
+
+
+def test_torch_function_gradcheck_fp64():
+    xs = [torch.randn(1, 3, 6, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    w = torch.randn(1, 6, dtype=torch.float64, requires_grad=True)
+    g = (1 + 0.3 * torch.randn(6, dtype=torch.float64)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda w_, g_, *s: AttnResMix.apply(w_, g_, EPS, *s)[0], (w, g, *xs))
+
+
+def test_zero_query_gives_uniform_weights_and_a_query_gradient():
+    xs, w, g = _inputs(3, (4, 5), 24, seed=3)
+    with torch.no_grad():
+        w.zero_()
+    h, alpha = attn_res_mix(xs, w, g, EPS, backend="triton")
+    assert torch.allclose(alpha, torch.full_like(alpha, 1 / 3), atol=1e-6)
+    assert_rel_rms(h, sum(xs) / 3, 1e-6, "uniform mix")
+    dw, = torch.autograd.grad(h, [w], torch.randn_like(h))
+    assert dw.abs().sum() > 0
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_mix_is_convex_per_element(backend):
+    xs, w, g = _inputs(6, (3, 11), 36, q_scale=3.0, seed=4)
+    h, alpha = attn_res_mix(xs, w, g, EPS, backend=backend)
+    stack = torch.stack(xs).detach()
+    assert torch.allclose(alpha.sum(0), torch.ones_like(alpha[0]), atol=1e-6) and (alpha >= 0).all()
+    assert (h >= stack.min(0).values - 1e-5).all() and (h <= stack.max(0).values + 1e-5).all()
+
+
+def test_triton_writes_every_output(monkeypatch):
+    """Outputs are allocated NaN-filled: a tile or a source the kernels skip would show up."""
+    empty, empty_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(mix_triton.torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(mix_triton.torch, "empty_like", lambda *a, **k: empty_like(*a, **k).fill_(float("nan")))
+    xs, w, g = _inputs(3, (301,), 50, seed=5)
+    _check_against_naive(xs, w, g, "triton", *TOL[torch.float32])
+
+
+def test_mixed_dtypes_are_cast_to_the_first_source():
+    xs, w, g = _inputs(3, (2, 5), 32, seed=6)
+    xs[1] = xs[1].detach().double().requires_grad_()
+    h, _ = attn_res_mix(xs, w, g, EPS, backend="triton")
+    assert h.dtype == torch.float32
+    dx1, = torch.autograd.grad(h.sum(), [xs[1]])
+    assert dx1.dtype == torch.float64
+
+
+def test_backend_resolution(monkeypatch):
+    x = torch.zeros(2, 8)
+    assert resolve_backend(x, "torch") == "torch" and resolve_backend(x, "triton") == "triton"
+    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "torch")
+    assert resolve_backend(x) == "torch"
+    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="KVL_ATTNRES_BACKEND"):
+        resolve_backend(x)
+    monkeypatch.delenv("KVL_ATTNRES_BACKEND")
+    assert resolve_backend(x) == ("triton" if x.is_cuda else "torch")
+    with pytest.raises(ValueError, match="float64"):
+        resolve_backend(x.double(), "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        resolve_backend(x, "triton")
+
+
+def test_invalid_inputs_name_the_shapes():
+    w, g = torch.zeros(1, 8), torch.ones(8)
+    with pytest.raises(ValueError, match="at least one"):
+        attn_res_mix([], w, g, EPS)
+    with pytest.raises(ValueError, match=r"sources\[1\] is \(2, 9\)"):
+        attn_res_mix([torch.zeros(2, 8), torch.zeros(2, 9)], w, g, EPS)
+    with pytest.raises(ValueError, match="gain"):
+        attn_res_mix([torch.zeros(2, 8)], w, torch.ones(7), EPS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n", [1, 2, 5, 9])
+def test_triton_bf16_small_flavor_width_on_gpu(n):
+    xs, w, g = _inputs(n, (2, 2048), 768, dtype=torch.bfloat16, q_scale=0.5, seed=7)
+    _check_against_naive(xs, w, g, "triton", *TOL[torch.bfloat16])
