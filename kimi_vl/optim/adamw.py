@@ -1,4 +1,5 @@
-"""The AdamW half of MuonClip as pure functions, bit-identical to ``torch.optim.AdamW(foreach=False)``.
+"""The AdamW half of MuonClip as pure functions, bit-identical to ``torch.optim.AdamW(foreach=False)``
+(and :func:`adamw_update_fused_` to ``torch.optim.AdamW(fused=True)``).
 
 Source: Loshchilov & Hutter, "Decoupled Weight Decay Regularization"; the operation order follows
 torch's single-tensor AdamW so results match it exactly:
@@ -61,3 +62,24 @@ def adamw_update_foreach_(
     torch._foreach_div_(denoms, bias_correction2_sqrt)
     torch._foreach_add_(denoms, eps)
     torch._foreach_addcdiv_(params, exp_avgs, denoms, value=-(lr / bias_correction1))
+
+
+def adamw_update_fused_(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """One fused kernel (``torch._fused_adamw_``) over same-device tensors; ``steps`` are per-tensor fp32 step
+    counts on that device, incremented here. Bit-identical to ``torch.optim.AdamW(fused=True)``; it differs
+    from the unfused order above by rounding only, and it never syncs with the host."""
+    if not params:
+        return
+    torch._foreach_add_(steps, 1)
+    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=betas[0],
+                        beta2=betas[1], weight_decay=weight_decay, eps=eps, maximize=False)

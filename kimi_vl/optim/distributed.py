@@ -5,7 +5,7 @@ Source: REFERENCE.md section 4 ("Distributed Muon"), Liu et al. "Muon is Scalabl
 - DDP (replicated parameters, all-reduced gradients): each rank already holds every full update
   matrix. Matrices of one shape are dealt round-robin to ranks (the start rotates between shape groups
   so the extra matrices spread out); each rank runs the batched iteration on its own matrices only; one
-  ``all_gather`` per shape group shares the results.
+  ``all_gather_into_tensor`` per shape group shares the results.
 - FSDP2 (DTensor parameters): the sharded update is gathered with ``full_tensor()`` first, then the same
   owner scheme runs, and each rank keeps only its own shard of the result
   (``distribute_tensor(..., src_data_rank=None)``: slicing, no communication).
@@ -15,12 +15,11 @@ Source: REFERENCE.md section 4 ("Distributed Muon"), Liu et al. "Muon is Scalabl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-
-from kimi_vl.optim.muon import newton_schulz5
 
 
 @dataclass
@@ -54,11 +53,13 @@ def owner_of(j: int, offset: int, world: int) -> int:
 
 
 def owner_newton_schulz(
-    batches: dict[tuple, torch.Tensor], ctx: DistContext, steps_of: dict[tuple, int], dtype: torch.dtype
+    batches: dict[tuple, torch.Tensor], ctx: DistContext, ns_fn: Callable[[tuple, torch.Tensor], torch.Tensor],
+    dtype: torch.dtype,
 ) -> tuple[dict[tuple, torch.Tensor], NSReport]:
     """Orthogonalise every ``[N, A, B]`` batch with each matrix computed by exactly one rank.
 
-    ``batches`` must hold the same keys, in the same order, with the same shapes on every rank.
+    ``batches`` must hold the same keys, in the same order, with the same shapes on every rank;
+    ``ns_fn(key, G_nAB)`` orthogonalises a sub-batch and returns it in ``dtype``.
     Returns the full results on every rank and the report (global ids this rank computed).
     """
     out: dict[tuple, torch.Tensor] = {}
@@ -67,22 +68,26 @@ def owner_newton_schulz(
     for key, G_NAB in batches.items():
         N, A, B = G_NAB.shape
         offset = base % ctx.world
-        mine = [j for j in range(N) if owner_of(j, offset, ctx.world) == ctx.rank]
+        owners = [owner_of(j, offset, ctx.world) for j in range(N)]
+        mine = [j for j in range(N) if owners[j] == ctx.rank]
         per = -(-N // ctx.world)
-        chunk = torch.zeros(per, A, B, dtype=dtype, device=G_NAB.device)
+        chunk_PAB = torch.empty(per, A, B, dtype=dtype, device=G_NAB.device)
         if mine:
-            chunk[: len(mine)] = newton_schulz5(G_NAB[mine], steps=steps_of[key], dtype=dtype)
-        gathered = [torch.empty_like(chunk) for _ in range(ctx.world)]
-        dist.all_gather(gathered, chunk, group=ctx.group)
-        result = torch.empty(N, A, B, dtype=dtype, device=G_NAB.device)
+            chunk_PAB[: len(mine)] = ns_fn(key, G_NAB[mine])
+        if len(mine) < per:
+            chunk_PAB[len(mine):].zero_()
+        gathered_MAB = torch.empty(ctx.world * per, A, B, dtype=dtype, device=G_NAB.device)
+        dist.all_gather_into_tensor(gathered_MAB, chunk_PAB, group=ctx.group)
+        # matrix j is the taken[r]-th matrix of its owner r: one gather puts them back in order
         taken = [0] * ctx.world
-        for j in range(N):
-            r = owner_of(j, offset, ctx.world)
-            result[j] = gathered[r][taken[r]]
+        rows = []
+        for r in owners:
+            rows.append(r * per + taken[r])
             taken[r] += 1
-        out[key] = result
+        index = torch.tensor(rows, device=G_NAB.device)
+        out[key] = gathered_MAB.index_select(0, index)
         report.ids_local += [base + j for j in mine]
-        report.comm_bytes += (ctx.world - 1) * chunk.numel() * chunk.element_size()
+        report.comm_bytes += (ctx.world - 1) * chunk_PAB.numel() * chunk_PAB.element_size()
         base += N
     report.total = base
     return out, report

@@ -45,17 +45,34 @@ def newton_schulz5(
     tall = X.shape[-2] > X.shape[-1]
     if tall:
         X = X.mT
-    # normalise in fp32 so the Frobenius norm of a bf16 input does not lose precision
-    norm_N11 = X.float().norm(dim=(-2, -1), keepdim=True)
-    X = (X.float() / (norm_N11 + eps)).to(dtype)
-    a, b, c = NS_COEFFS
-    for _ in range(steps):
-        A_NAA = torch.bmm(X, X.mT)
-        B_NAA = torch.baddbmm(A_NAA, A_NAA, A_NAA, beta=b, alpha=c)  # b A + c A A
-        X = torch.baddbmm(X, B_NAA, X, beta=a)  # a X + B X
+    # normalise in fp32 so the Frobenius norm of a bf16 input does not lose precision; the division writes
+    # straight into ``dtype`` (one rounding, same bits as dividing in fp32 and casting afterwards)
+    Xf = X.float()
+    norm_N11 = Xf.norm(dim=(-2, -1), keepdim=True)
+    X = torch.div(Xf, norm_N11 + eps, out=torch.empty_like(Xf, dtype=dtype))
+    X = ns_iterate(X.mT if tall else X, steps)
+    return X.squeeze(0) if squeeze else X
+
+
+def ns_iterate(X_NAB: torch.Tensor, steps: int, natural_layout: bool = False) -> torch.Tensor:
+    """The quintic iterations on an already normalised batch ``[N, A, B]`` (in its compute dtype).
+
+    Tall matrices are iterated as their transposes (small Gram matrix). The result is ``[N, A, B]``; for tall
+    inputs it is a transposed view unless ``natural_layout``, where the last step computes ``a X^T + X^T B``
+    (``B`` is symmetric) so the result is contiguous ``[N, A, B]`` (same maths, other rounding order).
+    """
+    X = X_NAB
+    tall = X.shape[-2] > X.shape[-1]
     if tall:
         X = X.mT
-    return X.squeeze(0) if squeeze else X
+    a, b, c = NS_COEFFS
+    for i in range(steps):
+        A_NAA = torch.bmm(X, X.mT)
+        B_NAA = torch.baddbmm(A_NAA, A_NAA, A_NAA, beta=b, alpha=c)  # b A + c A A
+        if tall and natural_layout and i == steps - 1:
+            return torch.baddbmm(X.mT, X.mT, B_NAA, beta=a)  # (a X + B X)^T = a X^T + X^T B
+        X = torch.baddbmm(X, B_NAA, X, beta=a)  # a X + B X
+    return X.mT if tall else X
 
 
 def newton_schulz5_reference(G: torch.Tensor, steps: int = 5, eps: float = NS_EPS) -> torch.Tensor:

@@ -18,24 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from kimi_vl.optim.adamw import adamw_update_, adamw_update_foreach_
-from kimi_vl.optim.distributed import (
-    DistContext,
-    NSReport,
-    check_fsdp_param,
-    gather_full,
-    is_dtensor,
-    local_view,
-    owner_newton_schulz,
-    shard_like,
-)
-from kimi_vl.optim.muon import (
-    apply_muon_update_,
-    measured_rms_correction,
-    momentum_update_,
-    newton_schulz5,
-    rms_match_scale,
-)
+from kimi_vl.optim.adamw import adamw_update_, adamw_update_foreach_, adamw_update_fused_
+from kimi_vl.optim.distributed import DistContext, NSReport, is_dtensor, local_view, owner_newton_schulz
+from kimi_vl.optim.fused import triton_available
+from kimi_vl.optim.muon import measured_rms_correction, newton_schulz5, ns_iterate
+from kimi_vl.optim.muon_step import MuonItem, apply_phase, momentum_phase, normalise_, plan_batches
 from kimi_vl.optim.qk_clip import QKClipper, QKClipStats, find_qk_clip_modules
 from kimi_vl.optim.routing import ParamRoute, RoutingRules, route_model
 
@@ -73,7 +60,14 @@ class MuonClip(torch.optim.Optimizer):
         row_splits: parameter name -> row block sizes of fused projections.
         qk_clipper: the QK-Clip controller run after every step (None: no QK-Clip).
         distributed: ``"auto"`` uses the owner scheme when torch.distributed has > 1 rank; ``"off"`` never.
-        foreach: batch the AdamW half with ``torch._foreach_*`` (default: on CUDA).
+        foreach: batch the AdamW half with ``torch._foreach_*`` (default: on CUDA, when not ``adamw_fused``).
+        fused: Muon's Triton momentum and update kernels, bf16 batches (default: on CUDA with triton);
+            False is the exact PyTorch path (see :mod:`kimi_vl.optim.muon_step`).
+        adamw_fused: the AdamW half as one ``torch._fused_adamw_`` kernel, bit-identical to
+            ``torch.optim.AdamW(fused=True)`` (default: on CUDA); otherwise identical to ``foreach=False``.
+
+    ``phase_hook`` (None or a callable taking a phase name) is called after ``"adamw"``, ``"momentum"``,
+    ``"ns"``, ``"update"`` and ``"qk_clip"`` inside ``step()`` (the benchmark records CUDA events there).
 
     After ``step()``: ``last_qk_stats`` (:class:`QKClipStats` or None) and ``last_muon_stats`` (dict).
     """
@@ -95,6 +89,8 @@ class MuonClip(torch.optim.Optimizer):
         distributed: str = "auto",
         process_group: Any = None,
         foreach: bool | None = None,
+        fused: bool | None = None,
+        adamw_fused: bool | None = None,
     ) -> None:
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1 or ns_steps < 1:
             raise ValueError(
@@ -121,6 +117,9 @@ class MuonClip(torch.optim.Optimizer):
         self.distributed = distributed
         self.process_group = process_group
         self.foreach = foreach
+        self.fused = fused
+        self.adamw_fused = adamw_fused
+        self.phase_hook: Callable[[str], None] | None = None
         self.routes: list[ParamRoute] = []
         self.last_qk_stats: QKClipStats | None = None
         self.last_muon_stats: dict[str, float] = {}
@@ -159,15 +158,23 @@ class MuonClip(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._mark("start")
         for group in self.param_groups:
             if not group["use_muon"]:
                 self._adamw_group(group)
+        self._mark("adamw")
         self._muon_step([g for g in self.param_groups if g["use_muon"]])
         if self.qk_clipper is not None:
             self.last_qk_stats = self.qk_clipper.step()
+        self._mark("qk_clip")
         return loss
 
+    def _mark(self, phase: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(phase)
+
     def _adamw_group(self, group: dict[str, Any]) -> None:
+        fused = self.adamw_fused
         buckets: dict[tuple, list[tuple[torch.Tensor, ...]]] = {}
         for p in group["params"]:
             if p.grad is None:
@@ -179,11 +186,23 @@ class MuonClip(torch.optim.Optimizer):
                 state["step"] = torch.tensor(0.0, dtype=torch.float32)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["step"] += 1
-            step = state["step"].item()
+            use_fused = fused if fused is not None else p.device.type == "cuda"
             tensors = (local_view(p), local_view(p.grad), local_view(state["exp_avg"]), local_view(state["exp_avg_sq"]))
-            buckets.setdefault((p.device, p.dtype, step), []).append(tensors)
+            if use_fused:  # the step count lives on the device: no host sync, one kernel for the whole group
+                if state["step"].device != p.device:
+                    state["step"] = state["step"].to(local_view(p).device)
+                buckets.setdefault((p.device, p.dtype, "fused"), []).append((*tensors, state["step"]))
+                continue
+            if state["step"].device.type != "cpu":
+                state["step"] = state["step"].cpu()
+            state["step"] += 1
+            buckets.setdefault((p.device, p.dtype, state["step"].item()), []).append(tensors)
         for (device, _, step), items in buckets.items():
+            if step == "fused":
+                params, grads, exp_avgs, exp_avg_sqs, steps = (list(t) for t in zip(*items))
+                adamw_update_fused_(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], group["betas"],
+                                    group["eps"], group["weight_decay"])
+                continue
             use_foreach = self.foreach if self.foreach is not None else device.type == "cuda"
             hyper = (step, group["lr"], group["betas"], group["eps"], group["weight_decay"])
             if use_foreach:
@@ -200,79 +219,58 @@ class MuonClip(torch.optim.Optimizer):
                 raise ValueError(f"{_WHERE}: DTensor parameters need an initialised torch.distributed group")
         return ctx
 
-    def _muon_updates(self, groups: list[dict[str, Any]], ctx: DistContext | None) -> list[tuple]:
-        """Momentum on every Muon parameter that has a gradient on any rank; full update matrices."""
+    def _muon_items(self, groups: list[dict[str, Any]], ctx: DistContext | None) -> list[MuonItem]:
+        """Muon parameters with a gradient on any rank (one flag all-reduce when distributed, none otherwise)."""
         entries = [(g, n, p) for g in groups for n, p in zip(g["param_names"], g["params"])]
-        device = entries[0][2].device if entries else None  # NCCL needs the flags on the GPU
-        has_grad = torch.tensor([p.grad is not None for _, _, p in entries], dtype=torch.float32, device=device)
+        flags = [p.grad is not None for _, _, p in entries]
         if ctx is not None and entries:
+            # NCCL needs the flags on the GPU
+            has_grad = torch.tensor(flags, dtype=torch.float32, device=entries[0][2].device)
             torch.distributed.all_reduce(has_grad, op=torch.distributed.ReduceOp.MAX, group=ctx.group)
-        items, comm = [], 0
-        for (group, name, p), flag in zip(entries, has_grad.tolist()):
-            if flag == 0:
-                continue
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            grad = local_view(p.grad) if p.grad is not None else torch.zeros_like(local_view(p))
-            U = momentum_update_(local_view(state["momentum_buffer"]), grad, group["momentum"], group["nesterov"])
-            if is_dtensor(p):
-                check_fsdp_param(p, name)
-                U, nbytes = gather_full(p, U)
-                comm += nbytes
-            items.append((group, name, p, U))
-        self._comm_bytes = comm
-        return items
+            flags = [f != 0 for f in has_grad.tolist()]
+        return [MuonItem(g, n, p, p.grad) for (g, n, p), f in zip(entries, flags) if f]
+
+    def _use_fused(self, items: list[MuonItem]) -> bool:
+        if self.fused is not None:
+            return self.fused
+        return triton_available() and items[0].p.device.type == "cuda"
 
     def _muon_step(self, groups: list[dict[str, Any]]) -> None:
         ctx = self._dist_ctx([p for g in groups for p in g["params"]])
-        items = self._muon_updates(groups, ctx)
-        batches: dict[tuple, list[torch.Tensor]] = {}
-        blocks: list[list[tuple]] = []  # per item: (key, index in batch, E, row start, rows)
-        for group, name, _p, U in items:
-            U3 = U.reshape(-1, *U.shape[-2:])  # [E, A, B]
-            per_item, start = [], 0
-            for rows in self.row_splits.get(name) or (U3.shape[-2],):
-                key = (rows, U3.shape[-1], group["ns_steps"], U3.dtype)
-                lst = batches.setdefault(key, [])
-                per_item.append((key, sum(t.shape[0] for t in lst), U3.shape[0], start, rows))
-                lst.append(U3[:, start:start + rows])
-                start += rows
-            blocks.append(per_item)
-        stacked = {k: torch.cat(v) for k, v in batches.items()}
-        ortho, report = self._orthogonalise(stacked, ctx)
+        items = self._muon_items(groups, ctx)
+        if not items:
+            self.last_ns_ids, self.last_muon_stats = [], {}
+            return
+        fused = self._use_fused(items)
+        counts = plan_batches(items, self.row_splits)
+        batches, partials, comm = momentum_phase(items, self.state, counts, self.ns_dtype, fused)
+        self._mark("momentum")
+        if fused:
+            normalise_(batches, partials)
+        ortho, report = self._orthogonalise(batches, ctx, fused)
         if self.update_rms == "measured":
             ortho = {k: O.float() * measured_rms_correction(O) for k, O in ortho.items()}
-        for (group, _name, p, U), per_item in zip(items, blocks):
-            self._apply(group, p, U, per_item, ortho)
+        self._mark("ns")
+        apply_phase(items, ortho, fused, self.update_rms == "measured")
+        self._mark("update")
         self.last_ns_ids = report.ids_local
         self.last_muon_stats = {
             "muon/ns_matrices_local": float(len(report.ids_local)),
             "muon/ns_matrices_total": float(report.total),
-            "muon/comm_bytes": float(report.comm_bytes + self._comm_bytes),
+            "muon/comm_bytes": float(report.comm_bytes + comm),
         }
 
     def _orthogonalise(
-        self, stacked: dict[tuple, torch.Tensor], ctx: DistContext | None
+        self, batches: dict[tuple, torch.Tensor], ctx: DistContext | None, fused: bool
     ) -> tuple[dict[tuple, torch.Tensor], NSReport]:
-        if ctx is not None:
-            return owner_newton_schulz(stacked, ctx, {k: k[2] for k in stacked}, self.ns_dtype)
-        out = {k: newton_schulz5(G, steps=k[2], dtype=self.ns_dtype) for k, G in stacked.items()}
-        total = sum(G.shape[0] for G in stacked.values())
-        return out, NSReport(ids_local=list(range(total)), total=total)
+        """Exact path: ``newton_schulz5`` on the raw directions; fused: iterate the normalised bf16 batches."""
+        def ns_fn(key: tuple, G_NAB: torch.Tensor) -> torch.Tensor:
+            if fused:
+                return ns_iterate(G_NAB, key[2], natural_layout=True)
+            return newton_schulz5(G_NAB, steps=key[2], dtype=self.ns_dtype)
 
-    def _apply(self, group: dict[str, Any], p: torch.Tensor, U: torch.Tensor, per_item: list[tuple],
-               ortho: dict[tuple, torch.Tensor]) -> None:
-        lr, wd = group["lr"], group["weight_decay"]
-        cols = U.shape[-1]
-        if not is_dtensor(p):
-            p3 = p.view(-1, *p.shape[-2:])
-            if wd != 0:
-                p3.mul_(1 - lr * wd)
-            for key, i, E, start, rows in per_item:
-                p3[:, start:start + rows].add_(ortho[key][i:i + E].to(p.dtype), alpha=-lr * rms_match_scale(rows, cols))
-            return
-        O3 = torch.empty(U.reshape(-1, *U.shape[-2:]).shape, dtype=p.dtype, device=U.device)
-        for key, i, E, start, rows in per_item:
-            O3[:, start:start + rows] = ortho[key][i:i + E].to(p.dtype) * rms_match_scale(rows, cols)
-        apply_muon_update_(local_view(p), shard_like(O3.view(U.shape), p), lr, wd, 1.0)
+        if ctx is not None:
+            return owner_newton_schulz(batches, ctx, ns_fn, self.ns_dtype)
+        out = {k: ns_fn(k, G) for k, G in batches.items()}
+        total = sum(G.shape[0] for G in batches.values())
+        return out, NSReport(ids_local=list(range(total)), total=total)

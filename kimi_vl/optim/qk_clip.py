@@ -87,23 +87,18 @@ class QKClipper:
             return None
         maxes = self._gather_max()
         gamma = qk_clip_gamma(maxes, self.tau)
+        # one host sync for the whole step: the logged stats and which layers need a clip at all
+        stats_H = torch.stack([maxes, (gamma < 1).float()]).cpu().tolist()
         names, layer_max, clipped = [], [], []
         offset = 0
         for name, m in self.modules:
             h = m.max_logits_H.numel()
-            g_H = gamma[offset:offset + h].to(m.max_logits_H.device)
-            offset += h
-            if self.enabled and bool((g_H < 1).any()):
-                m.qk_clip_(g_H)
-            names.append(name)
+            seg_max, seg_clip = stats_H[0][offset:offset + h], stats_H[1][offset:offset + h]
+            if self.enabled and any(seg_clip):  # layers with no head above tau are not touched
+                m.qk_clip_(gamma[offset:offset + h].to(m.max_logits_H.device))
             m.max_logits_H.fill_(float("-inf"))
-        stats_H = torch.stack([maxes, (gamma < 1).float()]).cpu().tolist()  # one host sync for all layers
-        offset = 0
-        for _, m in self.modules:
-            h = m.max_logits_H.numel()
-            seg_max = stats_H[0][offset:offset + h]
+            names.append(name)
             layer_max.append(max(seg_max) if seg_max else float("-inf"))
-            clipped.append(int(sum(stats_H[1][offset:offset + h])))
+            clipped.append(int(sum(seg_clip)))
             offset += h
         return QKClipStats(self.tau, names, layer_max, clipped, self.enabled)
-

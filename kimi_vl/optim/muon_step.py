@@ -1,0 +1,177 @@
+"""The batched Muon step of MuonClip: momentum into shape batches, normalise, Newton-Schulz, apply.
+
+Source: REFERENCE.md section 4 (the maths is :mod:`kimi_vl.optim.muon`); this module only lays the work out.
+
+Each Muon parameter ``[A, B]`` or expert stack ``[E, A, B]`` is cut into row blocks ``[E, a_i, B]``
+(fused projections); blocks of equal ``(a_i, B, ns_steps, dtype)`` share one ``[N, a_i, B]`` batch. The
+momentum pass writes each block's Nesterov direction straight into its batch (no per-step ``torch.cat``),
+so one step is:
+
+1. momentum (per parameter; with the fused path one Triton kernel that also writes the batch in bf16 and
+   partial sums of squares), 2. normalise (fused path only: one in-place pass per batch from the partial
+   sums), 3. Newton-Schulz per batch (owner ranks under DDP/FSDP2), 4. apply (per parameter; fused path one
+   Triton kernel ``p <- p (1 - lr wd) - lr s O`` reading bf16 ``O``).
+
+Two paths, one maths:
+- exact (``fused=False``, the CPU default): the same PyTorch ops and roundings as writing each update
+  separately and concatenating (bit-identical to that in fp32 and in bf16 Newton-Schulz).
+- fused (CUDA default): Triton kernels of :mod:`kimi_vl.optim.fused`; the batch holds the unnormalised
+  direction in bf16 and the last iteration of tall matrices returns the natural layout. Differences are
+  rounding only (checked against the exact path within bf16 tolerance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kimi_vl.optim.distributed import check_fsdp_param, gather_full, is_dtensor, local_view, shard_like
+from kimi_vl.optim.fused import apply_update, momentum_to_batch, partial_blocks
+from kimi_vl.optim.muon import NS_EPS, apply_muon_update_, rms_match_scale
+
+Key = tuple  # (rows, cols, ns_steps, param dtype)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One row block of one parameter inside the batch of its key: matrices ``index .. index + E``."""
+
+    key: Key
+    index: int
+    E: int
+    start: int
+    rows: int
+
+
+@dataclass
+class MuonItem:
+    """A Muon parameter stepped this step (``grad`` None: no gradient on this rank, zeros are used)."""
+
+    group: dict[str, Any]
+    name: str
+    p: torch.Tensor
+    grad: torch.Tensor | None
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def shape3(self) -> tuple[int, int, int]:
+        s = self.p.shape
+        return (1 if len(s) == 2 else s[0], s[-2], s[-1])
+
+
+def plan_batches(items: list[MuonItem], row_splits: dict[str, tuple[int, ...]]) -> dict[Key, int]:
+    """Assign every row block a place in its key's batch (fills ``item.blocks``); return N per key, in order."""
+    counts: dict[Key, int] = {}
+    for it in items:
+        E, A, B = it.shape3
+        it.blocks, start = [], 0
+        for rows in row_splits.get(it.name) or (A,):
+            key = (rows, B, it.group["ns_steps"], it.p.dtype)
+            index = counts.get(key, 0)
+            it.blocks.append(Block(key, index, E, start, rows))
+            counts[key] = index + E
+            start += rows
+    return counts
+
+
+def _fusable(it: MuonItem, buf: torch.Tensor) -> bool:
+    return (len(it.blocks) == 1 and not is_dtensor(it.p) and it.grad is not None and it.grad.dtype == buf.dtype
+            and it.grad.is_contiguous() and buf.is_contiguous() and it.p.is_contiguous())
+
+
+def momentum_buffer(state: dict[str, Any], p: torch.Tensor) -> torch.Tensor:
+    if "momentum_buffer" not in state:
+        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return state["momentum_buffer"]
+
+
+def momentum_phase(items: list[MuonItem], state: Any, counts: dict[Key, int], ns_dtype: torch.dtype, fused: bool,
+                   ) -> tuple[dict[Key, torch.Tensor], dict[Key, torch.Tensor], int]:
+    """Momentum for every item; return the batches ``[N, a, B]``, the partial sums (fused) and bytes gathered.
+
+    Exact path: batches in the parameter dtype hold the Nesterov direction. Fused path: batches in
+    ``ns_dtype`` hold it unnormalised, with fp32 partial sums of squares ``[N, K]`` for :func:`normalise_`.
+    """
+    dev = items[0].p.device
+    batches = {k: torch.empty(n, k[0], k[1], dtype=ns_dtype if fused else k[3], device=dev) for k, n in counts.items()}
+    partials = {k: torch.empty(n, partial_blocks(k[0] * k[1]), dtype=torch.float32, device=dev)
+                for k, n in counts.items()} if fused else {}
+    comm = 0
+    for it in items:
+        mu, nesterov = it.group["momentum"], it.group["nesterov"]
+        buf = momentum_buffer(state[it.p], it.p)
+        if fused and _fusable(it, buf):
+            b = it.blocks[0]
+            E, A, B = it.shape3
+            momentum_to_batch(it.grad.view(E, A, B), buf.view(E, A, B), batches[b.key][b.index:b.index + E],
+                              partials[b.key][b.index:b.index + E], mu, nesterov)
+            continue
+        comm += _momentum_torch(it, buf, batches, partials, mu, nesterov)
+    return batches, partials, comm
+
+
+def _momentum_torch(it: MuonItem, buf: torch.Tensor, batches: dict[Key, torch.Tensor],
+                    partials: dict[Key, torch.Tensor], mu: float, nesterov: bool) -> int:
+    """PyTorch momentum for one item, its blocks copied into the batches; returns bytes gathered (FSDP2)."""
+    p_loc, buf_loc = local_view(it.p), local_view(buf)
+    grad = local_view(it.grad) if it.grad is not None else torch.zeros_like(p_loc)
+    buf_loc.mul_(mu).add_(grad)
+    E, A, B = it.shape3
+    b0 = it.blocks[0]
+    direct = len(it.blocks) == 1 and not is_dtensor(it.p) and not partials and nesterov
+    if direct:  # write the direction straight into the batch (same op and layout as computing it separately)
+        torch.add(grad, buf_loc, alpha=mu, out=batches[b0.key][b0.index:b0.index + E].view(grad.shape))
+        return 0
+    U = grad.add(buf_loc, alpha=mu) if nesterov else buf_loc
+    nbytes = 0
+    if is_dtensor(it.p):
+        check_fsdp_param(it.p, it.name)
+        U, nbytes = gather_full(it.p, U)
+    U3 = U.reshape(E, A, B)
+    for b in it.blocks:
+        blk = U3[:, b.start:b.start + b.rows]
+        batches[b.key][b.index:b.index + E] = blk
+        if partials:
+            part = partials[b.key][b.index:b.index + E]
+            part.zero_()
+            part[:, 0] = blk.float().pow(2).sum(dim=(-2, -1))
+    return nbytes
+
+
+def normalise_(batches: dict[Key, torch.Tensor], partials: dict[Key, torch.Tensor], eps: float = NS_EPS) -> None:
+    """Fused path: divide each matrix of each batch by its Frobenius norm (``+ eps``) in place."""
+    for k, X in batches.items():
+        norm_N11 = partials[k].sum(dim=1).sqrt().view(-1, 1, 1)
+        X.div_(norm_N11 + eps)
+
+
+def apply_phase(items: list[MuonItem], ortho: dict[Key, torch.Tensor], fused: bool, measured: bool) -> None:
+    """``W <- W (1 - lr wd) - lr * 0.2 sqrt(max(a, B)) * O`` per row block (decay once per parameter)."""
+    for it in items:
+        lr, wd = it.group["lr"], it.group["weight_decay"]
+        E, A, B = it.shape3
+        if is_dtensor(it.p):
+            _apply_dtensor(it, ortho)
+            continue
+        b0 = it.blocks[0]
+        O0 = ortho[b0.key][b0.index:b0.index + E]
+        if fused and not measured and len(it.blocks) == 1 and it.p.is_contiguous() and O0.is_contiguous():
+            apply_update(it.p, O0, lr, wd, rms_match_scale(b0.rows, B))
+            continue
+        p3 = it.p.view(E, A, B)
+        if wd != 0:
+            p3.mul_(1 - lr * wd)
+        for b in it.blocks:
+            O = ortho[b.key][b.index:b.index + E]
+            p3[:, b.start:b.start + b.rows].add_(O, alpha=-lr * rms_match_scale(b.rows, B))
+
+
+def _apply_dtensor(it: MuonItem, ortho: dict[Key, torch.Tensor]) -> None:
+    E, A, B = it.shape3
+    O3 = torch.empty(E, A, B, dtype=it.p.dtype, device=local_view(it.p).device)
+    for b in it.blocks:
+        O3[:, b.start:b.start + b.rows] = ortho[b.key][b.index:b.index + E].to(it.p.dtype) * rms_match_scale(b.rows, B)
+    apply_muon_update_(local_view(it.p), shard_like(O3.view(it.p.shape), it.p), it.group["lr"],
+                       it.group["weight_decay"], 1.0)
