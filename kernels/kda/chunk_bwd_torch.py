@@ -247,10 +247,19 @@ def bwd_dv_torch(st: KDAFwdState, v_c, b_c, do_c, dvn, dH):
     return dqg, dkg, dW, dGl, dAqk, dT, b_c * dY, (v_c * dY).sum(-1, keepdim=True)
 
 
-def bwd_pairwise_gated_torch(Tm, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale: float):
+def pairwise_torch(dAqk, dAkk, q_c, k_c, G, b_c, scale: float):
+    """Pairwise part for Aqk (a = scale q) and Akk (a = beta k): (dq, dk, dG [NC, HV, C, K], dbeta [NC, HV, C, 1])."""
+    da_q, dk_q = pair_grads(dAqk, scale * q_c, k_c, G)
+    a_k = b_c * k_c
+    da_k, dk_k = pair_grads(dAkk, a_k, k_c, G)
+    dG = scale * q_c * da_q - k_c * dk_q + a_k * da_k - k_c * dk_k
+    return scale * da_q, dk_q + dk_k + b_c * da_k, dG, (k_c * da_k).sum(-1, keepdim=True)
+
+
+def bwd_pairwise_gated_torch(Tm, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale: float, pairwise=None):
     """Steps 2 (rest) to 4: dT += dW X^T, dX = T^T dW, dAkk, the pairwise decay gradients, the gated tensors and
     the reverse cumulative sum. Tm ``[NC, HV, C, C]``; q_c, k_c, g_c ``[NC, HV, C, K]``; b_c ``[NC, HV, C, 1]``;
-    the rest from :func:`bwd_dv_torch`. Returns dq, dk, dg ``[NC, HV, C, K]`` and dbeta ``[NC, HV, C, 1]`` (K part).
+    the rest from :func:`bwd_dv_torch`; ``pairwise`` replaces :func:`pairwise_torch`. Returns dq, dk, dg ``[NC, HV, C, K]`` and dbeta ``[NC, HV, C, 1]`` (K part).
     """
     cdt = q_c.dtype
     Tm = Tm.to(cdt)
@@ -263,14 +272,7 @@ def bwd_pairwise_gated_torch(Tm, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT
     dX = Tt @ dW
     strict = torch.tril(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q_c.device), -1)
     dAkk = torch.where(strict, -(Tt @ dT @ Tt), torch.zeros((), dtype=cdt, device=q_c.device))
-    # pairwise scores: Aqk (a = scale q) and Akk (a = beta k)
-    da_q, dk_q = pair_grads(dAqk, scale * q_c, k_c, G)
-    a_k = b_c * k_c
-    da_k, dk_k = pair_grads(dAkk, a_k, k_c, G)
-    dG = scale * q_c * da_q - k_c * dk_q + a_k * da_k - k_c * dk_k
-    dq = scale * da_q
-    dk = dk_q + dk_k + b_c * da_k
-    db = (k_c * da_k).sum(-1, keepdim=True)
+    dq, dk, dG, db = (pairwise or pairwise_torch)(dAqk, dAkk, q_c, k_c, G, b_c, scale)
     # gated tensors: qg = scale q e^G, kg = k e^{Gl - G}, X = beta k e^G
     qg = scale * q_c * eG
     dq = dq + scale * eG * dqg

@@ -19,6 +19,8 @@ tensors) is the batched PyTorch of ``chunk_bwd_torch.py``; :func:`chunk_kda_bwd_
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -103,6 +105,117 @@ def _bwd_state_kernel(
     tl.store(dh0_ptr + i_nh.to(tl.int64) * (K * V) + s_off, dS, mask=smask)
 
 
+@triton.jit
+def _rows16(ptr, base, r, ck, kmask, K: tl.constexpr):
+    """Rows r of a per-chunk fp32 slab [C, K] at ``base``, columns ck: [16, BK] (0 outside K)."""
+    return tl.load(ptr + base + r[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
+
+
+@triton.jit
+def _bwd_pair_kernel(
+    q_ptr,
+    k_ptr,
+    G_ptr,
+    b_ptr,
+    dAq_ptr,
+    dAk_ptr,
+    dq_ptr,
+    dk_ptr,
+    dG_ptr,
+    db_ptr,
+    scale,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+    NKT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Gradients of Aqk = scale q_i.k_j e^{G_i-G_j} and Akk = beta_i k_i.k_j e^{G_i-G_j} w.r.t. q, k, G, beta, given
+    dAqk (lower) and dAkk (strictly lower). Channels are independent, so one program per (K tile, chunk x head)."""
+    i_k = tl.program_id(0)
+    sc = tl.program_id(1).to(tl.int64)
+    r16 = tl.arange(0, S)
+    ck = i_k * BK + tl.arange(0, BK)
+    kmask = ck < K
+    base = sc * (C * K)
+    abase = sc * (C * C)
+    for I in tl.static_range(C // S):
+        rI = I * S + r16
+        qI = _rows16(q_ptr, base, rI, ck, kmask, K)
+        kI = _rows16(k_ptr, base, rI, ck, kmask, K)
+        GI = _rows16(G_ptr, base, rI, ck, kmask, K)
+        bI = tl.load(b_ptr + sc * C + rI)
+        aqI = qI * scale
+        akI = kI * bI[:, None]
+        # row gradients from key blocks J < I, through the reference row (first row of I)
+        ref = tl.load(G_ptr + base + (I * S) * K + ck, mask=kmask, other=0.0)
+        eI = tl.exp(GI - ref[None, :])
+        daq = tl.zeros([S, BK], dtype=tl.float32)
+        dak = tl.zeros([S, BK], dtype=tl.float32)
+        for J in tl.static_range(I):
+            rJ = J * S + r16
+            kd = _rows16(k_ptr, base, rJ, ck, kmask, K) * tl.exp(ref[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K))
+            dq_b = tl.load(dAq_ptr + abase + rI[:, None] * C + rJ[None, :])
+            dk_b = tl.load(dAk_ptr + abase + rI[:, None] * C + rJ[None, :])
+            daq += tl.dot(dq_b, kd, input_precision=PREC)
+            dak += tl.dot(dk_b, kd, input_precision=PREC)
+        daq = daq * eI
+        dak = dak * eI
+        # column gradients of key block I from query blocks I2 > I, through each I2's reference row
+        dkq = tl.zeros([S, BK], dtype=tl.float32)
+        dkk = tl.zeros([S, BK], dtype=tl.float32)
+        for I2 in tl.static_range(I + 1, C // S):
+            r2 = I2 * S + r16
+            G2 = _rows16(G_ptr, base, r2, ck, kmask, K)
+            ref2 = tl.load(G_ptr + base + (I2 * S) * K + ck, mask=kmask, other=0.0)
+            e2 = tl.exp(G2 - ref2[None, :])
+            aq2 = _rows16(q_ptr, base, r2, ck, kmask, K) * (e2 * scale)
+            b2 = tl.load(b_ptr + sc * C + r2)
+            ak2 = _rows16(k_ptr, base, r2, ck, kmask, K) * e2 * b2[:, None]
+            eJ = tl.exp(ref2[None, :] - GI)
+            dq_b = tl.load(dAq_ptr + abase + r2[:, None] * C + rI[None, :])
+            dk_b = tl.load(dAk_ptr + abase + r2[:, None] * C + rI[None, :])
+            dkq += eJ * tl.dot(tl.trans(dq_b), aq2, input_precision=PREC)
+            dkk += eJ * tl.dot(tl.trans(dk_b), ak2, input_precision=PREC)
+        # diagonal block, pairwise in fp32 (exponent masked to 0 above the diagonal, where dA is 0)
+        for j in range(S):
+            kj = tl.load(k_ptr + base + (I * S + j) * K + ck, mask=kmask, other=0.0)
+            Gj = tl.load(G_ptr + base + (I * S + j) * K + ck, mask=kmask, other=0.0)
+            e = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
+            cq = tl.load(dAq_ptr + abase + rI * C + I * S + j)[:, None] * e
+            cw = tl.load(dAk_ptr + abase + rI * C + I * S + j)[:, None] * e
+            daq += cq * kj[None, :]
+            dak += cw * kj[None, :]
+            sel = r16[:, None] == j
+            dkq = tl.where(sel, dkq + tl.sum(cq * aqI, 0)[None, :], dkq)
+            dkk = tl.where(sel, dkk + tl.sum(cw * akI, 0)[None, :], dkk)
+        m = kmask[None, :]
+        off = base + rI[:, None] * K + ck[None, :]
+        tl.store(dq_ptr + off, daq * scale, mask=m)
+        tl.store(dk_ptr + off, dkq + dkk + dak * bI[:, None], mask=m)
+        tl.store(dG_ptr + off, aqI * daq - kI * dkq + akI * dak - kI * dkk, mask=m)
+        tl.store(db_ptr + (sc * NKT + i_k) * C + rI, tl.sum(kI * dak, 1))
+
+
+PAIR_BK = 32  # key channels per program of the pairwise kernel
+
+
+def pairwise_triton(dAqk, dAkk, q_c, k_c, G, b_c, scale: float, prec: str = "ieee"):
+    """Triton version of ``chunk_bwd_torch.pairwise_torch`` (fp32 operands, per-chunk layout); ``prec`` is the
+    precision of the off-diagonal 16 x 16 dots (``ieee`` for fp32 inputs, ``tf32`` for 16-bit ones)."""
+    NC, HV, C, K = q_c.shape
+    BK = min(PAIR_BK, max(16, triton.next_power_of_2(K)))
+    nkt = triton.cdiv(K, BK)
+    q_c, k_c, G, dAqk, dAkk = (x.contiguous() for x in (q_c, k_c, G, dAqk, dAkk))
+    b = b_c.reshape(NC, HV, C).contiguous()
+    dq, dk, dG = (torch.empty_like(q_c) for _ in range(3))
+    db = torch.empty(NC, HV, nkt, C, dtype=q_c.dtype, device=q_c.device)
+    grid = (nkt, NC * HV)
+    _bwd_pair_kernel[grid](q_c, k_c, G, b, dAqk, dAkk, dq, dk, dG, db, scale, K, BK, C, 16, nkt, prec, num_warps=4)
+    return dq, dk, dG, db.sum(2)[..., None]
+
+
 def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     """Reverse pass on the GPU (or interpreter): (dVnew [NC,HV,C,V] fp32, dH [NC,HV,K,V] fp32, dh0 [N,HV,K,V] fp32).
 
@@ -160,7 +273,8 @@ def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, d
     q_c, k_c, v_c, g_c, do_c = (to_chunks(x.to(f32), cb, cl, HV) for x in (q, k, v, g, do))
     b_c = to_chunks(beta.to(f32), cb, cl, HV)
     dqg, dkg, dW, dGl, dAqk, dT, dv, db_v = bwd_dv_torch(st, v_c, b_c, do_c, dvn, dH)
-    dq, dk, dg, db = bwd_pairwise_gated_torch(st.T, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale)
+    pair = functools.partial(pairwise_triton, prec="ieee" if st.qg.dtype == torch.float32 else "tf32")
+    dq, dk, dg, db = bwd_pairwise_gated_torch(st.T, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale, pair)
     return KDAGrads(
         from_chunks(dq, cb, cl, B, T, H),
         from_chunks(dk, cb, cl, B, T, H),

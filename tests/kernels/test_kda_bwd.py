@@ -80,12 +80,12 @@ def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol):
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import bwd_state_pass_triton, chunk_kda_bwd_triton
 
-    cu = torch.tensor([0, 1, 140, 150], dtype=torch.int32, device=dev)
-    q, k, v, g, beta, s0 = make_inputs(1, 150, 1, 2, 16, 48, gate="logsig_sharp", h0=True, N=3)
+    cu = torch.tensor([0, 1, 70, 80], dtype=torch.int32, device=dev)
+    q, k, v, g, beta, s0 = make_inputs(1, 80, 1, 2, 16, 48, gate="logsig_sharp", h0=True, N=3)
     q, k, v = (x.to(dev, dtype) for x in (q, k, v))
     g, beta, s0 = (x.to(dev, torch.float32) for x in (g, beta, s0))
     st = chunk_kda_fwd_intermediates(q, k, v, g, beta, 0.25, s0, cu)
-    do = torch.randn(1, 150, 2, 48, device=dev).to(dtype)
+    do = torch.randn(1, 80, 2, 48, device=dev).to(dtype)
     dht = torch.randn(3, 2, 16, 48, device=dev)
     st32 = st._replace(**{f: getattr(st, f).float() for f in ("qg", "kg", "W", "Aqk", "h", "vn")})
     got = bwd_state_pass_triton(st, do, dht)
