@@ -81,6 +81,15 @@ PRESETS: dict[str, Preset] = {
     "web_small": Preset("web_small", {"page": 3000, "page_video": 1500}, {"page": 50, "page_video": 50},
                         **WEB_PRESET_SIDES, shard_max_count=1000),
 }
+# The same with key-value retrieval documents added (experiment 6's long-context task; data_pipelines/synth/
+# retrieval.py): the default presets stay as they are, so their goldens and caches do not change.
+RETRIEVAL_COUNTS = ({"retrieval": 60}, {"retrieval": 8})
+for _name in ("tiny", "small"):
+    _p = PRESETS[_name]
+    PRESETS[f"{_name}_retrieval"] = replace(
+        _p.scaled(1.0), name=f"{_name}_retrieval",
+        train={**_p.train, **{k: v * (1 if _name == "tiny" else 30) for k, v in RETRIEVAL_COUNTS[0].items()}},
+        eval={**_p.eval, **{k: v * (1 if _name == "tiny" else 12) for k, v in RETRIEVAL_COUNTS[1].items()}})
 # Families registered on first use (importing them would pull in the browser driver): name -> registrar.
 LAZY_FAMILIES = {"page": "data_pipelines.web.family:register_page_families",
                  "page_video": "data_pipelines.web.family:register_page_families"}
@@ -95,7 +104,8 @@ def family_for(name: str) -> SampleFamily:
 
 
 # Tokenizer vocabulary trained with each preset (by `kimi-vl data synth` and `synth:PRESET` data paths).
-DEFAULT_VOCAB = {"tiny": 4096, "small": 8192, "large": 16384, "web_tiny": 4096, "web_small": 8192}
+DEFAULT_VOCAB = {"tiny": 4096, "small": 8192, "large": 16384, "web_tiny": 4096, "web_small": 8192,
+                 "tiny_retrieval": 4096, "small_retrieval": 8192}
 
 
 def default_vocab(preset: str) -> int:

@@ -2,7 +2,8 @@
 
 A family turns ``(rng, ctx)`` into one :class:`Sample`. Built-ins: ``shapes``, ``ocr``, ``chart``,
 ``document``, ``video`` (vision); ``interleaved`` and ``chat`` (vision, multi-image / multi-turn);
-``text_mirror``, ``prose`` and ``tool_sft`` (text only). Other packages add families with
+``text_mirror``, ``prose``, ``tool_sft`` and ``retrieval`` (text only; ``retrieval`` is only in the
+``*_retrieval`` presets). Other packages add families with
 :func:`register_family` (e.g. rendered web pages) and name them in a preset's ``counts``; the builder
 never needs to change.
 """
@@ -17,6 +18,7 @@ from typing import Any
 from data_pipelines.synth.common import Media, Sample, png_bytes, sample_size
 from data_pipelines.synth.motion import motion_caption, motion_qa, motion_spec, render_frames
 from data_pipelines.synth.questions import caption_and_qa
+from data_pipelines.synth.retrieval import make_retrieval
 from data_pipelines.synth.scenes import chart_spec, document_spec, render, shapes_spec, text_spec
 from data_pipelines.synth.textual import mirror_problem, prose_corpus
 from data_pipelines.synth.toolsft import make_tool_sft
@@ -175,6 +177,7 @@ for _fam in (
     SampleFamily("text_mirror", "text", make_text_mirror, "scenes/tables described in words + questions", "text"),
     SampleFamily("prose", "text", make_prose, "Python help topics and stdlib docstrings"),
     SampleFamily("tool_sft", "text", make_tool_sft, "zero-vision SFT: Python ops on an image handle"),
+    SampleFamily("retrieval", "text", make_retrieval, "key-value registry + question (long-context retrieval)"),
 ):
     register_family(_fam)
 

@@ -43,12 +43,29 @@ def _report_only(runner: Runner):
     return chains
 
 
+def _suite_tokenizer(exp, source: str) -> str | None:
+    """``eval.suite_tokenizer``: a folder (relative to the experiment file) or ``synth:PRESET[:SEED]``."""
+    if not source:
+        return None
+    if source.startswith("synth:"):
+        from kimi_vl.train.build import ensure_synth
+
+        return str(ensure_synth(source) / "tokenizer")
+    path = exp.resolve(source)
+    if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"eval.suite_tokenizer={source!r}: no tokenizer files in {path}")
+    return str(path)
+
+
 def _write_suites(exp, tasks_dir: Path) -> None:
     """Write the offline suites once (kept on restart, so every run is scored on the same questions)."""
     from eval.tasks import SuiteSpec, write_suites
 
     if not (tasks_dir / "suites.json").is_file():
-        write_suites(SuiteSpec(tasks_dir.resolve(), exp.eval.suite_samples, exp.eval.suite_preset))
+        spec = exp.eval
+        write_suites(SuiteSpec(tasks_dir.resolve(), spec.suite_samples, spec.suite_preset,
+                               retrieval_lengths=tuple(spec.retrieval_lengths),
+                               tokenizer=_suite_tokenizer(exp, spec.suite_tokenizer)))
     exp.eval.include_path = [*exp.eval.include_path, str(tasks_dir.resolve())]
 
 

@@ -68,6 +68,11 @@ class EvalSpec:
     # and adds that folder to include_path
     suite_samples: int = 0
     suite_preset: str = "tiny"
+    # prompt lengths (tokens) of the kimi_text_retrieval_<L> tasks written with the suites (none by default), and
+    # the tokenizer that sizes them: a folder or synth:PRESET[:SEED] (the cached dataset's tokenizer; built if
+    # missing); empty = a characters-per-token estimate
+    retrieval_lengths: list[int] = field(default_factory=list)
+    suite_tokenizer: str = ""
 
 
 @dataclass

@@ -15,10 +15,13 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="test", help="held-out split (never 'train')")
     p.add_argument("--suites", default="kimi_text,kimi_vision")
+    p.add_argument("--retrieval-lengths", default="", help="e.g. 256,1024,4096: write kimi_text_retrieval_<L>")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder that sizes the retrieval prompts exactly")
     args = p.parse_args(argv)
     if args.split == "train":
         raise SystemExit("--split train would evaluate on training data; use test or eval")
-    spec = SuiteSpec(Path(args.out).resolve(), args.n, args.preset, args.seed, args.split)
+    lengths = tuple(int(v) for v in args.retrieval_lengths.split(",") if v.strip())
+    spec = SuiteSpec(Path(args.out).resolve(), args.n, args.preset, args.seed, args.split, lengths, args.tokenizer)
     for suite, tasks in write_suites(spec, tuple(args.suites.split(","))).items():
         print(f"{suite}: {', '.join(tasks)}")
     print(f"run: kimi-vl eval --model_args checkpoint=DIR --tasks {args.suites} --include_path {spec.out}")

@@ -3,9 +3,11 @@
 ``python -m eval.tasks --out DIR [--n 50 --preset small --seed 0 --split test]`` writes::
 
     DIR/kimi_text/    kimi_text_mc (multiple choice), kimi_text_gen (short answers), kimi_text_grounding (boxes
-                      as text, IoU), kimi_text_ppl (loglikelihood_rolling, bits per byte on held-out real prose)
+                      as text, IoU), kimi_text_ppl (loglikelihood_rolling, bits per byte on held-out real prose);
+                      with --retrieval-lengths, kimi_text_retrieval_<L> (group kimi_text_retrieval, retrieval.py)
     DIR/kimi_vision/  kimi_vision_shapes, _ocr, _chart, _grounding (IoU) and _video (frames + <video>), images
-                      and clips under media/, utils.py (lm-eval's ``!function`` shim over eval.tasks.doc_funcs)
+                      and clips under media/, utils.py (lm-eval's ``!function`` shim over eval.tasks.doc_funcs);
+                      kimi_vision_tooluse (tool-use rate, tooluse.py; not in the group)
 
 and one group per directory (``kimi_text``, ``kimi_vision``). Samples come from
 ``data_pipelines.synth.generate_sample(preset, seed, split, family, index)``; the ``test`` split's seeds are
@@ -14,7 +16,8 @@ tables in words, so text and vision scores measure the same skills. All ``data_f
 because lm-eval resolves relative paths against the current directory, not the YAML.
 
 Scoring: exact match ignoring case, punctuation and surrounding whitespace; grounding = IoU of the first
-``[x0, y0, x1, y1]`` in the answer with the target (and IoU >= 0.5 accuracy); multiple choice = ``acc``.
+``[x0, y0, x1, y1]`` in the answer with the target (and IoU >= 0.5 accuracy); multiple choice = ``acc`` (and
+``acc_norm``) over choices built in :mod:`eval.tasks.choices` so that choices alone score chance.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from eval.tasks.choices import mc_choices
+from eval.tasks.retrieval import GROUP as RETRIEVAL_GROUP
+from eval.tasks.retrieval import retrieval_rows, retrieval_yaml_extra
+from eval.tasks.retrieval import task_name as retrieval_task_name
 from eval.tasks.tooluse import TOOLUSE_FAMILIES, TOOLUSE_TASK, tooluse_rows, tooluse_yaml_extra
 
 VISION_TASKS: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
@@ -51,6 +57,8 @@ class SuiteSpec:
     preset: str = "tiny"
     seed: int = 0
     split: str = "test"
+    retrieval_lengths: tuple[int, ...] = ()  # prompt lengths (tokens) of the kimi_text_retrieval_<L> tasks
+    tokenizer: str | None = None  # tokenizer folder that sizes the retrieval prompts (else a chars/token estimate)
 
 
 def _samples(spec: SuiteSpec, family: str) -> Iterable[Any]:
@@ -132,7 +140,27 @@ def write_text_suite(spec: SuiteSpec) -> list[str]:
         _yaml(d / f"{name}.yaml", _task_yaml(name, d / f"{name}.jsonl", kind, extra))
     (d / "utils.py").write_text(UTILS_SHIM)
     _yaml(d / "kimi_text.yaml", {"group": "kimi_text", "task": list(yamls)})
-    return list(yamls)
+    return list(yamls) + write_retrieval_tasks(spec, d)
+
+
+def write_retrieval_tasks(spec: SuiteSpec, d: Path) -> list[str]:
+    """``kimi_text_retrieval_<L>`` for each of ``spec.retrieval_lengths`` and their group (none by default)."""
+    if not spec.retrieval_lengths:
+        return []
+    tokenizer = None
+    if spec.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer, local_files_only=True)
+    names = []
+    for length in spec.retrieval_lengths:
+        name = retrieval_task_name(length)
+        _write_jsonl(d / f"{name}.jsonl", retrieval_rows(spec.seed, spec.split, length, spec.n_per_family, tokenizer))
+        _yaml(d / f"{name}.yaml", _task_yaml(name, d / f"{name}.jsonl", "generate_until",
+                                             retrieval_yaml_extra(EXACT_MATCH)))
+        names.append(name)
+    _yaml(d / f"{RETRIEVAL_GROUP}.yaml", {"group": RETRIEVAL_GROUP, "task": names})
+    return names
 
 
 def _grounding_extra(gen_kwargs: dict) -> dict:
