@@ -3,9 +3,10 @@
 Triton lowers the kernel to PTX for a chosen target without a device; the ``ptxas`` bundled with Triton then
 reports registers per thread and spill bytes (``-v``). When Triton emits a PTX ISA newer than its bundled
 ``ptxas`` accepts, the ``.version`` line is lowered to what that ``ptxas`` names (the kernels use no newer
-instruction). Compiling the intra kernel takes about a minute on two busy cores.
+instruction).
 
-    .venv/bin/python kernels/benchmarks/ptxas_regs.py --kernel intra --num-warps 8
+    .venv/bin/python kernels/benchmarks/ptxas_regs.py                      # every forward kernel
+    .venv/bin/python kernels/benchmarks/ptxas_regs.py --kernel scores --num-warps 8
 """
 
 from __future__ import annotations
@@ -26,37 +27,50 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from kernels.kda import chunk_triton as ct  # noqa: E402
 
 SHAPE = dict(HV=32, K=128, V=128, BK=128, C=64)
+WARPS = dict(prep=4, scores=4, solve=4, wu=4, state=4, output=4)  # what ``chunk_triton._fwd`` launches
+MAXNREG: dict[str, int] = {}
+
+
+KERNELS = ("prep", "scores", "solve", "wu", "state", "output")
 
 
 def _signature(name: str) -> tuple:
-    """Argument types for a bf16 run at K = V = 128 (pointers to bf16 scratch, fp32 gates/states, int32 tables)."""
+    """Argument types for a bf16 run at K = V = 128 with in-kernel L2 norm and softplus gate (pointers to bf16
+    inputs and scratch, fp32 G / T / norms / gates / states, int32 tables); the launch's tile constants."""
     bf, f32, i32 = "*bf16", "*fp32", "*i32"
-    if name == "intra":
-        args = [(n, bf) for n in "q k v g beta".split()] + [("alog", f32), ("dtb", f32), ("lb", "fp32")]
-        args += [("cbos", i32), ("clen", i32)] + [(n, bf) for n in "qg kg W U Aqk".split()]
-        args += [("gl", f32), ("scale", "fp32")]
-        fn, extra = (
-            ct._intra_kernel,
-            dict(H=32, BV=128, S=16, GATE=True, LOWER=False, HAS_DTB=True, L2=True, PREC="tf32"),
-        )
+    tab = [("cbos", i32), ("clen", i32)]
+    if name == "prep":
+        args = [("q", bf), ("k", bf), ("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32")] + tab
+        args += [("G", f32), ("gl", f32), ("qg", bf), ("kg", bf), ("rq", f32), ("rk", f32), ("scale", "fp32")]
+        fn, extra = ct._prep_kernel, dict(H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True)
+    elif name == "scores":
+        args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
+        args += [("Aqk", bf), ("Akk", f32), ("scale", "fp32")]
+        fn, extra = ct._scores_kernel, dict(H=32, S=ct.SUB, BKS=ct.SCORES_BK, L2=True, PREC="tf32")
+    elif name == "solve":
+        args = [("Akk", f32), ("T", f32)]
+        fn, extra = ct._solve_kernel, dict(S=ct.SUB, PREC="tf32")
+    elif name == "wu":
+        args = [("k", bf), ("v", bf), ("beta", bf), ("G", f32), ("rk", f32), ("T", f32)] + tab
+        args += [("W", bf), ("U", bf)]
+        fn, extra = ct._wu_kernel, dict(H=32, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32")
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]
         fn, extra = ct._state_kernel, dict(BV=ct.STATE_BV, HAS_H0=True, FP32=False)
     else:
-        args = [(n, bf) for n in "qg h Aqk vn o".split()] + [("cbos", i32), ("clen", i32)]
+        args = [(n, bf) for n in "qg h Aqk vn o".split()] + tab
         fn, extra = ct._output_kernel, dict(BV=ct.OUT_BV, FP32=False)
     consts = {k: v for k, v in SHAPE.items() if k in fn.arg_names} | extra
     sig = dict(zip(fn.arg_names, [t for _, t in args] + ["constexpr"] * len(consts)))
     return fn, sig, consts
 
 
-def ptxas_report(name: str, num_warps: int, num_stages: int = 2) -> str:
+def ptxas_report(name: str, num_warps: int, num_stages: int = 2, maxnreg: int | None = None) -> str:
     fn, sig, consts = _signature(name)
     src = ASTSource(fn=fn, signature=sig, constexprs=consts)
-    k = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
-    )
+    opts = {"num_warps": num_warps, "num_stages": num_stages} | ({"maxnreg": maxnreg} if maxnreg else {})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     ver = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
     m = re.search(r"release (\d+)\.(\d+)", ver)
@@ -76,10 +90,14 @@ def ptxas_report(name: str, num_warps: int, num_stages: int = 2) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=["intra", "state", "output"], default="intra")
-    ap.add_argument("--num-warps", type=int, default=8)
+    ap.add_argument("--kernel", choices=("all",) + KERNELS, default="all")
+    ap.add_argument("--num-warps", type=int, default=None, help="default: the launch's")
+    ap.add_argument("--maxnreg", type=int, default=None, help="default: the launch's (None: ptxas chooses)")
     args = ap.parse_args()
-    print(f"{args.kernel} num_warps={args.num_warps}\n{ptxas_report(args.kernel, args.num_warps)}")
+    for name in KERNELS if args.kernel == "all" else (args.kernel,):
+        nw = args.num_warps or WARPS[name]
+        mr = args.maxnreg or MAXNREG.get(name)
+        print(f"{name} num_warps={nw} maxnreg={mr}\n{ptxas_report(name, nw, maxnreg=mr)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,30 @@
 """Triton chunked KDA forward (``../shared/REFERENCE.md`` section 1), with a recompute-from-inputs backward.
 
 Kernels (all fixed-configuration, so they run under ``TRITON_INTERPRET=1`` on a CPU), chunk C = 64 split
-into four 16-token sub-blocks:
+into four 16-token sub-blocks; each kernel works through K (or V) in tiles so that its registers stay small:
 
-1. ``_intra_kernel``, one program per (chunk, value head), everything for the chunk in registers:
-   optional L2 norm of q, k rows; the gate (softplus "unbounded" or sigmoid lower bound) and the
-   chunk-local cumulative sum G, in fp32, one sub-block at a time with a running carry;
-   ``Akk`` / ``Aqk`` by 16 x 16 sub-blocks: pairs ``J < I`` factored through the first row of ``I``
-   (``exp(G_i - G_ref) * exp(G_ref - G_j)``, both exponents <= 0) as tensor-core dots (tf32 for
-   bf16/fp16 inputs, ``ieee`` fp32 for fp32 inputs), diagonal sub-blocks pairwise in fp32 (masked
-   with ``where`` before ``exp``); ``T = (I + Akk)^-1`` by blocked forward substitution: the four
-   diagonal 16 x 16 inverses in one interleaved 15-step loop, then the off-diagonal blocks
-   ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``; ``W = T (beta K Gamma)``, ``U = T (beta V)``. It writes
-   W, U, ``qg = scale Q Gamma``, ``kg = K exp(G_last - G)``, ``Aqk`` (lower blocks only) and ``G_last``.
-2. ``_state_kernel``, one program per (sequence, value head, block of value columns): the sequential
+1. ``_prep_kernel``, per (chunk, value head): optional inverse L2 norms of the q, k rows (stored, applied
+   by every later consumer, so normalised q, k are never rounded to 16 bits); the gate (softplus
+   "unbounded" or sigmoid lower bound) and the chunk-local cumulative sum G (fp32, stored), G_last,
+   ``qg = scale Q Gamma`` and ``kg = K exp(G_last - G)`` with the exponent as a suffix sum of g (not a
+   difference of two large prefix sums, which lost ~1e-5 of the final state with sharp gates).
+2. ``_scores_kernel``, per (chunk, value head, 16-row sub-block I): row block I of ``Akk`` / ``Aqk``
+   over K tiles: the earlier sub-blocks in one [16, BK] x [BK, 64] dot per tile with the decays
+   factored through the first row of I (``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both
+   exponents <= 0) as tensor-core dots (tf32 for bf16/fp16 inputs, ``ieee`` fp32 for fp32 inputs), the
+   diagonal sub-block pairwise in fp32 ([16, 16, BK] broadcasts, masked with ``where`` before ``exp``).
+3. ``_solve_kernel``, per (chunk, value head): ``T = (I + Akk)^-1`` by blocked forward substitution (the
+   four diagonal 16 x 16 inverses in one interleaved 15-step loop, then
+   ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as 16 x 16 dots), T stored fp32.
+4. ``_wu_kernel``, per (chunk, value head): ``W = T (beta K Gamma)``, ``U = T (beta V)`` as
+   [64, 64] x [64, 32] dots, tile by tile.
+5. ``_state_kernel``, one program per (sequence, value head, block of value columns): the sequential
    pass over chunks with the fp32 state in registers; writes the state entering each chunk (``h``),
    ``Vnew = U - W S`` and the final state.
-3. ``_output_kernel``, one program per (chunk, value head, block of value columns), fully parallel:
+6. ``_output_kernel``, one program per (chunk, value head, block of value columns), fully parallel:
    ``O = qg h + tril(Aqk) Vnew``.
+
+:func:`chunk_kda_fwd_intermediates` returns every intermediate (:class:`KDAFwdState`) for the backward.
 
 Scratch is laid out per chunk, padded to C rows: padded rows have g = 0 (so G carries the last valid
 value and every exponent stays <= 0) and zero k, q, v, beta, which makes their W, U, Vnew and kg rows
@@ -58,67 +65,6 @@ def _gate(x, a_log, lb, LOWER: tl.constexpr):
 
 
 @triton.jit
-def _load_qk(ptr, bos, n, r, ck, i_h, H: tl.constexpr, K: tl.constexpr, L2: tl.constexpr):
-    """Rows r (< n valid) of q or k for head i_h as fp32 [16, BK]; optional L2 norm (eps 1e-6 under sqrt)."""
-    m = (r < n)[:, None] & (ck < K)[None, :]
-    x = tl.load(ptr + (bos + r)[:, None] * (H * K) + i_h * K + ck[None, :], mask=m, other=0.0).to(tl.float32)
-    if L2:
-        x = x / tl.sqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
-    return x
-
-
-@triton.jit
-def _load_g(
-    g_ptr,
-    bos,
-    n,
-    r,
-    ck,
-    i_hv,
-    a_log,
-    dtb,
-    lb,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    GATE: tl.constexpr,
-    LOWER: tl.constexpr,
-):
-    """Log-decays of rows r as fp32 [16, BK]; 0 on padded rows and columns."""
-    m = (r < n)[:, None] & (ck < K)[None, :]
-    g = tl.load(g_ptr + (bos + r)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0).to(tl.float32)
-    if GATE:
-        g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
-    return g
-
-
-@triton.jit
-def _offdiag(q_i, k_i, G_i, k_j, G_j, ref, b_i, scale, PREC: tl.constexpr):
-    """Sub-block pair J < I: (beta_i k_i . k_j, scale q_i . k_j) with decays factored through row ``ref``."""
-    e_i = tl.exp(G_i - ref[None, :])
-    kj = tl.trans(k_j * tl.exp(ref[None, :] - G_j))
-    akk = tl.dot(k_i * e_i, kj, input_precision=PREC) * b_i[:, None]
-    aqk = tl.dot(q_i * e_i, kj, input_precision=PREC) * scale
-    return akk, aqk
-
-
-@triton.jit
-def _diag(q_i, k_i, G_i, b_i, scale, r16, S: tl.constexpr):
-    """Diagonal sub-block, pairwise in fp32: Akk strictly lower (times beta_i), Aqk lower (times scale)."""
-    akk = tl.zeros([S, S], dtype=tl.float32)
-    aqk = tl.zeros([S, S], dtype=tl.float32)
-    for j in range(S):
-        sel = r16[:, None] == j
-        k_j = tl.sum(tl.where(sel, k_i, 0.0), 0)
-        G_j = tl.sum(tl.where(sel, G_i, 0.0), 0)
-        kd = k_j[None, :] * tl.exp(tl.where(r16[:, None] >= j, G_i - G_j[None, :], 0.0))
-        akk = tl.where(r16[None, :] == j, tl.sum(k_i * kd, 1)[:, None], akk)
-        aqk = tl.where(r16[None, :] == j, tl.sum(q_i * kd, 1)[:, None], aqk)
-    akk = tl.where(r16[:, None] > r16[None, :], akk * b_i[:, None], 0.0)
-    aqk = tl.where(r16[:, None] >= r16[None, :], aqk * scale, 0.0)
-    return akk, aqk
-
-
-@triton.jit
 def _inv_diag4(A0, A1, A2, A3, r16, S: tl.constexpr):
     """(I + A_II)^-1 for four strictly-lower 16 x 16 blocks, forward substitution interleaved (fp32)."""
     eye = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)
@@ -144,208 +90,288 @@ def _store_rows(ptr, base, x, r, cols, ncol: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
-def _load_bv(v_ptr, beta_ptr, bos, n, r, cv, i_hv, HV: tl.constexpr, V: tl.constexpr):
-    """beta_r * v_r as fp32 [16, BV] (zero on padded rows)."""
-    rm = r < n
-    b = tl.load(beta_ptr + (bos + r) * HV + i_hv, mask=rm, other=0.0).to(tl.float32)
-    m = rm[:, None] & (cv < V)[None, :]
-    v = tl.load(v_ptr + (bos + r)[:, None] * (HV * V) + i_hv * V + cv[None, :], mask=m, other=0.0).to(tl.float32)
-    return v * b[:, None]
-
-
-@triton.jit
-def _intra_kernel(
+def _prep_kernel(
     q_ptr,
     k_ptr,
-    v_ptr,
     g_ptr,
-    beta_ptr,
     alog_ptr,
     dtb_ptr,
     lb,
     cbos_ptr,
     clen_ptr,
+    G_ptr,
+    gl_ptr,
     qg_ptr,
     kg_ptr,
-    W_ptr,
-    U_ptr,
-    Aqk_ptr,
-    gl_ptr,
-    G_ptr,
-    T_ptr,
+    rq_ptr,
+    rk_ptr,
     scale,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
     C: tl.constexpr,
-    S: tl.constexpr,
+    BKP: tl.constexpr,
     GATE: tl.constexpr,
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
-    PREC: tl.constexpr,
-    STORE_GT: tl.constexpr,
 ):
+    """Per (chunk, value head): inverse row norms of q, k (L2), the gate, G = cumsum(g) (fp32), G_last,
+    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
-    r16 = tl.arange(0, S)
-    ck = tl.arange(0, BK)
-    cv = tl.arange(0, BV)
-    r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
+    rows = tl.arange(0, C)
+    rm = rows < n
+    sc = i_c.to(tl.int64) * HV + i_hv
+    qk_off = (bos + rows)[:, None] * (H * K) + i_h * K
+    rq = tl.full([C], 1.0, tl.float32)
+    rk = tl.full([C], 1.0, tl.float32)
+    if L2:
+        sq = tl.zeros([C], dtype=tl.float32)
+        sk = tl.zeros([C], dtype=tl.float32)
+        for k0 in range(0, K, BKP):
+            ck = k0 + tl.arange(0, BKP)
+            m = rm[:, None] & (ck < K)[None, :]
+            x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+            sq += tl.sum(x * x, 1)
+            x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+            sk += tl.sum(x * x, 1)
+        rq = 1.0 / tl.sqrt(sq + 1e-6)
+        rk = 1.0 / tl.sqrt(sk + 1e-6)
+        tl.store(rq_ptr + sc * C + rows, rq)
+        tl.store(rk_ptr + sc * C + rows, rk)
     a_log = 0.0
-    dtb = tl.zeros([BK], dtype=tl.float32)
     if GATE:
         a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
-        if HAS_DTB:
-            dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=ck < K, other=0.0).to(tl.float32)
-    # chunk-local cumulative gate, one sub-block at a time (fp32)
-    g0 = _load_g(g_ptr, bos, n, r0, ck, i_hv, a_log, dtb, lb, HV, K, GATE, LOWER)
-    G0 = tl.cumsum(g0, 0)
-    c1 = tl.sum(g0, 0)
-    g1 = _load_g(g_ptr, bos, n, r1, ck, i_hv, a_log, dtb, lb, HV, K, GATE, LOWER)
-    G1 = c1[None, :] + tl.cumsum(g1, 0)
-    c2 = c1 + tl.sum(g1, 0)
-    g2 = _load_g(g_ptr, bos, n, r2, ck, i_hv, a_log, dtb, lb, HV, K, GATE, LOWER)
-    G2 = c2[None, :] + tl.cumsum(g2, 0)
-    c3 = c2 + tl.sum(g2, 0)
-    g3 = _load_g(g_ptr, bos, n, r3, ck, i_hv, a_log, dtb, lb, HV, K, GATE, LOWER)
-    G3 = c3[None, :] + tl.cumsum(g3, 0)
-    gl = c3 + tl.sum(g3, 0)
-    # gl - G as suffix sums of g (accurate to its own size, unlike a difference of two large prefix sums)
-    t2 = tl.sum(g3, 0)
-    t1 = t2 + tl.sum(g2, 0)
-    t0 = t1 + tl.sum(g1, 0)
-    E0 = tl.cumsum(g0, 0, reverse=True) - g0 + t0[None, :]
-    E1 = tl.cumsum(g1, 0, reverse=True) - g1 + t1[None, :]
-    E2 = tl.cumsum(g2, 0, reverse=True) - g2 + t2[None, :]
-    E3 = tl.cumsum(g3, 0, reverse=True) - g3
-    sc = i_c.to(tl.int64) * HV + i_hv  # scratch slab index
-    tl.store(gl_ptr + sc * K + ck, gl, mask=ck < K)
-    k0 = _load_qk(k_ptr, bos, n, r0, ck, i_h, H, K, L2)
-    k1 = _load_qk(k_ptr, bos, n, r1, ck, i_h, H, K, L2)
-    k2 = _load_qk(k_ptr, bos, n, r2, ck, i_h, H, K, L2)
-    k3 = _load_qk(k_ptr, bos, n, r3, ck, i_h, H, K, L2)
-    b0 = tl.load(beta_ptr + (bos + r0) * HV + i_hv, mask=r0 < n, other=0.0).to(tl.float32)
-    b1 = tl.load(beta_ptr + (bos + r1) * HV + i_hv, mask=r1 < n, other=0.0).to(tl.float32)
-    b2 = tl.load(beta_ptr + (bos + r2) * HV + i_hv, mask=r2 < n, other=0.0).to(tl.float32)
-    b3 = tl.load(beta_ptr + (bos + r3) * HV + i_hv, mask=r3 < n, other=0.0).to(tl.float32)
-    ck_base = sc * (C * K)
+    for k0 in range(0, K, BKP):
+        ck = k0 + tl.arange(0, BKP)
+        cm = ck < K
+        m = rm[:, None] & cm[None, :]
+        g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
+        g = g.to(tl.float32)
+        if GATE:
+            dtb = tl.zeros([BKP], dtype=tl.float32)
+            if HAS_DTB:
+                dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
+            g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
+        G = tl.cumsum(g, 0)
+        E = tl.cumsum(g, 0, reverse=True) - g  # G_last - G as a suffix sum
+        tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
+        off = sc * (C * K) + rows[:, None] * K + ck[None, :]
+        tl.store(G_ptr + off, G, mask=cm[None, :])
+        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(qg_ptr + off, (x * (rq * scale)[:, None] * tl.exp(G)).to(qg_ptr.dtype.element_ty), mask=cm[None, :])
+        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(kg_ptr + off, (x * rk[:, None] * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
+
+
+@triton.jit
+def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constexpr):
+    """Rows r (< n valid) of a [*, K] tensor at ``off`` (row stride given by the caller) as fp32 [16, BKS],
+    times the inverse row norms at ``rinv_ptr + rb + r`` when L2."""
+    x = tl.load(ptr + off + ck[None, :], mask=(r < n)[:, None] & (ck < K)[None, :], other=0.0).to(tl.float32)
+    if L2:
+        x = x * tl.load(rinv_ptr + rb + r)[:, None]
+    return x
+
+
+@triton.jit
+def _diag_acc(akk, aqk, q_i, k_i, G_i, r16):
+    """Diagonal sub-block over one K tile, pairwise in fp32 as [16, 16, BKS] broadcasts (``where`` before ``exp``)."""
+    low = (r16[:, None] >= r16[None, :])[:, :, None]
+    e = tl.exp(tl.where(low, G_i[:, None, :] - G_i[None, :, :], 0.0))
+    kd = k_i[None, :, :] * e
+    return akk + tl.sum(k_i[:, None, :] * kd, 2), aqk + tl.sum(q_i[:, None, :] * kd, 2)
+
+
+@triton.jit
+def _scores_kernel(
+    q_ptr,
+    k_ptr,
+    beta_ptr,
+    G_ptr,
+    rq_ptr,
+    rk_ptr,
+    cbos_ptr,
+    clen_ptr,
+    Aqk_ptr,
+    Akk_ptr,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+    BKS: tl.constexpr,
+    L2: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Per (chunk, value head, 16-row sub-block I): row block I of Akk (fp32) and Aqk, accumulated over K tiles.
+
+    Columns of earlier sub-blocks: one [16, BKS] x [BKS, 64] dot per tile with the decays factored through
+    row ``ref`` = the first row of I (``exp(G_i - ref)``, ``exp(min(ref - G_j, 0))``: both exponents <= 0;
+    the clamp only touches columns >= 16 I, which are discarded). The diagonal sub-block pairwise in fp32.
+    Writes the whole row block (zero above the diagonal)."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
+    n = tl.load(clen_ptr + i_c)
+    sc = i_c.to(tl.int64) * HV + i_hv
+    r16 = tl.arange(0, S)
+    ri = i_b * S + r16
+    rows = tl.arange(0, C)
+    qk_base = bos * (H * K) + i_h * K
+    g_base = sc * (C * K)
+    rb = sc * C
+    akk = tl.zeros([S, C], dtype=tl.float32)
+    aqk = tl.zeros([S, C], dtype=tl.float32)
+    dkk = tl.zeros([S, S], dtype=tl.float32)
+    dqk = tl.zeros([S, S], dtype=tl.float32)
+    for k0 in range(0, K, BKS):
+        ck = k0 + tl.arange(0, BKS)
+        cm = (ck < K)[None, :]
+        G_i = tl.load(G_ptr + g_base + ri[:, None] * K + ck[None, :], mask=cm, other=0.0)
+        k_i = _load_tile(k_ptr, qk_base + ri[:, None] * (H * K), ri, ck, n, K, rk_ptr, rb, L2)
+        q_i = _load_tile(q_ptr, qk_base + ri[:, None] * (H * K), ri, ck, n, K, rq_ptr, rb, L2)
+        dkk, dqk = _diag_acc(dkk, dqk, q_i, k_i, G_i, r16)
+        ref = tl.load(G_ptr + g_base + i_b * S * K + ck, mask=ck < K, other=0.0)
+        G_j = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
+        k_j = _load_tile(k_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rk_ptr, rb, L2)
+        kj = tl.trans(k_j * tl.exp(tl.minimum(ref[None, :] - G_j, 0.0)))
+        e_i = tl.exp(G_i - ref[None, :])
+        akk = tl.dot(k_i * e_i, kj, akk, input_precision=PREC)
+        aqk = tl.dot(q_i * e_i, kj, aqk, input_precision=PREC)
+    b = tl.load(beta_ptr + (bos + ri) * HV + i_hv, mask=ri < n, other=0.0).to(tl.float32)[:, None]
+    before = rows[None, :] < i_b * S
+    outside = before | (rows[None, :] >= (i_b + 1) * S)
+    off = sc * (C * C) + ri[:, None] * C
+    tl.store(Akk_ptr + off + rows[None, :], tl.where(before, akk * b, 0.0), mask=outside)
+    tl.store(
+        Aqk_ptr + off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
+    )
+    dkk = tl.where(r16[:, None] > r16[None, :], dkk * b, 0.0)
+    dqk = tl.where(r16[:, None] >= r16[None, :], dqk * scale, 0.0)
+    tl.store(Akk_ptr + off + ri[None, :], dkk)
+    tl.store(Aqk_ptr + off + ri[None, :], dqk.to(Aqk_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _load_blk(ptr, base, I: tl.constexpr, J: tl.constexpr, r16, C: tl.constexpr, S: tl.constexpr):
+    """Sub-block (I, J) of a [C, C] fp32 slab."""
+    return tl.load(ptr + base + (I * S + r16)[:, None] * C + (J * S + r16)[None, :])
+
+
+@triton.jit
+def _solve_kernel(
+    Akk_ptr,
+    T_ptr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Per (chunk, value head): T = (I + Akk)^-1 by blocked forward substitution: the four diagonal 16 x 16
+    inverses interleaved, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above)."""
+    sc = tl.program_id(0).to(tl.int64)
     a_base = sc * (C * C)
-    if STORE_GT:
-        _store_rows(G_ptr, ck_base, G0, r0, ck, K, K)
-        _store_rows(G_ptr, ck_base, G1, r1, ck, K, K)
-        _store_rows(G_ptr, ck_base, G2, r2, ck, K, K)
-        _store_rows(G_ptr, ck_base, G3, r3, ck, K, K)
-    # sub-block row 0
-    q = _load_qk(q_ptr, bos, n, r0, ck, i_h, H, K, L2)
-    _store_rows(qg_ptr, ck_base, q * tl.exp(G0) * scale, r0, ck, K, K)
-    _store_rows(kg_ptr, ck_base, k0 * tl.exp(E0), r0, ck, K, K)
-    A00, Q00 = _diag(q, k0, G0, b0, scale, r16, S)
-    _store_rows(Aqk_ptr, a_base, Q00, r0, r0, C, C)
-    # sub-block row 1
-    q = _load_qk(q_ptr, bos, n, r1, ck, i_h, H, K, L2)
-    _store_rows(qg_ptr, ck_base, q * tl.exp(G1) * scale, r1, ck, K, K)
-    _store_rows(kg_ptr, ck_base, k1 * tl.exp(E1), r1, ck, K, K)
-    ref = tl.sum(tl.where(r16[:, None] == 0, G1, 0.0), 0)
-    A10, Q10 = _offdiag(q, k1, G1, k0, G0, ref, b1, scale, PREC)
-    A11, Q11 = _diag(q, k1, G1, b1, scale, r16, S)
-    _store_rows(Aqk_ptr, a_base, Q10, r1, r0, C, C)
-    _store_rows(Aqk_ptr, a_base, Q11, r1, r1, C, C)
-    # sub-block row 2
-    q = _load_qk(q_ptr, bos, n, r2, ck, i_h, H, K, L2)
-    _store_rows(qg_ptr, ck_base, q * tl.exp(G2) * scale, r2, ck, K, K)
-    _store_rows(kg_ptr, ck_base, k2 * tl.exp(E2), r2, ck, K, K)
-    ref = tl.sum(tl.where(r16[:, None] == 0, G2, 0.0), 0)
-    A20, Q20 = _offdiag(q, k2, G2, k0, G0, ref, b2, scale, PREC)
-    A21, Q21 = _offdiag(q, k2, G2, k1, G1, ref, b2, scale, PREC)
-    A22, Q22 = _diag(q, k2, G2, b2, scale, r16, S)
-    _store_rows(Aqk_ptr, a_base, Q20, r2, r0, C, C)
-    _store_rows(Aqk_ptr, a_base, Q21, r2, r1, C, C)
-    _store_rows(Aqk_ptr, a_base, Q22, r2, r2, C, C)
-    # sub-block row 3
-    q = _load_qk(q_ptr, bos, n, r3, ck, i_h, H, K, L2)
-    _store_rows(qg_ptr, ck_base, q * tl.exp(G3) * scale, r3, ck, K, K)
-    _store_rows(kg_ptr, ck_base, k3 * tl.exp(E3), r3, ck, K, K)
-    ref = tl.sum(tl.where(r16[:, None] == 0, G3, 0.0), 0)
-    A30, Q30 = _offdiag(q, k3, G3, k0, G0, ref, b3, scale, PREC)
-    A31, Q31 = _offdiag(q, k3, G3, k1, G1, ref, b3, scale, PREC)
-    A32, Q32 = _offdiag(q, k3, G3, k2, G2, ref, b3, scale, PREC)
-    A33, Q33 = _diag(q, k3, G3, b3, scale, r16, S)
-    _store_rows(Aqk_ptr, a_base, Q30, r3, r0, C, C)
-    _store_rows(Aqk_ptr, a_base, Q31, r3, r1, C, C)
-    _store_rows(Aqk_ptr, a_base, Q32, r3, r2, C, C)
-    _store_rows(Aqk_ptr, a_base, Q33, r3, r3, C, C)
-    # T = (I + Akk)^-1: diagonal inverses, then T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ
-    T00, T11, T22, T33 = _inv_diag4(A00, A11, A22, A33, r16, S)
+    r16 = tl.arange(0, S)
+    r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
+    T00, T11, T22, T33 = _inv_diag4(
+        _load_blk(Akk_ptr, a_base, 0, 0, r16, C, S),
+        _load_blk(Akk_ptr, a_base, 1, 1, r16, C, S),
+        _load_blk(Akk_ptr, a_base, 2, 2, r16, C, S),
+        _load_blk(Akk_ptr, a_base, 3, 3, r16, C, S),
+        r16,
+        S,
+    )
+    A10 = _load_blk(Akk_ptr, a_base, 1, 0, r16, C, S)
+    A21 = _load_blk(Akk_ptr, a_base, 2, 1, r16, C, S)
+    A32 = _load_blk(Akk_ptr, a_base, 3, 2, r16, C, S)
     T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=PREC), input_precision=PREC)
     T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=PREC), input_precision=PREC)
     T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=PREC), input_precision=PREC)
-    T20 = -tl.dot(
-        T22, tl.dot(A20, T00, input_precision=PREC) + tl.dot(A21, T10, input_precision=PREC), input_precision=PREC
-    )
-    T31 = -tl.dot(
-        T33, tl.dot(A31, T11, input_precision=PREC) + tl.dot(A32, T21, input_precision=PREC), input_precision=PREC
-    )
-    T30 = -tl.dot(
-        T33,
-        tl.dot(A30, T00, input_precision=PREC)
-        + tl.dot(A31, T10, input_precision=PREC)
-        + tl.dot(A32, T20, input_precision=PREC),
-        input_precision=PREC,
-    )
-    if STORE_GT:
-        z = tl.zeros([S, S], dtype=tl.float32)
-        _store_rows(T_ptr, a_base, T00, r0, r0, C, C)
-        _store_rows(T_ptr, a_base, z, r0, r1, C, C)
-        _store_rows(T_ptr, a_base, z, r0, r2, C, C)
-        _store_rows(T_ptr, a_base, z, r0, r3, C, C)
-        _store_rows(T_ptr, a_base, T10, r1, r0, C, C)
-        _store_rows(T_ptr, a_base, T11, r1, r1, C, C)
-        _store_rows(T_ptr, a_base, z, r1, r2, C, C)
-        _store_rows(T_ptr, a_base, z, r1, r3, C, C)
-        _store_rows(T_ptr, a_base, T20, r2, r0, C, C)
-        _store_rows(T_ptr, a_base, T21, r2, r1, C, C)
-        _store_rows(T_ptr, a_base, T22, r2, r2, C, C)
-        _store_rows(T_ptr, a_base, z, r2, r3, C, C)
-        _store_rows(T_ptr, a_base, T30, r3, r0, C, C)
-        _store_rows(T_ptr, a_base, T31, r3, r1, C, C)
-        _store_rows(T_ptr, a_base, T32, r3, r2, C, C)
-        _store_rows(T_ptr, a_base, T33, r3, r3, C, C)
-    # W = T (beta K Gamma)
-    x0 = k0 * tl.exp(G0) * b0[:, None]
-    x1 = k1 * tl.exp(G1) * b1[:, None]
-    x2 = k2 * tl.exp(G2) * b2[:, None]
-    x3 = k3 * tl.exp(G3) * b3[:, None]
-    _store_rows(W_ptr, ck_base, tl.dot(T00, x0, input_precision=PREC), r0, ck, K, K)
-    w = tl.dot(T10, x0, input_precision=PREC) + tl.dot(T11, x1, input_precision=PREC)
-    _store_rows(W_ptr, ck_base, w, r1, ck, K, K)
-    w = tl.dot(T20, x0, input_precision=PREC) + tl.dot(T21, x1, input_precision=PREC)
-    w += tl.dot(T22, x2, input_precision=PREC)
-    _store_rows(W_ptr, ck_base, w, r2, ck, K, K)
-    w = tl.dot(T30, x0, input_precision=PREC) + tl.dot(T31, x1, input_precision=PREC)
-    w += tl.dot(T32, x2, input_precision=PREC) + tl.dot(T33, x3, input_precision=PREC)
-    _store_rows(W_ptr, ck_base, w, r3, ck, K, K)
-    # U = T (beta V)
-    y0 = _load_bv(v_ptr, beta_ptr, bos, n, r0, cv, i_hv, HV, V)
-    y1 = _load_bv(v_ptr, beta_ptr, bos, n, r1, cv, i_hv, HV, V)
-    y2 = _load_bv(v_ptr, beta_ptr, bos, n, r2, cv, i_hv, HV, V)
-    y3 = _load_bv(v_ptr, beta_ptr, bos, n, r3, cv, i_hv, HV, V)
-    cu_base = sc * (C * V)
-    _store_rows(U_ptr, cu_base, tl.dot(T00, y0, input_precision=PREC), r0, cv, V, V)
-    u = tl.dot(T10, y0, input_precision=PREC) + tl.dot(T11, y1, input_precision=PREC)
-    _store_rows(U_ptr, cu_base, u, r1, cv, V, V)
-    u = tl.dot(T20, y0, input_precision=PREC) + tl.dot(T21, y1, input_precision=PREC)
-    u += tl.dot(T22, y2, input_precision=PREC)
-    _store_rows(U_ptr, cu_base, u, r2, cv, V, V)
-    u = tl.dot(T30, y0, input_precision=PREC) + tl.dot(T31, y1, input_precision=PREC)
-    u += tl.dot(T32, y2, input_precision=PREC) + tl.dot(T33, y3, input_precision=PREC)
-    _store_rows(U_ptr, cu_base, u, r3, cv, V, V)
+    X = tl.dot(_load_blk(Akk_ptr, a_base, 2, 0, r16, C, S), T00, input_precision=PREC)
+    T20 = -tl.dot(T22, tl.dot(A21, T10, X, input_precision=PREC), input_precision=PREC)
+    A31 = _load_blk(Akk_ptr, a_base, 3, 1, r16, C, S)
+    X = tl.dot(A31, T11, input_precision=PREC)
+    T31 = -tl.dot(T33, tl.dot(A32, T21, X, input_precision=PREC), input_precision=PREC)
+    X = tl.dot(_load_blk(Akk_ptr, a_base, 3, 0, r16, C, S), T00, input_precision=PREC)
+    X = tl.dot(A32, T20, tl.dot(A31, T10, X, input_precision=PREC), input_precision=PREC)
+    T30 = -tl.dot(T33, X, input_precision=PREC)
+    zero = tl.zeros([S, S], dtype=tl.float32)
+    _store_rows(T_ptr, a_base, T00, r0, r0, C, C)
+    _store_rows(T_ptr, a_base, zero, r0, r1, C, C)
+    _store_rows(T_ptr, a_base, zero, r0, r2, C, C)
+    _store_rows(T_ptr, a_base, zero, r0, r3, C, C)
+    _store_rows(T_ptr, a_base, T10, r1, r0, C, C)
+    _store_rows(T_ptr, a_base, T11, r1, r1, C, C)
+    _store_rows(T_ptr, a_base, zero, r1, r2, C, C)
+    _store_rows(T_ptr, a_base, zero, r1, r3, C, C)
+    _store_rows(T_ptr, a_base, T20, r2, r0, C, C)
+    _store_rows(T_ptr, a_base, T21, r2, r1, C, C)
+    _store_rows(T_ptr, a_base, T22, r2, r2, C, C)
+    _store_rows(T_ptr, a_base, zero, r2, r3, C, C)
+    _store_rows(T_ptr, a_base, T30, r3, r0, C, C)
+    _store_rows(T_ptr, a_base, T31, r3, r1, C, C)
+    _store_rows(T_ptr, a_base, T32, r3, r2, C, C)
+    _store_rows(T_ptr, a_base, T33, r3, r3, C, C)
+
+
+@triton.jit
+def _wu_kernel(
+    k_ptr,
+    v_ptr,
+    beta_ptr,
+    G_ptr,
+    rk_ptr,
+    T_ptr,
+    cbos_ptr,
+    clen_ptr,
+    W_ptr,
+    U_ptr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    C: tl.constexpr,
+    BKW: tl.constexpr,
+    BVW: tl.constexpr,
+    L2: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Per (chunk, value head): ``W = T (beta K exp(G))`` and ``U = T (beta V)`` as [64, 64] x [64, B*] dots,
+    K tile by K tile, then V tile by V tile (T fp32; tf32 for 16-bit inputs, ``ieee`` for fp32)."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
+    n = tl.load(clen_ptr + i_c)
+    sc = i_c.to(tl.int64) * HV + i_hv
+    rows = tl.arange(0, C)
+    rm = rows < n
+    Tm = tl.load(T_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :])
+    b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rm, other=0.0).to(tl.float32)
+    bk = b
+    if L2:
+        bk = b * tl.load(rk_ptr + sc * C + rows)
+    for k0 in range(0, K, BKW):
+        ck = k0 + tl.arange(0, BKW)
+        cm = (ck < K)[None, :]
+        off = sc * (C * K) + rows[:, None] * K + ck[None, :]
+        x = tl.load(k_ptr + (bos + rows)[:, None] * (H * K) + i_h * K + ck[None, :], mask=rm[:, None] & cm, other=0.0)
+        x = x.to(tl.float32) * bk[:, None] * tl.exp(tl.load(G_ptr + off, mask=cm, other=0.0))
+        tl.store(W_ptr + off, tl.dot(Tm, x, input_precision=PREC).to(W_ptr.dtype.element_ty), mask=cm)
+    for v0 in range(0, V, BVW):
+        cv = v0 + tl.arange(0, BVW)
+        cm = (cv < V)[None, :]
+        y = tl.load(v_ptr + (bos + rows)[:, None] * (HV * V) + i_hv * V + cv[None, :], mask=rm[:, None] & cm, other=0.0)
+        y = y.to(tl.float32) * b[:, None]
+        off = sc * (C * V) + rows[:, None] * V + cv[None, :]
+        tl.store(U_ptr + off, tl.dot(Tm, y, input_precision=PREC).to(U_ptr.dtype.element_ty), mask=cm)
 
 
 @triton.jit
@@ -469,6 +495,9 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
     return len(cbos), [as_t(x) for x in (cbos, clen)], [as_t(x) for x in (s0, snc)]
 
 
+PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
+SCORES_BK = 16  # key columns per step of the Akk / Aqk accumulation
+WU_B = 32  # key / value columns per step of the W / U kernel
 STATE_BV = 32  # value columns per program of the sequential state pass
 OUT_BV = 64  # value columns per program of the output kernel
 
@@ -502,8 +531,8 @@ class KDAFwdState(NamedTuple):
     snc: torch.Tensor
 
 
-def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep: bool) -> KDAFwdState:
-    """Run the forward kernels; ``keep`` also stores G and T (and zeroes Aqk's upper part) for the backward."""
+def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags) -> KDAFwdState:
+    """Run the forward kernels (prep, scores, W/U, state pass, output) and return every intermediate."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -519,50 +548,90 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep: bool) 
     kg, W = torch.empty_like(qg), torch.empty_like(qg)
     U = torch.empty(nc1, HV, CHUNK, V, dtype=sdt, device=dev)
     vn = torch.empty_like(U)
-    Aqk = (torch.zeros if keep else torch.empty)(nc1, HV, CHUNK, CHUNK, dtype=sdt, device=dev)
+    Aqk = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=sdt, device=dev)
     gl = torch.empty(nc1, HV, K, dtype=torch.float32, device=dev)
     h = torch.empty(nc1, HV, K, V, dtype=sdt, device=dev)
     dummy = torch.zeros(1, dtype=torch.float32, device=dev)
-    G = torch.empty(nc1, HV, CHUNK, K, dtype=torch.float32, device=dev) if keep else dummy
-    Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev) if keep else dummy
+    G = torch.empty(nc1, HV, CHUNK, K, dtype=torch.float32, device=dev)
+    Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev)
+    Akk = torch.empty_like(Tm)
+    rq, rk = (torch.empty(nc1, HV, CHUNK, dtype=torch.float32, device=dev) if use_l2 else dummy for _ in range(2))
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     if nch:
-        _intra_kernel[(nch, HV)](
+        cbc = dict(cbos_ptr=cbos, clen_ptr=clen)
+        _prep_kernel[(nch, HV)](
             q,
             k,
-            v,
             g,
-            beta,
             A_log if use_gate else dummy,
             dt_bias if (use_gate and dt_bias is not None) else dummy,
             float(lower_bound) if lower_bound is not None else 0.0,
-            cbos,
-            clen,
-            qg,
-            kg,
-            W,
-            U,
-            Aqk,
-            gl,
-            G,
-            Tm,
-            scale,
+            **cbc,
+            G_ptr=G,
+            gl_ptr=gl,
+            qg_ptr=qg,
+            kg_ptr=kg,
+            rq_ptr=rq,
+            rk_ptr=rk,
+            scale=scale,
             H=H,
             HV=HV,
             K=K,
-            V=V,
-            BK=BK,
-            BV=BV,
             C=CHUNK,
-            S=SUB,
+            BKP=min(BK, PREP_BK),
             GATE=use_gate,
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
-            PREC="ieee" if fp32 else "tf32",
-            STORE_GT=keep,
-            num_warps=4 if BK * BV <= 64 * 64 else 8,
+            num_warps=4,
+            num_stages=2,
+        )
+        prec = "ieee" if fp32 else "tf32"
+        _scores_kernel[(nch, HV, CHUNK // SUB)](
+            q,
+            k,
+            beta,
+            G,
+            rq,
+            rk,
+            **cbc,
+            Aqk_ptr=Aqk,
+            Akk_ptr=Akk,
+            scale=scale,
+            H=H,
+            HV=HV,
+            K=K,
+            C=CHUNK,
+            S=SUB,
+            BKS=SCORES_BK,
+            L2=use_l2,
+            PREC=prec,
+            num_warps=4,
+            num_stages=2,
+        )
+        _solve_kernel[(nch * HV,)](Akk, Tm, C=CHUNK, S=SUB, PREC=prec, num_warps=4)
+        _wu_kernel[(nch, HV)](
+            k,
+            v,
+            beta,
+            G,
+            rk,
+            Tm,
+            **cbc,
+            W_ptr=W,
+            U_ptr=U,
+            H=H,
+            HV=HV,
+            K=K,
+            V=V,
+            C=CHUNK,
+            BKW=min(BK, WU_B),
+            BVW=min(BV, WU_B),
+            L2=use_l2,
+            PREC=prec,
+            num_warps=4,
+            num_stages=2,
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
     bvs = min(BV, STATE_BV)
@@ -612,7 +681,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep: bool) 
 
 def chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
     """Forward only. Returns o [B, T, HV, V] (v's dtype) and the final state [N, HV, K, V] fp32."""
-    st = _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep=False)
+    st = _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
     return st.o, st.ht
 
 
@@ -629,7 +698,7 @@ def chunk_kda_fwd_intermediates(
     """Forward on the core path (q, k already normalised, g already the log-decay), keeping the per-chunk
     intermediates the backward needs (see :class:`KDAFwdState`). q, k [B, T, H, K]; v [B, T, HV, V];
     g [B, T, HV, K]; beta [B, T, HV]; initial_state [N, HV, K, V] or None; cu_seqlens [N + 1] or None."""
-    return _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, (False, False, None, None, None), keep=True)
+    return _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, (False, False, None, None, None))
 
 
 # KDAFwdState fields the backward reads (o, ht and U are not kept)
