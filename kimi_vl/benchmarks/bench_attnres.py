@@ -1,0 +1,258 @@
+"""GPU cost of Attention Residuals (issue 6): the mix alone, and block AttnRes in a whole training step and in decode.
+
+One command, JSON to ``$OUT/bench_attnres.json`` (written after each section) plus markdown tables on stdout:
+
+    python -m kimi_vl.benchmarks.bench_attnres [--flavor small] [--seq 4096] [--batch 8]
+
+Measured in one run, bf16, CUDA events after warm-up:
+- ``mix``: the AttnRes mix alone at the flavor's width over ``batch x seq`` tokens for ``N`` = 1..9 sources:
+  stacked reference (``naive``), the PyTorch autograd function (``function``) and the fused Triton kernel
+  (``triton``), forward and forward+backward, with the Triton kernel's effective bandwidth (ideal bytes: the
+  forward reads N sources and writes h; the backward reads N sources and dh and writes N gradients).
+- ``train``: forward + backward (no optimizer step) of the flavor at ``seq`` with ``standard`` vs
+  ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
+  (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes both through the
+  Triton kernel and through the PyTorch function (``KVL_ATTNRES_BACKEND``). Reports step time, overhead %,
+  the step's peak memory above the resident weights, and the memory of the stored block states for scale.
+- ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context`` (two-phase AttnRes path).
+``--budget-s`` skips the hybrid when the run is already past it (recorded in the JSON); ``--smoke`` runs tiny
+sizes on the CPU to check the script itself (``TRITON_INTERPRET=1 python -m ... --smoke``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from kernels.attn_res import attn_res_mix, attn_res_mix_naive
+from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+from kimi_vl.benchmarks.bench_backbone import bench_decode
+
+MIX_IMPLS: dict[str, Callable] = {
+    "naive": lambda xs, w, g: attn_res_mix_naive(xs, w, g, 1e-5),
+    "function": lambda xs, w, g: attn_res_mix(xs, w, g, 1e-5, backend="torch"),
+    "triton": lambda xs, w, g: attn_res_mix(xs, w, g, 1e-5, backend="triton"),
+}
+
+
+def time_per_iter(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:
+    """Seconds per call of ``fn`` (CUDA events on a GPU, wall clock otherwise)."""
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) / iters
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1000 / iters
+
+
+def _mix_times(impl: Callable, xs: list[torch.Tensor], w: torch.Tensor, g: torch.Tensor, dh: torch.Tensor,
+               device: torch.device, iters: int) -> tuple[float, float]:
+    """Milliseconds of one forward, and of one forward + backward, of the mix ``impl``."""
+    fwd = time_per_iter(lambda: impl(xs, w, g), 2, iters, device)
+    fwd_bwd = time_per_iter(lambda: torch.autograd.grad(impl(xs, w, g)[0], [*xs, w, g], dh), 2, iters, device)
+    return 1e3 * fwd, 1e3 * fwd_bwd
+
+
+def bench_mix(tokens: int, d: int, ns: list[int], device: torch.device, dtype: torch.dtype, iters: int) -> list[dict]:
+    rows = []
+    for n in ns:
+        xs = [torch.randn(tokens, d, device=device, dtype=dtype, requires_grad=True) for _ in range(n)]
+        w = (0.05 * torch.randn(1, d, device=device)).to(dtype).requires_grad_()
+        g = torch.ones(d, device=device, dtype=dtype, requires_grad=True)
+        dh = torch.randn(tokens, d, device=device, dtype=dtype)
+        elem = xs[0].element_size() * tokens * d
+        row = {"n": n, "tokens": tokens, "d": d, "ideal_fwd_bytes": (n + 1) * elem,
+               "ideal_bwd_bytes": (2 * n + 1) * elem}
+        for name, impl in MIX_IMPLS.items():
+            row[f"{name}_fwd_ms"], row[f"{name}_fwd_bwd_ms"] = _mix_times(impl, xs, w, g, dh, device, iters)
+        bwd_ms = row["triton_fwd_bwd_ms"] - row["triton_fwd_ms"]
+        row["triton_fwd_gbps"] = row["ideal_fwd_bytes"] / row["triton_fwd_ms"] / 1e6
+        row["triton_bwd_gbps"] = row["ideal_bwd_bytes"] / bwd_ms / 1e6 if bwd_ms > 0 else float("nan")
+        rows.append(row)
+        del xs, dh
+    return rows
+
+
+def _config(flavor: str, layers: str, residual: str) -> KimiVLConfig:
+    """The flavor with ``residual``; ``layers == "mla"`` replaces every KDA layer by MLA (``attn_ratio 0:1``)."""
+    mla = {"attn_ratio": "0:1", "layer_types": None} if layers == "mla" else {}
+    return KimiVLConfig.from_flavor(flavor, residual_mode=residual, **mla)
+
+
+def _build(cfg: KimiVLConfig, device: torch.device, dtype: torch.dtype) -> KimiVLForCausalLM:
+    torch.manual_seed(0)
+    return KimiVLForCausalLM(cfg).to(device, dtype).train()
+
+
+def _step_fn(model: KimiVLForCausalLM, ids: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids, use_cache=False).loss.backward()
+    return step
+
+
+def _step_peak_gib(step: Callable[[], None], device: torch.device) -> float:
+    """Peak memory of one step above what was allocated before it (weights; gradients are freed first)."""
+    if device.type != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def _with_backend(backend: str | None, fn: Callable[[], float]) -> float:
+    old = os.environ.pop("KVL_ATTNRES_BACKEND", None)
+    if backend is not None:
+        os.environ["KVL_ATTNRES_BACKEND"] = backend
+    try:
+        return fn()
+    finally:
+        os.environ.pop("KVL_ATTNRES_BACKEND", None)
+        if old is not None:
+            os.environ["KVL_ATTNRES_BACKEND"] = old
+
+
+def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtype: torch.dtype) -> dict:
+    """Standard vs block AttnRes (Triton kernel, and PyTorch function) for one layer layout, rounds interleaved."""
+    cfgs = {r: _config(flavor, layers, r) for r in ("standard", "attnres_block")}
+    models = {r: _build(c, device, dtype) for r, c in cfgs.items()}
+    ids = torch.randint(0, cfgs["standard"].vocab_size, (args.batch, args.seq), device=device)
+    variants = {"standard": ("standard", None), "attnres_triton": ("attnres_block", "triton"),
+                "attnres_function": ("attnres_block", "torch")}
+    if layers != "mla":
+        variants.pop("attnres_function")
+    iters = args.iters if layers == "mla" else args.hybrid_iters
+    best = {v: float("inf") for v in variants}
+    peak = {}
+    steps = {v: _step_fn(models[res], ids) for v, (res, _) in variants.items()}
+    for v, (_, backend) in variants.items():
+        peak[v] = _with_backend(backend, partial(_step_peak_gib, steps[v], device))
+        _with_backend(backend, partial(time_per_iter, steps[v], 1, 1, device))
+    for _ in range(args.rounds):
+        for v, (_, backend) in variants.items():
+            best[v] = min(best[v], _with_backend(backend, partial(time_per_iter, steps[v], 0, iters, device)))
+    cfg = cfgs["attnres_block"]
+    n_blocks = -(-cfg.num_sublayers // cfg.attnres_block_size)
+    block_state_gib = n_blocks * args.batch * args.seq * cfg.hidden_size * torch.finfo(dtype).bits / 8 / 2**30
+    out = {"layers": cfgs["standard"].layer_types, "seq": args.seq, "batch": args.batch, "iters": iters,
+           "rounds": args.rounds, "block_states_gib": block_state_gib, "variants": {}}
+    for v in variants:
+        out["variants"][v] = {"step_s": best[v], "tokens_per_s": args.batch * args.seq / best[v],
+                              "overhead_pct": 100 * (best[v] / best["standard"] - 1),
+                              "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
+    out["decode"] = bench_decode_pair(models, cfgs["standard"], args, device) if args.decode_steps > 0 else {}
+    del models
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def bench_decode_pair(models: dict, cfg: KimiVLConfig, args, device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {"skipped": "decode timing needs CUDA"}
+    best = {r: float("inf") for r in models}
+    for _ in range(args.rounds):
+        for r, model in models.items():
+            row = bench_decode(model, cfg, args.decode_context, 1, args.decode_steps)
+            best[r] = min(best[r], row["step_s"])
+    for model in models.values():
+        model.train()
+    return {"context": args.decode_context, "steps": args.decode_steps,
+            **{f"{r}_tokens_per_s": 1 / s for r, s in best.items()},
+            "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1)}
+
+
+def _save(results: dict) -> None:
+    out_dir = Path(os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench_attnres.json").write_text(json.dumps(results, indent=2))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--flavor", default="small")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--sources", type=int, nargs="+", default=list(range(1, 10)))
+    p.add_argument("--mix-iters", type=int, default=10)
+    p.add_argument("--iters", type=int, default=5, help="timed steps per round, all-MLA model")
+    p.add_argument("--hybrid-iters", type=int, default=2, help="timed steps per round, hybrid model")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--decode-context", type=int, default=4096)
+    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--no-hybrid", action="store_true")
+    p.add_argument("--budget-s", type=float, default=50.0, help="skip the hybrid when the run is past this")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (debug flavor), checks the script")
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
+        p.error("--smoke runs the Triton kernel on the CPU: set TRITON_INTERPRET=1 before starting")
+    if args.smoke:
+        args.flavor, args.seq, args.batch, args.sources, args.mix_iters = "debug", 32, 2, [1, 3], 1
+        args.iters, args.hybrid_iters, args.rounds, args.decode_steps = 1, 1, 1, 0
+    d = KimiVLConfig.from_flavor(args.flavor).hidden_size
+    results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+               "flavor": args.flavor, "dtype": str(dtype), "date": time.strftime("%Y-%m-%d"), "args": vars(args)}
+    results["mix"] = bench_mix(args.batch * args.seq, d, args.sources, device, dtype, args.mix_iters)
+    _save(results)
+    results["train"] = {"mla": bench_train_group(args.flavor, "mla", args, device, dtype)}
+    _save(results)
+    elapsed = time.perf_counter() - t0
+    if args.no_hybrid or elapsed > args.budget_s:
+        results["train"]["hybrid"] = {"skipped": f"--no-hybrid or past the budget ({elapsed:.0f} s)"}
+    else:
+        results["train"]["hybrid"] = bench_train_group(args.flavor, "hybrid", args, device, dtype)
+    results["wall_s"] = time.perf_counter() - t0
+    _save(results)
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    lines = [f"{results['device']}, flavor {results['flavor']}, {results['dtype']}, torch {results['torch']}, "
+             f"{results['date']}, {results['wall_s']:.0f} s", "",
+             "| N | naive fwd / fwd+bwd ms | function fwd / fwd+bwd ms | triton fwd / fwd+bwd ms "
+             "| triton fwd / bwd GB/s |", "| --- | --- | --- | --- | --- |"]
+    for r in results["mix"]:
+        cells = [f"{r[f'{i}_fwd_ms']:.3f} / {r[f'{i}_fwd_bwd_ms']:.3f}" for i in MIX_IMPLS]
+        gbps = f"{r['triton_fwd_gbps']:,.0f} / {r['triton_bwd_gbps']:,.0f}"
+        lines.append(f"| {r['n']} | " + " | ".join(cells) + f" | {gbps} |")
+    lines += ["", "| layers | variant | step ms | tokens/s | overhead | step peak GiB | peak overhead |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for layers, group in results["train"].items():
+        if "skipped" in group:
+            lines.append(f"| {layers} | skipped: {group['skipped']} | | | | | |")
+            continue
+        for v, r in group["variants"].items():
+            lines.append(f"| {layers} | {v} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
+                         f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
+        dec = group.get("decode", {})
+        if "overhead_pct" in dec:
+            lines.append(f"| {layers} | decode @ {dec['context']}: {dec['standard_tokens_per_s']:.1f} vs "
+                         f"{dec['attnres_block_tokens_per_s']:.1f} tok/s | | | {dec['overhead_pct']:+.1f}% | | |")
+        lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
