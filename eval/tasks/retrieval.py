@@ -54,8 +54,12 @@ def retrieval_doc(seed: int, split: str, length: int, index: int, count=None) ->
     while n < len(pool) and count(retrieval_prompt(pool[:n + 1], 0)) <= length:
         n += 1
     depth = DEPTHS[index % len(DEPTHS)]
-    needle = int(round(depth * (n - 1)))
-    prompt = retrieval_prompt(pool[:n], needle)
+    while True:  # the asked key's length differs from record 0's: shrink until the real prompt fits
+        needle = int(round(depth * (n - 1)))
+        prompt = retrieval_prompt(pool[:n], needle)
+        if n <= 2 or count(prompt) <= length:
+            break
+        n -= 1
     return {"id": f"{split}_{task_name(length)}_{index:08d}", "prompt": prompt, "answer": pool[needle].value,
             "n_records": n, "needle_index": needle, "needle_depth": depth, "target_tokens": length,
             "n_tokens": count(prompt)}
