@@ -54,12 +54,16 @@ def newton_schulz5(
     return X.squeeze(0) if squeeze else X
 
 
-def ns_iterate(X_NAB: torch.Tensor, steps: int, natural_layout: bool = False) -> torch.Tensor:
+def ns_iterate(X_NAB: torch.Tensor, steps: int, natural_layout: bool = False, copy_free: bool = False) -> torch.Tensor:
     """The quintic iterations on an already normalised batch ``[N, A, B]`` (in its compute dtype).
 
     Tall matrices are iterated as their transposes (small Gram matrix). The result is ``[N, A, B]``; for tall
-    inputs it is a transposed view unless ``natural_layout``, where the last step computes ``a X^T + X^T B``
-    (``B`` is symmetric) so the result is contiguous ``[N, A, B]`` (same maths, other rounding order).
+    inputs it is a transposed view unless ``natural_layout``, where the last step computes ``(Q X)^T`` as
+    ``X^T Q^T`` so the result is contiguous ``[N, A, B]`` (same maths, other rounding order).
+
+    ``copy_free``: ``torch.baddbmm`` with ``beta != 0`` first copies its ``input`` into the output (a separate
+    memory pass of X's size every step); instead ``Q = b A + c A A`` gets ``a`` added to its diagonal and
+    ``X <- Q X`` is a plain ``bmm``. Same polynomial; the diagonal of ``Q`` is rounded once more (bf16).
     """
     X = X_NAB
     tall = X.shape[-2] > X.shape[-1]
@@ -69,8 +73,16 @@ def ns_iterate(X_NAB: torch.Tensor, steps: int, natural_layout: bool = False) ->
     for i in range(steps):
         A_NAA = torch.bmm(X, X.mT)
         B_NAA = torch.baddbmm(A_NAA, A_NAA, A_NAA, beta=b, alpha=c)  # b A + c A A
-        if tall and natural_layout and i == steps - 1:
-            return torch.baddbmm(X.mT, X.mT, B_NAA, beta=a)  # (a X + B X)^T = a X^T + X^T B
+        last_natural = tall and natural_layout and i == steps - 1
+        if copy_free:
+            diag_NA = B_NAA.diagonal(dim1=-2, dim2=-1)
+            diag_NA.copy_(diag_NA.float() + a)  # Q = a I + b A + c A A (in fp32: a bf16 ``a`` would bias the diagonal)
+            if last_natural:
+                return torch.bmm(X.mT, B_NAA.mT)  # (Q X)^T
+            X = torch.bmm(B_NAA, X)
+            continue
+        if last_natural:
+            return torch.baddbmm(X.mT, X.mT, B_NAA.mT, beta=a)  # (a X + B X)^T = a X^T + X^T B^T
         X = torch.baddbmm(X, B_NAA, X, beta=a)  # a X + B X
     return X.mT if tall else X
 

@@ -266,7 +266,7 @@ class MuonClip(torch.optim.Optimizer):
         """Exact path: ``newton_schulz5`` on the raw directions; fused: iterate the normalised bf16 batches."""
         def ns_fn(key: tuple, G_NAB: torch.Tensor) -> torch.Tensor:
             if fused:
-                return ns_iterate(G_NAB, key[2], natural_layout=True)
+                return ns_iterate(G_NAB, key[2], natural_layout=True, copy_free=True)
             return newton_schulz5(G_NAB, steps=key[2], dtype=self.ns_dtype)
 
         if ctx is not None:
