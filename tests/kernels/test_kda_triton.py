@@ -37,6 +37,7 @@ def _to(xs, dtype=torch.float32):
         (63, 1, 2, 20, 12, "logsig_sharp", True),
         (65, 1, 1, 32, 32, "lower_bound", True),
         (17, 2, 2, 24, 16, "logsig_slow", False),
+        (70, 1, 2, 48, 40, "logsig", True),  # several K / V tiles per kernel, ragged ones
     ],
 )
 def test_triton_fp32_vs_oracle(T, H, HV, K, V, gate, h0):
@@ -227,3 +228,17 @@ def test_triton_fwd_intermediates_vs_torch():
             got, want = got - eye, want - eye
         assert_rel_rms(got, want, 1e-5, name)
     assert (st.Aqk.triu(1) == 0).all() and (st.T.triu(1) == 0).all()
+
+
+def test_triton_l2_gate_several_k_tiles():
+    """In-kernel L2 norm and lower-bound gate with K = 48 (norms and gate over several K tiles), HV = 2H, fp32,
+    against the PyTorch path."""
+    q, k, v, g, beta, s0 = make_inputs(1, 70, 1, 2, 48, 24, h0=True)
+    A_log = torch.log(torch.empty(2, dtype=torch.float64).uniform_(1, 16))
+    dtb = torch.randn(2 * 48, dtype=torch.float64)
+    x = _to([q * 3, k * 2, v, g, beta, s0, A_log, dtb])
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x[6], dt_bias=x[7], lower_bound=-3.0)
+    o, S = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True, **kw)
+    o2, S2 = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True, backend="torch", **kw)
+    assert_rel_rms(o, o2, 1e-5, "o")
+    assert_rel_rms(S, S2, 1e-5, "S")
