@@ -3,7 +3,8 @@
 
 Shapes: ``M`` tokens (all leading dims flattened), ``D`` features, ``N`` sources ``x_n [M, D]`` (contiguous,
 one dtype: fp32, fp16 or bf16), read in place through a table of their addresses (``int64 [N]``), so the
-sources are never stacked and one compiled kernel serves every ``N``.
+sources are never stacked and one compiled kernel serves every ``N`` (when every address is 16-byte aligned,
+``ALIGNED`` tells the compiler so, since it cannot see through the table, and loads vectorise).
 
 - Forward: one program per tile of ``BLOCK_T`` tokens x all of ``D`` (``BLOCK_D`` = next power of two) walks
   the sources once with an online softmax: per source, RMS and score in fp32, then ``acc = acc * e^(m - m') +
@@ -34,7 +35,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @triton.jit
 def _attn_res_fwd_kernel(
     src_tab, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -49,6 +50,8 @@ def _attn_res_fwd_kernel(
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for n in range(N):
         src = tl.load(src_tab + n).to(h_ptr.dtype)
+        if ALIGNED:
+            src = tl.multiple_of(src, 16)
         x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
         s = tl.sum(x * u[None, :], axis=1) * rstd
@@ -68,7 +71,7 @@ def _attn_res_fwd_kernel(
 @triton.jit
 def _attn_res_bwd_kernel(
     src_tab, dsrc_tab, u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N, M, D, num_tiles,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -84,12 +87,17 @@ def _attn_res_bwd_kernel(
         h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
         for n in range(N):
             src = tl.load(src_tab + n).to(dh_ptr.dtype)
+            if ALIGNED:
+                src = tl.multiple_of(src, 16)
             x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
             a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
             h += a[:, None] * x
         for n in range(N):
             src = tl.load(src_tab + n).to(dh_ptr.dtype)
             dsrc = tl.load(dsrc_tab + n).to(dh_ptr.dtype)
+            if ALIGNED:
+                src = tl.multiple_of(src, 16)
+                dsrc = tl.multiple_of(dsrc, 16)
             x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
             a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
             r = tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0)
@@ -112,6 +120,11 @@ def _address_table(tensors: list[torch.Tensor], device: torch.device) -> torch.T
     return ptrs.to(device) if device.type == "cuda" else ptrs
 
 
+def _aligned(tensors: list[torch.Tensor]) -> bool:
+    """Every address 16-byte aligned: lets the compiler vectorise loads through the address table."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
 def _num_bwd_programs(num_tiles: int, device: torch.device) -> int:
     if device.type != "cuda":
         return min(num_tiles, 4)
@@ -132,7 +145,7 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     block_t, block_d = _blocks(d)
     _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
         _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
-        BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
+        BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
     alpha.sub_(lse).exp_()
     return h, rstd, alpha
 
@@ -149,7 +162,7 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
     _attn_res_bwd_kernel[(programs,)](
         _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, du_partial,
-        n, m, d, num_tiles, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
+        n, m, d, num_tiles, BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources + dxs), num_warps=NUM_WARPS)
     return dxs, du_partial.sum(0)
 
 

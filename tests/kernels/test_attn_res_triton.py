@@ -156,3 +156,13 @@ def test_invalid_inputs_name_the_shapes():
 def test_triton_bf16_small_flavor_width_on_gpu(n):
     xs, w, g = _inputs(n, (2, 2048), 768, dtype=torch.bfloat16, q_scale=0.5, seed=7)
     _check_against_naive(xs, w, g, "triton", *TOL[torch.bfloat16])
+
+
+def test_triton_unaligned_source_address():
+    """A source starting 4 bytes into its storage takes the kernels' unaligned path."""
+    xs, w, g = _inputs(3, (2, 9), 40, seed=8)
+    flat = torch.zeros(xs[1].numel() + 1, device=_dev())
+    flat[1:] = xs[1].detach().reshape(-1)
+    xs[1] = flat[1:].view_as(xs[1]).requires_grad_()
+    assert not mix_triton._aligned([xs[1]])
+    _check_against_naive(xs, w, g, "triton", *TOL[torch.float32])
