@@ -80,7 +80,11 @@ def bench_mix(tokens: int, d: int, ns: list[int], device: torch.device, dtype: t
         row = {"n": n, "tokens": tokens, "d": d, "ideal_fwd_bytes": (n + 1) * elem,
                "ideal_bwd_bytes": (2 * n + 1) * elem}
         for name, impl in MIX_IMPLS.items():
-            row[f"{name}_fwd_ms"], row[f"{name}_fwd_bwd_ms"] = _mix_times(impl, xs, w, g, dh, device, iters)
+            try:
+                row[f"{name}_fwd_ms"], row[f"{name}_fwd_bwd_ms"] = _mix_times(impl, xs, w, g, dh, device, iters)
+            except Exception as err:  # keep the other rows: one failing implementation is itself a result
+                row[f"{name}_fwd_ms"] = row[f"{name}_fwd_bwd_ms"] = float("nan")
+                row[f"{name}_error"] = f"{type(err).__name__}: {err}"[:2000]
         bwd_ms = row["triton_fwd_bwd_ms"] - row["triton_fwd_ms"]
         row["triton_fwd_gbps"] = row["ideal_fwd_bytes"] / row["triton_fwd_ms"] / 1e6
         row["triton_bwd_gbps"] = row["ideal_bwd_bytes"] / bwd_ms / 1e6 if bwd_ms > 0 else float("nan")
@@ -181,6 +185,16 @@ def bench_decode_pair(models: dict, cfg: KimiVLConfig, args, device: torch.devic
             "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1)}
 
 
+def _guarded(fn: Callable[..., dict], *args) -> dict:
+    """``fn(*args)``, or ``{"skipped": the error}`` so that one failing section leaves the others' results."""
+    try:
+        return fn(*args)
+    except Exception as err:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return {"skipped": f"error: {type(err).__name__}: {err}"[:2000]}
+
+
 def _save(results: dict) -> None:
     out_dir = Path(os.environ.get("OUT", "."))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -216,13 +230,13 @@ def main() -> None:
                "flavor": args.flavor, "dtype": str(dtype), "date": time.strftime("%Y-%m-%d"), "args": vars(args)}
     results["mix"] = bench_mix(args.batch * args.seq, d, args.sources, device, dtype, args.mix_iters)
     _save(results)
-    results["train"] = {"mla": bench_train_group(args.flavor, "mla", args, device, dtype)}
+    results["train"] = {"mla": _guarded(bench_train_group, args.flavor, "mla", args, device, dtype)}
     _save(results)
     elapsed = time.perf_counter() - t0
     if args.no_hybrid or elapsed > args.budget_s:
         results["train"]["hybrid"] = {"skipped": f"--no-hybrid or past the budget ({elapsed:.0f} s)"}
     else:
-        results["train"]["hybrid"] = bench_train_group(args.flavor, "hybrid", args, device, dtype)
+        results["train"]["hybrid"] = _guarded(bench_train_group, args.flavor, "hybrid", args, device, dtype)
     results["wall_s"] = time.perf_counter() - t0
     _save(results)
     print(table(results))
