@@ -116,8 +116,10 @@ def _blocks(d: int) -> tuple[int, int]:
 
 
 def _address_table(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """``int64 [N]`` addresses on ``device``. On CUDA the copy goes through pinned memory and is asynchronous:
+    a pageable copy would synchronise the stream at every mix and stall the host's run-ahead."""
     ptrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
-    return ptrs.to(device) if device.type == "cuda" else ptrs
+    return ptrs.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else ptrs
 
 
 def _aligned(tensors: list[torch.Tensor]) -> bool:
