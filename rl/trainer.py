@@ -158,6 +158,7 @@ class RLTrainer:
             "update_tokens": self.update_tokens,
             "time_rollout_s": t1 - t0,
             "time_update_s": time.time() - t1,
+            "gen_tokens_per_s": int(batch.lengths_PK.sum()) / max(t1 - t0, 1e-9),
         }
 
     def save(self) -> None:
