@@ -23,7 +23,8 @@ Kernels (all fixed configurations, so they run under ``TRITON_INTERPRET=1``; no 
   state out (the input state is not modified), matching ``causal_conv1d_update``.
 
 Shapes: x ``[B, T, D]`` (flattened to ``[NT, D]`` rows); weight ``[D, W]``; bias ``[D]``; state
-``[N, D, W-1]``; decode x ``[N, D]``.
+``[N, D, W-1]`` (the whole-sequence kernels read a transposed copy ``[N, W-1, D]``, and the final-state
+gradient likewise, so that those loads are contiguous rows like x's); decode x ``[N, D]``.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-FWD_BT, FWD_BD = 64, 128
-BWD_BT, BWD_BD, BWD_TILES = 32, 128, 8  # one backward program covers up to BWD_BT * BWD_TILES rows
+FWD_BT, FWD_BD = 16, 128
+BWD_BT, BWD_BD, BWD_TILES = 16, 64, 16  # one backward program covers up to BWD_BT * BWD_TILES rows
 STATE_BD = 128
 DEC_BD = 256
 NUM_WARPS = 4
@@ -69,29 +70,31 @@ def _seq_span(n, j, cu_ptr, T, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _tap(x_ptr, s_ptr, seq, bos, p, rmask, cols, cmask, D, W: tl.constexpr, HAS_STATE: tl.constexpr,
+def _tap(x_ptr, s_ptr, seq, bos, p, pmin, rmask, cols, cmask, D, W: tl.constexpr, HAS_STATE: tl.constexpr,
          ACC: tl.constexpr):
     """Input at sequence position ``p`` ([BR]) for channels ``cols``: x, the initial state before the start
-    (rounded to x's dtype), or zero. Returns ``[BR, BD]`` in ACC."""
+    (rounded to x's dtype), or zero. ``pmin`` (scalar) <= min(p): the strided state gather is skipped for
+    tiles with no row before a sequence start. Returns ``[BR, BD]`` in ACC."""
     m = (rmask & (p >= 0))[:, None] & cmask[None, :]
     v = tl.load(x_ptr + (bos + p)[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
     if HAS_STATE:
-        j = p + (W - 1)
-        ms = (rmask & (p < 0) & (j >= 0))[:, None] & cmask[None, :]
-        s_off = (seq * D)[:, None] * (W - 1) + cols[None, :] * (W - 1) + j[:, None]
-        s = tl.load(s_ptr + s_off, mask=ms, other=0.0)
-        v += s.to(x_ptr.dtype.element_ty).to(ACC)
+        if pmin < 0:
+            j = p + (W - 1)
+            ms = (rmask & (p < 0) & (j >= 0))[:, None] & cmask[None, :]
+            s = tl.load(s_ptr + (seq * (W - 1) + j)[:, None] * D + cols[None, :], mask=ms, other=0.0)
+            v += s.to(x_ptr.dtype.element_ty).to(ACC)
     return v
 
 
 @triton.jit
-def _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, pos, rmask, cols, cmask, D, W: tl.constexpr, BR: tl.constexpr,
+def _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, pos, pmin, rmask, cols, cmask, D, W: tl.constexpr, BR: tl.constexpr,
          BD: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, ACC: tl.constexpr):
-    """Pre-activation ``[BR, BD]`` at sequence positions ``pos``."""
+    """Pre-activation ``[BR, BD]`` at sequence positions ``pos`` (``pmin`` <= min(pos))."""
     acc = tl.zeros([BR, BD], dtype=ACC)
     for w in tl.static_range(W):
         wt = tl.load(w_ptr + cols * W + w, mask=cmask, other=0.0).to(ACC)
-        tap = _tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, rmask, cols, cmask, D, W, HAS_STATE, ACC)
+        tap = _tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, pmin - (W - 1) + w, rmask, cols, cmask, D, W,
+                   HAS_STATE, ACC)
         acc += wt[None, :] * tap
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)[None, :]
@@ -104,7 +107,7 @@ def _silu(pre):
 
 
 @triton.jit
-def _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, q, rmask, cols, cmask, D, W: tl.constexpr,
+def _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, q, qmin, rmask, cols, cmask, D, W: tl.constexpr,
           BR: tl.constexpr, BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
           ACC: tl.constexpr):
     """Gradient of the pre-activation at sequence positions ``q`` (zero outside ``0 <= q < L``)."""
@@ -112,29 +115,28 @@ def _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, q, rmask, cols, cmask
     m = valid[:, None] & cmask[None, :]
     g = tl.load(dy_ptr + (bos + q)[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
     if ACT:
-        pre = _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, q, valid, cols, cmask, D, W, BR, BD, HAS_BIAS, HAS_STATE,
-                   ACC)
+        pre = _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, q, qmin, valid, cols, cmask, D, W, BR, BD, HAS_BIAS,
+                   HAS_STATE, ACC)
         sig = 1.0 / (1.0 + tl.exp(-pre))
         g = g * sig * (1.0 + pre * (1.0 - sig))
     return g
 
 
 @triton.jit
-def _drow(acc, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, pos, rmask, cols, cmask, D,
+def _drow(acc, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, pos, pmin, rmask, cols, cmask, D,
           W: tl.constexpr, K0: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, ACT: tl.constexpr,
           HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_DFS: tl.constexpr, ACC: tl.constexpr):
     """Gradient of the input at sequence positions ``pos`` (x rows, or initial-state columns when pos < 0):
     ``acc + sum_{K0 <= k < W} weight[W-1-k] * dpre[pos + k]`` plus the final-state gradient of that input."""
     for k in tl.static_range(K0, W):
         wt = tl.load(w_ptr + cols * W + (W - 1 - k), mask=cmask, other=0.0).to(ACC)
-        g = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, pos + k, rmask, cols, cmask, D, W, BR, BD, ACT,
-                  HAS_BIAS, HAS_STATE, ACC)
+        g = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, pos + k, pmin + k, rmask, cols, cmask, D, W, BR,
+                  BD, ACT, HAS_BIAS, HAS_STATE, ACC)
         acc += wt[None, :] * g
     if HAS_DFS:
         c = pos - L + (W - 1)  # final-state column that holds this input
         m = (rmask & (c >= 0))[:, None] & cmask[None, :]
-        f_off = (seq * D)[:, None] * (W - 1) + cols[None, :] * (W - 1) + c[:, None]
-        acc += tl.load(dfs_ptr + f_off, mask=m, other=0.0).to(ACC)
+        acc += tl.load(dfs_ptr + (seq * (W - 1) + c)[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
     return acc
 
 
@@ -146,8 +148,9 @@ def _fwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, seq_ptr, cu_ptr, NT, T, D, W:
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     rmask, cmask = rows < NT, cols < D
     seq, bos, L = _rows_seq(rows, rmask, seq_ptr, cu_ptr, T, VARLEN)
-    pre = _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, rows - bos, rmask, cols, cmask, D, W, BT, BD, HAS_BIAS,
-               HAS_STATE, ACC)
+    pos = rows - bos
+    pre = _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, pos, tl.min(pos, axis=0), rmask, cols, cmask, D, W, BT, BD,
+               HAS_BIAS, HAS_STATE, ACC)
     y = _silu(pre) if ACT else pre
     m = rmask[:, None] & cmask[None, :]
     tl.store(y_ptr + rows[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
@@ -162,7 +165,7 @@ def _final_state_kernel(x_ptr, s_ptr, fs_ptr, cu_ptr, T, D, W: tl.constexpr, BJ:
     j = tl.arange(0, BJ).to(tl.int64)
     jm = j < W - 1
     seq, bos, L = _seq_span(n, j, cu_ptr, T, VARLEN)
-    v = _tap(x_ptr, s_ptr, seq, bos, L - (W - 1) + j, jm, cols, cmask, D, W, HAS_STATE, ACC)
+    v = _tap(x_ptr, s_ptr, seq, bos, L - (W - 1) + j, -1, jm, cols, cmask, D, W, HAS_STATE, ACC)
     off = n * D * (W - 1) + cols[None, :] * (W - 1) + j[:, None]
     tl.store(fs_ptr + off, v.to(fs_ptr.dtype.element_ty), mask=jm[:, None] & cmask[None, :])
 
@@ -184,14 +187,16 @@ def _bwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_
         rmask = rows < NT
         seq, bos, L = _rows_seq(rows, rmask, seq_ptr, cu_ptr, T, VARLEN)
         pos = rows - bos
-        g0 = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, pos, rmask, cols, cmask, D, W, BT, BD, ACT,
+        pmin = tl.min(pos, axis=0)
+        g0 = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, pos, pmin, rmask, cols, cmask, D, W, BT, BD, ACT,
                    HAS_BIAS, HAS_STATE, ACC)
         for w in tl.static_range(W):
-            tap = _tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, rmask, cols, cmask, D, W, HAS_STATE, ACC)
+            tap = _tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, pmin - (W - 1) + w, rmask, cols, cmask, D, W,
+                       HAS_STATE, ACC)
             dw += tl.where(wc[None, :] == w, tl.sum(g0 * tap, axis=0)[:, None], 0.0)
         db += tl.sum(g0, axis=0)
-        dx = _drow(w_last[None, :] * g0, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, pos, rmask, cols,
-                   cmask, D, W, 1, BT, BD, ACT, HAS_BIAS, HAS_STATE, HAS_DFS, ACC)
+        dx = _drow(w_last[None, :] * g0, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, pos, pmin, rmask,
+                   cols, cmask, D, W, 1, BT, BD, ACT, HAS_BIAS, HAS_STATE, HAS_DFS, ACC)
         m = rmask[:, None] & cmask[None, :]
         tl.store(dx_ptr + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=m)
     w_off = i_p * D * W + cols[:, None] * W + wc[None, :]
@@ -211,8 +216,8 @@ def _dstate_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, ds_ptr, cu_ptr, 
     jm = j < W - 1
     seq, bos, L = _seq_span(n, j, cu_ptr, T, VARLEN)
     acc = tl.zeros([BJ, BD], dtype=ACC)
-    acc = _drow(acc, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, j - (W - 1), jm, cols, cmask, D, W,
-                0, BJ, BD, ACT, HAS_BIAS, True, HAS_DFS, ACC)
+    acc = _drow(acc, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, j - (W - 1), -(W - 1), jm, cols,
+                cmask, D, W, 0, BJ, BD, ACT, HAS_BIAS, True, HAS_DFS, ACC)
     off = n * D * (W - 1) + cols[None, :] * (W - 1) + j[:, None]
     tl.store(ds_ptr + off, acc.to(ds_ptr.dtype.element_ty), mask=jm[:, None] & cmask[None, :])
 
@@ -286,8 +291,7 @@ def _forward(x_TD, w, b, s, lay: _Layout, silu: bool) -> torch.Tensor:
     return y
 
 
-def _final_state(x_TD, s, lay: _Layout) -> torch.Tensor:
-    out_dt = s.dtype if s is not None else x_TD.dtype
+def _final_state(x_TD, s, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
     fs = torch.empty(lay.N, lay.D, lay.W - 1, dtype=out_dt, device=x_TD.device)
     if fs.numel() == 0:
         return fs
@@ -318,8 +322,8 @@ def _backward(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
     return dx, dw_part.sum(0), (db_part.sum(0) if db_part is not None else None)
 
 
-def _dstate(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool) -> torch.Tensor:
-    ds = torch.zeros(lay.N, lay.D, lay.W - 1, dtype=s.dtype, device=s.device)
+def _dstate(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool, out_dt: torch.dtype) -> torch.Tensor:
+    ds = torch.zeros(lay.N, lay.D, lay.W - 1, dtype=out_dt, device=s.device)
     if ds.numel() == 0:
         return ds
     _dstate_kernel[(lay.N, triton.cdiv(lay.D, STATE_BD))](
@@ -340,12 +344,14 @@ class CausalConv1dFunction(torch.autograd.Function):
         x_TD = x.reshape(B * T, D).contiguous()
         w = weight.contiguous()
         b = bias.contiguous() if bias is not None else None
-        s = initial_state.contiguous() if initial_state is not None and lay.W > 1 else None
+        # the kernels read the state (and the final-state gradient) as [N, W-1, D]: contiguous rows like x's
+        s = initial_state.transpose(1, 2).contiguous() if initial_state is not None and lay.W > 1 else None
         y = _forward(x_TD, w, b, s, lay, silu)
-        fs = _final_state(x_TD, s, lay) if output_final_state else None
+        s_dt = initial_state.dtype if initial_state is not None else x.dtype
+        fs = _final_state(x_TD, s, lay, s_dt) if output_final_state else None
         ctx.save_for_backward(x_TD, w, b, s)
         ctx.lay, ctx.silu, ctx.shape = lay, silu, (B, T, D)
-        ctx.state_dtype = initial_state.dtype if initial_state is not None else x.dtype
+        ctx.state_dtype = s_dt
         return y.view(B, T, D), fs
 
     @staticmethod
@@ -353,12 +359,12 @@ class CausalConv1dFunction(torch.autograd.Function):
         x_TD, w, b, s = ctx.saved_tensors
         lay, silu = ctx.lay, ctx.silu
         dy_TD = dy.reshape(lay.NT, lay.D).contiguous() if dy is not None else torch.zeros_like(x_TD)
-        dfs = dfs.contiguous() if dfs is not None and dfs.numel() else None
+        dfs = dfs.transpose(1, 2).contiguous() if dfs is not None and dfs.numel() else None
         dx, dw, db = _backward(x_TD, w, b, s, dy_TD, dfs, lay, silu)
         ds = None
         if ctx.needs_input_grad[3]:
             if s is not None:
-                ds = _dstate(x_TD, w, b, s, dy_TD, dfs, lay, silu)
+                ds = _dstate(x_TD, w, b, s, dy_TD, dfs, lay, silu, ctx.state_dtype)
             else:  # W = 1: the state is empty
                 ds = torch.zeros(lay.N, lay.D, 0, dtype=ctx.state_dtype, device=x_TD.device)
         db = db.to(b.dtype) if db is not None else None

@@ -1,0 +1,167 @@
+"""GPU benchmark of the short convolution (``kernels/short_conv``): Triton kernels vs the PyTorch path.
+
+First checks the Triton path on the GPU against the PyTorch path in fp32 on the same bf16-rounded inputs
+(y, final state, dx, dweight, d initial state; and that two backward runs give bit-identical dweight).
+Then times with ``triton.testing.do_bench`` (median), bf16, W = 4, SiLU, no bias (the KDA layer's call), at
+B*T = 32768 tokens, D = 4096 channels, two layouts: ``4x8192`` batched and ``varlen`` (16 ragged
+sequences packed into 1 x 32768, with initial and final states): forward and forward+backward, with the
+achieved bytes/s (minimum traffic: forward reads x and writes y; backward reads x and dy and writes dx)
+next to the measured device-copy bandwidth. Also the one-token decode step at N = 64, D = 12288.
+Writes ``$OUT/bench_short_conv.json`` (or ``--out``) and prints a table; about 20 s on an H100.
+
+    python kernels/benchmarks/bench_short_conv.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from kernels.short_conv import causal_conv1d, causal_conv1d_update  # noqa: E402
+
+NT, D, W = 32768, 4096, 4
+DEC_N, DEC_D = 64, 3 * 32 * 128
+
+
+def bench(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    return 2 * (1 << 30) / bench(lambda: y.copy_(x)) / 1e6  # GB/s
+
+
+def make(layout: str, dtype=torch.bfloat16) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    if layout == "varlen":
+        cuts = torch.randperm(NT - 1, generator=g, device="cuda")[:15].sort().values + 1
+        cu = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), NT)]).to(torch.int32)
+        B, T, N = 1, NT, 16
+    else:
+        cu, B, T, N = None, 4, NT // 4, 4
+    x = torch.randn(B, T, D, device="cuda", generator=g).to(dtype)
+    w = (torch.rand(D, W, device="cuda", generator=g) * 2 - 1).div(W**0.5).to(dtype)
+    s0 = torch.randn(N, D, W - 1, device="cuda", generator=g).to(dtype) if layout == "varlen" else None
+    return {"x": x, "w": w, "cu": cu, "s0": s0, "dy": torch.randn_like(x)}
+
+
+def run(inp: dict, backend: str, grad: bool):
+    """Forward (and backward of sum(y * dy) + sum(final state)) through one backend; returns outputs, grads."""
+    leaves = [t.detach().requires_grad_(grad) if t is not None else None for t in (inp["x"], inp["w"], inp["s0"])]
+    x, w, s0 = leaves
+    y, fs = causal_conv1d(x, w, None, "silu", inp["cu"], s0, s0 is not None, backend=backend)
+    grads = []
+    if grad:
+        loss = (y * inp["dy"]).sum() + (fs.float().sum() if fs is not None else 0)
+        grads = torch.autograd.grad(loss, [t for t in leaves if t is not None])
+    return y, fs, grads
+
+
+def correctness() -> dict:
+    out = {}
+    for layout in ("4x8192", "varlen"):
+        inp = make(layout)
+        ref = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in inp.items()}
+        y_r, fs_r, g_r = run(ref, "torch", True)
+        y, fs, g = run(inp, "triton", True)
+        res = {"y": rel_rms(y, y_r), "dx": rel_rms(g[0], g_r[0]), "dweight": rel_rms(g[1], g_r[1])}
+        if fs is not None:
+            res.update(final_state=rel_rms(fs, fs_r), d_initial_state=rel_rms(g[2], g_r[2]))
+        res["dweight_deterministic"] = bool(torch.equal(run(inp, "triton", True)[2][1], g[1]))
+        res["finite"] = bool(all(torch.isfinite(t).all() for t in (y, *g)))
+        res["ok"] = res["finite"] and res["dweight_deterministic"] and max(
+            v for k, v in res.items() if isinstance(v, float)) < 1e-2
+        out[layout] = res
+        del ref, y_r, g_r
+    return out
+
+
+def timings(layout: str, copy_gbps: float) -> dict:
+    inp = make(layout)
+    x, w = inp["x"].requires_grad_(), inp["w"].requires_grad_()
+    nbytes = x.numel() * x.element_size()
+    res = {}
+    for backend in ("triton", "torch"):
+        def fwd(backend=backend):
+            with torch.no_grad():
+                causal_conv1d(x, w, None, "silu", inp["cu"], inp["s0"], inp["s0"] is not None, backend=backend)
+
+        def fwd_bwd(backend=backend):
+            y, _ = causal_conv1d(x, w, None, "silu", inp["cu"], inp["s0"], False, backend=backend)
+            y.backward(inp["dy"])
+
+        f_ms = bench(fwd)
+        fb_ms = triton.testing.do_bench(fwd_bwd, warmup=5, rep=60, grad_to_none=[x, w], return_mode="median")
+        res[backend] = {
+            "fwd_ms": round(f_ms, 4),
+            "fwd_bwd_ms": round(float(fb_ms), 4),
+            "fwd_GBps": round(2 * nbytes / f_ms / 1e6, 1),
+            "fwd_bwd_GBps": round(5 * nbytes / fb_ms / 1e6, 1),
+            "fwd_frac_of_copy": round(2 * nbytes / f_ms / 1e6 / copy_gbps, 3),
+            "fwd_bwd_frac_of_copy": round(5 * nbytes / fb_ms / 1e6 / copy_gbps, 3),
+        }
+    res["speedup_fwd"] = round(res["torch"]["fwd_ms"] / res["triton"]["fwd_ms"], 2)
+    res["speedup_fwd_bwd"] = round(res["torch"]["fwd_bwd_ms"] / res["triton"]["fwd_bwd_ms"], 2)
+    return res
+
+
+def decode(copy_gbps: float) -> dict:
+    x = torch.randn(DEC_N, DEC_D, device="cuda", dtype=torch.bfloat16)
+    s = torch.randn(DEC_N, DEC_D, W - 1, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(DEC_D, W, device="cuda", dtype=torch.bfloat16)
+    nbytes = 2 * x.numel() * 2 + 2 * s.numel() * 2  # x, y, state in, state out
+    y_t, s_t = causal_conv1d_update(x, s, w, backend="triton")
+    y_r, s_r = causal_conv1d_update(x.float(), s.float(), w.float(), backend="torch")
+    res = {"y_rel_rms": rel_rms(y_t, y_r), "state_equal": bool(torch.equal(s_t.float(), s_r))}
+    for backend in ("triton", "torch"):
+        ms = bench(lambda backend=backend: causal_conv1d_update(x, s, w, backend=backend))
+        res[backend] = {"ms": round(ms, 4), "GBps": round(nbytes / ms / 1e6, 1)}
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_short_conv.json"))
+    args = ap.parse_args()
+    res: dict = {
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "date": datetime.date.today().isoformat(), "NT": NT, "D": D, "W": W, "dtype": "bfloat16",
+    }
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    res["copy_GBps"] = round(copy_bandwidth(), 1)
+    res["correctness_vs_torch_fp32"] = correctness()
+    print(json.dumps(res["correctness_vs_torch_fp32"]))
+    save()
+    for layout in ("4x8192", "varlen"):
+        res[layout] = timings(layout, res["copy_GBps"])
+        save()
+        for backend in ("triton", "torch"):
+            print(f"{layout:>7} {backend:>6}: {json.dumps(res[layout][backend])}")
+    res["decode_N64_D12288"] = decode(res["copy_GBps"])
+    save()
+    print(f"copy {res['copy_GBps']} GB/s; decode {json.dumps(res['decode_N64_D12288'])}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
