@@ -148,16 +148,17 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
 
-    res["copy_GBps"] = round(copy_bandwidth(), 1)
+    copy_gbps = copy_bandwidth()
+    res["copy_GBps"] = round(copy_gbps, 1)
     res["correctness_vs_torch_fp32"] = correctness()
     print(json.dumps(res["correctness_vs_torch_fp32"]))
     save()
     for layout in ("4x8192", "varlen"):
-        res[layout] = timings(layout, res["copy_GBps"])
+        res[layout] = timings(layout, copy_gbps)
         save()
         for backend in ("triton", "torch"):
             print(f"{layout:>7} {backend:>6}: {json.dumps(res[layout][backend])}")
-    res["decode_N64_D12288"] = decode(res["copy_GBps"])
+    res["decode_N64_D12288"] = decode(copy_gbps)
     save()
     print(f"copy {res['copy_GBps']} GB/s; decode {json.dumps(res['decode_N64_D12288'])}")
     print(f"wrote {args.out}")
