@@ -20,6 +20,7 @@ tensors) is the batched PyTorch of ``chunk_bwd_torch.py``; :func:`chunk_kda_bwd_
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -198,6 +199,243 @@ def _bwd_pair_kernel(
         tl.store(db_ptr + (sc * NKT + i_k) * C + rI, tl.sum(kI * dak, 1))
 
 
+@triton.jit
+def _fdot(a, b, PREC: tl.constexpr):
+    """fp32-operand dot (``ieee`` for fp32 inputs, ``tf32`` for 16-bit ones) with fp32 accumulation."""
+    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+
+
+@triton.jit
+def _tok(ptr, bos, r, n, stride, col0, cols, cmask):
+    """Rows ``r`` (valid below ``n``) of a token-layout tensor, row stride ``stride``, columns ``col0 + cols``:
+    ``[len(r), len(cols)]`` in fp32, 0 on padded rows and masked columns."""
+    m = (r < n)[:, None] & cmask[None, :]
+    return tl.load(ptr + (bos + r)[:, None] * stride + col0 + cols[None, :], mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _bwd_dy_kernel(
+    T_ptr,
+    do_ptr,
+    vn_ptr,
+    v_ptr,
+    b_ptr,
+    dy_ptr,
+    dv_ptr,
+    db_ptr,
+    dAq_ptr,
+    dAk_ptr,
+    cbos_ptr,
+    clen_ptr,
+    HV: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    C: tl.constexpr,
+    FP32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Per (chunk, value head), looping over blocks of V: ``dY = T^T dVnew`` (overwrites dVnew in ``dy_ptr``),
+    ``dv = beta dY`` and dbeta's V part ``sum_v v dY`` (token layout), ``dAqk = lower(dO Vnew^T)`` and
+    ``dAkk = strict_lower(-dY Vnew^T)`` (``[C, C]`` fp32)."""
+    sc = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(0) // HV
+    i_hv = tl.program_id(0) % HV
+    bos = tl.load(cbos_ptr + c).to(tl.int64)
+    n = tl.load(clen_ptr + c)
+    rows = tl.arange(0, C)
+    rmask = rows < n
+    Tm = tl.load(T_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :])
+    beta = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rmask, other=0.0).to(tl.float32)
+    daq = tl.zeros([C, C], dtype=tl.float32)
+    dak = tl.zeros([C, C], dtype=tl.float32)
+    dbv = tl.zeros([C], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        cv = v0 + tl.arange(0, BV)
+        vmask = cv < V
+        coff = sc * (C * V) + rows[:, None] * V + cv[None, :]
+        toff = (bos + rows)[:, None] * (HV * V) + i_hv * V + cv[None, :]
+        tmask = rmask[:, None] & vmask[None, :]
+        dvn = tl.load(dy_ptr + coff, mask=vmask[None, :], other=0.0)
+        vn = tl.load(vn_ptr + coff, mask=vmask[None, :], other=0.0)
+        do = tl.load(do_ptr + toff, mask=tmask, other=0.0).to(vn_ptr.dtype.element_ty)
+        vv = tl.load(v_ptr + toff, mask=tmask, other=0.0).to(tl.float32)
+        dy = _fdot(tl.trans(Tm), dvn, PREC)
+        tl.store(dy_ptr + coff, dy, mask=vmask[None, :])
+        tl.store(dv_ptr + toff, dy * beta[:, None], mask=tmask)
+        dbv += tl.sum(vv * dy, 1)
+        daq += _mm(do, tl.trans(vn), FP32)
+        dak -= _fdot(dy, tl.trans(vn), PREC)
+    tl.store(db_ptr + (bos + rows) * HV + i_hv, dbv, mask=rmask)
+    aoff = sc * (C * C) + rows[:, None] * C + rows[None, :]
+    tl.store(dAq_ptr + aoff, tl.where(rows[:, None] >= rows[None, :], daq, 0.0))
+    tl.store(dAk_ptr + aoff, tl.where(rows[:, None] > rows[None, :], dak, 0.0))
+
+
+@triton.jit
+def _bwd_intra_kernel(
+    q_ptr,
+    k_ptr,
+    g_ptr,
+    b_ptr,
+    G_ptr,
+    gl_ptr,
+    do_ptr,
+    vn_ptr,
+    dy_ptr,
+    h_ptr,
+    dH_ptr,
+    dAq_ptr,
+    dAk_ptr,
+    cbos_ptr,
+    clen_ptr,
+    dq_ptr,
+    dk_ptr,
+    dg_ptr,
+    db_ptr,
+    scale,
+    n_tok,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+    FP32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Per (block of key channels, chunk x value head): the reductions over V for this block of channels
+    (``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dX = -dY h^T``, ``dGl``), the pairwise decay gradients of Aqk and
+    Akk (as ``_bwd_pair_kernel``), the gated tensors' chain rule and the in-chunk reverse cumulative sum, row
+    blocks of 16 last to first. Writes dq, dk, dg ``[B, T, HV, K]`` and dbeta's K part (slot ``i_k``) in fp32."""
+    i_k = tl.program_id(0)
+    sc = tl.program_id(1).to(tl.int64)
+    c = tl.program_id(1) // HV
+    i_hv = tl.program_id(1) % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cbos_ptr + c).to(tl.int64)
+    n = tl.load(clen_ptr + c)
+    rows = tl.arange(0, C)
+    r16 = tl.arange(0, S)
+    ck = i_k * BK + tl.arange(0, BK)
+    kmask = ck < K
+    base = sc * (C * K)
+    abase = sc * (C * C)
+    vbase = sc * (C * V)
+    hbase = sc * (K * V)
+    QS = H * K
+    GS = HV * K
+    # dGl (added to every row by the reverse cumsum) = sum_v dH (e^Gl h + kg^T Vnew), i.e. dH . h_next
+    g_all = _tok(g_ptr, bos, rows, n, GS, i_hv * K, ck, kmask)
+    k_all = _tok(k_ptr, bos, rows, n, QS, i_h * K, ck, kmask)
+    kg_all = k_all * tl.exp(tl.cumsum(g_all, 0, reverse=True) - g_all)
+    egl = tl.exp(tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0))
+    dgl = tl.zeros([BK], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        cv = v0 + tl.arange(0, BV)
+        vmask = cv < V
+        hm = kmask[:, None] & vmask[None, :]
+        hoff = hbase + ck[:, None] * V + cv[None, :]
+        ht = tl.load(h_ptr + hoff, mask=hm, other=0.0).to(tl.float32)
+        dht = tl.load(dH_ptr + hoff, mask=hm, other=0.0)
+        vn = tl.load(vn_ptr + vbase + rows[:, None] * V + cv[None, :], mask=vmask[None, :], other=0.0)
+        dgl += tl.sum(dht * (egl[:, None] * ht + _fdot(tl.trans(kg_all), vn, PREC)), 1)
+    carry_g = tl.zeros([BK], dtype=tl.float32)
+    carry_dG = tl.zeros([BK], dtype=tl.float32)
+    for Ir in tl.static_range(C // S):
+        I = C // S - 1 - Ir
+        rI = I * S + r16
+        # reductions over V for rows rI
+        dqg = tl.zeros([S, BK], dtype=tl.float32)
+        dkg = tl.zeros([S, BK], dtype=tl.float32)
+        dX = tl.zeros([S, BK], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            cv = v0 + tl.arange(0, BV)
+            vmask = cv < V
+            hm = kmask[:, None] & vmask[None, :]
+            hoff = hbase + ck[:, None] * V + cv[None, :]
+            ht = tl.load(h_ptr + hoff, mask=hm, other=0.0)
+            dht = tl.load(dH_ptr + hoff, mask=hm, other=0.0)
+            roff = vbase + rI[:, None] * V + cv[None, :]
+            vnI = tl.load(vn_ptr + roff, mask=vmask[None, :], other=0.0)
+            dyI = tl.load(dy_ptr + roff, mask=vmask[None, :], other=0.0)
+            doI = tl.load(
+                do_ptr + (bos + rI)[:, None] * (HV * V) + i_hv * V + cv[None, :],
+                mask=(rI < n)[:, None] & vmask[None, :],
+                other=0.0,
+            ).to(h_ptr.dtype.element_ty)
+            dqg += _mm(doI, tl.trans(ht), FP32)
+            dkg += _fdot(vnI, tl.trans(dht), PREC)
+            dX -= _fdot(dyI, tl.trans(ht), PREC)
+        qI = _tok(q_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
+        kI = _tok(k_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
+        gI = _tok(g_ptr, bos, rI, n, GS, i_hv * K, ck, kmask)
+        GI = _rows16(G_ptr, base, rI, ck, kmask, K)
+        bI = tl.load(b_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)
+        aqI = qI * scale
+        akI = kI * bI[:, None]
+        # pairwise decay gradients: row gradients from key blocks J < I through the first row of I
+        ref = tl.load(G_ptr + base + (I * S) * K + ck, mask=kmask, other=0.0)
+        eI = tl.exp(GI - ref[None, :])
+        daq = tl.zeros([S, BK], dtype=tl.float32)
+        dak = tl.zeros([S, BK], dtype=tl.float32)
+        for J in tl.static_range(I):
+            rJ = J * S + r16
+            kJ = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask)
+            kd = kJ * tl.exp(ref[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K))
+            dq_b = tl.load(dAq_ptr + abase + rI[:, None] * C + rJ[None, :])
+            dk_b = tl.load(dAk_ptr + abase + rI[:, None] * C + rJ[None, :])
+            daq += tl.dot(dq_b, kd, input_precision=PREC)
+            dak += tl.dot(dk_b, kd, input_precision=PREC)
+        daq = daq * eI
+        dak = dak * eI
+        # column gradients of key block I from query blocks I2 > I through each I2's first row
+        dkq = tl.zeros([S, BK], dtype=tl.float32)
+        dkk = tl.zeros([S, BK], dtype=tl.float32)
+        for I2 in tl.static_range(I + 1, C // S):
+            r2 = I2 * S + r16
+            G2 = _rows16(G_ptr, base, r2, ck, kmask, K)
+            ref2 = tl.load(G_ptr + base + (I2 * S) * K + ck, mask=kmask, other=0.0)
+            e2 = tl.exp(G2 - ref2[None, :])
+            aq2 = _tok(q_ptr, bos, r2, n, QS, i_h * K, ck, kmask) * (e2 * scale)
+            b2 = tl.load(b_ptr + (bos + r2) * HV + i_hv, mask=r2 < n, other=0.0).to(tl.float32)
+            ak2 = _tok(k_ptr, bos, r2, n, QS, i_h * K, ck, kmask) * e2 * b2[:, None]
+            eJ = tl.exp(ref2[None, :] - GI)
+            dq_b = tl.load(dAq_ptr + abase + r2[:, None] * C + rI[None, :])
+            dk_b = tl.load(dAk_ptr + abase + r2[:, None] * C + rI[None, :])
+            dkq += eJ * tl.dot(tl.trans(dq_b), aq2, input_precision=PREC)
+            dkk += eJ * tl.dot(tl.trans(dk_b), ak2, input_precision=PREC)
+        # diagonal block, pairwise in fp32 (exponent masked to 0 above the diagonal, where dA is 0)
+        for j in range(S):
+            kj = tl.load(k_ptr + (bos + I * S + j) * QS + i_h * K + ck, mask=kmask & (ck * 0 + I * S + j < n), other=0.0)
+            kj = kj.to(tl.float32)
+            Gj = tl.load(G_ptr + base + (I * S + j) * K + ck, mask=kmask, other=0.0)
+            e = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
+            cq = tl.load(dAq_ptr + abase + rI * C + I * S + j)[:, None] * e
+            cw = tl.load(dAk_ptr + abase + rI * C + I * S + j)[:, None] * e
+            daq += cq * kj[None, :]
+            dak += cw * kj[None, :]
+            sel = r16[:, None] == j
+            dkq = tl.where(sel, dkq + tl.sum(cq * aqI, 0)[None, :], dkq)
+            dkk = tl.where(sel, dkk + tl.sum(cw * akI, 0)[None, :], dkk)
+        # gated tensors qg = scale q e^G, kg = k e^E (E_i = sum_{t>i} g_t), X = beta k e^G; reverse cumsum
+        eG = tl.exp(GI)
+        eE = tl.exp(carry_g[None, :] + tl.cumsum(gI, 0, reverse=True) - gI)
+        carry_g += tl.sum(gI, 0)
+        X = akI * eG
+        dG = aqI * daq - kI * dkq + akI * dak - kI * dkk + aqI * eG * dqg - kI * eE * dkg + X * dX
+        dg = carry_dG[None, :] + tl.cumsum(dG, 0, reverse=True) + dgl[None, :]
+        carry_dG += tl.sum(dG, 0)
+        m = (rI < n)[:, None] & kmask[None, :]
+        off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
+        tl.store(dq_ptr + off, scale * (daq + eG * dqg), mask=m)
+        tl.store(dk_ptr + off, dkq + dkk + bI[:, None] * (dak + eG * dX) + eE * dkg, mask=m)
+        tl.store(dg_ptr + off, dg, mask=m)
+        db = tl.sum(kI * (dak + eG * dX), 1)
+        tl.store(db_ptr + i_k * n_tok + (bos + rI) * HV + i_hv, db, mask=rI < n)
+
+
 PAIR_BK = 32  # key channels per program of the pairwise kernel
 
 
@@ -261,10 +499,118 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     return dvn, dH, dh0
 
 
+BWD_INTRA_BK = 32  # key channels per program of the fused intra-chunk kernel
+BWD_INTRA_BV = 64  # value columns per loop step of the intra-chunk kernel's reductions over V
+BWD_DY_BV = 32  # value columns per loop step of the dY kernel
+BWD_VARIANTS = ("triton", "hybrid")
+
+
+def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[torch.Tensor, ...]:
+    """Chunk-local backward after the reverse state pass: ``_bwd_dy_kernel`` then ``_bwd_intra_kernel``.
+
+    q, k ``[B, T, H, K]``, v, do ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` (token layout); ``st``
+    the forward intermediates; dvn ``[NC, HV, C, V]`` fp32 (overwritten with ``dY = T^T dVnew``) and dH
+    ``[NC, HV, K, V]`` fp32 from :func:`bwd_state_pass_triton`. Returns dq, dk ``[B, T, H, K]``, dv ``[B, T, HV, V]``,
+    dg ``[B, T, HV, K]``, dbeta ``[B, T, HV]``, all fp32.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    NC, C = st.qg.shape[0], st.qg.shape[2]
+    dev = q.device
+    fp32 = st.qg.dtype == torch.float32
+    prec = "ieee" if fp32 else "tf32"
+    q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
+    BK = min(BWD_INTRA_BK, max(16, triton.next_power_of_2(K)))
+    BV = min(BWD_INTRA_BV, max(16, triton.next_power_of_2(V)))
+    nkt = triton.cdiv(K, BK)
+    f32 = dict(dtype=torch.float32, device=dev)
+    n_tok = B * T * HV
+    dv = torch.empty(B, T, HV, V, **f32)
+    db = torch.empty(nkt + 1, B, T, HV, **f32)
+    dAq = torch.empty(NC, HV, C, C, **f32)
+    dAk = torch.empty_like(dAq)
+    dqv, dkv, dg = (torch.empty(B, T, HV, K, **f32) for _ in range(3))
+    _bwd_dy_kernel[(NC * HV,)](
+        st.T,
+        do,
+        st.vn,
+        v,
+        beta,
+        dvn,
+        dv,
+        db[nkt],
+        dAq,
+        dAk,
+        st.cbos,
+        st.clen,
+        HV=HV,
+        V=V,
+        BV=min(BWD_DY_BV, BV),
+        C=C,
+        FP32=fp32,
+        PREC=prec,
+        num_warps=4,
+        num_stages=2,
+    )
+    _bwd_intra_kernel[(nkt, NC * HV)](
+        q,
+        k,
+        g,
+        beta,
+        st.G,
+        st.Gl,
+        do,
+        st.vn,
+        dvn,
+        st.h,
+        dH,
+        dAq,
+        dAk,
+        st.cbos,
+        st.clen,
+        dqv,
+        dkv,
+        dg,
+        db,
+        scale,
+        n_tok,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        C=C,
+        S=16,
+        FP32=fp32,
+        PREC=prec,
+        num_warps=4,
+        num_stages=2,
+    )
+    if HV != H:
+        dqv, dkv = (x.view(B, T, H, HV // H, K).sum(3) for x in (dqv, dkv))
+    return dqv, dkv, dv, dg, db.sum(0)
+
+
 def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None) -> KDAGrads:
     """Backward of the core op (q, k normalised ``[B, T, H, K]``, g the log-decay ``[B, T, HV, K]``) from the forward
     intermediates ``st`` (``KDAFwdState`` of ``chunk_kda_fwd_intermediates``). do ``[B, T, HV, V]``; dht
-    ``[N, HV, K, V]`` or None. Returns :class:`KDAGrads` in fp32 (the caller casts to the inputs' dtypes)."""
+    ``[N, HV, K, V]`` or None. Returns :class:`KDAGrads` in fp32 (the caller casts to the inputs' dtypes).
+
+    ``KVL_KDA_BWD`` picks the variant: ``triton`` (default: three kernels, no per-chunk copies) or ``hybrid``
+    (:func:`chunk_kda_bwd_hybrid`, the previous Triton + batched PyTorch version)."""
+    variant = os.environ.get("KVL_KDA_BWD", "triton")
+    if variant not in BWD_VARIANTS:
+        raise ValueError(f"KVL_KDA_BWD={variant!r} is not one of {BWD_VARIANTS} (kernels/kda/chunk_triton_bwd.py)")
+    if variant == "hybrid":
+        return chunk_kda_bwd_hybrid(q, k, v, g, beta, scale, st, do, dht)
+    dvn, dH, dh0 = bwd_state_pass_triton(st, do, dht)
+    return KDAGrads(*bwd_intra_triton(q, k, v, g, beta, scale, st, do, dvn, dH), dh0)
+
+
+def chunk_kda_bwd_hybrid(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None) -> KDAGrads:
+    """The previous backward (``KVL_KDA_BWD=hybrid``): Triton reverse state pass and pairwise kernel, the rest
+    batched PyTorch over fp32 per-chunk copies. Arguments and result as :func:`chunk_kda_bwd_triton`."""
     B, T, H, K = q.shape
     HV = v.shape[2]
     cb, cl = st.cbos, st.clen

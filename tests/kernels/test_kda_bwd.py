@@ -71,11 +71,16 @@ def _interp(monkeypatch):
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
-def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol):
-    """Triton reverse state pass and the chained backward vs the PyTorch manual backward on the same (Triton)
-    forward intermediates; varlen with a 1-token sequence and a ragged tail, HV > H, h0 and dht present."""
+@pytest.mark.parametrize(
+    "dtype,tol,variant",
+    [(torch.float32, 1e-5, "triton"), (torch.float16, 2e-3, "triton"), (torch.float32, 1e-5, "hybrid")],
+)
+def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, variant):
+    """Triton reverse state pass and the chained backward (both ``KVL_KDA_BWD`` variants) vs the PyTorch manual
+    backward on the same (Triton) forward intermediates; varlen with a 1-token sequence and a ragged tail, HV > H,
+    h0 and dht present."""
     dev = _interp(monkeypatch)
+    monkeypatch.setenv("KVL_KDA_BWD", variant)
     from kernels.kda.chunk_bwd_torch import bwd_state_pass_torch, to_chunks
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import bwd_state_pass_triton, chunk_kda_bwd_triton
@@ -88,14 +93,43 @@ def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol):
     do = torch.randn(1, 80, 2, 48, device=dev).to(dtype)
     dht = torch.randn(3, 2, 16, 48, device=dev)
     st32 = st._replace(**{f: getattr(st, f).float() for f in ("qg", "kg", "W", "Aqk", "h", "vn")})
-    got = bwd_state_pass_triton(st, do, dht)
-    ref = bwd_state_pass_torch(st32, to_chunks(do.float(), st.cbos, st.clen, 2), dht)
-    for name, a, b in zip(("dvn", "dH", "dh0"), got, ref):
-        assert_rel_rms(a, b, tol, name)
+    if variant == "triton":
+        got = bwd_state_pass_triton(st, do, dht)
+        ref = bwd_state_pass_torch(st32, to_chunks(do.float(), st.cbos, st.clen, 2), dht)
+        for name, a, b in zip(("dvn", "dH", "dh0"), got, ref):
+            assert_rel_rms(a, b, tol, name)
     got = chunk_kda_bwd_triton(q, k, v, g, beta, 0.25, st, do, dht)
     ref = chunk_kda_bwd_torch(q.float(), k.float(), v.float(), g, beta, 0.25, st32, do.float(), dht)
     for name, a, b in zip(NAMES, got, ref):
         assert_rel_rms(a, b, tol, name)
+
+
+def test_triton_bwd_strong_decay_grouped_heads(monkeypatch):
+    """Fused Triton backward with -50 log-decays (finite, dg <= 5e-5 vs the fp32 PyTorch manual backward), two q/k
+    heads of two value heads each, K = 40 (two key-channel blocks, the second masked) and V = 20 (masked)."""
+    dev = _interp(monkeypatch)
+    monkeypatch.setenv("KVL_KDA_BWD", "triton")
+    from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
+    from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
+
+    q, k, v, _, beta, s0 = make_inputs(1, 70, 2, 4, 40, 20, h0=True)
+    q, k, v, beta, s0 = (x.to(dev, torch.float32) for x in (q, k, v, beta, s0))
+    g = -50.0 * torch.rand(1, 70, 4, 40, device=dev)
+    st = chunk_kda_fwd_intermediates(q, k, v, g, beta, 0.3, s0, None)
+    do = torch.randn(1, 70, 4, 20, device=dev)
+    got = chunk_kda_bwd_triton(q, k, v, g, beta, 0.3, st, do, None)
+    ref = chunk_kda_bwd_torch(q, k, v, g, beta, 0.3, st, do, None)
+    for name, a, b in zip(NAMES, got, ref):
+        assert torch.isfinite(a).all(), name
+        assert_rel_rms(a, b, 5e-5 if name == "dg" else 1e-5, name)
+
+
+def test_bwd_variant_validation(monkeypatch):
+    from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
+
+    monkeypatch.setenv("KVL_KDA_BWD", "cuda")
+    with pytest.raises(ValueError, match="KVL_KDA_BWD"):
+        chunk_kda_bwd_triton(None, None, None, None, None, 1.0, None, None, None)
 
 
 @pytest.mark.gpu
