@@ -113,13 +113,35 @@ def check_fsdp_param(p: torch.Tensor, name: str) -> None:
         )
 
 
-def gather_full(p: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Full tensor from this rank's shard ``local`` laid out like DTensor ``p``; also bytes received."""
-    from torch.distributed.tensor import DTensor
+def shard_rows(n: int, world: int) -> list[int]:
+    """Rows of dim 0 held by each rank under FSDP2's ``Shard(0)`` (``torch.chunk`` semantics, may be 0)."""
+    per = -(-n // world)
+    return [max(0, min(per, n - r * per)) for r in range(world)]
 
-    dt = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
-    full = dt.full_tensor()
-    return full, (full.numel() - local.numel()) * full.element_size()
+
+def gather_full(p: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Full tensor from this rank's dim-0 shard ``local`` laid out like DTensor ``p`` (``Shard(0)``, 1-D mesh).
+
+    One ``all_gather_into_tensor`` of the shards padded to equal rows (so byte counters see it); also
+    returns the payload bytes this rank received.
+    """
+    from torch.distributed.tensor import Shard
+
+    if tuple(p.placements) != (Shard(0),):
+        raise ValueError(f"kimi_vl/optim/distributed.py: gather_full supports Shard(0) placements, got {p.placements}")
+    group = p.device_mesh.get_group()
+    world = dist.get_world_size(group)
+    rows = shard_rows(p.shape[0], world)
+    if local.shape[0] != rows[dist.get_rank(group)]:
+        raise ValueError(f"kimi_vl/optim/distributed.py: local shard {tuple(local.shape)} of {tuple(p.shape)} is not "
+                         f"torch.chunk's {rows} rows per rank")
+    per = rows[0]
+    padded = local.new_zeros((per, *p.shape[1:]))
+    padded[: local.shape[0]] = local
+    out = local.new_empty((world * per, *p.shape[1:]))
+    dist.all_gather_into_tensor(out, padded, group=group)
+    # torch.chunk: ranks before the last non-empty one hold ``per`` rows, so the padded rows all come last
+    return out[: p.shape[0]], (world - 1) * padded.numel() * padded.element_size()
 
 
 def shard_like(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
