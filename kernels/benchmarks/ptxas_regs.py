@@ -102,3 +102,42 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def bwd_ptxas_report(name: str, num_warps: int = 4, num_stages: int = 2, **tiles) -> str:
+    """Registers and spills of a backward kernel of ``chunk_triton_bwd`` (``state``, ``dy`` or ``intra``) for a bf16
+    run at K = V = 128 (g fp32 from the PyTorch gate, fp32 dH / dY / dA / gradients); ``tiles`` overrides the
+    launch's tile constants (BV, BK).
+
+        .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('intra'))"
+    """
+    from kernels.kda import chunk_triton_bwd as cb
+
+    bf, f32, i32 = "*bf16", "*fp32", "*i32"
+    tab = [i32, i32]
+    if name == "state":
+        args = [bf, bf, bf, bf, f32, bf, f32, f32, f32, f32] + tab + tab
+        fn, consts = cb._bwd_state_kernel, dict(HV=32, K=128, V=128, BK=128, BV=cb.BWD_STATE_BV, C=64)
+        consts |= dict(HAS_DHT=True, FP32=False)
+    elif name == "dy":
+        args = [f32, bf, bf, bf, bf, f32, f32, f32, f32, f32] + tab
+        fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32")
+    else:
+        args = [bf, bf, f32, bf, f32, f32, bf, bf, f32, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32"]
+        fn, consts = cb._bwd_intra_kernel, dict(H=32, HV=32, K=128, V=128, BK=cb.BWD_INTRA_BK, BV=cb.BWD_INTRA_BV)
+        consts |= dict(C=64, S=16, FP32=False, PREC="tf32")
+    consts |= tiles
+    sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    opts = {"num_warps": num_warps, "num_stages": num_stages}
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    m = re.search(r"release (\d+)\.(\d+)", subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout)
+    ptx = k.asm["ptx"]
+    if m:
+        ptx = re.sub(r"^\.version \d+\.\d+", f".version 8.{min(int(m.group(2)), 8)}", ptx, count=1, flags=re.M)
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "k.ptx"), "w").write(ptx)
+        cmd = [ptxas, "-v", "--gpu-name=sm_90a", os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.o")]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    return "\n".join(x.strip() for x in (r.stderr + r.stdout).splitlines() if re.search("regist|spill|rror", x))

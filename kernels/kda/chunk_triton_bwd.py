@@ -343,8 +343,7 @@ def _bwd_intra_kernel(
         dgl += tl.sum(dht * (egl[:, None] * ht + _fdot(tl.trans(kg_all), vn, PREC)), 1)
     carry_g = tl.zeros([BK], dtype=tl.float32)
     carry_dG = tl.zeros([BK], dtype=tl.float32)
-    for Ir in tl.static_range(C // S):
-        I = C // S - 1 - Ir
+    for I in tl.static_range(C // S - 1, -1, -1):
         rI = I * S + r16
         # reductions over V for rows rI
         dqg = tl.zeros([S, BK], dtype=tl.float32)
@@ -408,7 +407,9 @@ def _bwd_intra_kernel(
             dkk += eJ * tl.dot(tl.trans(dk_b), ak2, input_precision=PREC)
         # diagonal block, pairwise in fp32 (exponent masked to 0 above the diagonal, where dA is 0)
         for j in range(S):
-            kj = tl.load(k_ptr + (bos + I * S + j) * QS + i_h * K + ck, mask=kmask & (ck * 0 + I * S + j < n), other=0.0)
+            kj = tl.load(
+                k_ptr + (bos + I * S + j) * QS + i_h * K + ck, mask=kmask & (ck * 0 + I * S + j < n), other=0.0
+            )
             kj = kj.to(tl.float32)
             Gj = tl.load(G_ptr + base + (I * S + j) * K + ck, mask=kmask, other=0.0)
             e = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
