@@ -3,7 +3,7 @@
 Task family: letter counting (``"a:abba="`` -> ``2``, four-letter words over ``ab``, one answer token), whose answer
 depends on the prompt. The run starts from a fresh seeded debug model (``model.backend: kimi_vl``, ``flavor:
 debug``, text only) with the shipped ``debug_rl.yaml`` objective (K2.5 loss, alpha/beta/tau as shipped, AdamW lr
-3e-3), 16 prompts x K = 8 samples per step, 16 steps. The baseline a policy that ignores the word can reach is the
+3e-3), 16 prompts x K = 8 samples per step, 24 steps. The baseline a policy that ignores the word can reach is the
 best single constant answer on the same held-out prompts under the same reward (computed in the test: "1", 0.592 on
 the 64 held-out prompts of seed 0; its pass@1 is the share of words with that count).
 
@@ -24,7 +24,7 @@ from rl.trainer import RLTrainer
 CONFIGS = Path(__file__).resolve().parents[2] / "kimi_vl" / "configs"
 RUN = ["data.source=letter_count", "data.alphabet=ab0123456789:=", "data.letters=ab", "data.min_len=4",
        "data.max_len=4", "rollout.sampling.max_new_tokens=1", "rollout.eval_sampling.max_new_tokens=1",
-       "model.vision_flavor=null", "cpu=true", "seed=0", "max_steps=16", "eval_every=8",
+       "model.vision_flavor=null", "cpu=true", "seed=0", "max_steps=24", "eval_every=24",
        "data.heldout_prompts=64", "rollout.prompts_per_step=16", "rollout.k=8", "optim.lr=0.003"]
 
 
@@ -54,8 +54,9 @@ def test_debug_flavor_rl_beats_start_and_constant_answer(tmp_path, one_thread):
     before, after = records[0]["eval/reward"], records[-1]["eval/reward"]
     summary = (f"held-out reward {before:.3f} -> {after:.3f}, pass@1 {records[-1]['eval/pass@1']:.3f}; best constant "
                f"{answer!r}: reward {const_reward:.3f}, pass@1 {const_pass:.3f}")
-    # measured (seed 0): 0.115 -> 0.861 reward, pass@1 0.750; constant '1': 0.592, pass@1 0.250
-    assert after > before + 0.4, summary
-    assert after > const_reward + 0.1, summary
-    assert records[-1]["eval/pass@1"] > const_pass + 0.25, summary
+    # measured (seed 0): 0.115 -> 0.882 reward, pass@1 0.797; constant '1': 0.592, pass@1 0.250 (seeds 1-3 clear
+    # their own best constant by 0.29, 0.34 and 0.22: rl/README.md)
+    assert after > before + 0.5, summary
+    assert after > const_reward + 0.15, summary
+    assert records[-1]["eval/pass@1"] > const_pass + 0.3, summary
     assert records[-1]["unparsed_share"] < records[1]["unparsed_share"], summary
