@@ -52,6 +52,12 @@ def owner_of(j: int, offset: int, world: int) -> int:
     return (offset + j) % world
 
 
+def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    """``all_gather_single`` (torch >= 2.12) or ``all_gather_into_tensor`` (older), whichever exists."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, inp, group=group)
+
+
 def owner_newton_schulz(
     batches: dict[tuple, torch.Tensor], ctx: DistContext, ns_fn: Callable[[tuple, torch.Tensor], torch.Tensor],
     dtype: torch.dtype,
@@ -77,7 +83,7 @@ def owner_newton_schulz(
         if len(mine) < per:
             chunk_PAB[len(mine):].zero_()
         gathered_MAB = torch.empty(ctx.world * per, A, B, dtype=dtype, device=G_NAB.device)
-        dist.all_gather_into_tensor(gathered_MAB, chunk_PAB, group=ctx.group)
+        _all_gather_flat(gathered_MAB, chunk_PAB, ctx.group)
         # matrix j is the taken[r]-th matrix of its owner r: one gather puts them back in order
         taken = [0] * ctx.world
         rows = []
@@ -139,7 +145,7 @@ def gather_full(p: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, int
     padded = local.new_zeros((per, *p.shape[1:]))
     padded[: local.shape[0]] = local
     out = local.new_empty((world * per, *p.shape[1:]))
-    dist.all_gather_into_tensor(out, padded, group=group)
+    _all_gather_flat(out, padded, group)
     # torch.chunk: ranks before the last non-empty one hold ``per`` rows, so the padded rows all come last
     return out[: p.shape[0]], (world - 1) * padded.numel() * padded.element_size()
 

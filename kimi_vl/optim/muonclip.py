@@ -20,6 +20,7 @@ from torch import nn
 
 from kimi_vl.optim.adamw import adamw_update_, adamw_update_foreach_, adamw_update_fused_
 from kimi_vl.optim.distributed import DistContext, NSReport, is_dtensor, local_view, owner_newton_schulz
+from kimi_vl.optim.fsdp_owner import fsdp_owner_step
 from kimi_vl.optim.fused import triton_available
 from kimi_vl.optim.muon import measured_rms_correction, newton_schulz5, ns_iterate
 from kimi_vl.optim.muon_step import MuonItem, apply_phase, momentum_phase, normalise_, plan_batches
@@ -242,17 +243,28 @@ class MuonClip(torch.optim.Optimizer):
             self.last_ns_ids, self.last_muon_stats = [], {}
             return
         fused = self._use_fused(items)
+        measured = self.update_rms == "measured"
+        if ctx is not None and all(is_dtensor(it.p) for it in items):  # FSDP2: owners and two all-to-alls
+            correct = (lambda O: O.float() * measured_rms_correction(O)) if measured else None
+            report = fsdp_owner_step(items, self.state, ctx, self.row_splits, self.ns_dtype, fused, measured,
+                                     self._ns_fn(fused), correct)
+            self._mark("update")
+            self._set_stats(report, 0)
+            return
         counts = plan_batches(items, self.row_splits)
         batches, partials, comm = momentum_phase(items, self.state, counts, self.ns_dtype, fused)
         self._mark("momentum")
         if fused:
             normalise_(batches, partials)
         ortho, report = self._orthogonalise(batches, ctx, fused)
-        if self.update_rms == "measured":
+        if measured:
             ortho = {k: O.float() * measured_rms_correction(O) for k, O in ortho.items()}
         self._mark("ns")
-        apply_phase(items, ortho, fused, self.update_rms == "measured")
+        apply_phase(items, ortho, fused, measured)
         self._mark("update")
+        self._set_stats(report, comm)
+
+    def _set_stats(self, report: NSReport, comm: int) -> None:
         self.last_ns_ids = report.ids_local
         self.last_muon_stats = {
             "muon/ns_matrices_local": float(len(report.ids_local)),
@@ -260,15 +272,19 @@ class MuonClip(torch.optim.Optimizer):
             "muon/comm_bytes": float(report.comm_bytes + comm),
         }
 
-    def _orthogonalise(
-        self, batches: dict[tuple, torch.Tensor], ctx: DistContext | None, fused: bool
-    ) -> tuple[dict[tuple, torch.Tensor], NSReport]:
+    def _ns_fn(self, fused: bool) -> Callable[[tuple, torch.Tensor], torch.Tensor]:
         """Exact path: ``newton_schulz5`` on the raw directions; fused: iterate the normalised bf16 batches."""
         def ns_fn(key: tuple, G_NAB: torch.Tensor) -> torch.Tensor:
             if fused:
                 return ns_iterate(G_NAB, key[2], natural_layout=True, copy_free=True)
             return newton_schulz5(G_NAB, steps=key[2], dtype=self.ns_dtype)
 
+        return ns_fn
+
+    def _orthogonalise(
+        self, batches: dict[tuple, torch.Tensor], ctx: DistContext | None, fused: bool
+    ) -> tuple[dict[tuple, torch.Tensor], NSReport]:
+        ns_fn = self._ns_fn(fused)
         if ctx is not None:
             return owner_newton_schulz(batches, ctx, ns_fn, self.ns_dtype)
         out = {k: ns_fn(k, G) for k, G in batches.items()}
