@@ -154,7 +154,7 @@ def _bwd_pair_kernel(
         eI = tl.exp(GI - ref[None, :])
         daq = tl.zeros([S, BK], dtype=tl.float32)
         dak = tl.zeros([S, BK], dtype=tl.float32)
-        for J in tl.static_range(I):
+        for J in range(0, I):
             rJ = J * S + r16
             kd = _rows16(k_ptr, base, rJ, ck, kmask, K) * tl.exp(ref[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K))
             dq_b = tl.load(dAq_ptr + abase + rI[:, None] * C + rJ[None, :])
@@ -166,7 +166,7 @@ def _bwd_pair_kernel(
         # column gradients of key block I from query blocks I2 > I, through each I2's reference row
         dkq = tl.zeros([S, BK], dtype=tl.float32)
         dkk = tl.zeros([S, BK], dtype=tl.float32)
-        for I2 in tl.static_range(I + 1, C // S):
+        for I2 in range(I + 1, C // S):
             r2 = I2 * S + r16
             G2 = _rows16(G_ptr, base, r2, ck, kmask, K)
             ref2 = tl.load(G_ptr + base + (I2 * S) * K + ck, mask=kmask, other=0.0)
@@ -326,24 +326,20 @@ def _bwd_intra_kernel(
     hbase = sc * (K * V)
     QS = H * K
     GS = HV * K
-    # dGl (added to every row by the reverse cumsum) = sum_v dH (e^Gl h + kg^T Vnew), i.e. dH . h_next
-    g_all = _tok(g_ptr, bos, rows, n, GS, i_hv * K, ck, kmask)
-    k_all = _tok(k_ptr, bos, rows, n, QS, i_h * K, ck, kmask)
-    kg_all = k_all * tl.exp(tl.cumsum(g_all, 0, reverse=True) - g_all)
+    # dGl = e^Gl sum_v dH h + sum_i kg_i dkg_i; the reverse cumsum adds it to every row (in a final pass)
     egl = tl.exp(tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0))
     dgl = tl.zeros([BK], dtype=tl.float32)
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
-        vmask = cv < V
-        hm = kmask[:, None] & vmask[None, :]
+        hm = kmask[:, None] & (cv < V)[None, :]
         hoff = hbase + ck[:, None] * V + cv[None, :]
         ht = tl.load(h_ptr + hoff, mask=hm, other=0.0).to(tl.float32)
-        dht = tl.load(dH_ptr + hoff, mask=hm, other=0.0)
-        vn = tl.load(vn_ptr + vbase + rows[:, None] * V + cv[None, :], mask=vmask[None, :], other=0.0)
-        dgl += tl.sum(dht * (egl[:, None] * ht + _fdot(tl.trans(kg_all), vn, PREC)), 1)
+        dgl += tl.sum(tl.load(dH_ptr + hoff, mask=hm, other=0.0) * ht, 1)
+    dgl = dgl * egl
     carry_g = tl.zeros([BK], dtype=tl.float32)
     carry_dG = tl.zeros([BK], dtype=tl.float32)
-    for I in tl.static_range(C // S - 1, -1, -1):
+    for Ir in range(0, C // S):  # dynamic loops: nothing is hoisted across row blocks
+        I = C // S - 1 - Ir
         rI = I * S + r16
         # reductions over V for rows rI
         dqg = tl.zeros([S, BK], dtype=tl.float32)
@@ -379,7 +375,7 @@ def _bwd_intra_kernel(
         eI = tl.exp(GI - ref[None, :])
         daq = tl.zeros([S, BK], dtype=tl.float32)
         dak = tl.zeros([S, BK], dtype=tl.float32)
-        for J in tl.static_range(I):
+        for J in range(0, I):
             rJ = J * S + r16
             kJ = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask)
             kd = kJ * tl.exp(ref[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K))
@@ -392,7 +388,7 @@ def _bwd_intra_kernel(
         # column gradients of key block I from query blocks I2 > I through each I2's first row
         dkq = tl.zeros([S, BK], dtype=tl.float32)
         dkk = tl.zeros([S, BK], dtype=tl.float32)
-        for I2 in tl.static_range(I + 1, C // S):
+        for I2 in range(I + 1, C // S):
             r2 = I2 * S + r16
             G2 = _rows16(G_ptr, base, r2, ck, kmask, K)
             ref2 = tl.load(G_ptr + base + (I2 * S) * K + ck, mask=kmask, other=0.0)
@@ -426,8 +422,9 @@ def _bwd_intra_kernel(
         carry_g += tl.sum(gI, 0)
         X = akI * eG
         dG = aqI * daq - kI * dkq + akI * dak - kI * dkk + aqI * eG * dqg - kI * eE * dkg + X * dX
-        dg = carry_dG[None, :] + tl.cumsum(dG, 0, reverse=True) + dgl[None, :]
+        dg = carry_dG[None, :] + tl.cumsum(dG, 0, reverse=True)
         carry_dG += tl.sum(dG, 0)
+        dgl += tl.sum(kI * eE * dkg, 0)
         m = (rI < n)[:, None] & kmask[None, :]
         off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
         tl.store(dq_ptr + off, scale * (daq + eG * dqg), mask=m)
@@ -435,6 +432,11 @@ def _bwd_intra_kernel(
         tl.store(dg_ptr + off, dg, mask=m)
         db = tl.sum(kI * (dak + eG * dX), 1)
         tl.store(db_ptr + i_k * n_tok + (bos + rI) * HV + i_hv, db, mask=rI < n)
+    # dGl on every row of dg (rows written above by this program)
+    tl.debug_barrier()
+    m = (rows < n)[:, None] & kmask[None, :]
+    off = (bos + rows)[:, None] * GS + i_hv * K + ck[None, :]
+    tl.store(dg_ptr + off, tl.load(dg_ptr + off, mask=m, other=0.0) + dgl[None, :], mask=m)
 
 
 PAIR_BK = 32  # key channels per program of the pairwise kernel
