@@ -15,6 +15,8 @@ the ~101M hidden matrices go to Muon; embeddings, LM head and norms to AdamW), b
   and checked (<= 1e-3) with fp32 NS.
 - ``same_grad_max_rel``: the one-process replica gets the distributed run's (gathered) gradient each step, so
   only the optimizer paths differ: the bf16 check (<= 1e-3).
+- ``one_process_ns_dtype_vs_fp32_max_rel``: one process, bf16 vs fp32 Newton-Schulz: the spread bf16 rounding
+  alone causes, the scale against which the bf16 end-to-end numbers should be read.
 - bytes: one training step (forward, backward, optimizer) after a warm-up step, counted by
   :class:`kimi_vl.optim.comm_count.CommCounter` (DDP's gradient all-reduce through its comm hook, FSDP2's
   all-gathers/reduce-scatters, Muon's collectives), for MuonClip and for AdamW on every parameter
@@ -196,9 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
         "world": world, "args": vars(args), "params": sum(p.numel() for p in base.parameters()), "muon_params": n_muon,
     }
+    ref_deltas = {}
     for ns_name in dict.fromkeys([args.ns_dtype, "float32"]):
         kw = dict(lr=0.02, weight_decay=0.1, ns_dtype=getattr(torch, ns_name))
-        ref_delta = reference_delta(base, batches, kw)
+        ref_delta = ref_deltas[ns_name] = reference_delta(base, batches, kw)
         for case in ("ddp", "fsdp2"):
             r = run_case(base, case, batches, ref_delta, kw, device)
             if ns_name == args.ns_dtype:
@@ -206,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 adamw = count_bytes(base, case, batches, kw, True, device)
                 r.update(muonclip_bytes=muon, adamw_bytes=adamw, bus_bytes_ratio=muon["bus_bytes"] / adamw["bus_bytes"])
             result.setdefault(case, {})[ns_name] = r
+    # the spread bf16 rounding alone causes: one process, bf16 vs fp32 Newton-Schulz
+    result["one_process_ns_dtype_vs_fp32_max_rel"] = max_rel(ref_deltas[args.ns_dtype], ref_deltas["float32"])
     for case in ("ddp", "fsdp2"):
         r = result[case]
         r["ok"] = (r[args.ns_dtype]["same_grad_max_rel"] <= 1e-3 and r["float32"]["end_to_end_max_rel"] <= 1e-3
@@ -233,6 +238,7 @@ def format_table(result: dict[str, Any]) -> str:
                      f"{f32['end_to_end_max_rel']:.2e} / {f32['same_grad_max_rel']:.2e} | "
                      f"{b['muonclip_bytes']['bus_bytes'] / 1e6:.2f} / {b['adamw_bytes']['bus_bytes'] / 1e6:.2f} | "
                      f"{b['bus_bytes_ratio']:.3f} | {r['ok']} |")
+    lines.append(f"\none process, {ns} vs fp32 NS update: max rel {result['one_process_ns_dtype_vs_fp32_max_rel']:.2e}")
     return "\n".join(lines)
 
 
