@@ -92,7 +92,8 @@ for _name in ("tiny", "small"):
         eval={**_p.eval, **{k: v * (1 if _name == "tiny" else 12) for k, v in RETRIEVAL_COUNTS[1].items()}})
 # Families registered on first use (importing them would pull in the browser driver): name -> registrar.
 LAZY_FAMILIES = {"page": "data_pipelines.web.family:register_page_families",
-                 "page_video": "data_pipelines.web.family:register_page_families"}
+                 "page_video": "data_pipelines.web.family:register_page_families",
+                 "page_video_interactive": "data_pipelines.web.family:register_page_families"}
 
 
 def family_for(name: str) -> SampleFamily:
