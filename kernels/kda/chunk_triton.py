@@ -41,6 +41,7 @@ state pass; see that file for what else is Triton).
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -49,19 +50,10 @@ import triton.language as tl
 
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 from kernels.kda.naive import kda_gate_ref, l2norm_ref
+from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_triton
 
 CHUNK = 64
 SUB = 16
-
-
-@triton.jit
-def _gate(x, a_log, lb, LOWER: tl.constexpr):
-    """fp32 gate: lower-bound sigmoid form or -exp(A_log) * softplus (identity above 20)."""
-    a = tl.exp(a_log)
-    if LOWER:
-        return lb * tl.sigmoid(a * x)
-    sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-    return -a * sp
 
 
 @triton.jit
@@ -730,13 +722,20 @@ class ChunkKDAFunction(torch.autograd.Function):
 
 def chunk_kda_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
     """Forward only (in-kernel L2 norm / gate) when no gradient is needed; otherwise the L2 norm (fp32, cast back to
-    q's dtype) and the gate in PyTorch autograd, then :class:`ChunkKDAFunction` on the core op."""
+    q's dtype) and the gate as Triton autograd functions (``prep_triton.py``; ``KVL_KDA_PREP=torch``: the previous
+    PyTorch chains), then :class:`ChunkKDAFunction` on the core op."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
     ins = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ins)):
         return chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
-    if use_l2:
-        q, k = l2norm_ref(q.float()).to(q.dtype), l2norm_ref(k.float()).to(k.dtype)
-    if use_gate:
-        g = kda_gate_ref(g, A_log, dt_bias, lower_bound)
+    if os.environ.get("KVL_KDA_PREP", "triton") == "torch":  # the previous PyTorch chains (kept to time both)
+        if use_l2:
+            q, k = l2norm_ref(q.float()).to(q.dtype), l2norm_ref(k.float()).to(k.dtype)
+        if use_gate:
+            g = kda_gate_ref(g, A_log, dt_bias, lower_bound)
+    else:
+        if use_l2:
+            q, k = l2norm_triton(q), l2norm_triton(k)
+        if use_gate:
+            g = kda_gate_triton(g, A_log, dt_bias, lower_bound)
     return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, cu_seqlens)

@@ -1,0 +1,226 @@
+"""Triton L2 norm and KDA gate for the training path, as autograd functions (``../shared/REFERENCE.md`` section 1).
+
+The reference is ``kernels/kda/naive.py``: :func:`l2norm_ref` (``x / sqrt(sum x^2 + 1e-6)`` over the head dim,
+computed in fp32 and cast back to the input dtype, as fla does) and :func:`kda_gate_ref` (the softplus
+"unbounded" gate ``-exp(A_log) softplus(x)`` and the lower-bound gate ``lb sigmoid(exp(A_log) x)``, with
+``x = g_raw + dt_bias``; the log-decay comes back in fp32). Before these kernels the training path ran both as
+chains of PyTorch fp32 elementwise ops (about ten passes over ``[B, T, H, K]``); here each is one pass forward
+and one backward:
+
+- ``_l2_fwd_kernel`` / ``_l2_bwd_kernel``, rows of ``[M, D]``: y = x r with r = 1 / sqrt(sum x^2 + eps) saved
+  (fp32 ``[M]``); ``dx = r (dy - y sum(dy y))`` with y recomputed in fp32 from x and r.
+- ``_gate_fwd_kernel`` / ``_gate_bwd_kernel``, per (block of BT tokens, value head): the gate, and its backward
+  ``d g_raw = dg dG/dx``; ``dA_log`` and ``d dt_bias`` are per-program partial sums over the block's tokens
+  (``[NB, HV]``, ``[NB, HV, K]`` fp32) reduced afterwards by ``torch.sum`` (deterministic, no atomics).
+
+Fixed configurations (no autotune), so all four run under ``TRITON_INTERPRET=1`` on a CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+EPS = 1e-6
+ELEMS = 4096  # elements per program: rows per program = ELEMS // next_pow2(D)
+
+
+@triton.jit
+def _gate(x, a_log, lb, LOWER: tl.constexpr):
+    """fp32 gate: lower-bound sigmoid form or -exp(A_log) * softplus (identity above 20)."""
+    a = tl.exp(a_log)
+    if LOWER:
+        return lb * tl.sigmoid(a * x)
+    sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    return -a * sp
+
+
+@triton.jit
+def _l2_fwd_kernel(x_ptr, y_ptr, r_ptr, M, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, eps):
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+    cols = tl.arange(0, BD)
+    m = (rows < M)[:, None] & (cols < D)[None, :]
+    off = rows[:, None] * D + cols[None, :]
+    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, 1) + eps)
+    tl.store(y_ptr + off, (x * r[:, None]).to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(r_ptr + rows, r, mask=rows < M)
+
+
+@triton.jit
+def _l2_bwd_kernel(x_ptr, r_ptr, dy_ptr, dx_ptr, M, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+    cols = tl.arange(0, BD)
+    m = (rows < M)[:, None] & (cols < D)[None, :]
+    off = rows[:, None] * D + cols[None, :]
+    r = tl.load(r_ptr + rows, mask=rows < M, other=0.0)
+    y = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32) * r[:, None]
+    dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
+    dx = r[:, None] * (dy - y * tl.sum(dy * y, 1)[:, None])
+    tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
+
+
+def _rows(D: int) -> tuple[int, int]:
+    BD = triton.next_power_of_2(max(D, 1))
+    return BD, max(1, ELEMS // BD)
+
+
+class L2NormFunction(torch.autograd.Function):
+    """``l2norm_ref(x.float()).to(x.dtype)`` over the last dim in one Triton pass; saves x and fp32 1/norm."""
+
+    @staticmethod
+    def forward(ctx, x):
+        D = x.shape[-1]
+        xc = x.contiguous()
+        M = xc.numel() // max(D, 1)
+        y = torch.empty_like(xc)
+        r = torch.empty(M, dtype=torch.float32, device=x.device)
+        BD, BM = _rows(D)
+        if M:
+            _l2_fwd_kernel[(triton.cdiv(M, BM),)](xc, y, r, M, D=D, BD=BD, BM=BM, eps=EPS, num_warps=4)
+        ctx.save_for_backward(xc, r)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xc, r = ctx.saved_tensors
+        D = xc.shape[-1]
+        M = r.numel()
+        dx = torch.empty_like(xc)
+        BD, BM = _rows(D)
+        if M:
+            _l2_bwd_kernel[(triton.cdiv(M, BM),)](xc, r, dy.contiguous(), dx, M, D=D, BD=BD, BM=BM, num_warps=4)
+        return dx
+
+
+def l2norm_triton(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] -> x / sqrt(sum x^2 + 1e-6) in x's dtype (fp32 math), differentiable."""
+    return L2NormFunction.apply(x)
+
+
+@triton.jit
+def _gate_fwd_kernel(
+    x_ptr,
+    alog_ptr,
+    dtb_ptr,
+    g_ptr,
+    lb,
+    M,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BT: tl.constexpr,
+    LOWER: tl.constexpr,
+    HAS_DTB: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    rows = i_t.to(tl.int64) * BT + tl.arange(0, BT)
+    ck = tl.arange(0, BK)
+    cm = ck < K
+    m = (rows < M)[:, None] & cm[None, :]
+    off = rows[:, None] * (HV * K) + i_hv * K + ck[None, :]
+    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    if HAS_DTB:
+        x += tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)[None, :]
+    a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
+    tl.store(g_ptr + off, _gate(x, a_log, lb, LOWER), mask=m)
+
+
+@triton.jit
+def _gate_bwd_kernel(
+    x_ptr,
+    alog_ptr,
+    dtb_ptr,
+    dg_ptr,
+    dx_ptr,
+    pa_ptr,
+    pb_ptr,
+    lb,
+    M,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BT: tl.constexpr,
+    LOWER: tl.constexpr,
+    HAS_DTB: tl.constexpr,
+):
+    """d g_raw = dg dG/dx; partial sums over this block's tokens of dA_log (``pa [NB, HV]``) and of
+    d dt_bias = d g_raw (``pb [NB, HV, K]``)."""
+    i_t = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    rows = i_t.to(tl.int64) * BT + tl.arange(0, BT)
+    ck = tl.arange(0, BK)
+    cm = ck < K
+    m = (rows < M)[:, None] & cm[None, :]
+    off = rows[:, None] * (HV * K) + i_hv * K + ck[None, :]
+    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    if HAS_DTB:
+        x += tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)[None, :]
+    dg = tl.load(dg_ptr + off, mask=m, other=0.0).to(tl.float32)
+    a = tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32))
+    if LOWER:
+        s = tl.sigmoid(a * x)
+        ds = dg * (lb * s * (1.0 - s))  # dG / d(a x)
+        dx = ds * a
+        da = ds * a * x
+    else:
+        sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        dx = dg * (-a) * tl.where(x > 20.0, 1.0, tl.sigmoid(x))
+        da = dg * (-a) * sp  # dG / dA_log = G
+    dx = tl.where(m, dx, 0.0)
+    da = tl.where(m, da, 0.0)
+    tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    tl.store(pa_ptr + i_t * HV + i_hv, tl.sum(tl.sum(da, 1), 0))
+    tl.store(pb_ptr + (i_t * HV + i_hv) * K + ck, tl.sum(dx, 0), mask=cm)
+
+
+def _gate_cfg(K: int) -> tuple[int, int]:
+    BK = triton.next_power_of_2(max(K, 1))
+    return BK, max(1, ELEMS // BK)
+
+
+class KDAGateFunction(torch.autograd.Function):
+    """``kda_gate_ref(g_raw, A_log, dt_bias, lower_bound)``: g_raw [B, T, HV, K] -> fp32 log-decay; gradients
+    for g_raw, A_log [HV] and dt_bias [HV * K] (deterministic two-stage reductions)."""
+
+    @staticmethod
+    def forward(ctx, x, A_log, dt_bias, lower_bound):
+        HV, K = x.shape[-2], x.shape[-1]
+        xc = x.contiguous()
+        M = xc.numel() // max(HV * K, 1)
+        g = torch.empty(xc.shape, dtype=torch.float32, device=x.device)
+        BK, BT = _gate_cfg(K)
+        has_dtb = dt_bias is not None
+        dtb = dt_bias.contiguous() if has_dtb else A_log
+        lb = float(lower_bound) if lower_bound is not None else 0.0
+        kw = dict(HV=HV, K=K, BK=BK, BT=BT, LOWER=lower_bound is not None, HAS_DTB=has_dtb, num_warps=4)
+        if M:
+            _gate_fwd_kernel[(triton.cdiv(M, BT), HV)](xc, A_log.contiguous(), dtb, g, lb, M, **kw)
+        ctx.save_for_backward(xc, A_log, dtb)
+        ctx.cfg = (M, lb, kw, has_dtb)
+        return g
+
+    @staticmethod
+    def backward(ctx, dg):
+        xc, A_log, dtb = ctx.saved_tensors
+        M, lb, kw, has_dtb = ctx.cfg
+        HV, K, BT = kw["HV"], kw["K"], kw["BT"]
+        nb = triton.cdiv(M, BT)
+        dx = torch.empty_like(xc)
+        pa = torch.zeros(max(nb, 1), HV, dtype=torch.float32, device=xc.device)
+        pb = torch.zeros(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
+        if M:
+            _gate_bwd_kernel[(nb, HV)](xc, A_log.contiguous(), dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
+        dA = pa.sum(0).to(A_log.dtype).reshape(A_log.shape)
+        ddtb = pb.sum(0).reshape(-1).to(dtb.dtype).reshape(dtb.shape) if has_dtb else None
+        return dx, dA, ddtb, None
+
+
+def kda_gate_triton(
+    g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None, lower_bound: float | None
+) -> torch.Tensor:
+    """g_raw [B, T, HV, K] -> fp32 log-decay [B, T, HV, K] (see :func:`kernels.kda.naive.kda_gate_ref`),
+    differentiable in g_raw, A_log [HV] and dt_bias [HV * K]."""
+    return KDAGateFunction.apply(g_raw, A_log, dt_bias, lower_bound)

@@ -1,0 +1,84 @@
+"""Triton L2 norm and KDA gate autograd functions (``kernels/kda/prep_triton.py``) vs PyTorch autograd through
+``l2norm_ref`` / ``kda_gate_ref``. On a CPU they run under the Triton interpreter (tiny shapes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvl_testing import assert_rel_rms
+
+from kernels.kda import kda_gate_ref
+from kernels.kda.naive import l2norm_ref
+from kernels.kda.prep_triton import kda_gate_triton, l2norm_triton
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _dev():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 2, 16), (2, 37, 3, 20), (1, 3, 1, 130)])
+def test_l2norm_fwd_bwd(shape):
+    x = (torch.randn(shape) * 3).to(_dev()).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    y = l2norm_triton(x)
+    y2 = l2norm_ref(x2)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert_rel_rms(y, y2, 1e-6, "y")
+    dy = torch.randn_like(y)
+    (y * dy).sum().backward()
+    (y2 * dy).sum().backward()
+    assert_rel_rms(x.grad, x2.grad, 1e-5, "dx")
+
+
+def test_l2norm_fp16_storage():
+    x = torch.randn(1, 9, 2, 32).to(_dev(), torch.float16).requires_grad_()
+    y = l2norm_triton(x)
+    assert y.dtype == torch.float16
+    assert_rel_rms(y, l2norm_ref(x.detach().float()), 1e-3, "y fp16")
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x2 = x.detach().float().requires_grad_()
+    l2norm_ref(x2).backward(dy.float())
+    assert x.grad.dtype == torch.float16
+    assert_rel_rms(x.grad, x2.grad, 2e-3, "dx fp16")
+
+
+@pytest.mark.parametrize("lower_bound", [None, -3.0])
+@pytest.mark.parametrize("with_dtb", [True, False])
+def test_gate_fwd_bwd(lower_bound, with_dtb):
+    B, T, HV, K = 2, 300, 3, 20  # several token blocks per head (deterministic partial sums)
+    raw = torch.randn(B, T, HV, K) * 4
+    raw[0, 0, 0, :4] = torch.tensor([25.0, 21.0, -30.0, 19.5])  # both sides of softplus' threshold
+    A_log = torch.log(torch.empty(HV).uniform_(1, 16))
+    dtb = torch.randn(HV * K) if with_dtb else None
+    ins = [t.to(_dev()).requires_grad_() for t in (raw, A_log) + ((dtb,) if with_dtb else ())]
+    ref = [t.detach().clone().requires_grad_() for t in ins]
+    g = kda_gate_triton(ins[0], ins[1], ins[2] if with_dtb else None, lower_bound)
+    g2 = kda_gate_ref(ref[0], ref[1], ref[2] if with_dtb else None, lower_bound)
+    assert g.dtype == torch.float32
+    assert_rel_rms(g, g2, 1e-6, "g")
+    dg = torch.randn_like(g)
+    (g * dg).sum().backward()
+    (g2 * dg).sum().backward()
+    for name, a, b in zip(["d g_raw", "dA_log", "d dt_bias"], ins, ref):
+        assert a.grad.shape == b.grad.shape
+        assert_rel_rms(a.grad, b.grad, 1e-5, name)
+
+
+def test_gate_deterministic():
+    raw = torch.randn(1, 500, 2, 16, device=_dev())
+    A_log = torch.zeros(2, device=_dev(), requires_grad=True)
+    dtb = torch.zeros(32, device=_dev(), requires_grad=True)
+    dg = torch.randn(1, 500, 2, 16, device=_dev())
+    grads = []
+    for _ in range(2):
+        A_log.grad = dtb.grad = None
+        (kda_gate_triton(raw, A_log, dtb, None) * dg).sum().backward()
+        grads.append((A_log.grad.clone(), dtb.grad.clone()))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
