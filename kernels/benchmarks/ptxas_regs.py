@@ -104,10 +104,10 @@ if __name__ == "__main__":
     main()
 
 
-def bwd_ptxas_report(name: str, num_warps: int = 4, num_stages: int = 2, **tiles) -> str:
+def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | None = None, **tiles) -> str:
     """Registers and spills of a backward kernel of ``chunk_triton_bwd`` (``state``, ``dy`` or ``intra``) for a bf16
-    run at K = V = 128 (g fp32 from the PyTorch gate, fp32 dH / dY / dA / gradients); ``tiles`` overrides the
-    launch's tile constants (BV, BK).
+    run at K = V = 128 (g fp32 from the PyTorch gate, fp32 dH / dY / dA / gradients); warps, stages and ``tiles``
+    (BV, BK) default to the launch's (``chunk_triton_bwd.BWD_LAUNCH`` and tile constants).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('intra'))"
     """
@@ -129,7 +129,8 @@ def bwd_ptxas_report(name: str, num_warps: int = 4, num_stages: int = 2, **tiles
     consts |= tiles
     sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
     src = ASTSource(fn=fn, signature=sig, constexprs=consts)
-    opts = {"num_warps": num_warps, "num_stages": num_stages}
+    nw, ns = cb.BWD_LAUNCH[name]
+    opts = {"num_warps": num_warps or nw, "num_stages": num_stages or ns}
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     m = re.search(r"release (\d+)\.(\d+)", subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout)

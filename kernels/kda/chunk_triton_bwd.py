@@ -402,7 +402,7 @@ def _bwd_intra_kernel(
             dkq += eJ * tl.dot(tl.trans(dq_b), aq2, input_precision=PREC)
             dkk += eJ * tl.dot(tl.trans(dk_b), ak2, input_precision=PREC)
         # diagonal block, pairwise in fp32 (exponent masked to 0 above the diagonal, where dA is 0)
-        for j in range(S):
+        for j in range(0, tl.minimum(S, n - I * S)):  # runtime trip count (padded keys add 0)
             kj = tl.load(
                 k_ptr + (bos + I * S + j) * QS + i_h * K + ck, mask=kmask & (ck * 0 + I * S + j < n), other=0.0
             )
@@ -496,8 +496,8 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
         C=C,
         HAS_DHT=dht is not None,
         FP32=fp32,
-        num_warps=4,
-        num_stages=2,
+        num_warps=BWD_LAUNCH["state"][0],
+        num_stages=BWD_LAUNCH["state"][1],
     )
     return dvn, dH, dh0
 
@@ -505,6 +505,8 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 BWD_INTRA_BK = 32  # key channels per program of the fused intra-chunk kernel
 BWD_INTRA_BV = 64  # value columns per loop step of the intra-chunk kernel's reductions over V
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
+# (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128): no spills
+BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), intra=(4, 1))
 BWD_VARIANTS = ("triton", "hybrid")
 
 
@@ -552,8 +554,8 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         C=C,
         FP32=fp32,
         PREC=prec,
-        num_warps=4,
-        num_stages=2,
+        num_warps=BWD_LAUNCH["dy"][0],
+        num_stages=BWD_LAUNCH["dy"][1],
     )
     _bwd_intra_kernel[(nkt, NC * HV)](
         q,
@@ -587,8 +589,8 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         S=16,
         FP32=fp32,
         PREC=prec,
-        num_warps=4,
-        num_stages=2,
+        num_warps=BWD_LAUNCH["intra"][0],
+        num_stages=BWD_LAUNCH["intra"][1],
     )
     if HV != H:
         dqv, dkv = (x.view(B, T, H, HV // H, K).sum(3) for x in (dqv, dkv))
