@@ -133,10 +133,12 @@ def test_bwd_variant_validation(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [63, 1000, 4096])
-def test_gpu_bf16_grads_vs_fp64_oracle(T):
-    """The wired training path (L2 norm + gate in PyTorch, Triton forward and backward) in bf16 against autograd
-    through the fp64 reference on the same bf16-rounded inputs (chunk form in fp64 above T = 1000)."""
+@pytest.mark.parametrize("T,variant", [(63, "triton"), (1000, "triton"), (4096, "triton"), (1000, "hybrid")])
+def test_gpu_bf16_grads_vs_fp64_oracle(monkeypatch, T, variant):
+    """The wired training path (L2 norm + gate in PyTorch, Triton forward and backward, ``KVL_KDA_BWD`` variant) in
+    bf16 against autograd through the fp64 reference on the same bf16-rounded inputs (chunk form in fp64 above
+    T = 1000)."""
+    monkeypatch.setenv("KVL_KDA_BWD", variant)
     from kernels.kda import chunk_kda
     from kernels.kda.chunk_torch import chunk_kda_torch
 
