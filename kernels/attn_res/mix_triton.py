@@ -17,10 +17,22 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   query gradient ``du = sum ds_n n_n`` is accumulated per program in fp32 and summed afterwards (no atomics,
   deterministic).
 
+Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
+
+- ``args`` (default for ``N <= MAX_ARGS``): each source is its own pointer argument (``MAX_ARGS`` slots, unused
+  ones repeat ``sources[0]`` and are skipped by a runtime ``n < N`` branch), so a launch copies nothing to the
+  device and never synchronises; one compiled kernel per dtype serves every ``N <= MAX_ARGS``, and Triton's
+  own 16-byte alignment specialisation of pointer arguments vectorises the loads.
+- ``table`` (always used for ``N > MAX_ARGS``, e.g. full AttnRes): the addresses go to the device as an
+  ``int64 [N]`` table through pinned memory (the first version of these kernels; kept for many sources and
+  so that the benchmark can time it).
+
 Fixed launch configurations (no autotuning): ``BLOCK_T * BLOCK_D = TILE_ELEMS``, ``NUM_WARPS`` warps.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -30,6 +42,8 @@ TILE_ELEMS = 4096
 NUM_WARPS = 8
 MAX_D = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_ARGS = 8
+ADDRESSING = ("args", "table")
 
 
 @triton.jit
@@ -110,6 +124,103 @@ def _attn_res_bwd_kernel(
     tl.store(du_ptr + pid * D + offs_d, du, mask=d_ok)
 
 
+@triton.jit
+def _pick(n: tl.constexpr, p0, p1, p2, p3, p4, p5, p6, p7):
+    """The ``n``-th of eight pointer arguments (``n`` a compile-time constant: no runtime select)."""
+    if n == 0:
+        p = p0
+    elif n == 1:
+        p = p1
+    elif n == 2:
+        p = p2
+    elif n == 3:
+        p = p3
+    elif n == 4:
+        p = p4
+    elif n == 5:
+        p = p5
+    elif n == 6:
+        p = p6
+    else:
+        p = p7
+    return p
+
+
+@triton.jit
+def _attn_res_fwd_args_kernel(
+    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NMAX: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    t_ok = offs_t < M
+    d_ok = offs_d < D
+    tile_ok = t_ok[:, None] & d_ok[None, :]
+    offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
+    u = tl.load(u_ptr + offs_d, mask=d_ok, other=0.0)
+    m = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_T], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    for n in tl.static_range(NMAX):
+        if n < N:
+            src = _pick(n, x0, x1, x2, x3, x4, x5, x6, x7)
+            x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+            s = tl.sum(x * u[None, :], axis=1) * rstd
+            tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
+            tl.store(score_ptr + n * M + offs_t, s, mask=t_ok)
+            m_new = tl.maximum(m, s)
+            scale = tl.exp(m - m_new)
+            p = tl.exp(s - m_new)
+            acc = acc * scale[:, None] + p[:, None] * x
+            l = l * scale + p
+            m = m_new
+    h = acc / l[:, None]
+    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=tile_ok)
+    tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)
+
+
+@triton.jit
+def _attn_res_bwd_args_kernel(
+    x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
+    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N, M, D, num_tiles,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NMAX: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    u = tl.load(u_ptr + offs_d, mask=d_ok, other=0.0)
+    du = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_ok = offs_t < M
+        tile_ok = t_ok[:, None] & d_ok[None, :]
+        offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
+        dh = tl.load(dh_ptr + offs, mask=tile_ok, other=0.0).to(tl.float32)
+        h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        for n in tl.static_range(NMAX):
+            if n < N:
+                src = _pick(n, x0, x1, x2, x3, x4, x5, x6, x7)
+                x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
+                a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
+                h += a[:, None] * x
+        for n in tl.static_range(NMAX):
+            if n < N:
+                src = _pick(n, x0, x1, x2, x3, x4, x5, x6, x7)
+                dsrc = _pick(n, g0, g1, g2, g3, g4, g5, g6, g7)
+                x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
+                a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
+                r = tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0)
+                ds = a * tl.sum(dh * (x - h), axis=1)
+                key = x * r[:, None]
+                s = tl.sum(key * u[None, :], axis=1)
+                dx = a[:, None] * dh + (ds * r)[:, None] * (u[None, :] - key * (s / D)[:, None])
+                tl.store(dsrc + offs, dx.to(dh_ptr.dtype.element_ty), mask=tile_ok)
+                du += tl.sum(ds[:, None] * key, axis=0)
+    tl.store(du_ptr + pid * D + offs_d, du, mask=d_ok)
+
+
 def _blocks(d: int) -> tuple[int, int]:
     block_d = triton.next_power_of_2(d)
     return max(1, TILE_ELEMS // block_d), block_d
@@ -120,6 +231,25 @@ def _address_table(tensors: list[torch.Tensor], device: torch.device) -> torch.T
     a pageable copy would synchronise the stream at every mix and stall the host's run-ahead."""
     ptrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
     return ptrs.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else ptrs
+
+
+def addressing() -> str:
+    """``KVL_ATTNRES_ADDRESSING`` (``args`` | ``table``), ``args`` when unset."""
+    mode = os.environ.get("KVL_ATTNRES_ADDRESSING") or "args"
+    if mode not in ADDRESSING:
+        raise ValueError(f"kernels/attn_res/mix_triton.py: KVL_ATTNRES_ADDRESSING must be one of {ADDRESSING}, "
+                         f"got {mode!r}")
+    return mode
+
+
+def use_args(n: int) -> bool:
+    """Whether a mix over ``n`` sources passes them as pointer arguments (else through an address table)."""
+    return n <= MAX_ARGS and addressing() == "args"
+
+
+def _slots(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``MAX_ARGS`` pointer arguments: the tensors, then ``tensors[0]`` repeated (never read: ``n < N`` skips)."""
+    return list(tensors) + [tensors[0]] * (MAX_ARGS - len(tensors))
 
 
 def _aligned(tensors: list[torch.Tensor]) -> bool:
@@ -145,9 +275,15 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     lse = torch.empty(m, device=x0.device, dtype=torch.float32)
     block_t, block_d = _blocks(d)
-    _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
-        _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
-        BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
+    grid = (triton.cdiv(m, block_t),)
+    if use_args(n):
+        _attn_res_fwd_args_kernel[grid](
+            *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
+            BLOCK_T=block_t, BLOCK_D=block_d, NMAX=MAX_ARGS, num_warps=NUM_WARPS)
+    else:
+        _attn_res_fwd_kernel[grid](
+            _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
+            BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
     alpha.sub_(lse).exp_()
     return h, rstd, alpha
 
@@ -162,9 +298,15 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     num_tiles = triton.cdiv(m, block_t)
     programs = _num_bwd_programs(num_tiles, x0.device)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
-    _attn_res_bwd_kernel[(programs,)](
-        _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, du_partial,
-        n, m, d, num_tiles, BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources + dxs), num_warps=NUM_WARPS)
+    if use_args(n):
+        _attn_res_bwd_args_kernel[(programs,)](
+            *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles,
+            BLOCK_T=block_t, BLOCK_D=block_d, NMAX=MAX_ARGS, num_warps=NUM_WARPS)
+    else:
+        _attn_res_bwd_kernel[(programs,)](
+            _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, du_partial,
+            n, m, d, num_tiles, BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources + dxs),
+            num_warps=NUM_WARPS)
     return dxs, du_partial.sum(0)
 
 

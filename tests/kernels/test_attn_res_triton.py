@@ -20,6 +20,7 @@ def _interpret(monkeypatch):
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("KVL_ATTNRES_BACKEND", raising=False)
+    monkeypatch.delenv("KVL_ATTNRES_ADDRESSING", raising=False)
 
 
 def _dev() -> torch.device:
@@ -166,3 +167,21 @@ def test_triton_unaligned_source_address():
     xs[1] = flat[1:].view_as(xs[1]).requires_grad_()
     assert not mix_triton._aligned([xs[1]])
     _check_against_naive(xs, w, g, "triton", *TOL[torch.float32])
+
+
+@pytest.mark.parametrize("addressing", ["args", "table"])
+@pytest.mark.parametrize("n", [2, mix_triton.MAX_ARGS])
+def test_triton_both_addressings_equal_naive(monkeypatch, addressing, n):
+    """Pointer arguments (``n <= MAX_ARGS``, unused slots skipped) and the address table give the reference."""
+    monkeypatch.setenv("KVL_ATTNRES_ADDRESSING", addressing)
+    assert mix_triton.use_args(n) == (addressing == "args")
+    xs, w, g = _inputs(n, (2, 13), 40, q_scale=2.0, seed=9)
+    _check_against_naive(xs, w, g, "triton", *TOL[torch.float32])
+
+
+def test_triton_many_sources_fall_back_to_the_table(monkeypatch):
+    monkeypatch.delenv("KVL_ATTNRES_ADDRESSING", raising=False)
+    assert mix_triton.use_args(mix_triton.MAX_ARGS) and not mix_triton.use_args(mix_triton.MAX_ARGS + 1)
+    monkeypatch.setenv("KVL_ATTNRES_ADDRESSING", "pinned")
+    with pytest.raises(ValueError, match="KVL_ATTNRES_ADDRESSING"):
+        mix_triton.use_args(2)
