@@ -95,6 +95,13 @@ def momentum_to_batch(g_EAB: torch.Tensor, buf_EAB: torch.Tensor, out_EAB: torch
                              BLOCK_SIZE=BLOCK, num_warps=8)
 
 
+def momentum_launch(g: torch.Tensor, buf: torch.Tensor, out: torch.Tensor, partial: torch.Tensor, E: int, K: int,
+                    mu: float, nesterov: bool) -> None:
+    """:func:`momentum_to_batch` without the checks, for arguments validated once (the step's cached plan)."""
+    _momentum_kernel[(K, E)](g, buf, out, partial, buf.numel() // E, K, float(mu), NESTEROV=bool(nesterov),
+                             BLOCK_SIZE=BLOCK, num_warps=8)
+
+
 def momentum_to_batch_reference(g_EAB: torch.Tensor, buf_EAB: torch.Tensor, out_EAB: torch.Tensor,
                                 partial_EK: torch.Tensor, mu: float, nesterov: bool) -> None:
     """PyTorch specification of :func:`momentum_to_batch` (partial sums: the whole sum in column 0)."""

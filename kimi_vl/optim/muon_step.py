@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kimi_vl.optim.distributed import check_fsdp_param, gather_full, is_dtensor, local_view, shard_like
-from kimi_vl.optim.fused import apply_update, momentum_to_batch, partial_blocks
+from kimi_vl.optim.fused import apply_update, momentum_launch, partial_blocks
 from kimi_vl.optim.muon import NS_EPS, apply_muon_update_, rms_match_scale
 
 Key = tuple  # (rows, cols, ns_steps, param dtype)
@@ -76,39 +76,68 @@ def plan_batches(items: list[MuonItem], row_splits: dict[str, tuple[int, ...]]) 
     return counts
 
 
-def _fusable(it: MuonItem, buf: torch.Tensor) -> bool:
-    return (len(it.blocks) == 1 and not is_dtensor(it.p) and it.grad is not None and it.grad.dtype == buf.dtype
-            and it.grad.is_contiguous() and buf.is_contiguous() and it.p.is_contiguous())
-
-
 def momentum_buffer(state: dict[str, Any], p: torch.Tensor) -> torch.Tensor:
     if "momentum_buffer" not in state:
         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     return state["momentum_buffer"]
 
 
+@dataclass
+class _Launch:
+    """A validated fused momentum launch for one parameter: its buffer and its places in the batch."""
+
+    buf: torch.Tensor
+    out: torch.Tensor
+    partial: torch.Tensor
+    E: int
+    K: int
+
+
+def _fused_plan(items: list[MuonItem], state: Any, counts: dict[Key, int], ns_dtype: torch.dtype,
+                cache: dict[str, Any]) -> tuple[dict[Key, torch.Tensor], dict[Key, torch.Tensor], dict[int, _Launch]]:
+    """Batches, partial sums and per-item launches, rebuilt only when the parameters or buffers change."""
+    bufs = [momentum_buffer(state[it.p], it.p) for it in items]
+    sig = (ns_dtype, tuple(map(id, (it.p for it in items))), tuple(map(id, bufs)), tuple(counts.items()))
+    if cache.get("sig") == sig:
+        return cache["batches"], cache["partials"], cache["launches"]
+    dev = items[0].p.device
+    batches = {k: torch.empty(n, k[0], k[1], dtype=ns_dtype, device=dev) for k, n in counts.items()}
+    partials = {k: torch.empty(n, partial_blocks(k[0] * k[1]), dtype=torch.float32, device=dev)
+                for k, n in counts.items()}
+    launches = {}
+    for i, (it, buf) in enumerate(zip(items, bufs)):
+        if len(it.blocks) == 1 and not is_dtensor(it.p) and buf.is_contiguous() and it.p.is_contiguous():
+            b, E = it.blocks[0], it.shape3[0]
+            launches[i] = _Launch(buf, batches[b.key][b.index:b.index + E], partials[b.key][b.index:b.index + E],
+                                  E, partials[b.key].shape[1])
+    cache.clear()
+    cache.update(sig=sig, batches=batches, partials=partials, launches=launches)
+    return batches, partials, launches
+
+
 def momentum_phase(items: list[MuonItem], state: Any, counts: dict[Key, int], ns_dtype: torch.dtype, fused: bool,
-                   ) -> tuple[dict[Key, torch.Tensor], dict[Key, torch.Tensor], int]:
+                   cache: dict[str, Any] | None = None) -> tuple[dict[Key, torch.Tensor], dict[Key, torch.Tensor], int]:
     """Momentum for every item; return the batches ``[N, a, B]``, the partial sums (fused) and bytes gathered.
 
     Exact path: batches in the parameter dtype hold the Nesterov direction. Fused path: batches in
-    ``ns_dtype`` hold it unnormalised, with fp32 partial sums of squares ``[N, K]`` for :func:`normalise_`.
+    ``ns_dtype`` hold it unnormalised, with fp32 partial sums of squares ``[N, K]`` for :func:`normalise_`;
+    its buffers and per-parameter launch arguments persist in ``cache`` between steps (host time per
+    parameter is what bounds this phase on a GPU).
     """
-    dev = items[0].p.device
-    batches = {k: torch.empty(n, k[0], k[1], dtype=ns_dtype if fused else k[3], device=dev) for k, n in counts.items()}
-    partials = {k: torch.empty(n, partial_blocks(k[0] * k[1]), dtype=torch.float32, device=dev)
-                for k, n in counts.items()} if fused else {}
+    if fused:
+        batches, partials, launches = _fused_plan(items, state, counts, ns_dtype, cache if cache is not None else {})
+    else:
+        dev = items[0].p.device
+        batches = {k: torch.empty(n, k[0], k[1], dtype=k[3], device=dev) for k, n in counts.items()}
+        partials, launches = {}, {}
     comm = 0
-    for it in items:
+    for i, it in enumerate(items):
         mu, nesterov = it.group["momentum"], it.group["nesterov"]
-        buf = momentum_buffer(state[it.p], it.p)
-        if fused and _fusable(it, buf):
-            b = it.blocks[0]
-            E, A, B = it.shape3
-            momentum_to_batch(it.grad.view(E, A, B), buf.view(E, A, B), batches[b.key][b.index:b.index + E],
-                              partials[b.key][b.index:b.index + E], mu, nesterov)
+        launch, g = launches.get(i), it.grad
+        if launch is not None and g is not None and g.dtype == launch.buf.dtype and g.is_contiguous():
+            momentum_launch(g, launch.buf, launch.out, launch.partial, launch.E, launch.K, mu, nesterov)
             continue
-        comm += _momentum_torch(it, buf, batches, partials, mu, nesterov)
+        comm += _momentum_torch(it, momentum_buffer(state[it.p], it.p), batches, partials, mu, nesterov)
     return batches, partials, comm
 
 

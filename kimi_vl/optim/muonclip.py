@@ -121,6 +121,7 @@ class MuonClip(torch.optim.Optimizer):
         self.fused = fused
         self.adamw_fused = adamw_fused
         self.phase_hook: Callable[[str], None] | None = None
+        self._batch_cache: dict[str, Any] = {}
         self.routes: list[ParamRoute] = []
         self.last_qk_stats: QKClipStats | None = None
         self.last_muon_stats: dict[str, float] = {}
@@ -252,7 +253,7 @@ class MuonClip(torch.optim.Optimizer):
             self._set_stats(report, 0)
             return
         counts = plan_batches(items, self.row_splits)
-        batches, partials, comm = momentum_phase(items, self.state, counts, self.ns_dtype, fused)
+        batches, partials, comm = momentum_phase(items, self.state, counts, self.ns_dtype, fused, self._batch_cache)
         self._mark("momentum")
         if fused:
             normalise_(batches, partials)
