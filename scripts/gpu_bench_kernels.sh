@@ -2,11 +2,12 @@
 # One GPU call for the kernel-level checks and benchmarks, run from the repo root on the GPU machine:
 #   bash scripts/gpu_bench_kernels.sh [FLA_SHAPES] [PARTS]
 # FLA_SHAPES: the KDA shapes at which fla-core is timed in the same run (its first call per head count autotunes
-# for 1-2.5 min); default 1x8192x32. PARTS: a comma list of kda,tests,conv,attnres,muon (default: all).
+# for 1-2.5 min); default 1x8192x32. PARTS: a comma list of kda,tests,conv,attnres,muon,backbone (default: all).
+# KDA_TIMEOUT / KDA_DEADLINE (s) bound the KDA benchmark (default 330 / 240).
 # fla-core is installed from the carried wheel in .whl/ when present. JSON and logs go to $OUT.
 set -u
 FLA_SHAPES=${1:-1x8192x32}
-PARTS=${2:-kda,tests,conv,attnres,muon}
+PARTS=${2:-kda,tests,conv,attnres,muon,backbone}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
@@ -17,7 +18,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 if has kda; then
-  timeout 330 python3 kernels/benchmarks/bench_kda.py --deadline 240 --prelude-impls ours --profile \
+  timeout "${KDA_TIMEOUT:-330}" python3 kernels/benchmarks/bench_kda.py --deadline "${KDA_DEADLINE:-240}" \
+    --prelude-impls ours --profile \
     --shapes 1x8192x32,4x4096x32,1x32768x16,2x16384x16,8x2048x16 --fla-shapes "$FLA_SHAPES" 2>&1 \
     | tail -n 30 | tee "$OUT/kda.log"
 fi
@@ -33,5 +35,9 @@ if has attnres; then
 fi
 if has muon; then
   timeout 90 python3 -m kimi_vl.benchmarks.bench_muon 2>&1 | tail -n 25 | tee "$OUT/muon.log"
+fi
+if has backbone; then  # small flavor: hybrid vs all-MLA vs hybrid + block AttnRes (train at 4K/32K, decode 32K/128K)
+  timeout 240 python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 32768 --decode-contexts 32768 131072 \
+    --iters 3 --decode-steps 32 --peak-tflops 709 2>&1 | tail -n 30 | tee "$OUT/backbone.log"
 fi
 ls -la "$OUT"
