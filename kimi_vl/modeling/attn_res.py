@@ -16,11 +16,15 @@ Implementations (all equal): ``mix_naive`` (stack + softmax, the reference); ``m
 autograd function on CPU; both save only fp32 ``rstd`` and ``alpha`` ``[N, B, T]`` per call and recompute keys
 in backward, so memory does not grow by a stacked copy of the sources per sublayer); ``phase1``/``phase2``
 (inference: one batched pass of a block's queries over the completed blocks, then an online-softmax merge of
-each sublayer's own partial sum). The stream classes here are the single place that wires residuals.
+each sublayer's own partial sum). Without autograd on CUDA the two-phase stream keeps the block states in one
+contiguous buffer and runs ``kernels/attn_res/two_phase_triton.py`` (one launch per block and one per sublayer:
+decode is launch-bound); ``KVL_ATTNRES_TWO_PHASE`` (``torch`` | ``triton``) forces either form. The stream classes
+here are the single place that wires residuals.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,8 +33,10 @@ from torch import nn
 
 from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 
-__all__ = ["AttnResMix", "AttnResStream", "ResProj", "ResQuery", "StandardStream", "alpha_stats", "mix",
-           "mix_naive", "phase1", "phase2"]
+__all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ResProj", "ResQuery", "StandardStream", "alpha_stats",
+           "mix", "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
+
+_TWO_PHASE = ("torch", "triton")
 
 
 class ResProj(nn.Linear):
@@ -67,6 +73,30 @@ def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = 
     :class:`AttnResMix` autograd function on CPU; ``backend`` or ``KVL_ATTNRES_BACKEND`` (``triton`` | ``torch``)
     forces one (``kernels.attn_res.attn_res_mix``)."""
     return attn_res_mix(sources, query.weight, query.gain, query.eps, backend)
+
+
+def stacked_u(queries: Sequence[ResQuery]) -> torch.Tensor:
+    """``u = w * gain`` of every query as one contiguous fp32 ``[Q, D]`` (a few ops, not a few per query)."""
+    w = torch.stack([q.weight for q in queries]).reshape(len(queries), -1).float()
+    return (w * torch.stack([q.gain for q in queries]).float()).contiguous()
+
+
+def two_phase_backend(x: torch.Tensor) -> str:
+    """The two-phase form for a stream on ``x``: ``KVL_ATTNRES_TWO_PHASE`` if set, else ``triton`` on CUDA
+    without autograd (fp32/fp16/bf16) and ``torch`` otherwise. The Triton kernels have no backward, so with
+    autograd enabled the PyTorch form is used whatever is asked; ``triton`` on a CPU needs ``TRITON_INTERPRET=1``."""
+    forced = os.environ.get("KVL_ATTNRES_TWO_PHASE") or None
+    if forced is not None and forced not in _TWO_PHASE:
+        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_TWO_PHASE must be one of {_TWO_PHASE}, "
+                         f"got {forced!r}")
+    if torch.is_grad_enabled() or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return "torch"
+    if forced is None:
+        return "triton" if x.is_cuda else "torch"
+    if forced == "triton" and not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("kimi_vl/modeling/attn_res.py: KVL_ATTNRES_TWO_PHASE=triton on a CPU tensor needs "
+                         "TRITON_INTERPRET=1")
+    return forced
 
 
 def phase1(completed: Sequence[torch.Tensor], queries: Sequence[ResQuery]):
@@ -143,8 +173,12 @@ class AttnResStream:
         self.queries, self.block_size, self.impl = list(queries), block_size, impl
         self.record, self.token_mask = record, token_mask
         self._phase1: tuple | None = None
+        self._buffered = BufferedTwoPhase(embeddings, self.queries, block_size) \
+            if impl == "two_phase" and record is None and two_phase_backend(embeddings) == "triton" else None
 
     def input(self, i: int) -> torch.Tensor:
+        if self._buffered is not None:
+            return self._buffered.input(i)
         if self.impl == "two_phase":
             return self._two_phase_input(i)
         sources = self.completed + ([self.partial] if self.partial is not None else [])
@@ -164,6 +198,9 @@ class AttnResStream:
         return phase2(o, m, l, self.partial, self.queries[i]).to(self.completed[0].dtype)
 
     def add(self, i: int, out: torch.Tensor) -> None:
+        if self._buffered is not None:
+            self._buffered.add(i, out)
+            return
         self.partial = out if self.partial is None else self.partial + out
         if self.record is not None:
             self.record.setdefault("sublayer_output_rms", []).append(rms(out))
@@ -175,3 +212,39 @@ class AttnResStream:
 
     def final(self) -> torch.Tensor:
         return self.input(len(self.queries) - 1)
+
+
+class BufferedTwoPhase:
+    """Two-phase block AttnRes without autograd through the Triton kernels: the block states are slots of one
+    buffer ``v [K, M, D]`` (slot 0 the embedding, slot ``k`` block ``k``'s running sum, accumulated in place),
+    the queries one fp32 ``u [Q, D]``; a block's first sublayer runs phase 1 for all its queries over the
+    completed slots, each sublayer a phase-2 merge with its slot. Same interface as the stream's core."""
+
+    def __init__(self, embeddings: torch.Tensor, queries: Sequence[ResQuery], block_size: int) -> None:
+        from kernels.attn_res.two_phase_triton import phase1_triton, phase2_triton
+
+        self._phase1_fn, self._phase2_fn = phase1_triton, phase2_triton
+        self.shape, d = embeddings.shape, embeddings.shape[-1]
+        self.block_size, self.num_queries = block_size, len(queries)
+        num_slots = 1 + -(-(len(queries) - 1) // block_size)
+        self.v = embeddings.new_empty(num_slots, embeddings.numel() // d, d)  # [K, M, D]
+        self.slots = self.v.unbind(0)
+        self.slots[0].copy_(embeddings.reshape(-1, d))
+        self.u = stacked_u(queries)  # [Q, D] fp32
+        self.eps = [q.eps for q in queries]
+        self._phase1: tuple | None = None
+
+    def input(self, i: int) -> torch.Tensor:
+        j, k = i % self.block_size, i // self.block_size + 1
+        if j == 0:
+            n_q = min(self.block_size, self.num_queries - i)
+            self._phase1 = self._phase1_fn(self.v, k, self.u, i, n_q, self.eps[i])
+        o, m, l = self._phase1
+        return self._phase2_fn(o, m, l, j, self.v, k if j else None, self.u, i, self.eps[i]).view(self.shape)
+
+    def add(self, i: int, out: torch.Tensor) -> None:
+        slot = self.slots[i // self.block_size + 1]
+        if i % self.block_size == 0:
+            slot.copy_(out.reshape(slot.shape))
+        else:
+            slot.add_(out.reshape(slot.shape))

@@ -7,7 +7,7 @@ import torch
 from backbone_utils import build, tiny_config
 from kvl_testing import assert_rel_rms
 
-from kimi_vl.modeling.attn_res import AttnResMix, AttnResStream, ResQuery, mix, mix_naive
+from kimi_vl.modeling.attn_res import AttnResMix, AttnResStream, BufferedTwoPhase, ResQuery, mix, mix_naive
 
 
 def _query(d: int, scale: float = 1.0, dtype=torch.float32) -> ResQuery:
@@ -150,3 +150,79 @@ def test_stream_with_triton_kernel_equals_naive(monkeypatch):
     assert_rel_rms(grads["fused"][0], grads["naive"][0], 1e-6, "output")
     for i, (a, b) in enumerate(zip(grads["fused"][1], grads["naive"][1])):
         assert_rel_rms(a, b, 1e-5, f"grad {i}")
+
+
+def _triton_two_phase(monkeypatch) -> str:
+    """Force the buffered Triton two-phase form (interpreter on a CPU); returns the device to use."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_ATTNRES_TWO_PHASE", "triton")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize(("num_sublayers", "block_size", "dtype", "tol"),
+                         [(7, 3, torch.float32, 1e-6), (3, 1, torch.float32, 1e-6), (4, 8, torch.float32, 1e-6),
+                          (5, 2, torch.bfloat16, 2e-2)])
+def test_buffered_triton_two_phase_equals_naive_stream(monkeypatch, num_sublayers, block_size, dtype, tol):
+    """Block firsts, a ragged last block (7 = 3+3+1, 5 = 2+2+1), full AttnRes (block size 1), one block only
+    (4 < 8), the output mix."""
+    dev = _triton_two_phase(monkeypatch)
+    d = 40  # not a power of two
+    queries = [ResQuery(torch.randn(1, d, device=dev), 1 + 0.3 * torch.randn(d, device=dev), 1e-6)
+               for _ in range(num_sublayers + 1)]
+    outs = [(torch.randn(2, 3, d, device=dev) * (i + 1)).to(dtype) for i in range(num_sublayers)]
+    emb = torch.randn(2, 3, d, device=dev).to(dtype)
+    results = {}
+    with torch.no_grad():
+        for impl in ("naive", "two_phase"):
+            stream, got = AttnResStream(emb, queries, block_size, impl), []
+            assert (stream._buffered is not None) == (impl == "two_phase")
+            for i, out in enumerate(outs):
+                got.append(stream.input(i))
+                stream.add(i, out)
+            got.append(stream.final())
+            results[impl] = torch.stack(got).float()
+    assert_rel_rms(results["two_phase"], results["naive"], tol, "buffered two-phase")
+
+
+def test_two_phase_backend_choice(monkeypatch):
+    from kimi_vl.modeling.attn_res import two_phase_backend
+
+    x = torch.zeros(2, 8)
+    monkeypatch.delenv("KVL_ATTNRES_TWO_PHASE", raising=False)
+    with torch.no_grad():
+        assert two_phase_backend(x) == ("triton" if x.is_cuda else "torch")
+        monkeypatch.setenv("KVL_ATTNRES_TWO_PHASE", "triton")
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+            two_phase_backend(x)
+        monkeypatch.setenv("KVL_ATTNRES_TWO_PHASE", "cuda")
+        with pytest.raises(ValueError, match="KVL_ATTNRES_TWO_PHASE"):
+            two_phase_backend(x)
+    monkeypatch.setenv("KVL_ATTNRES_TWO_PHASE", "triton")
+    assert two_phase_backend(x) == "torch"  # autograd on: the kernels have no backward
+
+
+def test_generate_with_triton_two_phase_matches_naive_full_forward(monkeypatch):
+    """Prefill and decode through the cache with the buffered Triton two-phase stream (block AttnRes; full
+    AttnRes is block size 1, covered by the stream test)."""
+    _triton_two_phase(monkeypatch)
+    model = build(tiny_config(residual_mode="attnres_block"))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attention_res_proj.weight.normal_()
+            layer.mlp_res_proj.weight.normal_()
+    ids = torch.randint(3, 97, (2, 6))
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None)
+    model.model.attnres_impl = "naive"
+    with torch.no_grad():
+        ref = model(out, use_cache=False).logits
+    assert torch.equal(ref[:, 5:-1].argmax(-1), out[:, 6:])
+    calls = []
+    monkeypatch.setattr(BufferedTwoPhase, "add", lambda self, i, o, _add=BufferedTwoPhase.add: (calls.append(i),
+                                                                                             _add(self, i, o)))
+    model.model.attnres_impl = "two_phase"
+    with torch.no_grad():
+        two = model(out, use_cache=False).logits
+    assert len(calls) == model.config.num_sublayers
+    assert_rel_rms(two, ref, 1e-6, "buffered two-phase model")
