@@ -67,7 +67,7 @@ class MuonClip(torch.optim.Optimizer):
         adamw_fused: the AdamW half as one ``torch._fused_adamw_`` kernel, bit-identical to
             ``torch.optim.AdamW(fused=True)`` (default: on CUDA); otherwise identical to ``foreach=False``.
 
-    ``phase_hook`` (None or a callable taking a phase name) is called after ``"adamw"``, ``"momentum"``,
+    ``phase_hook`` (None or a callable taking a phase name) is called after ``"qk_stats"``, ``"adamw"``, ``"momentum"``,
     ``"ns"``, ``"update"`` and ``"qk_clip"`` inside ``step()`` (the benchmark records CUDA events there).
 
     After ``step()``: ``last_qk_stats`` (:class:`QKClipStats` or None) and ``last_muon_stats`` (dict).
@@ -161,6 +161,9 @@ class MuonClip(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._mark("start")
+        if self.qk_clipper is not None:
+            self.qk_clipper.prepare()
+        self._mark("qk_stats")
         for group in self.param_groups:
             if not group["use_muon"]:
                 self._adamw_group(group)

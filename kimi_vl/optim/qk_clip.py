@@ -5,6 +5,8 @@ During a step's forward passes each participating attention module keeps ``max_l
 max over micro-batches). After the optimizer update :class:`QKClipper` all-reduces MAX of those
 buffers across ranks (one collective for all layers), computes ``gamma_H = min(1, tau / S_max_H)``,
 calls ``module.qk_clip_(gamma_H)`` where some head exceeds tau, and resets the buffers to ``-inf``.
+:meth:`QKClipper.prepare` does the reduction and starts the stats' copy to the host at the start of the
+optimizer step, so the one host read per step does not wait for the optimizer's kernels.
 It is a feedback controller on the weights, not a hard bound on the next batch.
 """
 
@@ -70,6 +72,7 @@ class QKClipper:
         self.tau = float(tau)
         self.enabled = enabled
         self.process_group = process_group
+        self._pending: tuple | None = None
         for _, m in self.modules:
             m.track_max_logits = True
             m.max_logits_H.fill_(float("-inf"))
@@ -81,14 +84,38 @@ class QKClipper:
         return maxes
 
     @torch.no_grad()
-    def step(self) -> QKClipStats | None:
-        """Reduce the step's max logits, clip heads above tau (if enabled), reset buffers; return the stats."""
+    def prepare(self) -> None:
+        """Start of the optimizer step: reduce the step's max logits, compute gamma, start copying the stats to
+        the host (non-blocking). The forward passes are over, so this can overlap the optimizer's work."""
         if not self.modules:
-            return None
+            return
         maxes = self._gather_max()
         gamma = qk_clip_gamma(maxes, self.tau)
-        # one host sync for the whole step: the logged stats and which layers need a clip at all
-        stats_H = torch.stack([maxes, (gamma < 1).float()]).cpu().tolist()
+        stats_2H = torch.stack([maxes, (gamma < 1).float()])
+        if stats_2H.device.type == "cuda":
+            host, ready = stats_2H.to("cpu", non_blocking=True), torch.cuda.Event()
+            ready.record()
+        else:
+            host, ready = stats_2H.cpu(), None
+        for _, m in self.modules:
+            m.max_logits_H.fill_(float("-inf"))
+        self._pending = (gamma, host, ready)
+
+    @torch.no_grad()
+    def step(self) -> QKClipStats | None:
+        """After the update: clip the layers with a head above tau (if enabled) and return the stats.
+
+        One host read per step, the stats copy started by :meth:`prepare` (called here if it was not).
+        """
+        if not self.modules:
+            return None
+        if getattr(self, "_pending", None) is None:
+            self.prepare()
+        gamma, host, ready = self._pending
+        self._pending = None
+        if ready is not None:
+            ready.synchronize()  # waits for the small copy only, not for the optimizer's kernels
+        stats_H = host.tolist()
         names, layer_max, clipped = [], [], []
         offset = 0
         for name, m in self.modules:
@@ -96,7 +123,6 @@ class QKClipper:
             seg_max, seg_clip = stats_H[0][offset:offset + h], stats_H[1][offset:offset + h]
             if self.enabled and any(seg_clip):  # layers with no head above tau are not touched
                 m.qk_clip_(gamma[offset:offset + h].to(m.max_logits_H.device))
-            m.max_logits_H.fill_(float("-inf"))
             names.append(name)
             layer_max.append(max(seg_max) if seg_max else float("-inf"))
             clipped.append(int(sum(seg_clip)))
