@@ -5,6 +5,8 @@
 # training step counted around every collective, MuonClip vs AdamW (target ratio <= 1.25). About 1 minute.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out} OMP_NUM_THREADS=4
+# NVLink multicast stays off on the shared hosts (device notes): keep these set for the child processes too
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout 170 torchrun --standalone --nproc_per_node 2 -m kimi_vl.benchmarks.dist_muon --device cuda 2>&1 \
