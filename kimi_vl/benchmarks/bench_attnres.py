@@ -5,16 +5,22 @@ One command, JSON to ``$OUT/bench_attnres.json`` (written after each section) pl
     python -m kimi_vl.benchmarks.bench_attnres [--flavor small] [--seq 4096] [--batch 8]
 
 Measured in one run, bf16, CUDA events after warm-up:
-- ``mix``: the AttnRes mix alone at the flavor's width over ``batch x seq`` tokens for ``N`` = 1..9 sources:
-  stacked reference (``naive``), the PyTorch autograd function (``function``) and the fused Triton kernel
-  (``triton``), forward and forward+backward, with the Triton kernel's effective bandwidth (ideal bytes: the
-  forward reads N sources and writes h; the backward reads N sources and dh and writes N gradients).
+- ``mix``: the AttnRes mix alone at the flavor's width over ``batch x seq`` tokens for ``N`` sources:
+  stacked reference (``naive``), the PyTorch autograd function (``function``), the fused Triton kernel with the
+  sources as pointer arguments (``triton``, the default for ``N <= 8``) and with the first version's pinned
+  address table (``triton_table``, ``KVL_ATTNRES_ADDRESSING=table``), forward and forward+backward, with the
+  Triton kernel's effective bandwidth (ideal bytes: the forward reads N sources and writes h; the backward
+  reads N sources and dh and writes N gradients).
 - ``train``: forward + backward (no optimizer step) of the flavor at ``seq`` with ``standard`` vs
   ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
-  (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes both through the
-  Triton kernel and through the PyTorch function (``KVL_ATTNRES_BACKEND``). Reports step time, overhead %,
-  the step's peak memory above the resident weights, and the memory of the stored block states for scale.
-- ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context`` (two-phase AttnRes path).
+  (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes through the
+  Triton kernel (pointer arguments; for all-MLA also the address-table version and the PyTorch function,
+  ``KVL_ATTNRES_ADDRESSING`` / ``KVL_ATTNRES_BACKEND``). Reports step time, overhead %, the step's peak memory
+  above the resident weights, and the memory of the stored block states for scale.
+- ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
+  as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
+  two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``, and, with autograd on as the first benchmark ran it, both
+  models again: AttnRes then takes the training mix kernel for every sublayer).
 ``--budget-s`` skips the hybrid when the run is already past it (recorded in the JSON); ``--smoke`` runs tiny
 sizes on the CPU to check the script itself (``TRITON_INTERPRET=1 python -m ... --smoke``).
 """
@@ -35,11 +41,29 @@ from kernels.attn_res import attn_res_mix, attn_res_mix_naive
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
 from kimi_vl.benchmarks.bench_backbone import bench_decode
 
+
+def _triton_table(xs: list[torch.Tensor], w: torch.Tensor, g: torch.Tensor):
+    old = os.environ.get("KVL_ATTNRES_ADDRESSING")
+    os.environ["KVL_ATTNRES_ADDRESSING"] = "table"
+    try:
+        return attn_res_mix(xs, w, g, 1e-5, backend="triton")
+    finally:
+        _restore("KVL_ATTNRES_ADDRESSING", old)
+
+
 MIX_IMPLS: dict[str, Callable] = {
     "naive": lambda xs, w, g: attn_res_mix_naive(xs, w, g, 1e-5),
     "function": lambda xs, w, g: attn_res_mix(xs, w, g, 1e-5, backend="torch"),
     "triton": lambda xs, w, g: attn_res_mix(xs, w, g, 1e-5, backend="triton"),
+    "triton_table": _triton_table,
 }
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def time_per_iter(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:
@@ -123,16 +147,15 @@ def _step_peak_gib(step: Callable[[], None], device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def _with_backend(backend: str | None, fn: Callable[[], float]) -> float:
-    old = os.environ.pop("KVL_ATTNRES_BACKEND", None)
-    if backend is not None:
-        os.environ["KVL_ATTNRES_BACKEND"] = backend
+def _with_env(env: dict[str, str], fn: Callable[[], float]):
+    """``fn()`` with the environment variables ``env`` set (and restored afterwards)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         return fn()
     finally:
-        os.environ.pop("KVL_ATTNRES_BACKEND", None)
-        if old is not None:
-            os.environ["KVL_ATTNRES_BACKEND"] = old
+        for k, v in old.items():
+            _restore(k, v)
 
 
 def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtype: torch.dtype) -> dict:
@@ -140,20 +163,23 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     cfgs = {r: _config(flavor, layers, r) for r in ("standard", "attnres_block")}
     models = {r: _build(c, device, dtype) for r, c in cfgs.items()}
     ids = torch.randint(0, cfgs["standard"].vocab_size, (args.batch, args.seq), device=device)
-    variants = {"standard": ("standard", None), "attnres_triton": ("attnres_block", "triton"),
-                "attnres_function": ("attnres_block", "torch")}
+    variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", {"KVL_ATTNRES_BACKEND": "triton"}),
+                "attnres_triton_table": ("attnres_block", {"KVL_ATTNRES_BACKEND": "triton",
+                                                           "KVL_ATTNRES_ADDRESSING": "table"}),
+                "attnres_function": ("attnres_block", {"KVL_ATTNRES_BACKEND": "torch"})}
     if layers != "mla":
         variants.pop("attnres_function")
+        variants.pop("attnres_triton_table")
     iters = args.iters if layers == "mla" else args.hybrid_iters
     best = {v: float("inf") for v in variants}
     peak = {}
     steps = {v: _step_fn(models[res], ids) for v, (res, _) in variants.items()}
-    for v, (_, backend) in variants.items():
-        peak[v] = _with_backend(backend, partial(_step_peak_gib, steps[v], device))
-        _with_backend(backend, partial(time_per_iter, steps[v], 1, 1, device))
+    for v, (_, env) in variants.items():
+        peak[v] = _with_env(env, partial(_step_peak_gib, steps[v], device))
+        _with_env(env, partial(time_per_iter, steps[v], 1, 1, device))
     for _ in range(args.rounds):
-        for v, (_, backend) in variants.items():
-            best[v] = min(best[v], _with_backend(backend, partial(time_per_iter, steps[v], 0, iters, device)))
+        for v, (_, env) in variants.items():
+            best[v] = min(best[v], _with_env(env, partial(time_per_iter, steps[v], 0, iters, device)))
     cfg = cfgs["attnres_block"]
     n_blocks = -(-cfg.num_sublayers // cfg.attnres_block_size)
     block_state_gib = n_blocks * args.batch * args.seq * cfg.hidden_size * torch.finfo(dtype).bits / 8 / 2**30
@@ -163,26 +189,46 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
         out["variants"][v] = {"step_s": best[v], "tokens_per_s": args.batch * args.seq / best[v],
                               "overhead_pct": 100 * (best[v] / best["standard"] - 1),
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
-    out["decode"] = bench_decode_pair(models, cfgs["standard"], args, device) if args.decode_steps > 0 else {}
+    dec = bench_decode_variants(models, cfgs["standard"], layers, args, device) if args.decode_steps > 0 else {}
+    out["decode"] = dec
     del models
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
 
 
-def bench_decode_pair(models: dict, cfg: KimiVLConfig, args, device: torch.device) -> dict:
+def _decode_variants(layers: str) -> dict[str, tuple[str, dict[str, str], bool]]:
+    """name -> (residual mode, environment, autograd on)."""
+    variants = {"standard": ("standard", {}, False), "attnres_block": ("attnres_block", {}, False)}
+    if layers == "mla":
+        variants["attnres_two_phase_torch"] = ("attnres_block", {"KVL_ATTNRES_TWO_PHASE": "torch"}, False)
+        variants["standard_grad"] = ("standard", {}, True)
+        variants["attnres_grad"] = ("attnres_block", {}, True)
+    return variants
+
+
+def bench_decode_variants(models: dict, cfg: KimiVLConfig, layers: str, args, device: torch.device) -> dict:
+    """Greedy decode seconds per token of each variant (best of ``rounds``), overheads against the standard
+    residual under the same autograd setting."""
     if device.type != "cuda":
         return {"skipped": "decode timing needs CUDA"}
-    best = {r: float("inf") for r in models}
+    variants = _decode_variants(layers)
+    best = {v: float("inf") for v in variants}
     for _ in range(args.rounds):
-        for r, model in models.items():
-            row = bench_decode(model, cfg, args.decode_context, 1, args.decode_steps)
-            best[r] = min(best[r], row["step_s"])
+        for v, (res, env, grad) in variants.items():
+            with torch.set_grad_enabled(grad):
+                row = _with_env(env, partial(bench_decode, models[res], cfg, args.decode_context, 1,
+                                             args.decode_steps))
+            best[v] = min(best[v], row["step_s"])
     for model in models.values():
         model.train()
-    return {"context": args.decode_context, "steps": args.decode_steps,
-            **{f"{r}_tokens_per_s": 1 / s for r, s in best.items()},
-            "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1)}
+    out = {"context": args.decode_context, "steps": args.decode_steps,
+           **{f"{v}_tokens_per_s": 1 / s for v, s in best.items()},
+           "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1)}
+    if "attnres_two_phase_torch" in best:
+        out["two_phase_torch_overhead_pct"] = 100 * (best["attnres_two_phase_torch"] / best["standard"] - 1)
+        out["grad_overhead_pct"] = 100 * (best["attnres_grad"] / best["standard_grad"] - 1)
+    return out
 
 
 def _guarded(fn: Callable[..., dict], *args) -> dict:
@@ -206,7 +252,7 @@ def main() -> None:
     p.add_argument("--flavor", default="small")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--sources", type=int, nargs="+", default=list(range(1, 10)))
+    p.add_argument("--sources", type=int, nargs="+", default=[1, 2, 4, 6, 9])
     p.add_argument("--mix-iters", type=int, default=10)
     p.add_argument("--iters", type=int, default=5, help="timed steps per round, all-MLA model")
     p.add_argument("--hybrid-iters", type=int, default=2, help="timed steps per round, hybrid model")
@@ -246,7 +292,7 @@ def table(results: dict) -> str:
     lines = [f"{results['device']}, flavor {results['flavor']}, {results['dtype']}, torch {results['torch']}, "
              f"{results['date']}, {results['wall_s']:.0f} s", "",
              "| N | naive fwd / fwd+bwd ms | function fwd / fwd+bwd ms | triton fwd / fwd+bwd ms "
-             "| triton fwd / bwd GB/s |", "| --- | --- | --- | --- | --- |"]
+             "| triton_table fwd / fwd+bwd ms | triton fwd / bwd GB/s |", "| --- | --- | --- | --- | --- | --- |"]
     for r in results["mix"]:
         cells = [f"{r[f'{i}_fwd_ms']:.3f} / {r[f'{i}_fwd_bwd_ms']:.3f}" for i in MIX_IMPLS]
         gbps = f"{r['triton_fwd_gbps']:,.0f} / {r['triton_bwd_gbps']:,.0f}"
@@ -260,12 +306,23 @@ def table(results: dict) -> str:
         for v, r in group["variants"].items():
             lines.append(f"| {layers} | {v} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
-        dec = group.get("decode", {})
-        if "overhead_pct" in dec:
-            lines.append(f"| {layers} | decode @ {dec['context']}: {dec['standard_tokens_per_s']:.1f} vs "
-                         f"{dec['attnres_block_tokens_per_s']:.1f} tok/s | | | {dec['overhead_pct']:+.1f}% | | |")
+        lines += _decode_lines(layers, group.get("decode", {}))
         lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")
     return "\n".join(lines)
+
+
+def _decode_lines(layers: str, dec: dict) -> list[str]:
+    if "overhead_pct" not in dec:
+        return []
+    lines = [f"| {layers} | decode @ {dec['context']} (no_grad): standard {dec['standard_tokens_per_s']:.1f} vs "
+             f"two-phase Triton {dec['attnres_block_tokens_per_s']:.1f} tok/s | | | {dec['overhead_pct']:+.1f}% | | |"]
+    if "two_phase_torch_overhead_pct" in dec:
+        lines.append(f"| {layers} | decode, two-phase PyTorch form: {dec['attnres_two_phase_torch_tokens_per_s']:.1f} "
+                     f"tok/s | | | {dec['two_phase_torch_overhead_pct']:+.1f}% | | |")
+        lines.append(f"| {layers} | decode with autograd on: standard {dec['standard_grad_tokens_per_s']:.1f} vs "
+                     f"mix kernel {dec['attnres_grad_tokens_per_s']:.1f} tok/s | | | "
+                     f"{dec['grad_overhead_pct']:+.1f}% | | |")
+    return lines
 
 
 if __name__ == "__main__":
