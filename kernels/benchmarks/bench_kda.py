@@ -5,7 +5,9 @@ times with ``triton.testing.do_bench`` (median) at bf16, K = V = 128, Kimi Linea
 norm of q, k and in-kernel softplus gate): ``chunk_kda`` forward, forward+backward, the peak extra
 memory of one training step, and the one-token decode (``fused_recurrent_kda``) at batch 64, H = 32.
 For ours, forward+backward and the backward alone are also timed with each backward variant
-(``KVL_KDA_BWD=triton`` and ``hybrid``: ``fwdbwd_ms_<variant>``, ``bwd_ms_<variant>``). Also measures the
+(``KVL_KDA_BWD=triton`` and ``hybrid``: ``fwdbwd_ms_<variant>``, ``bwd_ms_<variant>``), and the forward and
+forward+backward with each previous forward path (``FWD_VARIANTS``: ``KVL_KDA_PREP=torch``, ``KVL_KDA_SCORES=v1``;
+``fwd_ms_<name>``, ``fwdbwd_ms_<name>``). Also measures the
 GPU's ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json`` (or ``--out``) after
 every shape and prints a table.
 
@@ -109,6 +111,7 @@ def time_shape(impl, B, T, H) -> dict:
                 variants[f"fwdbwd_ms_{var}"] = bench(step)
                 variants[f"bwd_ms_{var}"] = bench(lambda: torch.autograd.grad(o, xs, do, retain_graph=True))
         del o
+        variants |= fwd_variants(xs, step)
     for x in xs:
         x.grad = None
     torch.cuda.synchronize()
@@ -136,9 +139,38 @@ def bwd_variant(name: str):
             os.environ["KVL_KDA_BWD"] = old
 
 
-def profile_fwd(B, T, H) -> dict:
-    """Mean CUDA time per kernel name of our forward (torch.profiler, 5 calls after a warm-up)."""
-    xs = make(B, T, H)
+# forward-path switches timed against the default in one run: (name, env var, value selecting the previous path)
+FWD_VARIANTS = [("prep_torch", "KVL_KDA_PREP", "torch"), ("scores_v1", "KVL_KDA_SCORES", "v1")]
+
+
+def fwd_variants(xs, step) -> dict:
+    """Training-path forward and forward+backward with each previous forward path selected by its env var."""
+    out = {}
+    for name, var, val in FWD_VARIANTS:
+        with env_var(var, val):
+            out[f"fwd_ms_{name}"] = bench(lambda: call("ours", xs))
+            out[f"fwdbwd_ms_{name}"] = bench(step)
+    return out
+
+
+@contextlib.contextmanager
+def env_var(name: str, value: str):
+    """Run the block with ``name=value`` in the environment (restored afterwards)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def profile_fwd(B, T, H, grad=False) -> dict:
+    """Mean CUDA time per kernel name of our forward (torch.profiler, 5 calls after a warm-up); ``grad``: inputs
+    requiring grad (the training path: Triton L2 norm / gate functions, then the core forward)."""
+    xs = make(B, T, H, grad=grad)
     call("ours", xs)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -216,6 +248,7 @@ def main() -> None:
         if args.profile:
             try:
                 res["shapes"][s]["ours_fwd_kernels_ms"] = profile_fwd(B, T, H)
+                res["shapes"][s]["ours_fwd_train_kernels_ms"] = profile_fwd(B, T, H, grad=True)
             except Exception as e:  # noqa: BLE001 - the profile is optional
                 res["shapes"][s]["ours_fwd_kernels_ms"] = {"error": repr(e)[:300]}
         for impl in impls:
@@ -242,7 +275,7 @@ def main() -> None:
                     f"{s:>12} {impl:>5} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['peak_extra_GiB']:9.2f} "
                     f"{r['fwd_TFLOPs']:8.1f}"
                 )
-                bw = {x: round(y, 3) for x, y in r.items() if x.startswith(("bwd_ms_", "fwdbwd_ms_"))}
+                bw = {x: round(y, 3) for x, y in r.items() if x.startswith(("bwd_ms_", "fwdbwd_ms_", "fwd_ms_"))}
                 if bw:
                     print(f"{s:>12} {impl:>5} backward variants (ms): {bw}")
     for impl, r in res.get("decode_B64_H32", {}).items():

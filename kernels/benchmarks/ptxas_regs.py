@@ -27,11 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from kernels.kda import chunk_triton as ct  # noqa: E402
 
 SHAPE = dict(HV=32, K=128, V=128, BK=128, C=64)
-WARPS = dict(prep=4, scores=4, solve=4, wu=4, state=4, output=4)  # what ``chunk_triton._fwd`` launches
-MAXNREG: dict[str, int] = {}
+WARPS = dict(prep=4, scores=4, scores2=4, solve=4, wu=4, state=4, output=4)  # what ``chunk_triton._fwd`` launches
+MAXNREG: dict[str, int] = {"scores2": ct.SCORES2_MAXNREG}
 
 
-KERNELS = ("prep", "scores", "solve", "wu", "state", "output")
+KERNELS = ("prep", "scores", "scores2", "solve", "wu", "state", "output")
 
 
 def _signature(name: str) -> tuple:
@@ -43,10 +43,11 @@ def _signature(name: str) -> tuple:
         args = [("q", bf), ("k", bf), ("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32")] + tab
         args += [("G", f32), ("gl", f32), ("qg", bf), ("kg", bf), ("rq", f32), ("rk", f32), ("scale", "fp32")]
         fn, extra = ct._prep_kernel, dict(H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True)
-    elif name == "scores":
+    elif name in ("scores", "scores2"):
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("scale", "fp32")]
-        fn, extra = ct._scores_kernel, dict(H=32, S=ct.SUB, BKS=ct.SCORES_BK, L2=True, PREC="tf32")
+        fn, bks = (ct._scores_kernel, ct.SCORES_BK) if name == "scores" else (ct._scores2_kernel, ct.SCORES2_BK)
+        extra = dict(H=32, S=ct.SUB, BKS=bks, L2=True, PREC="tf32")
     elif name == "solve":
         args = [("Akk", f32), ("T", f32)]
         fn, extra = ct._solve_kernel, dict(S=ct.SUB, PREC="tf32")

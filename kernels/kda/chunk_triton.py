@@ -253,6 +253,92 @@ def _scores_kernel(
 
 
 @triton.jit
+def _scores2_kernel(
+    q_ptr,
+    k_ptr,
+    beta_ptr,
+    G_ptr,
+    rq_ptr,
+    rk_ptr,
+    cbos_ptr,
+    clen_ptr,
+    Aqk_ptr,
+    Akk_ptr,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+    BKS: tl.constexpr,
+    L2: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns.
+
+    Off-diagonal blocks (I, J < I): per reference row ``16 I`` (I = 1, 2, 3) one [C, BKS] x [BKS, C] tensor-core
+    dot into a shared [C, C] accumulator, the left operand ``k_i exp(G_i - G_ref(i))`` (the reference of row i's
+    own sub-block, computed once for all rows) masked to the rows of I, the right one
+    ``k_j exp(min(G_ref - G_j, 0))``: both exponents <= 0 where kept (the clamp only touches discarded columns).
+    Diagonal blocks: all four at once, pairwise in fp32, column by column: step j takes, for every row i, key row
+    ``16 (i // 16) + j`` of i's own sub-block ([C, BKS] gathered loads, ``where`` before ``exp``) and accumulates
+    ``D[i, j] = A[i, 16 (i // 16) + j]`` in [C, 16]. Writes every block of Aqk (zero above the diagonal) and the
+    lower blocks of Akk."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
+    n = tl.load(clen_ptr + i_c)
+    sc = i_c.to(tl.int64) * HV + i_hv
+    r16 = tl.arange(0, S)
+    rows = tl.arange(0, C)
+    loc = rows % S
+    blk = rows // S
+    first = rows - loc
+    qk_base = bos * (H * K) + i_h * K
+    g_base = sc * (C * K)
+    rb = sc * C
+    akk = tl.zeros([C, C], dtype=tl.float32)
+    aqk = tl.zeros([C, C], dtype=tl.float32)
+    dkk = tl.zeros([C, S], dtype=tl.float32)
+    dqk = tl.zeros([C, S], dtype=tl.float32)
+    for k0 in range(0, K, BKS):
+        ck = k0 + tl.arange(0, BKS)
+        cm = (ck < K)[None, :]
+        kf = _load_tile(k_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rk_ptr, rb, L2)
+        qf = _load_tile(q_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rq_ptr, rb, L2)
+        Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
+        e = tl.exp(Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0))
+        kl = kf * e
+        ql = qf * e
+        for I in tl.static_range(1, C // S):
+            ref = tl.load(G_ptr + g_base + I * S * K + ck, mask=ck < K, other=0.0)
+            R = tl.trans(kf * tl.exp(tl.minimum(ref[None, :] - Gf, 0.0)))
+            inI = (blk == I)[:, None]
+            akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
+            aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
+        for j in range(0, S):
+            src = first + j
+            kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
+            Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
+            kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
+            sel = r16[None, :] == j
+            dkk = tl.where(sel, dkk + tl.sum(kf * kc, 1)[:, None], dkk)
+            dqk = tl.where(sel, dqk + tl.sum(qf * kc, 1)[:, None], dqk)
+    a_off = sc * (C * C) + rows[:, None] * C
+    b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
+    before = (rows[None, :] // S) < blk[:, None]
+    outside = (rows[None, :] // S) != blk[:, None]
+    tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
+    tl.store(
+        Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
+    )
+    d_off = a_off + first[:, None] + r16[None, :]
+    tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], dkk * b, 0.0))
+    tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], dqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _load_blk(ptr, base, I: tl.constexpr, J: tl.constexpr, r16, C: tl.constexpr, S: tl.constexpr):
     """Sub-block (I, J) of a [C, C] fp32 slab."""
     return tl.load(ptr + base + (I * S + r16)[:, None] * C + (J * S + r16)[None, :])
@@ -488,10 +574,16 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 
 PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
-SCORES_BK = 16  # key columns per step of the Akk / Aqk accumulation
+SCORES_BK = 16  # key columns per step of the Akk / Aqk accumulation (v1, KVL_KDA_SCORES=v1)
+SCORES2_BK = 16  # the same for the per-(chunk, head) scores kernel (default)
+SCORES2_MAXNREG = 168  # 3 CTAs of 4 warps per SM; ptxas reports no spills at this cap (sm_90a, K = V = 128)
 WU_B = 32  # key / value columns per step of the W / U kernel
 STATE_BV = 32  # value columns per program of the sequential state pass
 OUT_BV = 64  # value columns per program of the output kernel
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class KDAFwdState(NamedTuple):
@@ -580,7 +672,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags) -> KDAFwdSta
             num_stages=2,
         )
         prec = "ieee" if fp32 else "tf32"
-        _scores_kernel[(nch, HV, CHUNK // SUB)](
+        v1 = os.environ.get("KVL_KDA_SCORES", "v2") == "v1"
+        (_scores_kernel[(nch, HV, CHUNK // SUB)] if v1 else _scores2_kernel[(nch, HV)])(
             q,
             k,
             beta,
@@ -596,11 +689,12 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags) -> KDAFwdSta
             K=K,
             C=CHUNK,
             S=SUB,
-            BKS=SCORES_BK,
+            BKS=SCORES_BK if v1 else SCORES2_BK,
             L2=use_l2,
             PREC=prec,
             num_warps=4,
             num_stages=2,
+            **({} if v1 or _interpreting() else {"maxnreg": SCORES2_MAXNREG}),
         )
         _solve_kernel[(nch * HV,)](Akk, Tm, C=CHUNK, S=SUB, PREC=prec, num_warps=4)
         _wu_kernel[(nch, HV)](
