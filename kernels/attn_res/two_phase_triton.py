@@ -3,16 +3,18 @@
 
 The block states live in one contiguous buffer ``v [K, M, D]`` (slot 0 the embedding, slot ``k`` the ``k``-th
 block's running sum), the pseudo-queries in ``u [Q, D]`` fp32 (``u = w * gain``). Both kernels index them
-in-kernel, so a call creates no views and copies nothing: two launches per block plus one per sublayer is all
-the mix costs in decode (where ``M = batch`` tokens and launch overhead, not bandwidth, sets the time).
+in-kernel, and each also absorbs the previous sublayer's output into its block slot (``v[k] += out`` in the
+buffer's dtype, or ``v[k] = out`` for a block's first sublayer), so a sublayer costs exactly one launch, as the
+standard residual's add does: decode (``M = batch`` tokens) is bound by launches, not bandwidth.
 
-- ``phase1``: for the queries ``q0 .. q0 + S - 1`` of a block and its completed slots ``0 .. N - 1``, per token
-  (fp32): ``s_qn = u_q . x_n * rstd(x_n)``, ``m_q = max_n s_qn``, ``l_q = sum_n e^(s_qn - m_q)``,
-  ``o_q = sum_n e^(s_qn - m_q) x_n`` (unnormalised). One program per tile of tokens walks the ``S`` queries,
-  each over the ``N`` slots with an online softmax; the tile's slots are re-read from L1/L2, not HBM.
-- ``phase2``: sublayer ``j`` of the block merges its own partial sum ``p`` (slot ``k``), if any:
-  ``s = u . p * rstd(p)``, ``m' = max(m, s)``, ``h = (o e^(m - m') + p e^(s - m')) / (l e^(m - m') + e^(s - m'))``;
-  without a partial sum (a block's first sublayer) ``h = o / l``. ``h`` is written in the buffer's dtype.
+- ``phase1`` (a block's first sublayer): for the queries ``q0 .. q0 + S - 1`` of the block and its completed
+  slots ``0 .. N - 1``, per token (fp32): ``s_qn = u_q . x_n * rstd(x_n)``, ``m_q = max_n s_qn``,
+  ``l_q = sum_n e^(s_qn - m_q)``, ``o_q = sum_n e^(s_qn - m_q) x_n`` (unnormalised), and the first query's mix
+  ``h = o_0 / l_0``. One program per tile of tokens walks the ``S`` queries, each over the ``N`` slots with an
+  online softmax; the tile's slots are re-read from L1/L2, not HBM.
+- ``phase2`` (sublayer ``j >= 1``): merges its own partial sum ``p`` (slot ``k``): ``s = u . p * rstd(p)``,
+  ``m' = max(m, s)``, ``h = (o e^(m - m') + p e^(s - m')) / (l e^(m - m') + e^(s - m'))``, ``h`` in the
+  buffer's dtype.
 """
 
 from __future__ import annotations
@@ -26,10 +28,31 @@ from kernels.attn_res.mix_triton import NUM_WARPS, _blocks
 _WHERE = "kernels/attn_res/two_phase_triton.py"
 
 
+@triton.jit
+def _absorb(v_ptr, pend_ptr, slot_off, offs, tile_ok, PEND_FIRST: tl.constexpr):
+    """Add the pending sublayer output into its block slot (or start the slot with it); return the new slot
+    tile in fp32 (kept in registers: the caller must not re-load it)."""
+    pend = tl.load(pend_ptr + offs, mask=tile_ok, other=0.0)
+    if PEND_FIRST:
+        new = pend
+    else:
+        new = (tl.load(v_ptr + slot_off + offs, mask=tile_ok, other=0.0).to(tl.float32) + pend.to(tl.float32))
+    new = new.to(v_ptr.dtype.element_ty)
+    tl.store(v_ptr + slot_off + offs, new, mask=tile_ok)
+    return new.to(tl.float32)
+
+
+@triton.jit
+def _score(x, u, D, eps):
+    """``u . x * rstd(x)`` per row of an fp32 tile."""
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+    return tl.sum(x * u[None, :], axis=1) * rstd
+
+
 @triton.jit(do_not_specialize=["n_src", "q0", "n_q", "M"])
 def _phase1_kernel(
-    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, n_src, q0, n_q, M, D, eps,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, n_src, q0, n_q, M, D, eps,
+    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -39,30 +62,42 @@ def _phase1_kernel(
     tile_ok = t_ok[:, None] & d_ok[None, :]
     offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
     slot = M.to(tl.int64) * D
+    n_mem = n_src
+    if PEND:
+        n_mem = n_src - 1
+        last = _absorb(v_ptr, pend_ptr, n_mem.to(tl.int64) * slot, offs, tile_ok, PEND_FIRST)
     for q in range(n_q):
         u = tl.load(u_ptr + (q0 + q) * D + offs_d, mask=d_ok, other=0.0)
         m = tl.full([BLOCK_T], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_T], dtype=tl.float32)
         acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        for n in range(n_src):
+        for n in range(n_mem):
             x = tl.load(v_ptr + n * slot + offs, mask=tile_ok, other=0.0).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-            s = tl.sum(x * u[None, :], axis=1) * rstd
+            s = _score(x, u, D, eps)
             m_new = tl.maximum(m, s)
             scale = tl.exp(m - m_new)
             p = tl.exp(s - m_new)
             acc = acc * scale[:, None] + p[:, None] * x
             l = l * scale + p
             m = m_new
+        if PEND:
+            s = _score(last, u, D, eps)
+            m_new = tl.maximum(m, s)
+            scale = tl.exp(m - m_new)
+            p = tl.exp(s - m_new)
+            acc = acc * scale[:, None] + p[:, None] * last
+            l = l * scale + p
+            m = m_new
         tl.store(o_ptr + q * slot + offs, acc, mask=tile_ok)
         tl.store(m_ptr + q * M + offs_t, m, mask=t_ok)
         tl.store(l_ptr + q * M + offs_t, l, mask=t_ok)
+        tl.store(h_ptr + offs, (acc / l[:, None]).to(h_ptr.dtype.element_ty), mask=tile_ok & (q == 0))
 
 
 @triton.jit(do_not_specialize=["j", "k", "qi", "M"])
 def _phase2_kernel(
-    o_ptr, m_ptr, l_ptr, j, v_ptr, k, u_ptr, qi, h_ptr, M, D, eps,
-    HAS_PARTIAL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    o_ptr, m_ptr, l_ptr, j, v_ptr, k, u_ptr, qi, h_ptr, pend_ptr, M, D, eps,
+    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -75,17 +110,16 @@ def _phase2_kernel(
     o = tl.load(o_ptr + j * slot + offs, mask=tile_ok, other=0.0)
     m = tl.load(m_ptr + j * M + offs_t, mask=t_ok, other=0.0)
     l = tl.load(l_ptr + j * M + offs_t, mask=t_ok, other=1.0)
-    if HAS_PARTIAL:
-        u = tl.load(u_ptr + qi * D + offs_d, mask=d_ok, other=0.0)
-        p = tl.load(v_ptr + k * slot + offs, mask=tile_ok, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(p * p, axis=1) / D + eps)
-        s = tl.sum(p * u[None, :], axis=1) * rstd
-        m_new = tl.maximum(m, s)
-        a = tl.exp(m - m_new)
-        b = tl.exp(s - m_new)
-        h = (o * a[:, None] + p * b[:, None]) / (l * a + b)[:, None]
+    if PEND:
+        p = _absorb(v_ptr, pend_ptr, k * slot, offs, tile_ok, PEND_FIRST)
     else:
-        h = o / l[:, None]
+        p = tl.load(v_ptr + k * slot + offs, mask=tile_ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + qi * D + offs_d, mask=d_ok, other=0.0)
+    s = _score(p, u, D, eps)
+    m_new = tl.maximum(m, s)
+    a = tl.exp(m - m_new)
+    b = tl.exp(s - m_new)
+    h = (o * a[:, None] + p * b[:, None]) / (l * a + b)[:, None]
     tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=tile_ok)
 
 
@@ -99,9 +133,23 @@ def _check(v_KMD: torch.Tensor, u_QD: torch.Tensor) -> None:
                          f"{u_QD.dtype} {tuple(u_QD.shape)}")
 
 
-def phase1_triton(v_KMD: torch.Tensor, n_src: int, u_QD: torch.Tensor, q0: int, n_q: int, eps: float
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Queries ``u[q0 : q0 + n_q]`` against slots ``v[:n_src]`` -> fp32 ``o [n_q, M, D]``, ``m, l [n_q, M]``."""
+def _pending(v_KMD: torch.Tensor, pending: torch.Tensor | None) -> torch.Tensor:
+    if pending is None:
+        return v_KMD
+    if pending.shape != v_KMD.shape[1:] or pending.dtype != v_KMD.dtype or not pending.is_contiguous():
+        raise ValueError(f"{_WHERE}: pending must be a contiguous {v_KMD.dtype} {tuple(v_KMD.shape[1:])} like a "
+                         f"buffer slot, got {pending.dtype} {tuple(pending.shape)}")
+    return pending
+
+
+def phase1_triton(v_KMD: torch.Tensor, n_src: int, u_QD: torch.Tensor, q0: int, n_q: int, eps: float,
+                  pending: torch.Tensor | None = None, pending_first: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries ``u[q0 : q0 + n_q]`` against slots ``v[:n_src]`` -> fp32 ``o [n_q, M, D]``, ``m, l [n_q, M]``
+    and the first query's mix ``h [M, D] = o[0] / l[0]`` in the buffer's dtype.
+
+    ``pending [M, D]`` (the previous sublayer's output, not yet added) is first added into slot ``n_src - 1``
+    (``pending_first``: the slot starts with it), in place, as ``v[n_src - 1] += pending`` would."""
     _check(v_KMD, u_QD)
     if not (1 <= n_src <= v_KMD.shape[0] and n_q >= 1 and 0 <= q0 and q0 + n_q <= u_QD.shape[0]):
         raise ValueError(f"{_WHERE}: phase1 needs 1 <= n_src <= K={v_KMD.shape[0]} and queries inside "
@@ -109,21 +157,24 @@ def phase1_triton(v_KMD: torch.Tensor, n_src: int, u_QD: torch.Tensor, q0: int, 
     _, m, d = v_KMD.shape
     o = torch.empty(n_q, m, d, device=v_KMD.device, dtype=torch.float32)
     ml = torch.empty(2, n_q, m, device=v_KMD.device, dtype=torch.float32)
+    h = torch.empty(m, d, device=v_KMD.device, dtype=v_KMD.dtype)
     block_t, block_d = _blocks(d)
     _phase1_kernel[(triton.cdiv(m, block_t),)](
-        v_KMD, u_QD, o, ml[0], ml[1], n_src, q0, n_q, m, d, eps,
-        BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
-    return o, ml[0], ml[1]
+        v_KMD, u_QD, o, ml[0], ml[1], h, _pending(v_KMD, pending), n_src, q0, n_q, m, d, eps,
+        PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
+    return o, ml[0], ml[1], h
 
 
-def phase2_triton(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, j: int, v_KMD: torch.Tensor, k: int | None,
-                  u_QD: torch.Tensor, qi: int, eps: float) -> torch.Tensor:
-    """Sublayer ``j`` of the block (query ``u[qi]``) merges its partial sum ``v[k]`` (``k=None``: none) with
-    phase 1's ``o[j], m[j], l[j]`` -> ``h [M, D]`` in the buffer's dtype."""
+def phase2_triton(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, j: int, v_KMD: torch.Tensor, k: int,
+                  u_QD: torch.Tensor, qi: int, eps: float, pending: torch.Tensor | None = None,
+                  pending_first: bool = False) -> torch.Tensor:
+    """Sublayer ``j >= 1`` of the block (query ``u[qi]``) merges its partial sum ``v[k]`` with phase 1's
+    ``o[j], m[j], l[j]`` -> ``h [M, D]`` in the buffer's dtype; ``pending`` is first added into ``v[k]`` (see
+    :func:`phase1_triton`)."""
     _, mm, d = v_KMD.shape
     h = torch.empty(mm, d, device=v_KMD.device, dtype=v_KMD.dtype)
     block_t, block_d = _blocks(d)
     _phase2_kernel[(triton.cdiv(mm, block_t),)](
-        o, m, l, j, v_KMD, 0 if k is None else k, u_QD, qi, h, mm, d, eps,
-        HAS_PARTIAL=k is not None, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
+        o, m, l, j, v_KMD, k, u_QD, qi, h, _pending(v_KMD, pending), mm, d, eps,
+        PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
     return h

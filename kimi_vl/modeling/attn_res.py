@@ -216,9 +216,11 @@ class AttnResStream:
 
 class BufferedTwoPhase:
     """Two-phase block AttnRes without autograd through the Triton kernels: the block states are slots of one
-    buffer ``v [K, M, D]`` (slot 0 the embedding, slot ``k`` block ``k``'s running sum, accumulated in place),
-    the queries one fp32 ``u [Q, D]``; a block's first sublayer runs phase 1 for all its queries over the
-    completed slots, each sublayer a phase-2 merge with its slot. Same interface as the stream's core."""
+    buffer ``v [K, M, D]`` (slot 0 the embedding, slot ``k`` block ``k``'s running sum), the queries one fp32
+    ``u [Q, D]``. ``add`` only holds the sublayer output; the next ``input``'s kernel adds it into its slot in
+    place (same rounding as ``slot + out``), then a block's first sublayer runs phase 1 for all the block's
+    queries over the completed slots (and gets its own mix from it), the others a phase-2 merge with their slot.
+    One kernel launch per sublayer in all. Same interface as the stream's core."""
 
     def __init__(self, embeddings: torch.Tensor, queries: Sequence[ResQuery], block_size: int) -> None:
         from kernels.attn_res.two_phase_triton import phase1_triton, phase2_triton
@@ -228,23 +230,26 @@ class BufferedTwoPhase:
         self.block_size, self.num_queries = block_size, len(queries)
         num_slots = 1 + -(-(len(queries) - 1) // block_size)
         self.v = embeddings.new_empty(num_slots, embeddings.numel() // d, d)  # [K, M, D]
-        self.slots = self.v.unbind(0)
-        self.slots[0].copy_(embeddings.reshape(-1, d))
+        self.v[0].copy_(embeddings.reshape(-1, d))
         self.u = stacked_u(queries)  # [Q, D] fp32
         self.eps = [q.eps for q in queries]
         self._phase1: tuple | None = None
+        self._pending: tuple[torch.Tensor, bool] | None = None  # (output of the last sublayer, first of its slot)
 
     def input(self, i: int) -> torch.Tensor:
         j, k = i % self.block_size, i // self.block_size + 1
+        pending, first = self._pending if self._pending is not None else (None, False)
+        self._pending = None
         if j == 0:
             n_q = min(self.block_size, self.num_queries - i)
-            self._phase1 = self._phase1_fn(self.v, k, self.u, i, n_q, self.eps[i])
-        o, m, l = self._phase1
-        return self._phase2_fn(o, m, l, j, self.v, k if j else None, self.u, i, self.eps[i]).view(self.shape)
+            *self._phase1, h = self._phase1_fn(self.v, k, self.u, i, n_q, self.eps[i], pending, first)
+        else:
+            o, m, l = self._phase1
+            h = self._phase2_fn(o, m, l, j, self.v, k, self.u, i, self.eps[i], pending, first)
+        return h.view(self.shape)
 
     def add(self, i: int, out: torch.Tensor) -> None:
-        slot = self.slots[i // self.block_size + 1]
-        if i % self.block_size == 0:
-            slot.copy_(out.reshape(slot.shape))
-        else:
-            slot.add_(out.reshape(slot.shape))
+        if self._pending is not None:
+            raise ValueError(f"BufferedTwoPhase.add: sublayer {i} added before the previous output was consumed "
+                             "(input(i) must follow every add)")
+        self._pending = (out.to(self.v.dtype).reshape(self.v.shape[1:]).contiguous(), i % self.block_size == 0)

@@ -185,3 +185,43 @@ def test_triton_many_sources_fall_back_to_the_table(monkeypatch):
     monkeypatch.setenv("KVL_ATTNRES_ADDRESSING", "pinned")
     with pytest.raises(ValueError, match="KVL_ATTNRES_ADDRESSING"):
         mix_triton.use_args(2)
+
+
+def _phase_ref(v: torch.Tensor, u: torch.Tensor, eps: float):
+    """fp64 phase 1 of queries ``u [S, D]`` over slots ``v [N, M, D]``: o, m, l."""
+    v, u = v.double(), u.double()
+    s = torch.einsum("nmd,sd->snm", v, u) * torch.rsqrt(v.pow(2).mean(-1) + eps)
+    m = s.amax(1)
+    p = torch.exp(s - m[:, None])
+    return torch.einsum("snm,nmd->smd", p, v), m, p.sum(1)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_two_phase_kernels_equal_reference(first):
+    """phase 1 (with the pending output absorbed into the last completed slot) and phase 2, fp32 vs fp64."""
+    from kernels.attn_res.two_phase_triton import phase1_triton, phase2_triton
+
+    gen = torch.Generator().manual_seed(10)
+    k_slots, m, d, eps = 4, 9, 40, 1e-6
+    v = (torch.randn(k_slots, m, d, generator=gen) * torch.arange(1, k_slots + 1)[:, None, None]).to(_dev())
+    u = (torch.randn(5, d, generator=gen)).to(_dev())
+    pend = torch.randn(m, d, generator=gen).to(_dev())
+    expect = v.clone()
+    expect[1] = pend if first else expect[1] + pend
+    o, mx, l, h0 = phase1_triton(v, 2, u, 1, 3, eps, pend, first)  # queries 1..3 over slots 0, 1
+    assert_rel_rms(v, expect, 1e-7, "absorbed slot")
+    o_ref, m_ref, l_ref = _phase_ref(expect[:2], u[1:4], eps)
+    scale = torch.exp(mx.double() - m_ref)  # o, l are relative to the kernel's own running max
+    assert_rel_rms(mx, m_ref, 1e-6, "m")
+    assert_rel_rms(o.double() / l.double()[..., None], o_ref / l_ref[..., None], 1e-6, "o / l")
+    assert_rel_rms(l.double() * scale, l_ref, 1e-6, "l")
+    assert_rel_rms(h0, (o_ref / l_ref[..., None])[0], 1e-6, "h of the first query")
+    pend2 = torch.randn(m, d, generator=gen).to(_dev())
+    h = phase2_triton(o, mx, l, 2, v, 2, u, 3, eps, pend2, True)  # query 3's partial sum (slot 2) = pend2
+    assert_rel_rms(v[2], pend2, 0.0, "slot 2")
+    full = _phase_ref(torch.cat([expect[:2], pend2[None]]), u[3:4], eps)
+    assert_rel_rms(h, (full[0] / full[2][..., None])[0], 1e-6, "h after the merge")
+    with pytest.raises(ValueError, match="n_src"):
+        phase1_triton(v, 5, u, 0, 1, eps)
+    with pytest.raises(ValueError, match="pending"):
+        phase2_triton(o, mx, l, 1, v, 2, u, 2, eps, pend2.double(), False)

@@ -161,11 +161,12 @@ def _triton_two_phase(monkeypatch) -> str:
 
 
 @pytest.mark.parametrize(("num_sublayers", "block_size", "dtype", "tol"),
-                         [(7, 3, torch.float32, 1e-6), (3, 1, torch.float32, 1e-6), (4, 8, torch.float32, 1e-6),
+                         [(7, 3, torch.float32, 1e-6), (6, 3, torch.float32, 1e-6), (3, 1, torch.float32, 1e-6),
+                          (4, 8, torch.float32, 1e-6),
                           (5, 2, torch.bfloat16, 2e-2)])
 def test_buffered_triton_two_phase_equals_naive_stream(monkeypatch, num_sublayers, block_size, dtype, tol):
-    """Block firsts, a ragged last block (7 = 3+3+1, 5 = 2+2+1), full AttnRes (block size 1), one block only
-    (4 < 8), the output mix."""
+    """Block firsts, a ragged last block (7 = 3+3+1, 5 = 2+2+1), whole blocks only (6 = 3+3: the output mix is a
+    phase 1), full AttnRes (block size 1), one block only (4 < 8), the output mix."""
     dev = _triton_two_phase(monkeypatch)
     d = 40  # not a power of two
     queries = [ResQuery(torch.randn(1, d, device=dev), 1 + 0.3 * torch.randn(d, device=dev), 1e-6)
