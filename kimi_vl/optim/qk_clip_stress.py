@@ -8,7 +8,7 @@ It writes ``stress.json`` (per-step max logit and loss for both arms) and ``stre
 
 Run (settings are ``key=value`` overrides of :class:`StressConfig`)::
 
-    python -m kimi_vl.optim.qk_clip_stress --out kimi_vl/optim/figures lr=0.05 steps=150
+    python -m kimi_vl.optim.qk_clip_stress --out kimi_vl/optim/figures lr=0.02 steps=400 tau=5
 """
 
 from __future__ import annotations
