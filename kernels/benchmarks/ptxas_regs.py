@@ -46,8 +46,11 @@ def _signature(name: str) -> tuple:
     elif name in ("scores", "scores2"):
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("scale", "fp32")]
-        fn, bks = (ct._scores_kernel, ct.SCORES_BK) if name == "scores" else (ct._scores2_kernel, ct.SCORES2_BK)
-        extra = dict(H=32, S=ct.SUB, BKS=bks, L2=True, PREC="tf32")
+        extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES_BK, L2=True, PREC="tf32")
+        fn = ct._scores_kernel
+        if name == "scores2":  # the default (KVL_KDA_SCORES=v3): with the fused solve
+            args.insert(-1, ("T", f32))
+            fn, extra = ct._scores2_kernel, extra | dict(BKS=ct.SCORES2_BK, SOLVE=True)
     elif name == "solve":
         args = [("Akk", f32), ("T", f32)]
         fn, extra = ct._solve_kernel, dict(S=ct.SUB, PREC="tf32")

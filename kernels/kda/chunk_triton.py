@@ -264,6 +264,7 @@ def _scores2_kernel(
     clen_ptr,
     Aqk_ptr,
     Akk_ptr,
+    T_ptr,
     scale,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -273,8 +274,10 @@ def _scores2_kernel(
     BKS: tl.constexpr,
     L2: tl.constexpr,
     PREC: tl.constexpr,
+    SOLVE: tl.constexpr,
 ):
-    """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns.
+    """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; with SOLVE, then
+    ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot).
 
     Off-diagonal blocks (I, J < I): per reference row ``16 I`` (I = 1, 2, 3) one [C, BKS] x [BKS, C] tensor-core
     dot into a shared [C, C] accumulator, the left operand ``k_i exp(G_i - G_ref(i))`` (the reference of row i's
@@ -336,6 +339,9 @@ def _scores2_kernel(
     d_off = a_off + first[:, None] + r16[None, :]
     tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], dkk * b, 0.0))
     tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], dqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
+    if SOLVE:
+        tl.debug_barrier()
+        _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
 
 
 @triton.jit
@@ -352,10 +358,15 @@ def _solve_kernel(
     S: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Per (chunk, value head): T = (I + Akk)^-1 by blocked forward substitution: the four diagonal 16 x 16
-    inverses interleaved, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above)."""
-    sc = tl.program_id(0).to(tl.int64)
-    a_base = sc * (C * C)
+    """Per (chunk, value head): :func:`_solve_chunk` (Akk may be T's own buffer)."""
+    _solve_chunk(Akk_ptr, T_ptr, tl.program_id(0).to(tl.int64) * (C * C), C, S, PREC)
+
+
+@triton.jit
+def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr):
+    """T = (I + Akk)^-1 of one chunk by blocked forward substitution: the four diagonal 16 x 16 inverses
+    interleaved, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above). Reads only the lower
+    blocks of Akk, all before a barrier that precedes every store, so Akk may live in T's buffer (in place)."""
     r16 = tl.arange(0, S)
     r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
     T00, T11, T22, T33 = _inv_diag4(
@@ -380,6 +391,7 @@ def _solve_kernel(
     X = tl.dot(_load_blk(Akk_ptr, a_base, 3, 0, r16, C, S), T00, input_precision=PREC)
     X = tl.dot(A32, T20, tl.dot(A31, T10, X, input_precision=PREC), input_precision=PREC)
     T30 = -tl.dot(T33, X, input_precision=PREC)
+    tl.debug_barrier()
     zero = tl.zeros([S, S], dtype=tl.float32)
     _store_rows(T_ptr, a_base, T00, r0, r0, C, C)
     _store_rows(T_ptr, a_base, zero, r0, r1, C, C)
@@ -638,7 +650,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags) -> KDAFwdSta
     dummy = torch.zeros(1, dtype=torch.float32, device=dev)
     G = torch.empty(nc1, HV, CHUNK, K, dtype=torch.float32, device=dev)
     Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev)
-    Akk = torch.empty_like(Tm)
+    Akk = Tm  # the solve runs in place
     rq, rk = (torch.empty(nc1, HV, CHUNK, dtype=torch.float32, device=dev) if use_l2 else dummy for _ in range(2))
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
@@ -672,7 +684,9 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags) -> KDAFwdSta
             num_stages=2,
         )
         prec = "ieee" if fp32 else "tf32"
-        v1 = os.environ.get("KVL_KDA_SCORES", "v2") == "v1"
+        ver = os.environ.get("KVL_KDA_SCORES", "v3")  # v1: per sub-block; v2: per chunk; v3: v2 + fused solve
+        v1 = ver == "v1"
+        scores_kw = {} if v1 else dict(T_ptr=Tm, SOLVE=ver != "v2")
         (_scores_kernel[(nch, HV, CHUNK // SUB)] if v1 else _scores2_kernel[(nch, HV)])(
             q,
             k,
@@ -694,9 +708,11 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags) -> KDAFwdSta
             PREC=prec,
             num_warps=4,
             num_stages=2,
+            **scores_kw,
             **({} if v1 or _interpreting() else {"maxnreg": SCORES2_MAXNREG}),
         )
-        _solve_kernel[(nch * HV,)](Akk, Tm, C=CHUNK, S=SUB, PREC=prec, num_warps=4)
+        if ver in ("v1", "v2"):
+            _solve_kernel[(nch * HV,)](Akk, Tm, C=CHUNK, S=SUB, PREC=prec, num_warps=4)
         _wu_kernel[(nch, HV)](
             k,
             v,
