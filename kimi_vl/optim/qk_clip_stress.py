@@ -31,7 +31,7 @@ from kimi_vl.runconfig import load_config, to_dict
 
 @dataclass
 class StressConfig:
-    steps: int = 200
+    steps: int = 400
     seed: int = 0
     vocab: int = 64
     d_model: int = 32
@@ -41,7 +41,7 @@ class StressConfig:
     batch: int = 8
     lr: float = 0.02
     weight_decay: float = 0.0
-    tau: float = 10.0
+    tau: float = 5.0
 
 
 class StressAttention(nn.Module):
