@@ -627,8 +627,10 @@ class KDAFwdState(NamedTuple):
     snc: torch.Tensor
 
 
-def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags) -> KDAFwdState:
-    """Run the forward kernels (prep, scores, W/U, state pass, output) and return every intermediate."""
+def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool = True) -> KDAFwdState:
+    """Run the forward kernels (prep, scores (+ solve), W/U, state pass, output) and return every intermediate.
+    ``keep_u=False`` (inference): the state pass writes Vnew over U (same rows and columns, read before written by
+    the same program), so the returned ``U`` is Vnew and one [NC, HV, C, V] scratch tensor is saved."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -643,7 +645,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags) -> KDAFwdSta
     qg = torch.empty(nc1, HV, CHUNK, K, dtype=sdt, device=dev)
     kg, W = torch.empty_like(qg), torch.empty_like(qg)
     U = torch.empty(nc1, HV, CHUNK, V, dtype=sdt, device=dev)
-    vn = torch.empty_like(U)
+    vn = torch.empty_like(U) if keep_u else U
     Aqk = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=sdt, device=dev)
     gl = torch.empty(nc1, HV, K, dtype=torch.float32, device=dev)
     h = torch.empty(nc1, HV, K, V, dtype=sdt, device=dev)
@@ -783,7 +785,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags) -> KDAFwdSta
 
 def chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
     """Forward only. Returns o [B, T, HV, V] (v's dtype) and the final state [N, HV, K, V] fp32."""
-    st = _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
+    st = _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u=False)
     return st.o, st.ht
 
 
