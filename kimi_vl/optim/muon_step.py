@@ -15,7 +15,7 @@ so one step is:
 Two paths, one maths:
 - exact (``fused=False``, the CPU default): the same PyTorch ops and roundings as writing each update
   separately and concatenating (bit-identical to that in fp32 and in bf16 Newton-Schulz).
-- fused (CUDA default): Triton kernels of :mod:`kimi_vl.optim.fused`; the batch holds the unnormalised
+- fused (CUDA default): Triton kernels of :mod:`kernels.muon.fused`; the batch holds the unnormalised
   direction in bf16 and the last iteration of tall matrices returns the natural layout. Differences are
   rounding only (checked against the exact path within bf16 tolerance).
 """
@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from kernels.muon.fused import apply_update, momentum_launch, partial_blocks
 from kimi_vl.optim.distributed import check_fsdp_param, gather_full, is_dtensor, local_view, shard_like
-from kimi_vl.optim.fused import apply_update, momentum_launch, partial_blocks
 from kimi_vl.optim.muon import NS_EPS, apply_muon_update_, rms_match_scale
 
 Key = tuple  # (rows, cols, ns_steps, param dtype)

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels.muon.fused import triton_available
 from kimi_vl.optim.adamw import adamw_update_, adamw_update_foreach_, adamw_update_fused_
 from kimi_vl.optim.distributed import DistContext, NSReport, is_dtensor, local_view, owner_newton_schulz
 from kimi_vl.optim.fsdp_owner import fsdp_owner_step
-from kimi_vl.optim.fused import triton_available
 from kimi_vl.optim.muon import measured_rms_correction, newton_schulz5, ns_iterate
 from kimi_vl.optim.muon_step import MuonItem, apply_phase, momentum_phase, normalise_, plan_batches
 from kimi_vl.optim.qk_clip import QKClipper, QKClipStats, find_qk_clip_modules

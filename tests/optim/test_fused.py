@@ -36,7 +36,7 @@ import copy, sys, torch
 sys.path.insert(0, "tests/optim")
 from optim_tiny_models import TinyLM
 from kimi_vl.optim import MuonClip
-from kimi_vl.optim.fused import (apply_update, apply_update_reference, momentum_to_batch,
+from kernels.muon.fused import (apply_update, apply_update_reference, momentum_to_batch,
                                  momentum_to_batch_reference, partial_blocks)
 torch.manual_seed(0)
 

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - triton is a hard dependency on GPU mac
     triton = None
 
 BLOCK = 2048
-_WHERE = "kimi_vl/optim/fused.py"
+_WHERE = "kernels/muon/fused.py"
 
 
 def triton_available() -> bool:
