@@ -8,6 +8,8 @@ set -u
 DATA=${1:?usage: gpu_dist_train.sh DATA_DIR [STEPS]}
 STEPS=${2:-20}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out} TOKENIZERS_PARALLELISM=false
+# NVLink multicast stays off on the shared hosts (device notes); exported so every launched process keeps it
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$OUT" runs/dist
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 
