@@ -8,14 +8,19 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
    "unbounded" or sigmoid lower bound) and the chunk-local cumulative sum G (fp32, stored), G_last,
    ``qg = scale Q Gamma`` and ``kg = K exp(G_last - G)`` with the exponent as a suffix sum of g (not a
    difference of two large prefix sums, which lost ~1e-5 of the final state with sharp gates).
-2. ``_scores_kernel``, per (chunk, value head, 16-row sub-block I): row block I of ``Akk`` / ``Aqk``
-   over K tiles: the earlier sub-blocks in one [16, BK] x [BK, 64] dot per tile with the decays
-   factored through the first row of I (``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both
-   exponents <= 0) as tensor-core dots (tf32 for bf16/fp16 inputs, ``ieee`` fp32 for fp32 inputs), the
-   diagonal sub-block pairwise in fp32 ([16, 16, BK] broadcasts, masked with ``where`` before ``exp``).
-3. ``_solve_kernel``, per (chunk, value head): ``T = (I + Akk)^-1`` by blocked forward substitution (the
-   four diagonal 16 x 16 inverses in one interleaved 15-step loop, then
-   ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as 16 x 16 dots), T stored fp32.
+2. ``_scores2_kernel`` (default), per (chunk, value head): ``Akk`` / ``Aqk`` over K tiles of 16: the six
+   off-diagonal 16 x 16 blocks as three masked [64, 16] x [16, 64] tensor-core dots (one per reference row
+   ``16 I``, I = 1..3) into one [64, 64] accumulator, the decays factored through the reference
+   (``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both exponents <= 0 where kept; tf32 for bf16/fp16 inputs,
+   ``ieee`` fp32 for fp32 inputs); the four diagonal blocks together, pairwise in fp32, column by column ([64, 16]
+   gathered key rows per step, ``where`` before ``exp``); then (``SOLVE``) ``T = (I + Akk)^-1`` in place.
+   ``KVL_KDA_SCORES=v2``: the same without the fused solve; ``v1``: the previous ``_scores_kernel``, per
+   (chunk, value head, 16-row sub-block I), with all 64 columns per row block ([16, BK] x [BK, 64] dots) and
+   [16, 16, BK] broadcasts for the diagonal block.
+3. ``_solve_chunk`` (in ``_scores2_kernel``, or ``_solve_kernel`` for v1 / v2): ``T = (I + Akk)^-1`` by blocked
+   forward substitution (the four diagonal 16 x 16 inverses in one interleaved 15-step loop, then
+   ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as 16 x 16 dots), T stored fp32; Akk lives in T's buffer (all reads
+   precede a barrier before the stores).
 4. ``_wu_kernel``, per (chunk, value head): ``W = T (beta K Gamma)``, ``U = T (beta V)`` as
    [64, 64] x [64, 32] dots, tile by tile.
 5. ``_state_kernel``, one program per (sequence, value head, block of value columns): the sequential
@@ -33,8 +38,8 @@ fp32. All varlen bookkeeping is a host-side table of chunks (token start, length
 (first chunk, number of chunks); dense batches are treated as B equal-length sequences. Offsets that
 can exceed 2^31 are int64.
 
-Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the L2 norm and the gate are applied in
-PyTorch (autograd) outside the Function; the Function's forward keeps the per-chunk intermediates
+Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the L2 norm and the gate are applied
+outside the Function as Triton autograd functions (``prep_triton.py``; ``KVL_KDA_PREP=torch``: PyTorch autograd); the Function's forward keeps the per-chunk intermediates
 (``chunk_kda_fwd_intermediates``) and its backward is ``chunk_triton_bwd.chunk_kda_bwd_triton`` (Triton reverse
 state pass; see that file for what else is Triton).
 """
