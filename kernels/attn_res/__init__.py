@@ -7,7 +7,9 @@ Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``
 
 - ``naive.py``: stacked fp32/fp64 reference (the specification; tests only).
 - ``mix_torch.py``: :class:`AttnResMix`, custom autograd function, keys recomputed in backward (CPU path).
-- ``mix_triton.py``: fused forward/backward kernels, sources read in place (GPU; ``TRITON_INTERPRET=1`` on CPU).
+- ``mix_triton.py``: fused forward/backward kernels, sources read in place (GPU; ``TRITON_INTERPRET=1`` on CPU);
+  ``GradSink``: in-place gradient accumulation of a source shared by several mixes.
+- ``two_phase_triton.py``: the two-phase inference kernels over one buffer of block states (decode, prefill).
 
 Example::
 
@@ -76,7 +78,7 @@ def resolve_backend(x: torch.Tensor, backend: str | None = None) -> str:
 
 
 def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor, eps: float,
-                 backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 backend: str | None = None, sinks: Sequence | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax mix over depth of ``sources``; differentiable in the sources, ``weight`` and ``gain``.
 
     Args:
@@ -86,6 +88,9 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
         gain: key RMSNorm gain ``[D]``.
         eps: key RMSNorm epsilon.
         backend: ``None``, ``"torch"`` or ``"triton"`` (see :func:`resolve_backend`).
+        sinks: optional, one ``mix_triton.GradSink`` or ``None`` per source: on the Triton pointer-argument path
+            the gradients of a source shared by several mixes are accumulated in place in its sink (see
+            ``GradSink``); ignored elsewhere (plain autograd accumulation, same values).
 
     Returns:
         ``h [*, D]`` in the dtype of ``sources[0]`` and ``alpha [N, *]`` fp32 (not differentiable).
@@ -98,5 +103,5 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
 
     lead, d = x0.shape[:-1], x0.shape[-1]
     flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
-    h, alpha = AttnResMixTriton.apply(weight, gain, eps, *flat)
+    h, alpha = AttnResMixTriton.apply(weight, gain, eps, None if sinks is None else tuple(sinks), *flat)
     return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)

@@ -163,7 +163,7 @@ def _attn_res_fwd_args_kernel(
     l = tl.zeros([BLOCK_T], dtype=tl.float32)
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for n in tl.static_range(NMAX):
-        if n < N:
+        if N > n:  # N a runtime scalar tensor, n a constant: the tensor on the left
             src = _pick(n, x0, x1, x2, x3, x4, x5, x6, x7)
             x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
@@ -181,10 +181,10 @@ def _attn_res_fwd_args_kernel(
     tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["acc_mask"])
 def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N, M, D, num_tiles,
+    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N, M, D, num_tiles, acc_mask,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NMAX: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -200,13 +200,13 @@ def _attn_res_bwd_args_kernel(
         dh = tl.load(dh_ptr + offs, mask=tile_ok, other=0.0).to(tl.float32)
         h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
         for n in tl.static_range(NMAX):
-            if n < N:
+            if N > n:  # N a runtime scalar tensor, n a constant: the tensor on the left
                 src = _pick(n, x0, x1, x2, x3, x4, x5, x6, x7)
                 x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
                 a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
                 h += a[:, None] * x
         for n in tl.static_range(NMAX):
-            if n < N:
+            if N > n:  # N a runtime scalar tensor, n a constant: the tensor on the left
                 src = _pick(n, x0, x1, x2, x3, x4, x5, x6, x7)
                 dsrc = _pick(n, g0, g1, g2, g3, g4, g5, g6, g7)
                 x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
@@ -216,6 +216,8 @@ def _attn_res_bwd_args_kernel(
                 key = x * r[:, None]
                 s = tl.sum(key * u[None, :], axis=1)
                 dx = a[:, None] * dh + (ds * r)[:, None] * (u[None, :] - key * (s / D)[:, None])
+                if ((acc_mask >> n) & 1) != 0:  # a shared gradient buffer: add to what later mixes wrote
+                    dx += tl.load(dsrc + offs, mask=tile_ok, other=0.0).to(tl.float32)
                 tl.store(dsrc + offs, dx.to(dh_ptr.dtype.element_ty), mask=tile_ok)
                 du += tl.sum(ds[:, None] * key, axis=0)
     tl.store(du_ptr + pid * D + offs_d, du, mask=d_ok)
@@ -263,6 +265,22 @@ def _num_bwd_programs(num_tiles: int, device: torch.device) -> int:
     return min(num_tiles, 8 * torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+class GradSink:
+    """The gradient of one source that several mixes read (a completed block state), accumulated in place.
+
+    Autograd would take one ``dx`` tensor from every mix that reads the source and add them (write ``dx``, then
+    read two and write one per extra mix). With a sink, the backward kernels add into one buffer instead (read
+    and write it once per mix), and only the first mix in forward order, which is the last to run backward
+    (every later mix reads a sum that depends on its output), returns the buffer to autograd; the others
+    return no gradient for that source. Valid for one backward pass over the whole graph at a time."""
+
+    __slots__ = ("buf", "uses")
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+        self.uses = 0
+
+
 def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``.
@@ -289,20 +307,37 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
 
 
 def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor, rstd: torch.Tensor,
-                   alpha: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Gradients ``dx_n [M, D]`` (source dtype) and ``du [D]`` fp32, ``dh [M, D]`` in the source dtype."""
+                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None
+                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Gradients ``dx_n [M, D]`` (source dtype) and ``du [D]`` fp32, ``dh [M, D]`` in the source dtype.
+
+    With ``sinks`` (pointer-argument path only), source ``n`` with a sink gets its gradient added into the
+    sink's buffer in the kernel (the buffer is started by the first mix to run backward), and ``dx_n`` is
+    that buffer."""
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
-    dxs = [torch.empty_like(x0) for _ in range(n)]
+    dxs, acc_mask = [], 0
+    for i, sink in enumerate(sinks or [None] * n):
+        if sink is None:
+            dxs.append(torch.empty_like(x0))
+        elif sink.buf is None:
+            sink.buf = torch.empty_like(x0)
+            dxs.append(sink.buf)
+        else:
+            dxs.append(sink.buf)
+            acc_mask |= 1 << i
     block_t, block_d = _blocks(d)
     num_tiles = triton.cdiv(m, block_t)
     programs = _num_bwd_programs(num_tiles, x0.device)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
     if use_args(n):
         _attn_res_bwd_args_kernel[(programs,)](
-            *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles,
+            *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles, acc_mask,
             BLOCK_T=block_t, BLOCK_D=block_d, NMAX=MAX_ARGS, num_warps=NUM_WARPS)
     else:
+        if acc_mask:
+            raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "
+                             f"(N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
         _attn_res_bwd_kernel[(programs,)](
             _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, du_partial,
             n, m, d, num_tiles, BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources + dxs),
@@ -311,17 +346,25 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
 
 
 class AttnResMixTriton(torch.autograd.Function):
-    """``apply(weight [1, D] or [D], gain [D], eps, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32)``.
+    """``apply(weight [1, D] or [D], gain [D], eps, sinks, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32)``.
 
     Sources must be contiguous, of one dtype in :data:`DTYPES` and on one device (the public wrapper
-    ``kernels.attn_res.attn_res_mix`` checks, casts and flattens)."""
+    ``kernels.attn_res.attn_res_mix`` checks, casts and flattens). ``sinks``: ``None`` or one
+    :class:`GradSink` or ``None`` per source (used only on the pointer-argument path)."""
 
     @staticmethod
-    def forward(ctx, weight: torch.Tensor, gain: torch.Tensor, eps: float, *sources: torch.Tensor):
+    def forward(ctx, weight: torch.Tensor, gain: torch.Tensor, eps: float, sinks, *sources: torch.Tensor):
         u = (weight.float().reshape(-1) * gain.float()).contiguous()
         h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
         ctx.save_for_backward(weight, gain, rstd, alpha, *sources)
         ctx.mark_non_differentiable(alpha)
+        ctx.sinks, ctx.returns = None, None
+        if sinks is not None and any(s is not None for s in sinks) and use_args(len(sources)):
+            ctx.sinks = list(sinks)
+            ctx.returns = [s is not None and s.uses == 0 for s in sinks]
+            for s in sinks:
+                if s is not None:
+                    s.uses += 1
         return h, alpha
 
     @staticmethod
@@ -329,8 +372,15 @@ class AttnResMixTriton(torch.autograd.Function):
         weight, gain, rstd, alpha, *sources = ctx.saved_tensors
         u = (weight.float().reshape(-1) * gain.float()).contiguous()
         dh = dh.to(sources[0].dtype).contiguous()
-        dxs, du = mix_bwd_triton(sources, u, dh, rstd, alpha)
+        dxs, du = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks)
         dweight = (du * gain.float()).reshape(weight.shape).to(weight.dtype)
         dgain = (du * weight.float().reshape(-1)).to(gain.dtype)
-        grads = [dx if ctx.needs_input_grad[3 + i] else None for i, dx in enumerate(dxs)]
-        return dweight, dgain, None, *grads
+        grads = []
+        for i, dx in enumerate(dxs):
+            sink = None if ctx.sinks is None else ctx.sinks[i]
+            if sink is not None:
+                dx = dx if ctx.returns[i] else None
+                if ctx.returns[i]:
+                    sink.buf = None  # released: the next backward pass starts a new buffer
+            grads.append(dx if ctx.needs_input_grad[4 + i] else None)
+        return dweight, dgain, None, None, *grads

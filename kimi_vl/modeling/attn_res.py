@@ -34,7 +34,7 @@ from torch import nn
 from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ResProj", "ResQuery", "StandardStream", "alpha_stats",
-           "mix", "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
+           "grad_sinks_enabled", "mix", "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
 
@@ -67,12 +67,21 @@ def mix_naive(sources: Sequence[torch.Tensor], query: ResQuery) -> tuple[torch.T
     return attn_res_mix_naive(sources, query.weight, query.gain, query.eps)
 
 
-def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = None
+def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = None, sinks: Sequence | None = None
         ) -> tuple[torch.Tensor, torch.Tensor]:
     """The training path (same values as :func:`mix_naive`): the fused Triton kernel on CUDA, the
     :class:`AttnResMix` autograd function on CPU; ``backend`` or ``KVL_ATTNRES_BACKEND`` (``triton`` | ``torch``)
-    forces one (``kernels.attn_res.attn_res_mix``)."""
-    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend)
+    forces one; ``sinks``: in-place gradient accumulation of shared sources (``kernels.attn_res.attn_res_mix``)."""
+    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks)
+
+
+def grad_sinks_enabled() -> bool:
+    """``KVL_ATTNRES_GRAD_SINK`` (``1`` default | ``0``): whether the training stream accumulates the gradients
+    of the completed block states in place (``kernels/attn_res/mix_triton.GradSink``)."""
+    flag = os.environ.get("KVL_ATTNRES_GRAD_SINK") or "1"
+    if flag not in ("0", "1"):
+        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_GRAD_SINK must be 0 or 1, got {flag!r}")
+    return flag == "1"
 
 
 def stacked_u(queries: Sequence[ResQuery]) -> torch.Tensor:
@@ -175,6 +184,12 @@ class AttnResStream:
         self._phase1: tuple | None = None
         self._buffered = BufferedTwoPhase(embeddings, self.queries, block_size) \
             if impl == "two_phase" and record is None and two_phase_backend(embeddings) == "triton" else None
+        self.sinks: list | None = None  # one GradSink per completed state (fused training path)
+        if impl == "fused" and torch.is_grad_enabled() and grad_sinks_enabled():
+            from kernels.attn_res.mix_triton import GradSink
+
+            self._sink_cls = GradSink
+            self.sinks = [GradSink()]
 
     def input(self, i: int) -> torch.Tensor:
         if self._buffered is not None:
@@ -184,7 +199,11 @@ class AttnResStream:
         sources = self.completed + ([self.partial] if self.partial is not None else [])
         if len(sources) == 1 and self.impl == "fused" and self.record is None:
             return sources[0]
-        h, alpha = (mix_naive if self.impl == "naive" else mix)(sources, self.queries[i])
+        if self.impl == "naive":
+            h, alpha = mix_naive(sources, self.queries[i])
+        else:
+            sinks = None if self.sinks is None else self.sinks + [None] * (len(sources) - len(self.sinks))
+            h, alpha = mix(sources, self.queries[i], sinks=sinks)
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
         return h
@@ -209,6 +228,8 @@ class AttnResStream:
                 self.record.setdefault("block_output_rms", []).append(rms(self.partial))
             self.completed.append(self.partial)
             self.partial = None
+            if self.sinks is not None:
+                self.sinks.append(self._sink_cls())
 
     def final(self) -> torch.Tensor:
         return self.input(len(self.queries) - 1)

@@ -139,17 +139,53 @@ def test_stream_with_triton_kernel_equals_naive(monkeypatch):
                         .requires_grad_(), 1e-6) for _ in range(num_sublayers + 1)]
     emb = torch.randn(2, 3, d, device=dev, requires_grad=True)
     grads = {}
-    for impl, backend in (("naive", "torch"), ("fused", "triton")):
+    for impl, backend, sink in (("naive", "torch", "0"), ("fused", "triton", "1"), ("nosink", "triton", "0")):
         monkeypatch.setenv("KVL_ATTNRES_BACKEND", backend)
-        stream = AttnResStream(emb, queries, block_size, impl)
+        monkeypatch.setenv("KVL_ATTNRES_GRAD_SINK", sink)
+        stream = AttnResStream(emb, queries, block_size, "fused" if impl == "nosink" else impl)
+        assert (stream.sinks is not None) == (impl == "fused")
         for i in range(num_sublayers):
             stream.add(i, torch.tanh(stream.input(i)) * (i + 1))
         out = stream.final()
         params = [emb] + [t for q in queries[1:] for t in (q.weight, q.gain)]  # sublayer 0 reads emb alone
         grads[impl] = (out.detach(), torch.autograd.grad((out * torch.linspace(-1, 1, d, device=dev)).sum(), params))
-    assert_rel_rms(grads["fused"][0], grads["naive"][0], 1e-6, "output")
-    for i, (a, b) in enumerate(zip(grads["fused"][1], grads["naive"][1])):
-        assert_rel_rms(a, b, 1e-5, f"grad {i}")
+    for impl in ("fused", "nosink"):
+        assert_rel_rms(grads[impl][0], grads["naive"][0], 1e-6, f"{impl} output")
+        for i, (a, b) in enumerate(zip(grads[impl][1], grads["naive"][1])):
+            assert_rel_rms(a, b, 1e-5, f"{impl} grad {i}")
+
+
+def test_grad_sinks_accumulate_in_place_and_survive_a_second_backward(monkeypatch):
+    """Block states read by several mixes get one gradient buffer, added to in the backward kernel (the mix
+    that runs backward last hands it to autograd); two backward passes over one graph give the same grads."""
+    from kernels.attn_res import mix_triton
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
+    monkeypatch.delenv("KVL_ATTNRES_GRAD_SINK", raising=False)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    masks, launch = [], mix_triton._attn_res_bwd_args_kernel.run
+
+    def spy(*args, **kwargs):
+        masks.append(args[25])  # acc_mask, after 16 pointers and 10 scalars/pointers
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(mix_triton._attn_res_bwd_args_kernel, "run", spy)
+    d = 24
+    queries = [ResQuery(torch.randn(1, d, device=dev).requires_grad_(), torch.ones(d, device=dev), 1e-6)
+               for _ in range(7)]
+    emb = torch.randn(2, 3, d, device=dev, requires_grad=True)
+    stream = AttnResStream(emb, queries, 2, "fused")
+    for i in range(6):
+        stream.add(i, torch.sin(stream.input(i) * (i + 1)))
+    loss = (stream.final() * torch.linspace(-1, 1, d, device=dev)).sum()
+    first = torch.autograd.grad(loss, [emb, queries[3].weight], retain_graph=True)
+    assert any(m != 0 for m in masks), "no mix accumulated into a shared buffer"
+    assert all(s.buf is None for s in stream.sinks), "a sink kept its buffer after the backward pass"
+    second = torch.autograd.grad(loss, [emb, queries[3].weight])
+    for a, b in zip(first, second):
+        assert_rel_rms(a, b, 1e-7, "second backward")
 
 
 def _triton_two_phase(monkeypatch) -> str:
