@@ -46,6 +46,8 @@ state pass; see that file for what else is Triton).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from typing import NamedTuple
 
@@ -603,6 +605,21 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@functools.cache
+def _has_maxnreg() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        return any(f.name == "maxnreg" for f in dataclasses.fields(CUDAOptions))
+    except Exception:  # noqa: BLE001 - no NVIDIA backend: run without the cap
+        return False
+
+
+def _maxnreg(n: int) -> dict:
+    """``maxnreg`` launch option where this Triton's CUDA backend has it (not under the interpreter)."""
+    return {"maxnreg": n} if not _interpreting() and _has_maxnreg() else {}
+
+
 class KDAFwdState(NamedTuple):
     """Forward outputs and per-chunk intermediates (the kda-fwd / kda-bwd contract, ``[NC, HV, C, X]`` slabs).
 
@@ -716,7 +733,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             num_warps=4,
             num_stages=2,
             **scores_kw,
-            **({} if v1 or _interpreting() else {"maxnreg": SCORES2_MAXNREG}),
+            **({} if v1 else _maxnreg(SCORES2_MAXNREG)),
         )
         if ver in ("v1", "v2"):
             _solve_kernel[(nch * HV,)](Akk, Tm, C=CHUNK, S=SUB, PREC=prec, num_warps=4)
