@@ -14,9 +14,10 @@ Measured in one run, bf16, CUDA events after warm-up:
 - ``train``: forward + backward (no optimizer step) of the flavor at ``seq`` with ``standard`` vs
   ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
   (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes through the
-  Triton kernel (pointer arguments; for all-MLA also the address-table version and the PyTorch function,
-  ``KVL_ATTNRES_ADDRESSING`` / ``KVL_ATTNRES_BACKEND``). Reports step time, overhead %, the step's peak memory
-  above the resident weights, and the memory of the stored block states for scale.
+  Triton kernel (pointer arguments, gradient sinks for the block states; for all-MLA also without the sinks,
+  ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
+  the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
+  the resident weights, and the memory of the stored block states for scale.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
   two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``, and, with autograd on as the first benchmark ran it, both
@@ -163,13 +164,12 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     cfgs = {r: _config(flavor, layers, r) for r in ("standard", "attnres_block")}
     models = {r: _build(c, device, dtype) for r, c in cfgs.items()}
     ids = torch.randint(0, cfgs["standard"].vocab_size, (args.batch, args.seq), device=device)
-    variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", {"KVL_ATTNRES_BACKEND": "triton"}),
-                "attnres_triton_table": ("attnres_block", {"KVL_ATTNRES_BACKEND": "triton",
-                                                           "KVL_ATTNRES_ADDRESSING": "table"}),
-                "attnres_function": ("attnres_block", {"KVL_ATTNRES_BACKEND": "torch"})}
+    triton = {"KVL_ATTNRES_BACKEND": "triton"}
+    variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
+                "attnres_triton_nosink": ("attnres_block", triton | {"KVL_ATTNRES_GRAD_SINK": "0"}),
+                "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"})}
     if layers != "mla":
-        variants.pop("attnres_function")
-        variants.pop("attnres_triton_table")
+        variants = {v: variants[v] for v in ("standard", "attnres_triton")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     best = {v: float("inf") for v in variants}
     peak = {}
