@@ -272,12 +272,15 @@ class GradSink:
     read two and write one per extra mix). With a sink, the backward kernels add into one buffer instead (read
     and write it once per mix), and only the first mix in forward order, which is the last to run backward
     (every later mix reads a sum that depends on its output), returns the buffer to autograd; the others
-    return no gradient for that source. Valid for one backward pass over the whole graph at a time."""
+    return no gradient for that source. A buffer is tied to the backward pass (autograd graph task) that
+    started it, so a pass that skipped the returning mix (gradients of a subset of inputs) leaves nothing behind
+    for the next one."""
 
-    __slots__ = ("buf", "uses")
+    __slots__ = ("buf", "task", "uses")
 
     def __init__(self) -> None:
         self.buf: torch.Tensor | None = None
+        self.task = -1  # the autograd graph task that started ``buf``: a buffer left by another pass is stale
         self.uses = 0
 
 
@@ -317,11 +320,12 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
     dxs, acc_mask = [], 0
+    task = torch._C._current_graph_task_id() if sinks is not None else -1
     for i, sink in enumerate(sinks or [None] * n):
         if sink is None:
             dxs.append(torch.empty_like(x0))
-        elif sink.buf is None:
-            sink.buf = torch.empty_like(x0)
+        elif sink.buf is None or sink.task != task:
+            sink.buf, sink.task = torch.empty_like(x0), task
             dxs.append(sink.buf)
         else:
             dxs.append(sink.buf)
