@@ -266,3 +266,26 @@ def test_generate_with_triton_two_phase_matches_naive_full_forward(monkeypatch):
         two = model(out, use_cache=False).logits
     assert len(calls) == model.config.num_sublayers
     assert_rel_rms(two, ref, 1e-6, "buffered two-phase model")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens", [1, 4096])
+def test_buffered_two_phase_bf16_small_flavor_width_on_gpu(tokens):
+    """Decode (one token) and prefill sizes at the small flavor's width, bf16, 4 blocks of 6 sublayers."""
+    d, num_sublayers, block_size = 768, 24, 6
+    queries = [ResQuery(0.1 * torch.randn(1, d, device="cuda"), 1 + 0.3 * torch.randn(d, device="cuda"), 1e-6)
+               for _ in range(num_sublayers + 1)]
+    outs = [torch.randn(1, tokens, d, device="cuda", dtype=torch.bfloat16) for _ in range(num_sublayers)]
+    emb = torch.randn(1, tokens, d, device="cuda", dtype=torch.bfloat16)
+    results = {}
+    with torch.no_grad():
+        for impl in ("naive", "two_phase"):
+            stream, got = AttnResStream(emb, queries, block_size, impl), []
+            assert (stream._buffered is not None) == (impl == "two_phase")
+            for i, out in enumerate(outs):
+                got.append(stream.input(i))
+                stream.add(i, out)
+            got.append(stream.final())
+            results[impl] = torch.stack(got).float()
+    assert_rel_rms(results["two_phase"], results["naive"], 2e-2, "buffered two-phase bf16")
