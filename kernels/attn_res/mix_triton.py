@@ -32,6 +32,7 @@ Fixed launch configurations (no autotuning): ``BLOCK_T * BLOCK_D = TILE_ELEMS``,
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -223,6 +224,7 @@ def _attn_res_bwd_args_kernel(
     tl.store(du_ptr + pid * D + offs_d, du, mask=d_ok)
 
 
+@functools.lru_cache(maxsize=64)
 def _blocks(d: int) -> tuple[int, int]:
     block_d = triton.next_power_of_2(d)
     return max(1, TILE_ELEMS // block_d), block_d

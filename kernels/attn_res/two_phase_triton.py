@@ -51,7 +51,7 @@ def _score(x, u, D, eps):
 
 @triton.jit(do_not_specialize=["n_src", "q0", "n_q", "M"])
 def _phase1_kernel(
-    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, n_src, q0, n_q, M, D, eps,
+    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, n_src, q0, n_q, M, D: tl.constexpr, eps,
     PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -96,7 +96,7 @@ def _phase1_kernel(
 
 @triton.jit(do_not_specialize=["j", "k", "qi", "M"])
 def _phase2_kernel(
-    o_ptr, m_ptr, l_ptr, j, v_ptr, k, u_ptr, qi, h_ptr, pend_ptr, M, D, eps,
+    o_ptr, m_ptr, l_ptr, j, v_ptr, k, u_ptr, qi, h_ptr, pend_ptr, M, D: tl.constexpr, eps,
     PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -154,15 +154,9 @@ def phase1_triton(v_KMD: torch.Tensor, n_src: int, u_QD: torch.Tensor, q0: int, 
     if not (1 <= n_src <= v_KMD.shape[0] and n_q >= 1 and 0 <= q0 and q0 + n_q <= u_QD.shape[0]):
         raise ValueError(f"{_WHERE}: phase1 needs 1 <= n_src <= K={v_KMD.shape[0]} and queries inside "
                          f"Q={u_QD.shape[0]}, got n_src={n_src}, q0={q0}, n_q={n_q}")
-    _, m, d = v_KMD.shape
-    o = torch.empty(n_q, m, d, device=v_KMD.device, dtype=torch.float32)
-    ml = torch.empty(2, n_q, m, device=v_KMD.device, dtype=torch.float32)
-    h = torch.empty(m, d, device=v_KMD.device, dtype=v_KMD.dtype)
-    block_t, block_d = _blocks(d)
-    _phase1_kernel[(triton.cdiv(m, block_t),)](
-        v_KMD, u_QD, o, ml[0], ml[1], h, _pending(v_KMD, pending), n_src, q0, n_q, m, d, eps,
-        PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
-    return o, ml[0], ml[1], h
+    run = TwoPhaseLauncher(v_KMD, u_QD, n_q)
+    h = run.phase1(n_src, q0, n_q, eps, _pending(v_KMD, pending), pending_first)
+    return run.o, run.m, run.l, h
 
 
 def phase2_triton(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, j: int, v_KMD: torch.Tensor, k: int,
@@ -171,10 +165,41 @@ def phase2_triton(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, j: int, v_K
     """Sublayer ``j >= 1`` of the block (query ``u[qi]``) merges its partial sum ``v[k]`` with phase 1's
     ``o[j], m[j], l[j]`` -> ``h [M, D]`` in the buffer's dtype; ``pending`` is first added into ``v[k]`` (see
     :func:`phase1_triton`)."""
-    _, mm, d = v_KMD.shape
-    h = torch.empty(mm, d, device=v_KMD.device, dtype=v_KMD.dtype)
-    block_t, block_d = _blocks(d)
-    _phase2_kernel[(triton.cdiv(mm, block_t),)](
-        o, m, l, j, v_KMD, k, u_QD, qi, h, _pending(v_KMD, pending), mm, d, eps,
-        PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=NUM_WARPS)
-    return h
+    _check(v_KMD, u_QD)
+    run = TwoPhaseLauncher(v_KMD, u_QD, 0)
+    run.o, run.m, run.l = o, m, l
+    return run.phase2(j, k, qi, eps, _pending(v_KMD, pending), pending_first)
+
+
+class TwoPhaseLauncher:
+    """Launches over one block-state buffer ``v [K, M, D]`` and queries ``u [Q, D]`` with the least host work
+    per call (decode is launch-bound): sizes, grid and the phase-1 outputs ``o [S, M, D]``, ``m, l [S, M]``
+    (fp32, reused by every block) are set up once. Arguments are not checked here (:func:`phase1_triton` and
+    :func:`phase2_triton` check them); ``pending`` must be a contiguous ``[M, D]`` in ``v``'s dtype."""
+
+    def __init__(self, v_KMD: torch.Tensor, u_QD: torch.Tensor, max_queries: int) -> None:
+        self.v, self.u = v_KMD, u_QD
+        _, self.mm, self.d = v_KMD.shape
+        self.block_t, self.block_d = _blocks(self.d)
+        self.grid = (triton.cdiv(self.mm, self.block_t),)
+        if max_queries > 0:
+            self.o = torch.empty(max_queries, self.mm, self.d, device=v_KMD.device, dtype=torch.float32)
+            self.m, self.l = torch.empty(2, max_queries, self.mm, device=v_KMD.device, dtype=torch.float32)
+
+    def phase1(self, n_src: int, q0: int, n_q: int, eps: float, pending: torch.Tensor | None,
+               pending_first: bool) -> torch.Tensor:
+        h = torch.empty(self.mm, self.d, device=self.v.device, dtype=self.v.dtype)
+        _phase1_kernel[self.grid](
+            self.v, self.u, self.o, self.m, self.l, h, self.v if pending is None else pending, n_src, q0, n_q,
+            self.mm, self.d, eps, PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=self.block_t,
+            BLOCK_D=self.block_d, num_warps=NUM_WARPS)
+        return h
+
+    def phase2(self, j: int, k: int, qi: int, eps: float, pending: torch.Tensor | None,
+               pending_first: bool) -> torch.Tensor:
+        h = torch.empty(self.mm, self.d, device=self.v.device, dtype=self.v.dtype)
+        _phase2_kernel[self.grid](
+            self.o, self.m, self.l, j, self.v, k, self.u, qi, h, self.v if pending is None else pending,
+            self.mm, self.d, eps, PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=self.block_t,
+            BLOCK_D=self.block_d, num_warps=NUM_WARPS)
+        return h

@@ -244,17 +244,16 @@ class BufferedTwoPhase:
     One kernel launch per sublayer in all. Same interface as the stream's core."""
 
     def __init__(self, embeddings: torch.Tensor, queries: Sequence[ResQuery], block_size: int) -> None:
-        from kernels.attn_res.two_phase_triton import phase1_triton, phase2_triton
+        from kernels.attn_res.two_phase_triton import TwoPhaseLauncher
 
-        self._phase1_fn, self._phase2_fn = phase1_triton, phase2_triton
         self.shape, d = embeddings.shape, embeddings.shape[-1]
         self.block_size, self.num_queries = block_size, len(queries)
         num_slots = 1 + -(-(len(queries) - 1) // block_size)
-        self.v = embeddings.new_empty(num_slots, embeddings.numel() // d, d)  # [K, M, D]
-        self.v[0].copy_(embeddings.reshape(-1, d))
-        self.u = stacked_u(queries)  # [Q, D] fp32
+        v = embeddings.new_empty(num_slots, embeddings.numel() // d, d)  # [K, M, D]
+        v[0].copy_(embeddings.reshape(-1, d))
+        self.slot_shape = v.shape[1:]
+        self.run = TwoPhaseLauncher(v, stacked_u(queries), min(block_size, len(queries)))
         self.eps = [q.eps for q in queries]
-        self._phase1: tuple | None = None
         self._pending: tuple[torch.Tensor, bool] | None = None  # (output of the last sublayer, first of its slot)
 
     def input(self, i: int) -> torch.Tensor:
@@ -262,15 +261,16 @@ class BufferedTwoPhase:
         pending, first = self._pending if self._pending is not None else (None, False)
         self._pending = None
         if j == 0:
-            n_q = min(self.block_size, self.num_queries - i)
-            *self._phase1, h = self._phase1_fn(self.v, k, self.u, i, n_q, self.eps[i], pending, first)
+            h = self.run.phase1(k, i, min(self.block_size, self.num_queries - i), self.eps[i], pending, first)
         else:
-            o, m, l = self._phase1
-            h = self._phase2_fn(o, m, l, j, self.v, k, self.u, i, self.eps[i], pending, first)
+            h = self.run.phase2(j, k, i, self.eps[i], pending, first)
         return h.view(self.shape)
 
     def add(self, i: int, out: torch.Tensor) -> None:
         if self._pending is not None:
             raise ValueError(f"BufferedTwoPhase.add: sublayer {i} added before the previous output was consumed "
                              "(input(i) must follow every add)")
-        self._pending = (out.to(self.v.dtype).reshape(self.v.shape[1:]).contiguous(), i % self.block_size == 0)
+        if out.dtype != self.run.v.dtype:
+            out = out.to(self.run.v.dtype)
+        out = out.reshape(self.slot_shape)
+        self._pending = (out if out.is_contiguous() else out.contiguous(), i % self.block_size == 0)
