@@ -48,9 +48,11 @@ def _signature(name: str) -> tuple:
         args += [("Aqk", bf), ("Akk", f32), ("scale", "fp32")]
         extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES_BK, L2=True, PREC="tf32")
         fn = ct._scores_kernel
-        if name == "scores2":  # the default (KVL_KDA_SCORES=v3): with the fused solve
-            args.insert(-1, ("T", f32))
-            fn, extra = ct._scores2_kernel, extra | dict(BKS=ct.SCORES2_BK, SOLVE=True)
+        if name == "scores2":  # the default version (``chunk_triton.SCORES_DEFAULT``: v3 fused solve, v4 also W/U)
+            args[-1:-1] = [("T", f32), ("v", bf), ("W", bf), ("U", bf)]
+            ver = ct.SCORES_DEFAULT
+            tiles = dict(BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B)
+            fn, extra = ct._scores2_kernel, extra | tiles | dict(SOLVE=ver != "v2", WU=ver == "v4")
     elif name == "solve":
         args = [("Akk", f32), ("T", f32)]
         fn, extra = ct._solve_kernel, dict(S=ct.SUB, PREC="tf32")

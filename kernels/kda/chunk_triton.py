@@ -13,16 +13,17 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
    ``16 I``, I = 1..3) into one [64, 64] accumulator, the decays factored through the reference
    (``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both exponents <= 0 where kept; tf32 for bf16/fp16 inputs,
    ``ieee`` fp32 for fp32 inputs); the four diagonal blocks together, pairwise in fp32, column by column ([64, 16]
-   gathered key rows per step, ``where`` before ``exp``); then (``SOLVE``) ``T = (I + Akk)^-1`` in place.
-   ``KVL_KDA_SCORES=v2``: the same without the fused solve; ``v1``: the previous ``_scores_kernel``, per
+   gathered key rows per step, ``where`` before ``exp``); then (``SOLVE``) ``T = (I + Akk)^-1`` in place and
+   (``WU``) W and U (4.). ``KVL_KDA_SCORES`` (default v4, both fused): ``v3`` without the fused W/U, ``v2``
+   without the fused solve either; ``v1``: the previous ``_scores_kernel``, per
    (chunk, value head, 16-row sub-block I), with all 64 columns per row block ([16, BK] x [BK, 64] dots) and
    [16, 16, BK] broadcasts for the diagonal block.
 3. ``_solve_chunk`` (in ``_scores2_kernel``, or ``_solve_kernel`` for v1 / v2): ``T = (I + Akk)^-1`` by blocked
    forward substitution (the four diagonal 16 x 16 inverses in one interleaved 15-step loop, then
    ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as 16 x 16 dots), T stored fp32; Akk lives in T's buffer (all reads
    precede a barrier before the stores).
-4. ``_wu_kernel``, per (chunk, value head): ``W = T (beta K Gamma)``, ``U = T (beta V)`` as
-   [64, 64] x [64, 32] dots, tile by tile.
+4. ``_wu_chunk`` (in ``_scores2_kernel``, or ``_wu_kernel`` for v1-v3), per (chunk, value head):
+   ``W = T (beta K Gamma)``, ``U = T (beta V)`` as [64, 64] x [64, 32] dots, tile by tile.
 5. ``_state_kernel``, one program per (sequence, value head, block of value columns): the sequential
    pass over chunks with the fp32 state in registers; writes the state entering each chunk (``h``),
    ``Vnew = U - W S`` and the final state.
@@ -272,19 +273,27 @@ def _scores2_kernel(
     Aqk_ptr,
     Akk_ptr,
     T_ptr,
+    v_ptr,
+    W_ptr,
+    U_ptr,
     scale,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
+    V: tl.constexpr,
     C: tl.constexpr,
     S: tl.constexpr,
     BKS: tl.constexpr,
+    BKW: tl.constexpr,
+    BVW: tl.constexpr,
     L2: tl.constexpr,
     PREC: tl.constexpr,
     SOLVE: tl.constexpr,
+    WU: tl.constexpr,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; with SOLVE, then
-    ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot).
+    ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot);
+    with WU (needs SOLVE), then W and U (:func:`_wu_chunk`, after another barrier).
 
     Off-diagonal blocks (I, J < I): per reference row ``16 I`` (I = 1, 2, 3) one [C, BKS] x [BKS, C] tensor-core
     dot into a shared [C, C] accumulator, the left operand ``k_i exp(G_i - G_ref(i))`` (the reference of row i's
@@ -349,6 +358,31 @@ def _scores2_kernel(
     if SOLVE:
         tl.debug_barrier()
         _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
+        if WU:
+            tl.debug_barrier()
+            _wu_chunk(
+                k_ptr,
+                v_ptr,
+                beta_ptr,
+                G_ptr,
+                rk_ptr,
+                T_ptr,
+                W_ptr,
+                U_ptr,
+                i_hv,
+                bos,
+                n,
+                sc,
+                H,
+                HV,
+                K,
+                V,
+                C,
+                BKW,
+                BVW,
+                L2,
+                PREC,
+            )
 
 
 @triton.jit
@@ -440,14 +474,44 @@ def _wu_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Per (chunk, value head): ``W = T (beta K exp(G))`` and ``U = T (beta V)`` as [64, 64] x [64, B*] dots,
-    K tile by K tile, then V tile by V tile (T fp32; tf32 for 16-bit inputs, ``ieee`` for fp32)."""
+    """Per (chunk, value head): :func:`_wu_chunk`."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
-    i_h = i_hv // (HV // H)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
     sc = i_c.to(tl.int64) * HV + i_hv
+    _wu_chunk(
+        k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, H, HV, K, V, C, BKW, BVW, L2, PREC
+    )
+
+
+@triton.jit
+def _wu_chunk(
+    k_ptr,
+    v_ptr,
+    beta_ptr,
+    G_ptr,
+    rk_ptr,
+    T_ptr,
+    W_ptr,
+    U_ptr,
+    i_hv,
+    bos,
+    n,
+    sc,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    C: tl.constexpr,
+    BKW: tl.constexpr,
+    BVW: tl.constexpr,
+    L2: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """``W = T (beta K exp(G))`` and ``U = T (beta V)`` of one chunk as [64, 64] x [64, B*] dots, K tile by K tile,
+    then V tile by V tile (T fp32 read back from ``T_ptr``; tf32 for 16-bit inputs, ``ieee`` for fp32)."""
+    i_h = i_hv // (HV // H)
     rows = tl.arange(0, C)
     rm = rows < n
     Tm = tl.load(T_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :])
@@ -594,6 +658,8 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
 SCORES_BK = 16  # key columns per step of the Akk / Aqk accumulation (v1, KVL_KDA_SCORES=v1)
+# KVL_KDA_SCORES: v1 per sub-block scores kernel, v2 per-chunk scores kernel, v3 v2 + fused solve, v4 v3 + fused W/U
+SCORES_DEFAULT = "v4"
 SCORES2_BK = 16  # the same for the per-(chunk, head) scores kernel (default)
 SCORES2_MAXNREG = 168  # 3 CTAs of 4 warps per SM; ptxas reports no spills at this cap (sm_90a, K = V = 128)
 WU_B = 32  # key / value columns per step of the W / U kernel
@@ -708,9 +774,11 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             num_stages=2,
         )
         prec = "ieee" if fp32 else "tf32"
-        ver = os.environ.get("KVL_KDA_SCORES", "v3")  # v1: per sub-block; v2: per chunk; v3: v2 + fused solve
+        ver = os.environ.get("KVL_KDA_SCORES", SCORES_DEFAULT)
         v1 = ver == "v1"
-        scores_kw = {} if v1 else dict(T_ptr=Tm, SOLVE=ver != "v2")
+        wu_tiles = dict(BKW=min(BK, WU_B), BVW=min(BV, WU_B))
+        scores_kw = {} if v1 else dict(T_ptr=Tm, v_ptr=v, W_ptr=W, U_ptr=U, V=V, SOLVE=ver != "v2", WU=ver == "v4")
+        scores_kw |= {} if v1 else wu_tiles
         (_scores_kernel[(nch, HV, CHUNK // SUB)] if v1 else _scores2_kernel[(nch, HV)])(
             q,
             k,
@@ -737,6 +805,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         )
         if ver in ("v1", "v2"):
             _solve_kernel[(nch * HV,)](Akk, Tm, C=CHUNK, S=SUB, PREC=prec, num_warps=4)
+    if nch and ver != "v4":
         _wu_kernel[(nch, HV)](
             k,
             v,
