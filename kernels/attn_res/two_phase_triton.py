@@ -175,11 +175,15 @@ class TwoPhaseLauncher:
     """Launches over one block-state buffer ``v [K, M, D]`` and queries ``u [Q, D]`` with the least host work
     per call (decode is launch-bound): sizes, grid and the phase-1 outputs ``o [S, M, D]``, ``m, l [S, M]``
     (fp32, reused by every block) are set up once. Arguments are not checked here (:func:`phase1_triton` and
-    :func:`phase2_triton` check them); ``pending`` must be a contiguous ``[M, D]`` in ``v``'s dtype."""
+    :func:`phase2_triton` check them); ``pending`` must be contiguous, of ``M * D`` elements in ``v``'s dtype
+    (any shape: only its address is used). ``out_shape``: the shape ``h`` is allocated in (``M * D``
+    elements, e.g. ``[B, T, D]``), so that callers need no view."""
 
-    def __init__(self, v_KMD: torch.Tensor, u_QD: torch.Tensor, max_queries: int) -> None:
+    def __init__(self, v_KMD: torch.Tensor, u_QD: torch.Tensor, max_queries: int,
+                 out_shape: tuple[int, ...] | None = None) -> None:
         self.v, self.u = v_KMD, u_QD
         _, self.mm, self.d = v_KMD.shape
+        self.out_shape = tuple(v_KMD.shape[1:]) if out_shape is None else tuple(out_shape)
         self.block_t, self.block_d = _blocks(self.d)
         self.grid = (triton.cdiv(self.mm, self.block_t),)
         if max_queries > 0:
@@ -188,7 +192,7 @@ class TwoPhaseLauncher:
 
     def phase1(self, n_src: int, q0: int, n_q: int, eps: float, pending: torch.Tensor | None,
                pending_first: bool) -> torch.Tensor:
-        h = torch.empty(self.mm, self.d, device=self.v.device, dtype=self.v.dtype)
+        h = torch.empty(self.out_shape, device=self.v.device, dtype=self.v.dtype)
         _phase1_kernel[self.grid](
             self.v, self.u, self.o, self.m, self.l, h, self.v if pending is None else pending, n_src, q0, n_q,
             self.mm, self.d, eps, PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=self.block_t,
@@ -197,7 +201,7 @@ class TwoPhaseLauncher:
 
     def phase2(self, j: int, k: int, qi: int, eps: float, pending: torch.Tensor | None,
                pending_first: bool) -> torch.Tensor:
-        h = torch.empty(self.mm, self.d, device=self.v.device, dtype=self.v.dtype)
+        h = torch.empty(self.out_shape, device=self.v.device, dtype=self.v.dtype)
         _phase2_kernel[self.grid](
             self.o, self.m, self.l, j, self.v, k, self.u, qi, h, self.v if pending is None else pending,
             self.mm, self.d, eps, PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=self.block_t,

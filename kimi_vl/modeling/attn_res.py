@@ -251,8 +251,7 @@ class BufferedTwoPhase:
         num_slots = 1 + -(-(len(queries) - 1) // block_size)
         v = embeddings.new_empty(num_slots, embeddings.numel() // d, d)  # [K, M, D]
         v[0].copy_(embeddings.reshape(-1, d))
-        self.slot_shape = v.shape[1:]
-        self.run = TwoPhaseLauncher(v, stacked_u(queries), min(block_size, len(queries)))
+        self.run = TwoPhaseLauncher(v, stacked_u(queries), min(block_size, len(queries)), embeddings.shape)
         self.eps = [q.eps for q in queries]
         self._pending: tuple[torch.Tensor, bool] | None = None  # (output of the last sublayer, first of its slot)
 
@@ -264,13 +263,15 @@ class BufferedTwoPhase:
             h = self.run.phase1(k, i, min(self.block_size, self.num_queries - i), self.eps[i], pending, first)
         else:
             h = self.run.phase2(j, k, i, self.eps[i], pending, first)
-        return h.view(self.shape)
+        return h  # [B, T, D]
 
     def add(self, i: int, out: torch.Tensor) -> None:
         if self._pending is not None:
             raise ValueError(f"BufferedTwoPhase.add: sublayer {i} added before the previous output was consumed "
                              "(input(i) must follow every add)")
+        if out.shape != self.shape:
+            raise ValueError(f"BufferedTwoPhase.add: sublayer {i} output is {tuple(out.shape)}, the stream's "
+                             f"embeddings {tuple(self.shape)}")
         if out.dtype != self.run.v.dtype:
             out = out.to(self.run.v.dtype)
-        out = out.reshape(self.slot_shape)
         self._pending = (out if out.is_contiguous() else out.contiguous(), i % self.block_size == 0)
