@@ -6,7 +6,7 @@ norm of q, k and in-kernel softplus gate): ``chunk_kda`` forward, forward+backwa
 memory of one training step, and the one-token decode (``fused_recurrent_kda``) at batch 64, H = 32.
 For ours, forward+backward and the backward alone are also timed with each backward variant
 (``KVL_KDA_BWD=triton`` and ``hybrid``: ``fwdbwd_ms_<variant>``, ``bwd_ms_<variant>``), and the forward and
-forward+backward with each previous forward path (``FWD_VARIANTS``: ``KVL_KDA_PREP=torch``, ``KVL_KDA_SCORES=v1|v2|v3``;
+forward+backward with each previous forward path (``FWD_VARIANTS``: ``KVL_KDA_PREP=torch``, ``KVL_KDA_SCORES=v1|v2|v3``, ``KVL_KDA_STATE=w8|bv16``;
 ``fwd_ms_<name>``, and ``fwdbwd_ms_prep_torch``); decode also with ``KVL_KDA_DECODE=v1`` (``decode_us_v1``). Also measures the
 GPU's ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json`` (or ``--out``) after
 every shape and prints a table.
@@ -145,6 +145,8 @@ FWD_VARIANTS = [
     ("scores_v1", "KVL_KDA_SCORES", "v1"),
     ("scores_v2", "KVL_KDA_SCORES", "v2"),
     ("scores_v3", "KVL_KDA_SCORES", "v3"),
+    ("state_w8", "KVL_KDA_STATE", "w8"),
+    ("state_bv16", "KVL_KDA_STATE", "bv16"),
 ]
 
 

@@ -664,6 +664,9 @@ SCORES2_BK = 16  # the same for the per-(chunk, head) scores kernel (default)
 SCORES2_MAXNREG = 168  # 3 CTAs of 4 warps per SM; ptxas reports no spills at this cap (sm_90a, K = V = 128)
 WU_B = 32  # key / value columns per step of the W / U kernel
 STATE_BV = 32  # value columns per program of the sequential state pass
+# KVL_KDA_STATE: (value columns, warps) of the state pass; bv32 (default: 241 registers), w8 (126 registers),
+# bv16 (152 registers, twice the programs, twice the W / kg reads); all without spills for sm_90a
+STATE_LAUNCH = {"bv32": (STATE_BV, 4), "w8": (STATE_BV, 8), "bv16": (16, 4)}
 OUT_BV = 64  # value columns per program of the output kernel
 
 
@@ -829,7 +832,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             num_stages=2,
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
-    bvs = min(BV, STATE_BV)
+    sbv, swarps = STATE_LAUNCH[os.environ.get("KVL_KDA_STATE", "bv32")]
+    bvs = min(BV, sbv)
     _state_kernel[(triton.cdiv(V, bvs), N * HV)](
         W,
         U,
@@ -849,7 +853,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         C=CHUNK,
         HAS_H0=initial_state is not None,
         FP32=fp32,
-        num_warps=4,
+        num_warps=swarps,
         num_stages=2,
     )
     if nch:
