@@ -86,6 +86,10 @@ class KimiVLModel(KimiVLPreTrainedModel):
         attnres = config.residual_mode != "standard"
         self.output_attn_res_proj = ResProj(d) if attnres else None
         self.output_attn_res_norm = RMSNorm(d, config.rms_norm_eps) if attnres else None
+        if attnres:  # the first sublayer mixes the embedding alone: softmax over one source is 1, so its query and
+            # key gain have no effect; frozen so that DDP does not wait for gradients they never get
+            self.layers[0].self_attention_res_proj.requires_grad_(False)
+            self.layers[0].self_attention_res_norm.requires_grad_(False)
         self.attnres_impl = "auto"  # "auto" | "fused" | "naive" | "two_phase"
         self.record_diagnostics = False
         self.last_diagnostics: dict = {}
