@@ -19,15 +19,20 @@ launch() {  # mode tag max_steps limit_s
   timeout "$limit" accelerate launch --config_file "configs/accelerate/$mode.yaml" -m kimi_vl.train \
     --config kimi_vl/configs/small_pretrain.yaml output_dir="runs/dist/$mode" max_steps="$steps" \
     data.path="$DATA" data.batch_size=4 data.num_workers=4 checkpoint_every=$((STEPS / 2)) eval_every=1000 \
-    optim.warmup_steps=5 optim.total_steps=$((STEPS * 3 / 2)) 2>&1 | grep -v "^\s*$" | tail -n 25 \
-    | tee "$OUT/dist_${mode}_${tag}.log"
-  echo "$mode $tag exit ${PIPESTATUS[0]}" | tee -a "$OUT/dist_status.txt"
+    optim.warmup_steps=5 optim.total_steps=$((STEPS * 3 / 2)) > "runs/dist/${mode}_${tag}.log" 2>&1
+  echo "$mode $tag exit $?" | tee -a "$OUT/dist_status.txt"
+  {  # the first error with its traceback (rank-prefixed lines), then the end of the log
+    grep -v "^\s*$" "runs/dist/${mode}_${tag}.log" | grep -m1 -B2 -A40 "Traceback" | grep -v "\^\^\^"
+    echo "-- tail"
+    grep -v "^\s*$" "runs/dist/${mode}_${tag}.log" | tail -n 15
+  } > "$OUT/dist_${mode}_${tag}.log"
+  grep -h "^\[train\]\|step=" "runs/dist/${mode}_${tag}.log" | tail -n 4
 }
 
 for mode in ddp fsdp2; do
   launch "$mode" a "$STEPS" 200
   launch "$mode" b $((STEPS * 3 / 2)) 150
-  grep -h "resumed from" "$OUT/dist_${mode}_b.log" | tee -a "$OUT/dist_status.txt"
+  grep -h "resumed from" "runs/dist/${mode}_b.log" | tee -a "$OUT/dist_status.txt"
 done
 tar czf "$OUT/dist_train.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
   --exclude='*.distcp' runs/dist
