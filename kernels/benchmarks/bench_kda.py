@@ -7,7 +7,7 @@ memory of one training step, and the one-token decode (``fused_recurrent_kda``) 
 For ours, forward+backward and the backward alone are also timed with each backward variant
 (``KVL_KDA_BWD=triton`` and ``hybrid``: ``fwdbwd_ms_<variant>``, ``bwd_ms_<variant>``), and the forward and
 forward+backward with each previous forward path (``FWD_VARIANTS``: ``KVL_KDA_PREP=torch``, ``KVL_KDA_SCORES=v1|v2|v3``, ``KVL_KDA_STATE=w8|bv16``;
-``fwd_ms_<name>``, and ``fwdbwd_ms_prep_torch``); decode also with ``KVL_KDA_DECODE=v1`` (``decode_us_v1``). Also measures the
+``fwd_ms_<name>``, and ``fwdbwd_ms_prep_torch``, under ``ours_fwd_variants`` after fla's timing of the shape); decode also with ``KVL_KDA_DECODE=v1`` (``decode_us_v1``). Also measures the
 GPU's ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json`` (or ``--out``) after
 every shape and prints a table.
 
@@ -111,7 +111,6 @@ def time_shape(impl, B, T, H) -> dict:
                 variants[f"fwdbwd_ms_{var}"] = bench(step)
                 variants[f"bwd_ms_{var}"] = bench(lambda: torch.autograd.grad(o, xs, do, retain_graph=True))
         del o
-        variants |= fwd_variants(xs, step)
     for x in xs:
         x.grad = None
     torch.cuda.synchronize()
@@ -150,9 +149,13 @@ FWD_VARIANTS = [
 ]
 
 
-def fwd_variants(xs, step) -> dict:
+def fwd_variants(B, T, H) -> dict:
     """Training-path forward with each previous forward path selected by its env var; forward+backward too for
-    the prep switch (the scores variants leave the backward unchanged)."""
+    the prep switch (the scores variants leave the backward unchanged). Run after fla's timing of the shape, so that
+    a time limit that stops the script here leaves the default comparison saved."""
+    xs = make(B, T, H, grad=True)
+    do = torch.randn(B, T, H, V, dtype=torch.bfloat16, device="cuda")
+    step = lambda: torch.autograd.backward(call("ours", xs)[0], do)
     out = {}
     for name, var, val in FWD_VARIANTS:
         with env_var(var, val):
@@ -230,6 +233,7 @@ def main() -> None:
     ap.add_argument("--prelude-impls", default=None, help="impls for correctness/decode (default: --impls)")
     ap.add_argument("--fla-shapes", default=None, help="shapes at which fla is timed (default: all of --shapes)")
     ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of our forward at each shape")
+    ap.add_argument("--no-variants", action="store_true", help="skip timing the previous forward paths (FWD_VARIANTS)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kda.json"))
     args = ap.parse_args()
     t0 = time.time()
@@ -272,6 +276,13 @@ def main() -> None:
                 res["shapes"][s][impl] = time_shape(impl, B, T, H)
             except Exception as e:  # noqa: BLE001 - an OOM or a peer failure is a result too
                 res["shapes"][s][impl] = {"error": repr(e)[:300]}
+            torch.cuda.empty_cache()
+            save()
+        if "ours" in impls and not args.no_variants:
+            try:
+                res["shapes"][s]["ours_fwd_variants"] = fwd_variants(B, T, H)
+            except Exception as e:  # noqa: BLE001 - the variants are optional
+                res["shapes"][s]["ours_fwd_variants"] = {"error": repr(e)[:300]}
             torch.cuda.empty_cache()
             save()
     res["elapsed_s"] = time.time() - t0
