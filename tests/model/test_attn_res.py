@@ -129,12 +129,15 @@ def test_diagnostics_are_recorded():
     assert all(0 <= a["max_weight"] <= 1 and a["entropy"] >= 0 for a in diag["alpha"])
 
 
-def test_stream_with_triton_kernel_equals_naive(monkeypatch):
-    """The fused stream through the Triton kernel (interpreter on CPU), forward and gradients, ragged last block."""
+@pytest.mark.parametrize(("num_sublayers", "block_size", "tol"), [(5, 2, 1e-5), (10, 1, 5e-5)])
+def test_stream_with_triton_kernel_equals_naive(monkeypatch, num_sublayers, block_size, tol):
+    """The fused stream through the Triton kernel (interpreter on CPU), forward and gradients, with and without
+    gradient sinks: a ragged last block; full AttnRes with up to 11 sources, so the late mixes take the address
+    table (no sinks) while the early ones use sinks on the same sources."""
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    d, num_sublayers, block_size = 20, 5, 2
+    d = 20
     queries = [ResQuery(torch.randn(1, d, device=dev).requires_grad_(), (1 + 0.3 * torch.randn(d, device=dev))
                         .requires_grad_(), 1e-6) for _ in range(num_sublayers + 1)]
     emb = torch.randn(2, 3, d, device=dev, requires_grad=True)
@@ -149,10 +152,12 @@ def test_stream_with_triton_kernel_equals_naive(monkeypatch):
         out = stream.final()
         params = [emb] + [t for q in queries[1:] for t in (q.weight, q.gain)]  # sublayer 0 reads emb alone
         grads[impl] = (out.detach(), torch.autograd.grad((out * torch.linspace(-1, 1, d, device=dev)).sum(), params))
-    for impl in ("fused", "nosink"):
+    for impl in ("fused", "nosink"):  # fp32 rounding through 10 chained sublayers reaches ~2e-5
         assert_rel_rms(grads[impl][0], grads["naive"][0], 1e-6, f"{impl} output")
         for i, (a, b) in enumerate(zip(grads[impl][1], grads["naive"][1])):
-            assert_rel_rms(a, b, 1e-5, f"{impl} grad {i}")
+            assert_rel_rms(a, b, tol, f"{impl} grad {i}")
+    for i, (a, b) in enumerate(zip(grads["fused"][1], grads["nosink"][1])):  # same kernels, other accumulation
+        assert_rel_rms(a, b, 1e-5, f"sink vs no sink, grad {i}")
 
 
 def test_grad_sinks_accumulate_in_place_and_survive_a_second_backward(monkeypatch):
