@@ -82,3 +82,24 @@ def test_gate_deterministic():
         (kda_gate_triton(raw, A_log, dtb, None) * dg).sum().backward()
         grads.append((A_log.grad.clone(), dtb.grad.clone()))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_prep_matches_torch_chains():
+    """bf16 storage on the GPU: the Triton L2 norm and gate (forward and gradients) vs the PyTorch chains they
+    replace (``KVL_KDA_PREP=torch``), fp32 math in both."""
+    q = torch.randn(2, 300, 4, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    raw = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    A_log = torch.log(torch.empty(8, device="cuda").uniform_(1, 16)).requires_grad_()
+    dtb = (torch.randn(8 * 128, device="cuda") * 0.5 - 3.0).requires_grad_()
+    ins = [q, raw, A_log, dtb]
+    ref = [t.detach().clone().requires_grad_() for t in ins]
+    y, g = l2norm_triton(ins[0]), kda_gate_triton(ins[1], ins[2], ins[3], None)
+    y2, g2 = l2norm_ref(ref[0].float()).to(torch.bfloat16), kda_gate_ref(ref[1], ref[2], ref[3], None)
+    assert_rel_rms(y, y2, 4e-3, "y bf16")
+    assert_rel_rms(g, g2, 1e-5, "g")
+    dy, dg = torch.randn_like(y), torch.randn_like(g)
+    ((y.float() * dy.float()).sum() + (g * dg).sum()).backward()
+    ((y2.float() * dy.float()).sum() + (g2 * dg).sum()).backward()
+    for name, a, b in zip(["dq", "d g_raw", "dA_log", "d dt_bias"], ins, ref):
+        assert_rel_rms(a.grad, b.grad, 8e-3, name)
