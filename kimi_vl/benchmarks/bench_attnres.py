@@ -20,8 +20,8 @@ Measured in one run, bf16, CUDA events after warm-up:
   the resident weights, and the memory of the stored block states for scale.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
-  two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``, and, with autograd on as the first benchmark ran it, both
-  models again: AttnRes then takes the training mix kernel for every sublayer).
+  two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``). (The first benchmark decoded with autograd on, so AttnRes
+  took the training mix kernel, and its pinned address table, for every sublayer.)
 ``--budget-s`` skips the hybrid when the run is already past it (recorded in the JSON); ``--smoke`` runs tiny
 sizes on the CPU to check the script itself (``TRITON_INTERPRET=1 python -m ... --smoke``).
 """
@@ -202,8 +202,6 @@ def _decode_variants(layers: str) -> dict[str, tuple[str, dict[str, str], bool]]
     variants = {"standard": ("standard", {}, False), "attnres_block": ("attnres_block", {}, False)}
     if layers == "mla":
         variants["attnres_two_phase_torch"] = ("attnres_block", {"KVL_ATTNRES_TWO_PHASE": "torch"}, False)
-        variants["standard_grad"] = ("standard", {}, True)
-        variants["attnres_grad"] = ("attnres_block", {}, True)
     return variants
 
 
@@ -227,7 +225,6 @@ def bench_decode_variants(models: dict, cfg: KimiVLConfig, layers: str, args, de
            "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1)}
     if "attnres_two_phase_torch" in best:
         out["two_phase_torch_overhead_pct"] = 100 * (best["attnres_two_phase_torch"] / best["standard"] - 1)
-        out["grad_overhead_pct"] = 100 * (best["attnres_grad"] / best["standard_grad"] - 1)
     return out
 
 
@@ -319,9 +316,6 @@ def _decode_lines(layers: str, dec: dict) -> list[str]:
     if "two_phase_torch_overhead_pct" in dec:
         lines.append(f"| {layers} | decode, two-phase PyTorch form: {dec['attnres_two_phase_torch_tokens_per_s']:.1f} "
                      f"tok/s | | | {dec['two_phase_torch_overhead_pct']:+.1f}% | | |")
-        lines.append(f"| {layers} | decode with autograd on: standard {dec['standard_grad_tokens_per_s']:.1f} vs "
-                     f"mix kernel {dec['attnres_grad_tokens_per_s']:.1f} tok/s | | | "
-                     f"{dec['grad_overhead_pct']:+.1f}% | | |")
     return lines
 
 
