@@ -14,11 +14,13 @@ the current block's partial sum]`` (a block's first sublayer sees only completed
 Implementations (all equal): ``mix_naive`` (stack + softmax, the reference); ``mix`` (training:
 ``kernels/attn_res``, a fused Triton kernel on CUDA that reads the sources in place, the ``AttnResMix`` custom
 autograd function on CPU; both save only fp32 ``rstd`` and ``alpha`` ``[N, B, T]`` per call and recompute keys
-in backward, so memory does not grow by a stacked copy of the sources per sublayer); ``phase1``/``phase2``
+in backward, so memory does not grow by a stacked copy of the sources per sublayer; the block states' gradients
+are accumulated in place by the kernels, see ``GradSink``); ``phase1``/``phase2``
 (inference: one batched pass of a block's queries over the completed blocks, then an online-softmax merge of
 each sublayer's own partial sum). Without autograd on CUDA the two-phase stream keeps the block states in one
-contiguous buffer and runs ``kernels/attn_res/two_phase_triton.py`` (one launch per block and one per sublayer:
-decode is launch-bound); ``KVL_ATTNRES_TWO_PHASE`` (``torch`` | ``triton``) forces either form. The stream classes
+contiguous buffer and runs ``kernels/attn_res/two_phase_triton.py`` (one launch per sublayer, which also adds
+the previous output into its block: decode is launch-bound); ``KVL_ATTNRES_TWO_PHASE`` (``torch`` | ``triton``)
+forces either form. The stream classes
 here are the single place that wires residuals.
 """
 
@@ -170,7 +172,10 @@ class StandardStream:
 class AttnResStream:
     """Block AttnRes (``block_size = 1`` is full AttnRes). ``queries`` has one entry per sublayer plus the output.
 
-    ``impl``: ``"fused"`` (custom autograd), ``"naive"`` (stacked reference), ``"two_phase"`` (inference).
+    ``impl``: ``"fused"`` (custom autograd; with autograd on, each completed block state gets a gradient sink so
+    the Triton backward kernels accumulate its gradient in place, ``KVL_ATTNRES_GRAD_SINK=0`` turns that off),
+    ``"naive"`` (stacked reference), ``"two_phase"`` (inference: :class:`BufferedTwoPhase` when
+    :func:`two_phase_backend` says ``triton``, else :func:`phase1` / :func:`phase2`).
     """
 
     def __init__(self, embeddings: torch.Tensor, queries: Sequence[ResQuery], block_size: int, impl: str,
