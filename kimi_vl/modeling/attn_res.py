@@ -20,8 +20,7 @@ are accumulated in place by the kernels, see ``GradSink``); ``phase1``/``phase2`
 each sublayer's own partial sum). Without autograd on CUDA the two-phase stream keeps the block states in one
 contiguous buffer and runs ``kernels/attn_res/two_phase_triton.py`` (one launch per sublayer, which also adds
 the previous output into its block: decode is launch-bound); ``KVL_ATTNRES_TWO_PHASE`` (``torch`` | ``triton``)
-forces either form. The stream classes
-here are the single place that wires residuals.
+forces either form. The stream classes here are the single place that wires residuals.
 """
 
 from __future__ import annotations
