@@ -159,6 +159,30 @@ def _with_env(env: dict[str, str], fn: Callable[[], float]):
             _restore(k, v)
 
 
+def mix_traffic(num_sublayers: int, block_size: int, state_bytes: int) -> dict[str, float]:
+    """HBM bytes (GB) the step's AttnRes mixes must move at least, from the block structure alone: per mix over
+    ``N`` sources, forward reads N states and writes h; backward reads N states and dh and writes N gradients
+    (the second read of the sources in backward is counted as an L2 hit). A completed block state read by ``c``
+    mixes costs ``c - 1`` extra gradient accumulations: autograd's out-of-place add (read 2, write 1 state) without
+    gradient sinks, an in-kernel read-add-write (read 1 more) with them. The first sublayer reads the embedding
+    alone (no mix); ``standard`` has no mixes, and the partial sums' adds cost what PreNorm's adds cost."""
+    uses: dict[int, int] = {}
+    fwd = bwd = 0
+    for i in range(1, num_sublayers + 1):
+        completed = (num_sublayers + block_size - 1) // block_size + 1 if i == num_sublayers else i // block_size + 1
+        if i == num_sublayers and num_sublayers % block_size:
+            completed -= 1
+        n = completed + (i % block_size != 0)
+        fwd += (n + 1) * state_bytes
+        bwd += (2 * n + 1) * state_bytes
+        for c in range(completed):
+            uses[c] = uses.get(c, 0) + 1
+    extra = sum(c - 1 for c in uses.values()) * state_bytes
+    return {"forward": fwd / 1e9, "backward_sinks": (bwd + extra) / 1e9,
+            "backward_no_sinks": (bwd + 3 * extra) / 1e9, "ms_at_2.5TBps_sinks": (fwd + bwd + extra) / 2.5e9,
+            "ms_at_2.5TBps_no_sinks": (fwd + bwd + 3 * extra) / 2.5e9}
+
+
 def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     """Standard vs block AttnRes (Triton kernel, and PyTorch function) for one layer layout, rounds interleaved."""
     cfgs = {r: _config(flavor, layers, r) for r in ("standard", "attnres_block")}
@@ -183,8 +207,10 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     cfg = cfgs["attnres_block"]
     n_blocks = -(-cfg.num_sublayers // cfg.attnres_block_size)
     block_state_gib = n_blocks * args.batch * args.seq * cfg.hidden_size * torch.finfo(dtype).bits / 8 / 2**30
+    state_bytes = args.batch * args.seq * cfg.hidden_size * torch.finfo(dtype).bits // 8
     out = {"layers": cfgs["standard"].layer_types, "seq": args.seq, "batch": args.batch, "iters": iters,
-           "rounds": args.rounds, "block_states_gib": block_state_gib, "variants": {}}
+           "rounds": args.rounds, "block_states_gib": block_state_gib,
+           "mix_traffic_gb": mix_traffic(cfg.num_sublayers, cfg.attnres_block_size, state_bytes), "variants": {}}
     for v in variants:
         out["variants"][v] = {"step_s": best[v], "tokens_per_s": args.batch * args.seq / best[v],
                               "overhead_pct": 100 * (best[v] / best["standard"] - 1),
@@ -305,6 +331,10 @@ def table(results: dict) -> str:
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
         lines += _decode_lines(layers, group.get("decode", {}))
         lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")
+        t = group["mix_traffic_gb"]
+        lines.append(f"| {layers} | (mix traffic floor: {t['forward']:.1f} GB fwd + {t['backward_sinks']:.1f} GB bwd "
+                     f"= {t['ms_at_2.5TBps_sinks']:.1f} ms at 2.5 TB/s; no sinks {t['ms_at_2.5TBps_no_sinks']:.1f} ms) "
+                     "| | | | | |")
     return "\n".join(lines)
 
 
