@@ -34,8 +34,9 @@ from torch import nn
 
 from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 
-__all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ResProj", "ResQuery", "StandardStream", "alpha_stats",
-           "grad_sinks_enabled", "mix", "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
+__all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
+           "StandardStream", "alpha_stats", "grad_sinks_enabled", "mix", "mix_naive", "phase1", "phase2",
+           "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
 
@@ -57,6 +58,22 @@ class ResQuery:
 
     def u(self) -> torch.Tensor:
         return self.weight.float().reshape(-1) * self.gain.float()
+
+
+class ModuleResQuery(ResQuery):
+    """A :class:`ResQuery` that reads ``weight``/``gain``/``eps`` from its modules each time it is used.
+
+    FSDP2 swaps a layer's parameters for their unsharded tensors only inside that layer's forward; a query
+    captured before the layer runs would still point at the sharded storage (an illegal memory access in the
+    fused kernel, seen on 2 H200s). The stream therefore holds modules, not tensors.
+    """
+
+    def __init__(self, proj: nn.Module, norm: nn.Module) -> None:  # noqa: D107 - no dataclass fields to set
+        self._proj, self._norm = proj, norm
+
+    weight = property(lambda self: self._proj.weight)  # type: ignore[assignment]
+    gain = property(lambda self: self._norm.weight)  # type: ignore[assignment]
+    eps = property(lambda self: self._norm.eps)  # type: ignore[assignment]
 
 
 def _rstd(v_fp32: torch.Tensor, eps: float) -> torch.Tensor:

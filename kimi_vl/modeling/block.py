@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from kimi_vl.modeling.attention import MLAttention
-from kimi_vl.modeling.attn_res import ResProj, ResQuery
+from kimi_vl.modeling.attn_res import ModuleResQuery, ResProj, ResQuery
 from kimi_vl.modeling.cache import KimiVLCache
 from kimi_vl.modeling.kda_layer import KDALayer
 from kimi_vl.modeling.masks import MaskSpec
@@ -55,9 +55,8 @@ class DecoderLayer(nn.Module):
         self.gradient_checkpointing = False
 
     def res_queries(self) -> list[ResQuery]:
-        return [ResQuery(self.self_attention_res_proj.weight, self.self_attention_res_norm.weight,
-                         self.self_attention_res_norm.eps),
-                ResQuery(self.mlp_res_proj.weight, self.mlp_res_norm.weight, self.mlp_res_norm.eps)]
+        return [ModuleResQuery(self.self_attention_res_proj, self.self_attention_res_norm),
+                ModuleResQuery(self.mlp_res_proj, self.mlp_res_norm)]
 
     def forward(self, stream, inputs: LayerInputs) -> None:
         first = 2 * self.layer_idx

@@ -24,7 +24,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.modeling.attention import MLAttention
-from kimi_vl.modeling.attn_res import AttnResStream, ResProj, ResQuery, StandardStream
+from kimi_vl.modeling.attn_res import AttnResStream, ModuleResQuery, ResProj, StandardStream
 from kimi_vl.modeling.block import DecoderLayer, LayerInputs
 from kimi_vl.modeling.cache import KimiVLCache
 from kimi_vl.modeling.kda_layer import KDALayer, kda_init_values
@@ -108,8 +108,7 @@ class KimiVLModel(KimiVLPreTrainedModel):
         if self.config.residual_mode == "standard":
             return StandardStream(x, record)
         queries = [q for layer in self.layers for q in layer.res_queries()]
-        queries.append(ResQuery(self.output_attn_res_proj.weight, self.output_attn_res_norm.weight,
-                                self.output_attn_res_norm.eps))
+        queries.append(ModuleResQuery(self.output_attn_res_proj, self.output_attn_res_norm))
         size = 1 if self.config.residual_mode == "attnres_full" else self.config.attnres_block_size
         impl = self.attnres_impl
         if impl == "auto":
