@@ -84,6 +84,7 @@ def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> di
 
 
 @torch.no_grad()
+@torch.no_grad()  # as generate() runs: no autograd graph, and AttnRes takes its two-phase inference path
 def bench_decode(model, cfg, context: int, batch: int, steps: int) -> dict:
     model.eval()
     ids = torch.randint(0, cfg.vocab_size, (batch, context), device="cuda")
