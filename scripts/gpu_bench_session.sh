@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Every single-GPU benchmark of the suite in one call of about 9 minutes (run from the repo root on an H100):
+#   bash scripts/gpu_bench_session.sh
+# In order of importance, each part under its own time limit (a part cut by its limit leaves what it wrote):
+#  1. KDA: ours at the five issue shapes (per-kernel profile), then ours vs fla-core (same process) at 1x8192x32
+#     with our earlier forward/backward variants timed beside (fla autotunes once per head count: 1-2.5 min);
+#  2. the GPU-marked kernel tests (KDA, its prep, short conv, AttnRes), compilation spread over the CPU cores;
+#  3. MuonClip step vs torch.optim.Muon; 4. AttnRes mix and step overhead; 5. short conv;
+#  6. the small backbone: hybrid vs all-MLA training at 4K/32K, decode at 128K.
+# JSON per part in $OUT, one combined log $OUT/all.log. fla-core comes from the carried wheel in .whl/.
+set -u
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LOG=$OUT/all.log
+if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla_site .whl/fla_core-*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/fla_site
+fi
+part() {  # title limit_s command...
+  local title=$1 limit=$2
+  shift 2
+  echo "== $title ($(date +%T), limit ${limit}s)" | tee -a "$LOG"
+  timeout "$limit" "$@" 2>&1 | grep -v -i "warn\|^\s*$" | tail -n 40 | tee -a "$LOG"
+}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee -a "$LOG"
+part "KDA ours, five shapes" 150 python3 kernels/benchmarks/bench_kda.py --impls ours --no-variants --profile \
+  --deadline 120 --out "$OUT/bench_kda_ours.json"
+part "KDA ours vs fla, 1x8192x32, with variants" 200 python3 kernels/benchmarks/bench_kda.py --impls ours,fla \
+  --shapes 1x8192x32 --no-prelude --deadline 190 --out "$OUT/bench_kda_vs_fla.json"
+part "GPU kernel tests" 100 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider tests/kernels
+part "MuonClip" 50 python3 -m kimi_vl.benchmarks.bench_muon
+part "AttnRes" 70 python3 -m kimi_vl.benchmarks.bench_attnres --budget-s 45
+part "short conv" 30 python3 kernels/benchmarks/bench_short_conv.py
+part "backbone" 110 python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 32768 --decode-contexts 131072 \
+  --iters 2 --decode-steps 16 --variants hybrid full_attn --peak-tflops 709
+ls -la "$OUT"
