@@ -7,7 +7,7 @@ memory of one training step, and the one-token decode (``fused_recurrent_kda``) 
 For ours, forward+backward and the backward alone are also timed with each backward variant
 (``KVL_KDA_BWD=triton`` and ``hybrid``: ``fwdbwd_ms_<variant>``, ``bwd_ms_<variant>``), and the forward and
 forward+backward with each previous forward path (``FWD_VARIANTS``: ``KVL_KDA_PREP=torch``, ``KVL_KDA_SCORES=v1|v2|v3``, ``KVL_KDA_STATE=w8|bv16``;
-``fwd_ms_<name>``, and ``fwdbwd_ms_prep_torch``, under ``ours_fwd_variants`` after fla's timing of the shape); decode also with ``KVL_KDA_DECODE=v1`` (``decode_us_v1``). Also measures the
+``fwd_ms_<name>``, and ``fwdbwd_ms_prep_torch``, under ``ours_fwd_variants`` after fla's timing of the shape); decode also with ``KVL_KDA_DECODE=v2`` (``decode_us_v2``). Also measures the
 GPU's ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json`` (or ``--out``) after
 every shape and prints a table.
 
@@ -217,10 +217,10 @@ def time_decode(impl, N=64, H=32) -> dict:
         fn = lambda: fla_rec(q, k, v, g, beta, **kw)
     ms = bench(fn)
     res = {"decode_us": ms * 1e3, "state_GBps": 2 * state.numel() * 4 / ms / 1e6}
-    if impl == "ours":  # the previous launch ([K, 32] slices, 4 warps)
-        with env_var("KVL_KDA_DECODE", "v1"):
+    if impl == "ours":  # the alternative launch ([K, 8] slices, one warp)
+        with env_var("KVL_KDA_DECODE", "v2"):
             ms = bench(fn)
-        res |= {"decode_us_v1": ms * 1e3, "state_GBps_v1": 2 * state.numel() * 4 / ms / 1e6}
+        res |= {"decode_us_v2": ms * 1e3, "state_GBps_v2": 2 * state.numel() * 4 / ms / 1e6}
     return res
 
 
@@ -305,8 +305,8 @@ def main() -> None:
                     print(f"{s:>12} {impl:>5} backward variants (ms): {bw}")
     for impl, r in res.get("decode_B64_H32", {}).items():
         print(f"decode B64 H32 {impl:>5}: {r['decode_us']:.1f} us, state {r['state_GBps']:.0f} GB/s")
-        if "decode_us_v1" in r:
-            print(f"decode B64 H32 {impl:>5} (KVL_KDA_DECODE=v1): {r['decode_us_v1']:.1f} us")
+        if "decode_us_v2" in r:
+            print(f"decode B64 H32 {impl:>5} (KVL_KDA_DECODE=v2): {r['decode_us_v2']:.1f} us")
     print("ceilings", res.get("ceilings"))
 
 
