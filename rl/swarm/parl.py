@@ -2,9 +2,13 @@
 both lambdas annealed to zero (K2.5 Agent Swarm; the report publishes neither the term forms nor the schedule,
 so the forms below are this project's choice).
 
-Let ``n`` = number of sub-agent instances the episode ran (executed ``assign_task`` calls; a created but never
-assigned agent does not count), ``f`` = how many of them returned a final message within their step budget,
-``C`` = ``parallel_cap``:
+Let ``n`` = number of sub-agent instances the episode ran from *well-formed* orchestrator turns (executed
+``assign_task`` calls of turns without a parse error or a rejected call; a created but never assigned agent does
+not count), ``f`` = how many of them returned a final message within their step budget, ``C`` =
+``parallel_cap``. The runtime still runs the complete calls before a broken one, but such a turn earns no
+shaping credit: otherwise a turn cut off after its first ``assign_task`` (an early ``<|im_end|>``) is paid
+``r_parallel`` and ``r_finish`` and RL learns to end the turn ever earlier, down to a turn with no call at all
+(measured on the tiny model: serial collapse 0.38 -> 1.0 after one step, see ``rl/swarm/README.md``).
 
 - ``r_parallel = min(n, C) / C``: rewards instantiating sub-agents at all (counters *serial collapse*, an
   orchestrator that does everything itself); it saturates at ``C`` so spawning more is not rewarded;
@@ -25,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rl.swarm.runtime import Episode
+from rl.swarm.runtime import Episode, SubagentRun
 
 
 @dataclass
@@ -92,12 +96,17 @@ def r_finish(n_finished: int, n_instances: int) -> float:
     return n_finished / n_instances if n_instances else 0.0
 
 
+def credited_runs(ep: Episode) -> list[SubagentRun]:
+    """The sub-agent runs of the episode's well-formed orchestrator turns (``n_errors == 0``)."""
+    return [r for st in ep.stages if st.n_errors == 0 for r in st.runs]
+
+
 def parl_terms(ep: Episode, cfg: PARLConfig, step: int) -> PARLTerms:
-    """The reward terms of one episode at training step ``step``."""
-    runs = [r for st in ep.stages for r in st.runs]
+    """The reward terms of one episode at training step ``step`` (shaping counts :func:`credited_runs` only)."""
+    runs = credited_runs(ep)
     n, f = len(runs), sum(r.finished for r in runs)
     return PARLTerms(r_parallel(n, cfg.parallel_cap), r_finish(f, n), ep.outcome,
                      cfg.lambda1.value(step), cfg.lambda2.value(step))  # fmt: skip
 
 
-__all__ = ["AnnealSchedule", "PARLConfig", "PARLTerms", "parl_terms", "r_finish", "r_parallel"]
+__all__ = ["AnnealSchedule", "PARLConfig", "PARLTerms", "credited_runs", "parl_terms", "r_finish", "r_parallel"]

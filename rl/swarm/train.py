@@ -11,7 +11,10 @@ PARL reinforcement learning through the RL stage's objective.
   rewards each episode with PARL (:mod:`rl.swarm.parl`), takes group-mean advantages
   (:func:`rl.objective.group_advantages`) and treats every orchestrator turn of an episode as one response row
   carrying that episode's advantage; :func:`rl.step.accumulate_policy_gradient` then applies the K2.5 token-level
-  objective (:func:`rl.objective.k25_policy_loss`, normalised by the total response tokens of the batch).
+  objective (:func:`rl.objective.k25_policy_loss`, normalised by the total response tokens of the batch). A step
+  whose every group has equal rewards (all advantages 0) makes no optimizer step: with AdamW the update would not
+  be zero (momentum of earlier steps, and the squared log-ratio penalty's ~1e-7 gradient normalised to a full
+  ``lr``-sized step), so the policy would drift with no signal.
 """
 
 from __future__ import annotations
@@ -183,8 +186,12 @@ def rl_step(model: torch.nn.Module, policy: ModelPolicy, opt: torch.optim.Optimi
     opt.zero_grad(set_to_none=True)
     pad = policy.pad_id
     stats = accumulate_policy_gradient(model, groups, adv, cfg.objective, cfg.sampling.temperature, pad_id=pad)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+    skipped = not bool(adv_PK.abs().gt(0).any())
+    if skipped:  # no learning signal: an Adam step would still move the weights (momentum, normalised noise)
+        opt.zero_grad(set_to_none=True)
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
     model.eval()
     flat = [t for row in terms for t in row]
     eps = [episode_metrics(ep) for row in rollouts for ep, _ in row]
@@ -197,6 +204,7 @@ def rl_step(model: torch.nn.Module, policy: ModelPolicy, opt: torch.optim.Optimi
         "lambda1": flat[0].lambda1,
         "lambda2": flat[0].lambda2,
         "serial_collapse": sum(m["serial_collapse"] for m in eps) / len(eps),
+        "skipped_update": float(skipped),
         "malformed_turn_share": sum(m["malformed_turns"] for m in eps) / max(1, sum(m["orchestrator_steps"]
                                                                                for m in eps)),  # fmt: skip
         **{k: float(v) for k, v in stats.items()},

@@ -73,3 +73,19 @@ def test_failed_subagents_lower_r_finish() -> None:
     ep = SwarmRuntime(orch, worker).run(make_wide_task(0))
     t = parl_terms(ep, _cfg(1.0, 1.0), 0)
     assert t.r_parallel == 1.0 and t.r_finish == 0.5
+
+
+def test_malformed_turn_earns_no_shaping_credit() -> None:
+    """A turn cut off inside its second assign_task (the tiny model's early ``<|im_end|>``) still runs the first
+    assignment, but PARL must not pay r_parallel / r_finish for it, else RL learns to cut turns ever shorter."""
+    full = format_turn("", [("create_subagent", {"name": "w", "system_prompt": "x"}),
+                            ("assign_task", {"agent": "w", "prompt": "How many red shapes are there in scenes 0?"}),
+                            ("assign_task", {"agent": "w", "prompt": "How many red shapes are there in scenes 1?"})])
+    cut = full[: full.rindex("functions.assign_task") + len("functions.assign_task")]
+    for first, credited in ((cut, False), (full, True)):
+        orch = lambda m, first=first: first if not any(x["role"] == "assistant" for x in m) else "Answer: 0"  # noqa: E731
+        ep = SwarmRuntime(orch, scripted_worker).run(make_wide_task(0, n_scenes=2))
+        ran = [r for st in ep.stages for r in st.runs]
+        assert len(ran) == (2 if credited else 1) and all(r.finished for r in ran)  # the complete call still ran
+        t = parl_terms(ep, _cfg(1.0, 1.0), 0)
+        assert (t.r_parallel, t.r_finish) == ((0.5, 1.0) if credited else (0.0, 0.0))

@@ -88,3 +88,23 @@ def test_turn_rows_carry_their_episode_advantage(model, tok) -> None:
     g_zero = sum(p.grad.abs().sum().item() for p in model.parameters() if p.grad is not None)
     assert g_zero < 1e-2 * g_adv  # A = 0 and rho ~ 1: only the (tiny) squared log-ratio penalty is left
     model.zero_grad(set_to_none=True)
+
+
+def test_rl_step_without_signal_leaves_weights_unchanged(model, tok) -> None:
+    """All rewards equal (a random model never answers right nor spawns agents): advantages are 0 and AdamW, which
+    already holds momentum from an earlier step, must not move the weights."""
+    import copy
+
+    m = copy.deepcopy(model)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0)
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()  # momentum that a plain opt.step() would keep applying
+    before = [p.detach().clone() for p in m.parameters()]
+    policy = ModelPolicy(m, tok, SamplingConfig(max_new_tokens=8), seed=0)
+    cfg = SwarmRLCfg(tasks_per_step=1, k=2, n_scenes=2, runtime=RuntimeConfig(max_orchestrator_steps=1),
+                     parl=PARLConfig(AnnealSchedule(0.0), AnnealSchedule(0.0)))  # fmt: skip
+    log = rl_step(m, policy, opt, cfg, step=0, seed=0)
+    assert log["reward"] == 0.0
+    assert all(torch.equal(a, p) for a, p in zip(before, m.parameters()))
+    assert log["skipped_update"] == 1.0
