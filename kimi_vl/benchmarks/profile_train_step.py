@@ -1,0 +1,354 @@
+"""Where one training step's time goes: the training app's step, split into phases, against a bare fwd+bwd.
+
+Builds the :class:`kimi_vl.train.loop.Trainer` from a run config with ``key=value`` overrides, then runs
+``--steps`` instrumented steps that mirror ``Trainer.train_step`` (same calls, same order) with timers at the
+phase boundaries (``torch.cuda.synchronize`` before every reading on CUDA, so GPU work is charged to the
+phase that queued it). Nested phases (the vision tower, the MLA mask build, the QK max-logit passes inside
+the forward) are measured with wrappers and reported both inclusive and as a share of the step. After the
+instrumented steps the same batches go through a *bare* ``model(**inputs).logits`` fwd+bwd with the
+max-logit tracking off and no optimizer, i.e. what ``bench_backbone`` measures, plus the vision tower and
+packed documents.
+
+One command, CPU or GPU; JSON to ``$OUT/profile_train_step.json`` (or ``--out``)::
+
+    python -m kimi_vl.benchmarks.profile_train_step --config kimi_vl/configs/small_pretrain.yaml \\
+        data.path=/data/small data.batch_size=4 data.num_workers=4 --steps 6 --warmup 2
+    python -m kimi_vl.benchmarks.profile_train_step --config small_pretrain model.flavor=debug \\
+        model.vision_flavor=debug data.path=/tmp/small_subset data.seq_len=512 data.batch_size=2 \\
+        data.num_workers=0 precision=fp32 --steps 3 --warmup 1
+
+``--torch-profile`` also writes the top operators of one step (``torch.profiler`` key averages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PHASES = ("data", "h2d", "forward", "loss", "backward", "clip", "optim", "sched_zero", "moe_bias", "stats")
+NESTED = ("vision_tower", "mask_build", "qk_max_mla", "qk_max_vision", "optim/qk_stats", "optim/adamw",
+          "optim/muon", "optim/qk_clip")
+
+
+class PhaseTimer:
+    """Wall-clock per named phase, synchronising the device before each reading (CUDA only)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.totals: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.enabled = True
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def add(self, name: str, seconds: float) -> None:
+        if self.enabled:
+            self.totals[name] = self.totals.get(name, 0.0) + seconds
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = self.now()
+        try:
+            yield
+        finally:
+            self.add(name, self.now() - t0)
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self.phase(name):
+                return fn(*args, **kwargs)
+        return timed
+
+    def reset(self) -> None:
+        self.totals, self.counts = {}, {}
+
+
+def instrument(trainer: Any, timer: PhaseTimer) -> None:
+    """Wrap the nested phases in place (vision tower, MLA mask build, the two QK max-logit passes, MuonClip)."""
+    import kimi_vl.modeling.model as model_mod
+    import vision_encoder.attention as vision_attn
+    from kimi_vl.modeling import attention as mla_mod
+
+    model_mod.build_mask = timer.wrap("mask_build", model_mod.build_mask)
+    mla_mod.MLAttention._track = timer.wrap("qk_max_mla", mla_mod.MLAttention._track)
+    vision_attn.max_logits_per_head = timer.wrap("qk_max_vision", vision_attn.max_logits_per_head)
+    vision = getattr(trainer.unwrapped, "vision_tower", None)
+    if vision is not None:
+        vision.forward = timer.wrap("vision_tower", vision.forward)
+    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    if hasattr(inner, "phase_hook"):
+        last = {"t": 0.0}
+        names = {"qk_stats": "optim/qk_stats", "adamw": "optim/adamw", "qk_clip": "optim/qk_clip"}
+
+        def hook(phase: str) -> None:
+            t = timer.now()
+            if phase != "start":
+                timer.add(names.get(phase, "optim/muon"), t - last["t"])
+            last["t"] = t
+        inner.phase_hook = hook
+
+
+def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> int:
+    """One step of ``Trainer.train_step`` (grad_accum micro-batches) with phase timers; returns target tokens."""
+    from kimi_vl.train.loop import MODALITIES, _qk_and_optim_stats, model_inputs
+    from kimi_vl.train.loss import breakdown, mean_loss, token_losses
+
+    cfg, model, acc = trainer.cfg, trainer.model, trainer.acc
+    n_tokens = 0
+    for micro in range(cfg.grad_accum):
+        with timer.phase("data"):
+            batch = next(batches)
+        sync = micro == cfg.grad_accum - 1
+        with contextlib.nullcontext() if sync else acc.no_sync(model):
+            with timer.phase("h2d"):
+                inputs = model_inputs(batch, acc.device, trainer.multimodal)
+                labels, pos = batch["labels"].to(acc.device), batch["position_ids"].to(acc.device)
+            with timer.phase("forward"), trainer.autocast:
+                out = model(**inputs, use_cache=False)
+            with timer.phase("loss"):
+                loss_BL, mask_BL = token_losses(out.logits, labels, pos)
+                loss = mean_loss(loss_BL, mask_BL)
+                if acc.num_processes > 1:
+                    count = acc.reduce(mask_BL.sum().float(), reduction="sum")
+                    loss = (loss_BL * mask_BL).sum() * acc.num_processes / count.clamp(min=1)
+                breakdown(loss_BL, mask_BL, batch["modality_ids"].to(acc.device), MODALITIES, "loss")
+                breakdown(loss_BL, mask_BL, batch["source_ids"].to(acc.device), batch["sources"], "loss/src")
+            with timer.phase("backward"):
+                acc.backward(loss / cfg.grad_accum)
+        n_tokens += int(batch["attention_mask"].sum())
+    with timer.phase("clip"):
+        if cfg.grad_clip > 0:
+            float(acc.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+    with timer.phase("optim"):
+        trainer.optimizer.step()
+    with timer.phase("sched_zero"):
+        trainer.scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+    with timer.phase("moe_bias"):
+        trainer._update_moe_bias()
+    with timer.phase("stats"):
+        json.dumps(_qk_and_optim_stats(trainer.optimizer))
+    return n_tokens
+
+
+def _text_ids(trainer: Any, batch: dict[str, Any]) -> torch.Tensor:
+    """``input_ids`` with the media placeholders replaced by token 0 (the text backbone alone)."""
+    ids = batch["input_ids"].to(trainer.acc.device)
+    model = trainer.unwrapped
+    for name in ("image_token_id", "video_token_id"):
+        token = getattr(model, name, None)
+        if token is not None:
+            ids = ids.masked_fill(ids == token, 0)
+    return ids
+
+
+def bare_step(trainer: Any, batch: dict[str, Any], timer: PhaseTimer, variant: str) -> None:
+    """A fwd + plain mean CE + bwd with the max-logit tracking off and no optimizer (grads dropped).
+
+    ``full``: the whole model on the batch (vision tower, packed documents), as the app's forward;
+    ``backbone_packed``: the text backbone + head on the same tokens with ``cu_seqlens`` (no vision);
+    ``backbone_unpacked``: the same tokens as ``[B, L]`` causal rows, no ``cu_seqlens`` (what ``bench_backbone``
+    measures, except for its dtype: the app keeps fp32 weights under the run's autocast).
+    """
+    import torch.nn.functional as F
+
+    from kimi_vl.train.loop import model_inputs
+
+    acc, model = trainer.acc, trainer.unwrapped
+    labels = batch["labels"].to(acc.device)
+    t0 = timer.now()
+    with trainer.autocast:
+        if variant == "full":
+            logits = model(**model_inputs(batch, acc.device, trainer.multimodal), use_cache=False).logits
+        else:
+            cu = batch["cu_seqlens"].to(acc.device) if variant == "backbone_packed" else None
+            hidden = model.model(input_ids=_text_ids(trainer, batch), cu_seqlens=cu, use_cache=False)
+            logits = model.lm_head(hidden.last_hidden_state)
+    t1 = timer.now()
+    loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+    loss.backward()
+    t2 = timer.now()
+    timer.add(f"{variant}/forward", t1 - t0)
+    timer.add(f"{variant}/backward", t2 - t1)
+    model.zero_grad(set_to_none=True)
+
+
+BARE_VARIANTS = ("full", "backbone_packed", "backbone_unpacked")
+
+
+def bare_results(trainer: Any, seen: list[dict[str, Any]], timer: PhaseTimer) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    tokens = sum(int(b["attention_mask"].sum()) for b in seen) / len(seen)
+    set_tracking(trainer.unwrapped, False)
+    trainer.unwrapped.train()
+    for variant in BARE_VARIANTS:
+        bare_step(trainer, seen[0], timer, variant)  # warm-up (compilation, allocator)
+        timer.reset()
+        for batch in seen:
+            bare_step(trainer, batch, timer, variant)
+        fwd, bwd = (timer.totals[f"{variant}/{p}"] / len(seen) for p in ("forward", "backward"))
+        out[variant] = {"step_s": fwd + bwd, "forward_s": fwd, "backward_s": bwd, "tokens_per_s": tokens / (fwd + bwd)}
+    set_tracking(trainer.unwrapped, True)
+    return out
+
+
+def count_syncs(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> dict[str, Any]:
+    """CUDA only: host-device synchronisations in one step (``torch.cuda.set_sync_debug_mode('warn')``)."""
+    import warnings
+
+    timer.enabled = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            profiled_step(trainer, batches, timer)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites: dict[str, int] = {}
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            key = f"{Path(w.filename).name}:{w.lineno}"
+            sites[key] = sites.get(key, 0) + 1
+    timer.enabled = True
+    return {"total": sum(sites.values()), "sites": dict(sorted(sites.items(), key=lambda kv: -kv[1])[:30])}
+
+
+def dynamo_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def set_tracking(model: torch.nn.Module, on: bool) -> None:
+    for m in model.modules():
+        if hasattr(m, "track_max_logits"):
+            m.track_max_logits = on
+
+
+def batch_shape(batch: dict[str, Any]) -> dict[str, Any]:
+    info: dict[str, Any] = {"input_ids": list(batch["input_ids"].shape)}
+    if "cu_seqlens" in batch:
+        info["documents"] = int(batch["cu_seqlens"].numel() - 1)
+    for key in ("pixel_values", "pixel_values_videos"):
+        if key in batch and batch[key] is not None:
+            info[f"{key}_patches"] = int(batch[key].shape[0])
+    return info
+
+
+def summarise(timer: PhaseTimer, steps: int, tokens: int) -> dict[str, Any]:
+    step_s = sum(timer.totals.get(p, 0.0) for p in PHASES) / steps
+    per = {k: v / steps for k, v in timer.totals.items()}
+    share = {k: per[k] / step_s for k in per if k in PHASES or k in NESTED}
+    return {"step_s": step_s, "tokens_per_step": tokens / steps, "tokens_per_s": tokens / steps / step_s,
+            "phase_s": per, "phase_share": share}
+
+
+def torch_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, out_dir: Path) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if timer.cuda else [])
+    with profile(activities=acts, record_shapes=False) as prof:
+        profiled_step(trainer, batches, timer)
+    sort = "cuda_time_total" if timer.cuda else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=40)
+    (out_dir / "profile_train_step_ops.txt").write_text(table)
+    return table
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="a run config (path or shipped name)")
+    p.add_argument("--steps", type=int, default=3, help="instrumented steps (after --warmup)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation, allocator)")
+    p.add_argument("--bare-iters", type=int, default=2, help="bare fwd+bwd iterations on the last batches")
+    p.add_argument("--torch-profile", action="store_true", help="also write the top ops of one more step")
+    p.add_argument("--out", default=None, help="output folder (default $OUT, else the current folder)")
+    p.add_argument("overrides", nargs="*", help="key=value run-config overrides")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    from kimi_vl.runconfig import load_config
+    from kimi_vl.train.config import TrainConfig, resolve_config_path
+    from kimi_vl.train.loop import Trainer
+
+    out_dir = Path(args.out or os.environ.get("OUT") or ".")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = tempfile.mkdtemp(prefix="kvl_profile_")
+    overrides = [f"output_dir={run_dir}", "resume=never", "tensorboard=false", *args.overrides]
+    cfg = load_config(TrainConfig, resolve_config_path(args.config), overrides)
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg)
+    build_s = time.perf_counter() - t0
+    timer = PhaseTimer(trainer.acc.device)
+    instrument(trainer, timer)
+    batches = trainer._batches()
+    timer.enabled = False
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):
+        profiled_step(trainer, batches, timer)
+    warmup_s = time.perf_counter() - t0
+    graphs_warm = dynamo_graphs()
+    timer.enabled = True
+    tokens = 0
+    timer.reset()
+    for _ in range(args.steps):
+        tokens += profiled_step(trainer, batches, timer)
+    app = summarise(timer, args.steps, tokens)
+    nested = {k: app["phase_s"].get(k, 0.0) for k in NESTED}
+    seen = [next(batches) for _ in range(max(1, args.bare_iters))]
+    graphs_after = dynamo_graphs()
+    bare = bare_results(trainer, seen, timer)
+    result: dict[str, Any] = {
+        "config": str(args.config), "overrides": args.overrides, "device": str(trainer.acc.device),
+        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "world": trainer.acc.num_processes,
+        "build_s": build_s, "warmup_s": warmup_s, "steps": args.steps, "batch": batch_shape(seen[0]), "app": app,
+        "nested_s": nested, "bare": bare, "app_over_bare_full": app["step_s"] / bare["full"]["step_s"],
+        "app_over_backbone_unpacked": app["step_s"] / bare["backbone_unpacked"]["step_s"],
+        "dynamo_graphs": {"after_warmup": graphs_warm, "after_steps": graphs_after},
+    }
+    if timer.cuda:
+        result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        result["syncs_per_step"] = count_syncs(trainer, batches, timer)
+    if args.torch_profile:
+        timer.enabled = False
+        result["top_ops"] = torch_profile(trainer, batches, timer, out_dir).splitlines()[:25]
+    (out_dir / "profile_train_step.json").write_text(json.dumps(result, indent=1))
+    print(report(result))
+    return result
+
+
+def report(r: dict[str, Any]) -> str:
+    app, bare = r["app"], r["bare"]
+    lines = [f"device {r['device_name']}  batch {r['batch']}  app step {app['step_s'] * 1e3:.1f} ms "
+             f"({app['tokens_per_s']:.0f} tok/s); dynamo graphs {r['dynamo_graphs']}"]
+    for name in BARE_VARIANTS:
+        b = bare[name]
+        lines.append(f"  bare {name:<18} {b['step_s'] * 1e3:9.1f} ms  (fwd {b['forward_s'] * 1e3:.1f}, "
+                     f"bwd {b['backward_s'] * 1e3:.1f}; {b['tokens_per_s']:.0f} tok/s)")
+    for name in (*PHASES, *NESTED):
+        if name in app["phase_s"]:
+            indent = "    " if name in NESTED else "  "
+            lines.append(f"{indent}{name:<16} {app['phase_s'][name] * 1e3:9.1f} ms  {app['phase_share'][name]:6.1%}")
+    if "syncs_per_step" in r:
+        lines.append(f"  host syncs per step: {r['syncs_per_step']['total']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
