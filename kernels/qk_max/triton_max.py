@@ -5,7 +5,10 @@ against). One program per (batch, head, block of BLOCK_M queries) streams key bl
 ``scale * q . k`` in fp32 registers, applies the causal / same-segment / key-padding masks and keeps the
 row max; nothing of the ``T x S`` matrix is written. Per-program maxima ``[B, H, n_blocks]`` are reduced
 with ``amax`` afterwards (deterministic, no float atomics).
-Packed sequences are given as one segment id per token (from ``cu_seqlens``).
+Packed sequences are given as one segment id per token (from ``cu_seqlens``) plus, per token, the key
+window ``[lo, hi)`` of its segment within its batch row: a query block only streams the key blocks between
+its first row's ``lo`` and its last row's ``hi``, so the work is the sum over documents of ``len^2`` rather than
+``(B*T)^2`` (the skipped blocks hold no visible pair, so the result is the same).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import triton.language as tl
 
 @triton.jit
 def _qk_max_kernel(
-    q_ptr, k_ptr, seg_ptr, kmask_ptr, out_ptr, scale,
+    q_ptr, k_ptr, seg_ptr, lo_ptr, hi_ptr, kmask_ptr, out_ptr, scale,
     T, S, H, D, n_mblocks,
     sqb, sqt, sqh, skb, sks, skh,
     CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr,
@@ -35,10 +38,15 @@ def _qk_max_kernel(
     if HAS_SEG:
         seg_q = tl.load(seg_ptr + b * T + offs_m, mask=m_ok, other=-1)
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    n_start = 0
     n_end = S
     if CAUSAL:
         n_end = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
-    for n0 in range(0, n_end, BLOCK_N):
+    if HAS_SEG:  # rows are in segment order: the block's keys lie in [lo(first row), hi(last row))
+        m_last = tl.minimum((pid_m + 1) * BLOCK_M, T) - 1
+        n_start = (tl.load(lo_ptr + b * T + pid_m * BLOCK_M) // BLOCK_N) * BLOCK_N
+        n_end = tl.minimum(n_end, tl.load(hi_ptr + b * T + m_last))
+    for n0 in range(n_start, n_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < S
         k = tl.load(k_ptr + b * skb + h * skh + offs_n[:, None] * sks + offs_d[None, :],
@@ -58,6 +66,18 @@ def _qk_max_kernel(
     tl.store(out_ptr + pid_bh * n_mblocks + pid_m, tl.max(row_max, axis=0))
 
 
+def segment_windows(cu_seqlens: torch.Tensor, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per token of the flattened ``[B*T]`` axis: its segment index and its segment's key window ``[lo, hi)``
+    clipped to its own batch row, in row coordinates (int32 ``[B*T]`` each; no host synchronisation)."""
+    bounds = cu_seqlens.to(torch.long)
+    pos = torch.arange(B * T, device=bounds.device)
+    seg = torch.searchsorted(bounds[1:], pos, right=True).clamp_(max=bounds.numel() - 2)
+    row0 = pos - pos % T
+    lo = torch.maximum(bounds[seg], row0) - row0
+    hi = torch.minimum(bounds[seg + 1], row0 + T) - row0
+    return seg.to(torch.int32), lo.to(torch.int32), hi.to(torch.int32)
+
+
 def max_logits_per_head_triton(
     q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
     cu_seqlens: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
@@ -68,12 +88,9 @@ def max_logits_per_head_triton(
     k = k if k.stride(-1) == 1 else k.contiguous()
     B, T, H, D = q.shape
     S = k.shape[1]
-    seg = None
+    seg = lo = hi = None
     if cu_seqlens is not None:
-        seg = torch.zeros(B * T, dtype=torch.int32, device=q.device)
-        bounds = cu_seqlens.to(device=q.device, dtype=torch.long)
-        seg[bounds[1:-1]] += 1
-        seg = seg.cumsum(0).to(torch.int32)
+        seg, lo, hi = segment_windows(cu_seqlens.to(q.device), B, T)
     kmask = key_padding_mask.to(device=q.device, dtype=torch.int32).contiguous() if key_padding_mask is not None else None
     n_mblocks = triton.cdiv(T, block_m)
     partial = torch.full((B * H, n_mblocks), float("-inf"), dtype=torch.float32, device=q.device)
@@ -81,7 +98,7 @@ def max_logits_per_head_triton(
         return torch.full((H,), float("-inf"), dtype=torch.float32, device=q.device)
     dummy = partial
     _qk_max_kernel[(n_mblocks, B * H)](
-        q, k, seg if seg is not None else dummy, kmask if kmask is not None else dummy, partial, float(scale),
+        q, k, *(t if t is not None else dummy for t in (seg, lo, hi)), kmask if kmask is not None else dummy, partial, float(scale),
         T, S, H, D, n_mblocks,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         CAUSAL=causal, HAS_SEG=seg is not None, HAS_KMASK=kmask is not None,
