@@ -24,3 +24,19 @@ def test_document_starts_are_masked_and_breakdown():
     out = breakdown(loss_BL, mask, mod, ["text", "image"], "loss")
     assert abs(out["loss/text"] - loss_BL[0, 1:3].mean().item()) < 1e-6
     assert abs(out["loss/image"] - loss_BL[0, 4:6].mean().item()) < 1e-6
+
+
+def test_breakdown_matches_per_name_means():
+    torch.manual_seed(0)
+    loss_BL = torch.rand(3, 50) * 5
+    mask = torch.rand(3, 50) > 0.3
+    ids = torch.randint(0, 6, (3, 50))  # id 5 is outside the names and must be ignored
+    names = ["a", "b", "c", "d", "e"]
+    ids[ids == 3] = 2  # "d" never occurs
+    out = breakdown(loss_BL, mask, ids, names, "loss/src")
+    want = {f"loss/src/{n}": loss_BL[mask & (ids == i)].double().mean().item()
+            for i, n in enumerate(names) if (mask & (ids == i)).any()}
+    assert out.keys() == want.keys() and "loss/src/d" not in out
+    for key, value in want.items():
+        assert abs(out[key] - value) < 1e-9
+    assert breakdown(loss_BL, mask, None, names, "x") == {} and breakdown(loss_BL, mask, ids, [], "x") == {}
