@@ -1,23 +1,26 @@
-"""Where one training step's time goes: the training app's step, split into phases, against a bare fwd+bwd.
+"""Where one training step's time goes: the training app's step, split into phases, against bare fwd+bwd runs.
 
 Builds the :class:`kimi_vl.train.loop.Trainer` from a run config with ``key=value`` overrides, then runs
 ``--steps`` instrumented steps that mirror ``Trainer.train_step`` (same calls, same order) with timers at the
 phase boundaries (``torch.cuda.synchronize`` before every reading on CUDA, so GPU work is charged to the
-phase that queued it). Nested phases (the vision tower, the MLA mask build, the QK max-logit passes inside
-the forward) are measured with wrappers and reported both inclusive and as a share of the step. After the
-instrumented steps the same batches go through a *bare* ``model(**inputs).logits`` fwd+bwd with the
-max-logit tracking off and no optimizer, i.e. what ``bench_backbone`` measures, plus the vision tower and
-packed documents.
+phase that queued it); each phase is the median over the steps. Nested phases (the vision tower, the MLA mask
+build, the QK max-logit passes inside the forward, MuonClip's phases inside the optimizer) are measured with
+wrappers and reported inclusive. Then fresh batches go through three *bare* fwd + CE + bwd variants with the
+max-logit tracking off and no optimizer: ``full`` (the app's forward: vision + packed documents),
+``backbone_packed`` (text backbone with ``cu_seqlens``) and ``backbone_unpacked`` (``[B, L]`` causal rows, the
+path ``bench_backbone`` measures). ``--module-steps`` extra steps time each module type's forward; on CUDA the
+host synchronisations of one step are counted by call site, and the dynamo graph count shows recompiles.
 
 One command, CPU or GPU; JSON to ``$OUT/profile_train_step.json`` (or ``--out``)::
 
     python -m kimi_vl.benchmarks.profile_train_step --config kimi_vl/configs/small_pretrain.yaml \\
-        data.path=/data/small data.batch_size=4 data.num_workers=4 --steps 6 --warmup 2
+        data.path=/data/small_subset data.batch_size=4 --steps 6 --warmup 2 --torch-profile
     python -m kimi_vl.benchmarks.profile_train_step --config small_pretrain model.flavor=debug \\
         model.vision_flavor=debug data.path=/tmp/small_subset data.seq_len=512 data.batch_size=2 \\
         data.num_workers=0 precision=fp32 --steps 3 --warmup 1
 
-``--torch-profile`` also writes the top operators of one step (``torch.profiler`` key averages).
+Under ``accelerate launch`` it runs on every process (DDP collectives included) and rank 0 writes its own
+per-process numbers. ``--torch-profile`` also writes the top operators of one step (``torch.profiler``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 
 PHASES = ("data", "h2d", "forward", "loss", "backward", "clip", "optim", "sched_zero", "moe_bias", "stats")
+MODULE_TYPES = ("DecoderLayer", "KDALayer", "MLAttention", "MoE", "Router", "Experts", "SwiGLU", "MoonViTBlock")
 NESTED = ("vision_tower", "mask_build", "qk_max_mla", "qk_max_vision", "optim/qk_stats", "optim/adamw",
           "optim/muon", "optim/qk_clip")
 
@@ -101,8 +106,33 @@ def instrument(trainer: Any, timer: PhaseTimer) -> None:
         inner.phase_hook = hook
 
 
+def module_forward_times(trainer: Any, batches: Iterator[dict[str, Any]], steps: int) -> dict[str, float]:
+    """Forward seconds per step by module type (inclusive; a sync around every module call, so measured in
+    extra steps apart from the phase timings): where a forward that is slower than expected spends it."""
+    timer = PhaseTimer(trainer.acc.device)
+    originals = []
+    for module in trainer.unwrapped.modules():
+        name = type(module).__name__
+        if name in MODULE_TYPES:
+            originals.append((module, module.__dict__.get("forward")))
+            module.forward = timer.wrap(f"fwd/{name}", module.forward)
+    outer = PhaseTimer(trainer.acc.device)
+    outer.enabled = False
+    try:
+        for _ in range(steps):
+            profiled_step(trainer, batches, outer)
+    finally:
+        for module, forward in originals:
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
+    return {k: v / steps for k, v in sorted(timer.totals.items(), key=lambda kv: -kv[1])}
+
+
 def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> int:
-    """One step of ``Trainer.train_step`` (grad_accum micro-batches) with phase timers; returns target tokens."""
+    """One step of ``Trainer.train_step`` (grad_accum micro-batches) with phase timers; returns its tokens
+    (``attention_mask`` sum of this process, as the app counts them)."""
     from kimi_vl.train.loop import MODALITIES, _qk_and_optim_stats, model_inputs
     from kimi_vl.train.loss import breakdown, mean_loss, token_losses
 
@@ -196,10 +226,13 @@ def bare_results(trainer: Any, seen: list[dict[str, Any]], timer: PhaseTimer) ->
     trainer.unwrapped.train()
     for variant in BARE_VARIANTS:
         bare_step(trainer, seen[0], timer, variant)  # warm-up (compilation, allocator)
-        timer.reset()
+        fwds, bwds = [], []
         for batch in seen:
+            timer.reset()
             bare_step(trainer, batch, timer, variant)
-        fwd, bwd = (timer.totals[f"{variant}/{p}"] / len(seen) for p in ("forward", "backward"))
+            fwds.append(timer.totals[f"{variant}/forward"])
+            bwds.append(timer.totals[f"{variant}/backward"])
+        fwd, bwd = statistics.median(fwds), statistics.median(bwds)
         out[variant] = {"step_s": fwd + bwd, "forward_s": fwd, "backward_s": bwd, "tokens_per_s": tokens / (fwd + bwd)}
     set_tracking(trainer.unwrapped, True)
     return out
@@ -248,11 +281,15 @@ def batch_shape(batch: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
-def summarise(timer: PhaseTimer, steps: int, tokens: int) -> dict[str, Any]:
-    step_s = sum(timer.totals.get(p, 0.0) for p in PHASES) / steps
-    per = {k: v / steps for k, v in timer.totals.items()}
-    share = {k: per[k] / step_s for k in per if k in PHASES or k in NESTED}
-    return {"step_s": step_s, "tokens_per_step": tokens / steps, "tokens_per_s": tokens / steps / step_s,
+def summarise(per_step: list[dict[str, float]], tokens: list[int]) -> dict[str, Any]:
+    """Median over the instrumented steps of every phase (robust to a shared, noisy host) and of the step."""
+    keys = sorted({k for d in per_step for k in d})
+    per = {k: statistics.median(d.get(k, 0.0) for d in per_step) for k in keys}
+    steps_s = [sum(d.get(p, 0.0) for p in PHASES) for d in per_step]
+    step_s = statistics.median(steps_s)
+    share = {k: per[k] / step_s for k in per}
+    tok = statistics.median(tokens)
+    return {"step_s": step_s, "step_s_all": steps_s, "tokens_per_step": tok, "tokens_per_s": tok / step_s,
             "phase_s": per, "phase_share": share}
 
 
@@ -264,7 +301,8 @@ def torch_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
         profiled_step(trainer, batches, timer)
     sort = "cuda_time_total" if timer.cuda else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=40)
-    (out_dir / "profile_train_step_ops.txt").write_text(table)
+    if trainer.acc.is_main_process:
+        (out_dir / "profile_train_step_ops.txt").write_text(table)
     return table
 
 
@@ -273,7 +311,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="a run config (path or shipped name)")
     p.add_argument("--steps", type=int, default=3, help="instrumented steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation, allocator)")
-    p.add_argument("--bare-iters", type=int, default=2, help="bare fwd+bwd iterations on the last batches")
+    p.add_argument("--bare-iters", type=int, default=3, help="bare fwd+bwd iterations (on fresh batches) per variant")
+    p.add_argument("--module-steps", type=int, default=1,
+                   help="extra steps timing each module type's forward (0: skip)")
     p.add_argument("--torch-profile", action="store_true", help="also write the top ops of one more step")
     p.add_argument("--out", default=None, help="output folder (default $OUT, else the current folder)")
     p.add_argument("overrides", nargs="*", help="key=value run-config overrides")
@@ -304,11 +344,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     warmup_s = time.perf_counter() - t0
     graphs_warm = dynamo_graphs()
     timer.enabled = True
-    tokens = 0
-    timer.reset()
+    per_step, tokens = [], []
     for _ in range(args.steps):
-        tokens += profiled_step(trainer, batches, timer)
-    app = summarise(timer, args.steps, tokens)
+        timer.reset()
+        tokens.append(profiled_step(trainer, batches, timer))
+        per_step.append(dict(timer.totals))
+    app = summarise(per_step, tokens)
     nested = {k: app["phase_s"].get(k, 0.0) for k in NESTED}
     seen = [next(batches) for _ in range(max(1, args.bare_iters))]
     graphs_after = dynamo_graphs()
@@ -322,14 +363,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "app_over_backbone_unpacked": app["step_s"] / bare["backbone_unpacked"]["step_s"],
         "dynamo_graphs": {"after_warmup": graphs_warm, "after_steps": graphs_after},
     }
+    if args.module_steps:
+        result["module_fwd_s"] = module_forward_times(trainer, batches, args.module_steps)
     if timer.cuda:
+        stats = torch.cuda.memory_stats()
+        result["alloc_retries"] = int(stats.get("num_alloc_retries", 0))
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         result["syncs_per_step"] = count_syncs(trainer, batches, timer)
     if args.torch_profile:
         timer.enabled = False
         result["top_ops"] = torch_profile(trainer, batches, timer, out_dir).splitlines()[:25]
-    (out_dir / "profile_train_step.json").write_text(json.dumps(result, indent=1))
-    print(report(result))
+    if trainer.acc.is_main_process:  # under accelerate launch: rank 0's numbers (per process)
+        (out_dir / "profile_train_step.json").write_text(json.dumps(result, indent=1))
+        print(report(result))
     return result
 
 
@@ -345,6 +391,8 @@ def report(r: dict[str, Any]) -> str:
         if name in app["phase_s"]:
             indent = "    " if name in NESTED else "  "
             lines.append(f"{indent}{name:<16} {app['phase_s'][name] * 1e3:9.1f} ms  {app['phase_share'][name]:6.1%}")
+    for name, sec in r.get("module_fwd_s", {}).items():
+        lines.append(f"  module {name:<22} {sec * 1e3:9.1f} ms (forward, inclusive)")
     if "syncs_per_step" in r:
         lines.append(f"  host syncs per step: {r['syncs_per_step']['total']}")
     return "\n".join(lines)
