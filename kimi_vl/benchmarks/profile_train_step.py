@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -45,12 +46,12 @@ NESTED = ("vision_tower", "mask_build", "qk_max_mla", "qk_max_vision", "optim/qk
 
 
 class PhaseTimer:
-    """Wall-clock per named phase, synchronising the device before each reading (CUDA only)."""
+    """Wall-clock (and process CPU time) per named phase, synchronising the device before each reading (CUDA)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.totals: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
+        self.cpu_totals: dict[str, float] = {}
         self.enabled = True
 
     def now(self) -> float:
@@ -58,18 +59,18 @@ class PhaseTimer:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, seconds: float, cpu_seconds: float = 0.0) -> None:
         if self.enabled:
             self.totals[name] = self.totals.get(name, 0.0) + seconds
-            self.counts[name] = self.counts.get(name, 0) + 1
+            self.cpu_totals[name] = self.cpu_totals.get(name, 0.0) + cpu_seconds
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        t0 = self.now()
+        t0, c0 = self.now(), time.process_time()
         try:
             yield
         finally:
-            self.add(name, self.now() - t0)
+            self.add(name, self.now() - t0, time.process_time() - c0)
 
     def wrap(self, name: str, fn: Callable) -> Callable:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -78,18 +79,21 @@ class PhaseTimer:
         return timed
 
     def reset(self) -> None:
-        self.totals, self.counts = {}, {}
+        self.totals, self.cpu_totals = {}, {}
 
 
-def instrument(trainer: Any, timer: PhaseTimer) -> None:
-    """Wrap the nested phases in place (vision tower, MLA mask build, the two QK max-logit passes, MuonClip)."""
+def instrument(trainer: Any, timer: PhaseTimer) -> Callable[[], None]:
+    """Wrap the nested phases in place (vision tower, MLA mask build, the two QK max-logit passes, MuonClip);
+    returns the function that undoes it."""
     import kimi_vl.modeling.model as model_mod
     import vision_encoder.attention as vision_attn
     from kimi_vl.modeling import attention as mla_mod
 
-    model_mod.build_mask = timer.wrap("mask_build", model_mod.build_mask)
-    mla_mod.MLAttention._track = timer.wrap("qk_max_mla", mla_mod.MLAttention._track)
-    vision_attn.max_logits_per_head = timer.wrap("qk_max_vision", vision_attn.max_logits_per_head)
+    patched = [(model_mod, "build_mask", "mask_build"), (mla_mod.MLAttention, "_track", "qk_max_mla"),
+               (vision_attn, "max_logits_per_head", "qk_max_vision")]
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patched]
+    for owner, attr, name in patched:
+        setattr(owner, attr, timer.wrap(name, getattr(owner, attr)))
     vision = getattr(trainer.unwrapped, "vision_tower", None)
     if vision is not None:
         vision.forward = timer.wrap("vision_tower", vision.forward)
@@ -104,6 +108,15 @@ def instrument(trainer: Any, timer: PhaseTimer) -> None:
                 timer.add(names.get(phase, "optim/muon"), t - last["t"])
             last["t"] = t
         inner.phase_hook = hook
+
+    def undo() -> None:
+        for owner, attr, original in saved:
+            setattr(owner, attr, original)
+        if vision is not None:
+            del vision.forward
+        if hasattr(inner, "phase_hook"):
+            inner.phase_hook = None
+    return undo
 
 
 def module_forward_times(trainer: Any, batches: Iterator[dict[str, Any]], steps: int) -> dict[str, float]:
@@ -199,42 +212,45 @@ def bare_step(trainer: Any, batch: dict[str, Any], timer: PhaseTimer, variant: s
 
     acc, model = trainer.acc, trainer.unwrapped
     labels = batch["labels"].to(acc.device)
-    t0 = timer.now()
-    with trainer.autocast:
+    with timer.phase(f"{variant}/forward"), trainer.autocast:
         if variant == "full":
             logits = model(**model_inputs(batch, acc.device, trainer.multimodal), use_cache=False).logits
         else:
             cu = batch["cu_seqlens"].to(acc.device) if variant == "backbone_packed" else None
             hidden = model.model(input_ids=_text_ids(trainer, batch), cu_seqlens=cu, use_cache=False)
             logits = model.lm_head(hidden.last_hidden_state)
-    t1 = timer.now()
-    loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-    loss.backward()
-    t2 = timer.now()
-    timer.add(f"{variant}/forward", t1 - t0)
-    timer.add(f"{variant}/backward", t2 - t1)
+    with timer.phase(f"{variant}/backward"):
+        loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        loss.backward()
     model.zero_grad(set_to_none=True)
 
 
 BARE_VARIANTS = ("full", "backbone_packed", "backbone_unpacked")
 
 
-def bare_results(trainer: Any, seen: list[dict[str, Any]], timer: PhaseTimer) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    tokens = sum(int(b["attention_mask"].sum()) for b in seen) / len(seen)
+def bare_round(trainer: Any, batch: dict[str, Any], timer: PhaseTimer) -> dict[str, dict[str, float]]:
+    """Every bare variant once on ``batch``: ``{variant: {"wall": {...}, "cpu": {...}}}``."""
+    out = {}
     set_tracking(trainer.unwrapped, False)
-    trainer.unwrapped.train()
-    for variant in BARE_VARIANTS:
-        bare_step(trainer, seen[0], timer, variant)  # warm-up (compilation, allocator)
-        fwds, bwds = [], []
-        for batch in seen:
+    try:
+        for variant in BARE_VARIANTS:
             timer.reset()
             bare_step(trainer, batch, timer, variant)
-            fwds.append(timer.totals[f"{variant}/forward"])
-            bwds.append(timer.totals[f"{variant}/backward"])
-        fwd, bwd = statistics.median(fwds), statistics.median(bwds)
-        out[variant] = {"step_s": fwd + bwd, "forward_s": fwd, "backward_s": bwd, "tokens_per_s": tokens / (fwd + bwd)}
-    set_tracking(trainer.unwrapped, True)
+            out[variant] = {"wall": dict(timer.totals), "cpu": dict(timer.cpu_totals)}
+    finally:
+        set_tracking(trainer.unwrapped, True)
+    return out
+
+
+def bare_summary(rounds: list[dict[str, dict[str, float]]], tokens: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    tok = statistics.median(tokens)
+    for variant in BARE_VARIANTS:
+        fwd = statistics.median(r[variant]["wall"][f"{variant}/forward"] for r in rounds)
+        bwd = statistics.median(r[variant]["wall"][f"{variant}/backward"] for r in rounds)
+        cpu = statistics.median(sum(r[variant]["cpu"].values()) for r in rounds)
+        out[variant] = {"step_s": fwd + bwd, "forward_s": fwd, "backward_s": bwd, "tokens_per_s": tok / (fwd + bwd),
+                        "cpu_s": cpu}
     return out
 
 
@@ -281,16 +297,17 @@ def batch_shape(batch: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
-def summarise(per_step: list[dict[str, float]], tokens: list[int]) -> dict[str, Any]:
+def summarise(per_step: list[dict[str, float]], cpu_step: list[dict[str, float]], tokens: list[int]) -> dict[str, Any]:
     """Median over the instrumented steps of every phase (robust to a shared, noisy host) and of the step."""
     keys = sorted({k for d in per_step for k in d})
     per = {k: statistics.median(d.get(k, 0.0) for d in per_step) for k in keys}
+    cpu = {k: statistics.median(d.get(k, 0.0) for d in cpu_step) for k in keys}
     steps_s = [sum(d.get(p, 0.0) for p in PHASES) for d in per_step]
     step_s = statistics.median(steps_s)
-    share = {k: per[k] / step_s for k in per}
     tok = statistics.median(tokens)
     return {"step_s": step_s, "step_s_all": steps_s, "tokens_per_step": tok, "tokens_per_s": tok / step_s,
-            "phase_s": per, "phase_share": share}
+            "cpu_s": statistics.median(sum(d.get(p, 0.0) for p in PHASES) for d in cpu_step),
+            "phase_s": per, "phase_share": {k: per[k] / step_s for k in per}, "phase_cpu_s": cpu}
 
 
 def torch_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, out_dir: Path) -> str:
@@ -311,7 +328,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="a run config (path or shipped name)")
     p.add_argument("--steps", type=int, default=3, help="instrumented steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation, allocator)")
-    p.add_argument("--bare-iters", type=int, default=3, help="bare fwd+bwd iterations (on fresh batches) per variant")
     p.add_argument("--module-steps", type=int, default=1,
                    help="extra steps timing each module type's forward (0: skip)")
     p.add_argument("--torch-profile", action="store_true", help="also write the top ops of one more step")
@@ -335,62 +351,74 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trainer = Trainer(cfg)
     build_s = time.perf_counter() - t0
     timer = PhaseTimer(trainer.acc.device)
-    instrument(trainer, timer)
-    batches = trainer._batches()
-    timer.enabled = False
-    t0 = time.perf_counter()
-    for _ in range(args.warmup):
-        profiled_step(trainer, batches, timer)
-    warmup_s = time.perf_counter() - t0
-    graphs_warm = dynamo_graphs()
-    timer.enabled = True
-    per_step, tokens = [], []
-    for _ in range(args.steps):
-        timer.reset()
-        tokens.append(profiled_step(trainer, batches, timer))
-        per_step.append(dict(timer.totals))
-    app = summarise(per_step, tokens)
-    nested = {k: app["phase_s"].get(k, 0.0) for k in NESTED}
-    seen = [next(batches) for _ in range(max(1, args.bare_iters))]
-    graphs_after = dynamo_graphs()
-    bare = bare_results(trainer, seen, timer)
-    result: dict[str, Any] = {
-        "config": str(args.config), "overrides": args.overrides, "device": str(trainer.acc.device),
-        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "world": trainer.acc.num_processes,
-        "build_s": build_s, "warmup_s": warmup_s, "steps": args.steps, "batch": batch_shape(seen[0]), "app": app,
-        "nested_s": nested, "bare": bare, "app_over_bare_full": app["step_s"] / bare["full"]["step_s"],
-        "app_over_backbone_unpacked": app["step_s"] / bare["backbone_unpacked"]["step_s"],
-        "dynamo_graphs": {"after_warmup": graphs_warm, "after_steps": graphs_after},
-    }
-    if args.module_steps:
-        result["module_fwd_s"] = module_forward_times(trainer, batches, args.module_steps)
-    if timer.cuda:
-        stats = torch.cuda.memory_stats()
-        result["alloc_retries"] = int(stats.get("num_alloc_retries", 0))
-        result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        result["syncs_per_step"] = count_syncs(trainer, batches, timer)
-    if args.torch_profile:
+    undo = instrument(trainer, timer)
+    try:
+        batches = trainer._batches()
         timer.enabled = False
-        result["top_ops"] = torch_profile(trainer, batches, timer, out_dir).splitlines()[:25]
-    if trainer.acc.is_main_process:  # under accelerate launch: rank 0's numbers (per process)
-        (out_dir / "profile_train_step.json").write_text(json.dumps(result, indent=1))
-        print(report(result))
+        t0 = time.perf_counter()
+        for _ in range(args.warmup):
+            profiled_step(trainer, batches, timer)
+        bare_round(trainer, next(batches), timer)  # compiles / warms the bare variants too
+        warmup_s = time.perf_counter() - t0
+        graphs_warm = dynamo_graphs()
+        timer.enabled = True
+        # app steps and bare rounds alternate, so that a drifting host load hits both alike
+        per_step, cpu_step, tokens, rounds, bare_tokens = [], [], [], [], []
+        for _ in range(args.steps):
+            timer.reset()
+            tokens.append(profiled_step(trainer, batches, timer))
+            per_step.append(dict(timer.totals))
+            cpu_step.append(dict(timer.cpu_totals))
+            batch = next(batches)
+            bare_tokens.append(int(batch["attention_mask"].sum()))
+            rounds.append(bare_round(trainer, batch, timer))
+        app = summarise(per_step, cpu_step, tokens)
+        nested = {k: app["phase_s"].get(k, 0.0) for k in NESTED}
+        graphs_after = dynamo_graphs()
+        bare = bare_summary(rounds, bare_tokens)
+        result: dict[str, Any] = {
+            "config": str(args.config), "overrides": args.overrides, "device": str(trainer.acc.device),
+            "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "world": trainer.acc.num_processes,
+            "build_s": build_s, "warmup_s": warmup_s, "steps": args.steps, "batch": batch_shape(batch), "app": app,
+            "nested_s": nested, "bare": bare, "app_over_bare_full": app["step_s"] / bare["full"]["step_s"],
+            "app_over_backbone_unpacked": app["step_s"] / bare["backbone_unpacked"]["step_s"],
+            "dynamo_graphs": {"after_warmup": graphs_warm, "after_steps": graphs_after},
+        }
+        if args.module_steps:
+            result["module_fwd_s"] = module_forward_times(trainer, batches, args.module_steps)
+        if timer.cuda:
+            stats = torch.cuda.memory_stats()
+            result["alloc_retries"] = int(stats.get("num_alloc_retries", 0))
+            result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            result["syncs_per_step"] = count_syncs(trainer, batches, timer)
+        if args.torch_profile:
+            timer.enabled = False
+            result["top_ops"] = torch_profile(trainer, batches, timer, out_dir).splitlines()[:25]
+        if trainer.acc.is_main_process:  # under accelerate launch: rank 0's numbers (per process)
+            (out_dir / "profile_train_step.json").write_text(json.dumps(result, indent=1))
+            print(report(result))
+    finally:
+        undo()
+        shutil.rmtree(run_dir, ignore_errors=True)
     return result
 
 
 def report(r: dict[str, Any]) -> str:
     app, bare = r["app"], r["bare"]
     lines = [f"device {r['device_name']}  batch {r['batch']}  app step {app['step_s'] * 1e3:.1f} ms "
-             f"({app['tokens_per_s']:.0f} tok/s); dynamo graphs {r['dynamo_graphs']}"]
+             f"({app['tokens_per_s']:.0f} tok/s, process CPU {app['cpu_s'] * 1e3:.0f} ms); "
+             f"dynamo graphs {r['dynamo_graphs']}"]
     for name in BARE_VARIANTS:
         b = bare[name]
         lines.append(f"  bare {name:<18} {b['step_s'] * 1e3:9.1f} ms  (fwd {b['forward_s'] * 1e3:.1f}, "
-                     f"bwd {b['backward_s'] * 1e3:.1f}; {b['tokens_per_s']:.0f} tok/s)")
+                     f"bwd {b['backward_s'] * 1e3:.1f}; {b['tokens_per_s']:.0f} tok/s, CPU {b['cpu_s'] * 1e3:.0f} ms)")
+    lines.append(f"  {'phase':<18} {'wall ms':>9}  {'share':>6}  {'CPU ms':>9}")
     for name in (*PHASES, *NESTED):
         if name in app["phase_s"]:
-            indent = "    " if name in NESTED else "  "
-            lines.append(f"{indent}{name:<16} {app['phase_s'][name] * 1e3:9.1f} ms  {app['phase_share'][name]:6.1%}")
+            label = ("  " + name) if name in NESTED else name
+            lines.append(f"  {label:<18} {app['phase_s'][name] * 1e3:9.1f}  {app['phase_share'][name]:6.1%}  "
+                         f"{app['phase_cpu_s'][name] * 1e3:9.1f}")
     for name, sec in r.get("module_fwd_s", {}).items():
         lines.append(f"  module {name:<22} {sec * 1e3:9.1f} ms (forward, inclusive)")
     if "syncs_per_step" in r:

@@ -1,0 +1,35 @@
+"""The step profiler (kimi_vl/benchmarks/profile_train_step.py) runs the app's step on the CPU and reports phases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kimi_vl.benchmarks import profile_train_step as prof
+
+FAST = ["data.seq_len=128", "data.batch_size=2", "data.max_patches=64", "data.num_workers=0"]
+
+
+def test_summarise_takes_medians_per_phase():
+    steps = [{"forward": 1.0, "backward": 2.0}, {"forward": 9.0, "backward": 2.0}, {"forward": 2.0, "backward": 3.0}]
+    out = prof.summarise(steps, steps, [10, 10, 10])
+    assert out["phase_s"]["forward"] == 2.0 and out["phase_s"]["backward"] == 2.0
+    assert out["step_s"] == 5.0 and out["step_s_all"] == [3.0, 11.0, 5.0]  # the median step, not a sum of medians
+    assert out["tokens_per_s"] == pytest.approx(2.0)
+
+
+def test_profile_debug_step_on_cpu(tiny_data, tmp_path):
+    result = prof.main(["--config", "debug_pretrain", "--out", str(tmp_path), "--steps", "1", "--warmup", "0",
+                        "--module-steps", "1", f"data.path={tiny_data}", *FAST])
+    saved = json.loads((tmp_path / "profile_train_step.json").read_text())
+    assert saved["app"]["step_s"] == pytest.approx(result["app"]["step_s"])
+    phases = saved["app"]["phase_s"]
+    for name in ("data", "forward", "loss", "backward", "optim", "qk_max_mla", "mask_build"):
+        assert phases[name] > 0, name
+    assert sum(phases[p] for p in prof.PHASES) == pytest.approx(saved["app"]["step_s"])
+    assert set(saved["bare"]) == set(prof.BARE_VARIANTS) and all(v["step_s"] > 0 for v in saved["bare"].values())
+    assert saved["module_fwd_s"]["fwd/KDALayer"] > 0 and saved["module_fwd_s"]["fwd/MLAttention"] > 0
+    from kimi_vl.modeling import attention, model
+
+    assert attention.MLAttention._track.__name__ == "_track" and model.build_mask.__name__ == "build_mask"  # undone
