@@ -52,6 +52,7 @@ class PhaseTimer:
         self.cuda = device.type == "cuda"
         self.totals: dict[str, float] = {}
         self.cpu_totals: dict[str, float] = {}
+        self.stack: list[str] = []  # the phases now open, innermost last
         self.enabled = True
 
     def now(self) -> float:
@@ -67,9 +68,11 @@ class PhaseTimer:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         t0, c0 = self.now(), time.process_time()
+        self.stack.append(name)
         try:
             yield
         finally:
+            self.stack.pop()
             self.add(name, self.now() - t0, time.process_time() - c0)
 
     def wrap(self, name: str, fn: Callable) -> Callable:
@@ -141,6 +144,28 @@ def module_forward_times(trainer: Any, batches: Iterator[dict[str, Any]], steps:
             else:
                 module.forward = forward
     return {k: v / steps for k, v in sorted(timer.totals.items(), key=lambda kv: -kv[1])}
+
+
+def count_ops(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> dict[str, int]:
+    """ATen operators dispatched in one more step, by innermost phase (a proxy for kernel launches: what a
+    launch-bound GPU step pays for; Triton kernels are not ATen operators and are not counted)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: dict[str, int] = {}
+
+    class Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            key = timer.stack[-1] if timer.stack else "outside"
+            counts[key] = counts.get(key, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    enabled, timer.enabled = timer.enabled, False
+    try:
+        with Counter():
+            profiled_step(trainer, batches, timer)
+    finally:
+        timer.enabled = enabled
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> int:
@@ -310,17 +335,27 @@ def summarise(per_step: list[dict[str, float]], cpu_step: list[dict[str, float]]
             "phase_s": per, "phase_share": {k: per[k] / step_s for k in per}, "phase_cpu_s": cpu}
 
 
-def torch_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, out_dir: Path) -> str:
+def torch_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer,
+                  out_dir: Path) -> dict[str, Any]:
+    """One more step under ``torch.profiler``: top operators by device time and by CPU time, and how busy the
+    device was (the sum of kernel time over the step's wall time: well under 1 means launch/host bound)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if timer.cuda else [])
+    t0 = timer.now()
     with profile(activities=acts, record_shapes=False) as prof:
         profiled_step(trainer, batches, timer)
-    sort = "cuda_time_total" if timer.cuda else "cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=40)
+    wall = timer.now() - t0
+    events = prof.key_averages()
+    tables = {key: events.table(sort_by=key, row_limit=40)
+              for key in (("self_device_time_total",) if timer.cuda else ()) + ("self_cpu_time_total",)}
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]  # kernel events only
+    busy_s = sum(e.self_device_time_total for e in kernels) / 1e6
     if trainer.acc.is_main_process:
-        (out_dir / "profile_train_step_ops.txt").write_text(table)
-    return table
+        text = "\n\n".join(f"sorted by {k}\n{t}" for k, t in tables.items())
+        (out_dir / "profile_train_step_ops.txt").write_text(text)
+    return {"wall_s": wall, "device_busy_s": busy_s, "device_busy_fraction": busy_s / wall if timer.cuda else None,
+            "top": {k: t.splitlines()[:30] for k, t in tables.items()}}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -330,6 +365,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation, allocator)")
     p.add_argument("--module-steps", type=int, default=1,
                    help="extra steps timing each module type's forward (0: skip)")
+    p.add_argument("--count-ops", action=argparse.BooleanOptionalAction, default=None,
+                   help="count ATen ops per phase in one extra step (default: on CPU only)")
     p.add_argument("--torch-profile", action="store_true", help="also write the top ops of one more step")
     p.add_argument("--out", default=None, help="output folder (default $OUT, else the current folder)")
     p.add_argument("overrides", nargs="*", help="key=value run-config overrides")
@@ -385,6 +422,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "app_over_backbone_unpacked": app["step_s"] / bare["backbone_unpacked"]["step_s"],
             "dynamo_graphs": {"after_warmup": graphs_warm, "after_steps": graphs_after},
         }
+        if args.count_ops if args.count_ops is not None else not timer.cuda:
+            result["ops_per_step"] = count_ops(trainer, batches, timer)
         if args.module_steps:
             result["module_fwd_s"] = module_forward_times(trainer, batches, args.module_steps)
         if timer.cuda:
@@ -394,7 +433,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["syncs_per_step"] = count_syncs(trainer, batches, timer)
         if args.torch_profile:
             timer.enabled = False
-            result["top_ops"] = torch_profile(trainer, batches, timer, out_dir).splitlines()[:25]
+            result["torch_profile"] = torch_profile(trainer, batches, timer, out_dir)
         if trainer.acc.is_main_process:  # under accelerate launch: rank 0's numbers (per process)
             (out_dir / "profile_train_step.json").write_text(json.dumps(result, indent=1))
             print(report(result))
@@ -421,6 +460,9 @@ def report(r: dict[str, Any]) -> str:
                          f"{app['phase_cpu_s'][name] * 1e3:9.1f}")
     for name, sec in r.get("module_fwd_s", {}).items():
         lines.append(f"  module {name:<22} {sec * 1e3:9.1f} ms (forward, inclusive)")
+    if "ops_per_step" in r:
+        ops = r["ops_per_step"]
+        lines.append(f"  ATen ops per step: {sum(ops.values())} = " + ", ".join(f"{k} {v}" for k, v in ops.items()))
     if "syncs_per_step" in r:
         lines.append(f"  host syncs per step: {r['syncs_per_step']['total']}")
     return "\n".join(lines)
