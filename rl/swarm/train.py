@@ -6,7 +6,8 @@ PARL reinforcement learning through the RL stage's objective.
 - :func:`build_model` makes a ``KimiVLForCausalLM`` of a flavor (``tiny`` / ``debug``) over that vocabulary.
 - :func:`warm_start` is next-token cross-entropy on the assistant tokens of scripted orchestrator transcripts, a
   ``swarm_share`` of them from :class:`~rl.swarm.policies.ScriptedSwarmOrchestrator` and the rest from the
-  single-agent script, so that the initial policy already writes tool calls and mixes both strategies.
+  single-agent script, so that the initial policy already writes tool calls and mixes both strategies (AdamW,
+  by default with the learning rate decayed linearly to 0).
 - :func:`rl_step` runs ``k`` episodes per task with the model as orchestrator (sub-agents: a frozen policy),
   rewards each episode with PARL (:mod:`rl.swarm.parl`), takes group-mean advantages
   (:func:`rl.objective.group_advantages`) and treats every orchestrator turn of an episode as one response row
@@ -23,7 +24,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -97,9 +98,18 @@ class WarmStartCfg:
     steps: int = 60
     batch_size: int = 8
     lr: float = 3e-3
+    # "linear": lr * (1 - step / steps). Measured on the tiny model (80 steps): the constant rate ended at loss
+    # ~0.09 and at 80% <|im_end|> right after the second "functions.assign_task", so 0/13 sampled swarm turns
+    # were well-formed; linear decay ends at ~0.04, that token at 1%, and 4/16 swarm turns well-formed.
+    lr_schedule: Literal["constant", "linear"] = "linear"
     n_scenes: int = 4
     workers: int = 2
     swarm_share: float = 0.5
+
+    def lr_at(self, step: int) -> float:
+        if self.lr_schedule not in ("constant", "linear"):
+            raise ValueError(f"WarmStartCfg.lr_schedule must be 'constant' or 'linear', got {self.lr_schedule!r}")
+        return self.lr if self.lr_schedule == "constant" else self.lr * (1.0 - step / self.steps)
 
 
 def warm_start(model: torch.nn.Module, tokenizer: Any, cfg: WarmStartCfg, seed: int) -> list[float]:
@@ -110,7 +120,9 @@ def warm_start(model: torch.nn.Module, tokenizer: Any, cfg: WarmStartCfg, seed: 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     rng, losses = random.Random(seed), []
     model.train()
-    for _ in range(cfg.steps):
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr_at(step)
         batch = rng.sample(data, min(cfg.batch_size, len(data)))
         length = max(len(ids) for ids, _ in batch)
         ids_BL = torch.tensor([ids + [pad] * (length - len(ids)) for ids, _ in batch])

@@ -108,3 +108,13 @@ def test_rl_step_without_signal_leaves_weights_unchanged(model, tok) -> None:
     assert log["reward"] == 0.0
     assert all(torch.equal(a, p) for a, p in zip(before, m.parameters()))
     assert log["skipped_update"] == 1.0
+
+
+def test_warm_start_lr_schedule() -> None:
+    from rl.swarm.train import WarmStartCfg
+
+    lin = WarmStartCfg(steps=4, lr=1.0)
+    assert [lin.lr_at(t) for t in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    assert WarmStartCfg(steps=4, lr=1.0, lr_schedule="constant").lr_at(3) == 1.0
+    with pytest.raises(ValueError, match="lr_schedule"):
+        WarmStartCfg(lr_schedule="cosine").lr_at(0)  # type: ignore[arg-type]
