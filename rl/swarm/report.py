@@ -90,11 +90,13 @@ def _rl_markdown(r: dict[str, Any]) -> list[str]:
     lines = [
         f"## 3. Serial collapse with and without r_parallel (`{r['config']['flavor']}` model, trained)",
         "",
-        f"Imitation warm start ({c['warm']['steps']} steps on scripted transcripts, "
+        f"Imitation warm start ({c['warm']['steps']} steps on scripted transcripts, lr {c['warm']['lr']:g} "
+        f"({c['warm'].get('lr_schedule', 'constant')}), "
         f"{c['warm']['swarm_share']:.0%} swarm; loss {rl['warm_start_loss'][0]:.2f} -> "
         f"{rl['warm_start_loss'][1]:.2f}, {rl['warm_start_s']:.0f} s), then {c['steps']} PARL steps "
         f"({c['tasks_per_step']} tasks x {c['k']} episodes, {c['n_scenes']}-scene wide tasks, K2.5 objective via "
-        f"`rl.step.accumulate_policy_gradient`) per arm from the same weights. lambda1 = {c['rl_lambda1']} "
+        f"`rl.step.accumulate_policy_gradient`, AdamW lr {c['lr']:g}) per arm from the same weights. "
+        f"lambda1 = {c['rl_lambda1']} "
         f"(with) or 0 (without), lambda2 = {c['rl_lambda2']}, both linearly annealed to 0 over {c['anneal_steps']} "
         f"steps; parallel_cap = {c['parallel_cap']}. Held-out: {c['eval_tasks']} tasks, one episode each.",
         "",
@@ -109,8 +111,15 @@ def _rl_markdown(r: dict[str, Any]) -> list[str]:
     d = rl["collapse_delta_with_minus_without"]
     pairs = zip(rl["with_r_parallel"]["train_log"], rl["without_r_parallel"]["train_log"])
     per_step = ", ".join(f"{a['serial_collapse']:.2f}/{b['serial_collapse']:.2f}" for a, b in pairs)
+    logs = rl["with_r_parallel"]["train_log"], rl["without_r_parallel"]["train_log"]
+    outcome = ", ".join(f"{a['outcome']:.2f}/{b['outcome']:.2f}" for a, b in zip(*logs))
+    paid = ", ".join(f"{a['r_parallel']:.2f}" for a in logs[0])
+    skipped = [sum(x.get("skipped_update", 0.0) for x in log) for log in logs]
     lines += ["", f"Serial-collapse delta (with - without r_parallel): {_ci(d, '{:.3f}')} ({d['verdict']}).", "",
-              f"Training-rollout serial collapse per step (with / without): {per_step}", ""]
+              f"Training-rollout serial collapse per step (with / without): {per_step}", "",
+              f"Training-rollout outcome per step (with / without): {outcome}", "",
+              f"Mean r_parallel per step, with arm (credited only for well-formed orchestrator turns): {paid}; "
+              f"updates skipped for lack of signal (all advantages 0): {skipped[0]:.0f} / {skipped[1]:.0f}", ""]
     return lines
 
 
