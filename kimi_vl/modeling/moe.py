@@ -98,13 +98,16 @@ class Experts(nn.Module):
         x_sorted = x_ND[token_of_copy]
         w_sorted = weights_Nk.flatten()[order]
         out_sorted = torch.empty_like(x_sorted)
+        # unbind once: its backward stacks the per-expert grads in one pass; indexing the stacked parameter
+        # per expert (self.gate_proj[e]) made every expert's backward write a whole-parameter-sized zero grad
+        gate, up, down = self.gate_proj.unbind(0), self.up_proj.unbind(0), self.down_proj.unbind(0)
         start = 0
         for e, c in enumerate(counts):
             if c == 0:
                 continue
             xe = x_sorted[start:start + c]
-            h = F.silu(F.linear(xe, self.gate_proj[e])) * F.linear(xe, self.up_proj[e])
-            ye = F.linear(h, self.down_proj[e]) * w_sorted[start:start + c, None]
+            h = F.silu(F.linear(xe, gate[e])) * F.linear(xe, up[e])
+            ye = F.linear(h, down[e]) * w_sorted[start:start + c, None]
             out_sorted[start:start + c] = ye.to(out_sorted.dtype)
             start += c
         out = torch.zeros_like(x_ND)
