@@ -422,20 +422,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "app_over_backbone_unpacked": app["step_s"] / bare["backbone_unpacked"]["step_s"],
             "dynamo_graphs": {"after_warmup": graphs_warm, "after_steps": graphs_after},
         }
-        if args.count_ops if args.count_ops is not None else not timer.cuda:
-            result["ops_per_step"] = count_ops(trainer, batches, timer)
-        if args.module_steps:
-            result["module_fwd_s"] = module_forward_times(trainer, batches, args.module_steps)
+        write = (lambda: (out_dir / "profile_train_step.json").write_text(json.dumps(result, indent=1))) \
+            if trainer.acc.is_main_process else (lambda: None)  # under accelerate launch: rank 0's numbers
+        write()  # the core numbers first: an optional part that fails below does not lose them
+        extras: list[tuple[str, bool, Callable[[], Any]]] = [
+            ("ops_per_step", args.count_ops if args.count_ops is not None else not timer.cuda,
+             lambda: count_ops(trainer, batches, timer)),
+            ("module_fwd_s", args.module_steps > 0, lambda: module_forward_times(trainer, batches, args.module_steps)),
+            ("syncs_per_step", timer.cuda, lambda: count_syncs(trainer, batches, timer)),
+            ("torch_profile", args.torch_profile, lambda: torch_profile(trainer, batches, timer, out_dir)),
+        ]
+        for key, wanted, fn in extras:
+            if wanted:
+                try:
+                    result[key] = fn()
+                except Exception as exc:  # noqa: BLE001 - reported in the JSON, the rest still runs
+                    result.setdefault("errors", {})[key] = f"{type(exc).__name__}: {exc}"[:2000]
+                write()
         if timer.cuda:
             stats = torch.cuda.memory_stats()
             result["alloc_retries"] = int(stats.get("num_alloc_retries", 0))
             result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            result["syncs_per_step"] = count_syncs(trainer, batches, timer)
-        if args.torch_profile:
-            timer.enabled = False
-            result["torch_profile"] = torch_profile(trainer, batches, timer, out_dir)
-        if trainer.acc.is_main_process:  # under accelerate launch: rank 0's numbers (per process)
-            (out_dir / "profile_train_step.json").write_text(json.dumps(result, indent=1))
+        write()
+        if trainer.acc.is_main_process:
             print(report(result))
     finally:
         undo()
@@ -465,6 +474,8 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"  ATen ops per step: {sum(ops.values())} = " + ", ".join(f"{k} {v}" for k, v in ops.items()))
     if "syncs_per_step" in r:
         lines.append(f"  host syncs per step: {r['syncs_per_step']['total']}")
+    for key, err in r.get("errors", {}).items():
+        lines.append(f"  {key} failed: {err}")
     return "\n".join(lines)
 
 
