@@ -78,7 +78,12 @@ def test_hover_and_active_frames_change_only_the_element_box(chromium) -> None:
             outside = (changed & ~_inside(state, changed.shape)).sum()
             assert outside <= 0.02 * changed.sum(), f"seed {seed}: {outside} of {changed.sum()} px outside {state}"
         again, states_again = render_scroll_states(html, VIEW, CLICK, chromium)
-        assert states_again == states and np.array_equal(again, frames), "same HTML, same interactive frames"
+        assert states_again == states, "same HTML, same pointer states"
+        # Pointer frames are deterministic up to a few anti-aliased pixels near the pointer target (5 px of 76,800
+        # seen on a loaded machine); the documented tolerance is 0.1 % of a frame's pixels.
+        for i, (a, b) in enumerate(zip(again, frames)):
+            differ = int((a != b).any(-1).sum())
+            assert differ <= 0.001 * a.shape[0] * a.shape[1], f"seed {seed}, frame {i}: {differ} px differ"
 
 
 def test_hover_needs_the_styles_and_default_videos_are_unchanged(chromium) -> None:
