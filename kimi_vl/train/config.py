@@ -61,6 +61,9 @@ class TrainConfig:
     eval_every: int = 0  # 0: only at the end
     eval_batches: int = 2
     tensorboard: bool = False
+    # DDP: parameters without a gradient in a step (the vision tower in a text-only batch or in zero-vision SFT,
+    # MoE experts that got no token) are found each step instead of stopping the run
+    ddp_find_unused_parameters: bool = True
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:

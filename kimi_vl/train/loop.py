@@ -134,9 +134,11 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         # broadcast_buffers=False: each rank keeps its own QK-Clip max-logit buffers (the optimizer
         # all-reduces them); DDP's default would overwrite them with rank 0's at every forward.
+        ddp = DistributedDataParallelKwargs(broadcast_buffers=False,
+                                            find_unused_parameters=cfg.ddp_find_unused_parameters)
         self.acc = accelerator or Accelerator(
             cpu=not torch.cuda.is_available(), log_with="tensorboard" if cfg.tensorboard else None,
-            project_dir=str(self.out), kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+            project_dir=str(self.out), kwargs_handlers=[ddp])
         set_seed(cfg.seed)
         if self.acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """Worker for test_ddp.py: train 2 steps on fixed batches, each rank taking its share of the rows.
 
-Run as ``ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N ddp_worker.py DATA BATCHES OUT``.
+Run as ``ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N ddp_worker.py DATA BATCHES OUT [VISION_FLAVOR]``; with a
+vision flavor the model carries a vision tower that the text-only batches never use (DDP must not stop on it).
 """
 
 import sys
@@ -24,9 +25,9 @@ def select_rows(batch: dict, start: int, stop: int) -> dict:
     return out
 
 
-def main(data: str, batches_file: str, out: str) -> None:
+def main(data: str, batches_file: str, out: str, vision_flavor: str = "null") -> None:
     cfg = load_config(TrainConfig, "kimi_vl/configs/debug_pretrain.yaml", [
-        f"data.path={data}", f"output_dir={out}", "model.vision_flavor=null", "data.seq_len=64",
+        f"data.path={data}", f"output_dir={out}", f"model.vision_flavor={vision_flavor}", "data.seq_len=64",
         "data.batch_size=2", "optim.name=muonclip", "optim.ns_dtype=float32", "eval_batches=1"])
     tr = Trainer(cfg)
     rank, world = tr.acc.process_index, tr.acc.num_processes
@@ -40,4 +41,4 @@ def main(data: str, batches_file: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])
