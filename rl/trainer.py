@@ -95,9 +95,13 @@ class RLTrainer:
 
     def __init__(self, cfg: RLRunConfig, accelerator: Any = None):
         from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
 
         self.cfg = cfg
-        self.acc = accelerator or Accelerator(cpu=cfg.cpu)
+        # As in the training app: under DDP each rank keeps its own QK-Clip max-logit buffers, and parameters that get
+        # no gradient in a step (the vision tower on text prompts, idle MoE experts) must not stop the run.
+        ddp = DistributedDataParallelKwargs(broadcast_buffers=False, find_unused_parameters=True)
+        self.acc = accelerator or Accelerator(cpu=cfg.cpu, kwargs_handlers=[ddp])
         self.tokenizer, self.source = build_source(cfg)
         model = build_model(cfg, self.tokenizer).train()  # exports load in eval mode; MoE counts need train
         self.ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.acc.device) if cfg.kl_to_init else None
