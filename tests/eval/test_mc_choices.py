@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from scripted_lm import scripted_lm
 
 from eval.tasks import SuiteSpec, write_suites
 from eval.tasks.choices import mc_choices
@@ -126,25 +127,6 @@ def test_special_questions():
     assert mc_choices(title, {}, 'A table titled "oasis by site"', {"ocr": ["kernel by team"]}, rng) is None
 
 
-class UniformLM:
-    """Every continuation has the same log-likelihood."""
-
-    def __new__(cls):
-        from lm_eval.api.model import LM
-
-        class _Uniform(LM):
-            def loglikelihood(self, requests, disable_tqdm=False):
-                return [(-1.0, False) for _ in requests]
-
-            def loglikelihood_rolling(self, requests, disable_tqdm=False):
-                raise NotImplementedError
-
-            def generate_until(self, requests, disable_tqdm=False):
-                raise NotImplementedError
-
-        return _Uniform()
-
-
 def test_lm_eval_scores_a_uniform_model_at_chance(tmp_path: Path):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -152,7 +134,8 @@ def test_lm_eval_scores_a_uniform_model_at_chance(tmp_path: Path):
     write_suites(SuiteSpec(tmp_path, n_per_family=30), ("kimi_text",))
     rows = [json.loads(x) for x in (tmp_path / "kimi_text" / "kimi_text_mc.jsonl").read_text().splitlines()]
     tm = TaskManager(include_path=str(tmp_path), include_defaults=False)
-    res = simple_evaluate(model=UniformLM(), tasks=["kimi_text_mc"], task_manager=tm, bootstrap_iters=0)
+    uniform = scripted_lm(loglikelihood=lambda reqs: [(-1.0, False) for _ in reqs])  # every choice equally likely
+    res = simple_evaluate(model=uniform, tasks=["kimi_text_mc"], task_manager=tm, bootstrap_iters=0)
     metrics = res["results"]["kimi_text_mc"]
     assert abs(metrics["acc,none"] - chance(rows)) < 0.1, (metrics, chance(rows))
     assert abs(metrics["acc_norm,none"] - chance(rows)) < 0.1

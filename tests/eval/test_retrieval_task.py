@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from scripted_lm import scripted_lm
 
 from data_pipelines.synth import PRESETS, generate_sample, get_preset
 from eval.tasks import SuiteSpec, write_suites
@@ -74,31 +75,23 @@ def test_default_suites_write_no_retrieval_task(tmp_path):
 
 def test_exact_match_per_length_through_lm_eval(suite):
     from lm_eval import simple_evaluate
-    from lm_eval.api.model import LM
     from lm_eval.tasks import TaskManager
 
-    class Reader(LM):
+    def read_registry(requests):
         """Answers by reading the registry: right for the 64-token docs, a wrong code for the others."""
-
-        def loglikelihood(self, requests, disable_tqdm=False):
-            raise NotImplementedError
-
-        def loglikelihood_rolling(self, requests, disable_tqdm=False):
-            raise NotImplementedError
-
-        def generate_until(self, requests, disable_tqdm=False):
-            out = []
-            for r in requests:
-                prompt = r.args[0]
-                value = dict(RECORD.findall(prompt))[QUESTION.search(prompt).group(1)]
-                short = len(RECORD.findall(prompt)) < 8
-                out.append(f" {value}" if short else " 00000")
-            return out
+        out = []
+        for r in requests:
+            prompt = r.args[0]
+            value = dict(RECORD.findall(prompt))[QUESTION.search(prompt).group(1)]
+            short = len(RECORD.findall(prompt)) < 8
+            out.append(f" {value}" if short else " 00000")
+        return out
 
     tm = TaskManager(include_path=str(suite), include_defaults=False)
     assert "kimi_text_retrieval" in tm.all_tasks and "kimi_text_retrieval" not in \
         (suite / "kimi_text" / "kimi_text.yaml").read_text()
-    res = simple_evaluate(model=Reader(), tasks=["kimi_text_retrieval"], task_manager=tm, bootstrap_iters=0)
+    res = simple_evaluate(model=scripted_lm(generate_until=read_registry), tasks=["kimi_text_retrieval"],
+                          task_manager=tm, bootstrap_iters=0)
     assert res["results"]["kimi_text_retrieval_64"]["exact_match,none"] == 1.0
     assert res["results"]["kimi_text_retrieval_256"]["exact_match,none"] == 0.0
 

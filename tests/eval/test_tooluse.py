@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scripted_lm import scripted_lm
 
 from data_pipelines.synth import generate_sample, get_preset
 from data_pipelines.tokenizer import render_chat
@@ -76,31 +77,22 @@ def test_written_rows_mirror_the_transcript_format(vision_suite):
 
 def test_tool_use_rate_through_lm_eval(vision_suite):
     from lm_eval import simple_evaluate
-    from lm_eval.api.model import LM
     from lm_eval.tasks import TaskManager
 
     seen = []
 
-    class Scripted(LM):
-        MULTIMODAL = True
-
-        def loglikelihood(self, requests, disable_tqdm=False):
-            raise NotImplementedError
-
-        def loglikelihood_rolling(self, requests, disable_tqdm=False):
-            raise NotImplementedError
-
-        def generate_until(self, requests, disable_tqdm=False):
-            out = []
-            for r in requests:
-                seen.append(r.args[1])
-                assert len(r.args[2]["visual"]) == 1
-                k = len(out) % 3
-                out.append(["I will look." + SB + call() + SE, SB + call(), "4"][k])
-            return out
+    def scripted(requests):
+        out = []
+        for r in requests:
+            seen.append(r.args[1])
+            assert len(r.args[2]["visual"]) == 1
+            k = len(out) % 3
+            out.append(["I will look." + SB + call() + SE, SB + call(), "4"][k])
+        return out
 
     tm = TaskManager(include_path=str(vision_suite), include_defaults=False)
-    res = simple_evaluate(model=Scripted(), tasks=[TOOLUSE_TASK], task_manager=tm, bootstrap_iters=0)
+    res = simple_evaluate(model=scripted_lm(generate_until=scripted, multimodal=True), tasks=[TOOLUSE_TASK],
+                          task_manager=tm, bootstrap_iters=0)
     m = res["results"][TOOLUSE_TASK]
     assert m["tool_call,none"] == pytest.approx(4 / 12) and m["tool_attempt,none"] == pytest.approx(8 / 12)
     assert seen[0]["until"] == ["<|im_end|>"] and seen[0]["keep_special_tokens"] is True
@@ -115,7 +107,7 @@ class FixedGenerator(torch.nn.Module):
         self.config = type("Cfg", (), {"max_position_embeddings": 256})()
 
     def forward(self, input_ids=None, attention_mask=None):
-        raise NotImplementedError
+        raise AssertionError("generate_until must go through generate(), not forward()")
 
     def generate(self, input_ids, max_new_tokens, **kwargs):
         extra = torch.tensor([self.ids[:max_new_tokens]] * input_ids.shape[0], dtype=torch.long)
