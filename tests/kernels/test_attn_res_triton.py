@@ -152,7 +152,6 @@ def test_invalid_inputs_name_the_shapes():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("n", [1, 2, 5, 9])
 def test_triton_bf16_small_flavor_width_on_gpu(n):
     xs, w, g = _inputs(n, (2, 2048), 768, dtype=torch.bfloat16, q_scale=0.5, seed=7)

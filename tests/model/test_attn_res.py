@@ -274,7 +274,6 @@ def test_generate_with_triton_two_phase_matches_naive_full_forward(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("tokens", [1, 4096])
 def test_buffered_two_phase_bf16_small_flavor_width_on_gpu(tokens):
     """Decode (one token) and prefill sizes at the small flavor's width, bf16, 4 blocks of 6 sublayers."""

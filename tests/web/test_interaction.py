@@ -1,7 +1,8 @@
 """Scroll videos with hover/click states (opt-in): styles behind ``interactive=True``, frames that change only the
 pointed element's box, determinism, default output unchanged, and the ``page_video_interactive`` family.
 
-These tests skip (with the reason) only when no Chromium is installed; ``scripts/install_chromium.sh`` installs it.
+Like the other web tests they FAIL without Chromium (the `browser` fixture, with the install hint:
+``scripts/install_chromium.sh``).
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ import pytest
 
 from data_pipelines.synth.families import FamilyContext
 from data_pipelines.web import (
-    ChromiumNotFoundError,
     FrameState,
     ScrollVideoConfig,
     Viewport,
-    find_chromium,
     render_scroll_frames,
     render_scroll_states,
 )
@@ -29,15 +28,6 @@ from data_pipelines.web.generator import generate_page
 VIEW = Viewport(320, 240)
 CLICK = ScrollVideoConfig(step_px=120, interaction="click")
 SEEDS = (0, 4)  # nav + button + cards + footer between them
-
-
-@pytest.fixture
-def chromium(request):
-    try:
-        find_chromium()
-    except ChromiumNotFoundError as err:
-        pytest.skip(f"no Chromium on this machine, so no hover/click rendering to test ({err})")
-    return request.getfixturevalue("browser")
 
 
 def _changed(frame: np.ndarray, plain: np.ndarray) -> np.ndarray:
@@ -64,10 +54,10 @@ def test_interactive_styles_are_opt_in() -> None:
         ScrollVideoConfig(interaction="drag")
 
 
-def test_hover_and_active_frames_change_only_the_element_box(chromium) -> None:
+def test_hover_and_active_frames_change_only_the_element_box(browser) -> None:
     for seed in SEEDS:
         html = generate_page(seed, interactive=True).html
-        frames, states = render_scroll_states(html, VIEW, CLICK, chromium)
+        frames, states = render_scroll_states(html, VIEW, CLICK, browser)
         assert len(frames) == len(states) and frames.shape[1:] == (240, 320, 3)
         plain = {s.offset: f for f, s in zip(frames, states) if s.state == "scroll"}
         pointed = [(f, s) for f, s in zip(frames, states) if s.state != "scroll"]
@@ -77,7 +67,7 @@ def test_hover_and_active_frames_change_only_the_element_box(chromium) -> None:
             assert changed.sum() >= 100, f"seed {seed}: {state} is not visible ({changed.sum()} px)"
             outside = (changed & ~_inside(state, changed.shape)).sum()
             assert outside <= 0.02 * changed.sum(), f"seed {seed}: {outside} of {changed.sum()} px outside {state}"
-        again, states_again = render_scroll_states(html, VIEW, CLICK, chromium)
+        again, states_again = render_scroll_states(html, VIEW, CLICK, browser)
         assert states_again == states, "same HTML, same pointer states"
         # Pointer frames are deterministic up to a few anti-aliased pixels near the pointer target (5 px of 76,800
         # seen on a loaded machine); the documented tolerance is 0.1 % of a frame's pixels.
@@ -86,26 +76,22 @@ def test_hover_and_active_frames_change_only_the_element_box(chromium) -> None:
             assert differ <= 0.001 * a.shape[0] * a.shape[1], f"seed {seed}, frame {i}: {differ} px differ"
 
 
-def test_hover_needs_the_styles_and_default_videos_are_unchanged(chromium) -> None:
+def test_hover_needs_the_styles_and_default_videos_are_unchanged(browser) -> None:
     html = generate_page(SEEDS[0]).html  # no :hover / :active rules
-    frames, states = render_scroll_states(html, VIEW, CLICK, chromium)
+    frames, states = render_scroll_states(html, VIEW, CLICK, browser)
     plain = {s.offset: f for f, s in zip(frames, states) if s.state == "scroll"}
     for frame, state in zip(frames, states):
         assert _changed(frame, plain[state.offset]).mean() < 1e-3, f"{state} changed a page without pointer styles"
-    default, offsets = render_scroll_frames(html, VIEW, ScrollVideoConfig(step_px=120), chromium)
+    default, offsets = render_scroll_frames(html, VIEW, ScrollVideoConfig(step_px=120), browser)
     assert offsets == sorted({s.offset for s in states})
     styled = generate_page(SEEDS[0], interactive=True).html
-    interactive, states = render_scroll_states(styled, VIEW, CLICK, chromium)
+    interactive, states = render_scroll_states(styled, VIEW, CLICK, browser)
     styled_plain = interactive[[s.state == "scroll" for s in states]]
     assert styled_plain.shape == default.shape
     assert (styled_plain != default).any(-1).mean() < 1e-3, "pointer frames must leave the scroll frames as they were"
 
 
-def test_interactive_video_family() -> None:
-    try:
-        find_chromium()
-    except ChromiumNotFoundError as err:
-        pytest.skip(f"no Chromium on this machine ({err})")
+def test_interactive_video_family(browser) -> None:  # the fixture fails with the install hint without Chromium
     ctx = FamilyContext(split="train", index=0, seed=0, image_sides=(56, 320))
     sample = make_page_video_interactive(random.Random(3), ctx)
     assert make_page_video_interactive(random.Random(3), ctx).media[0].data == sample.media[0].data
