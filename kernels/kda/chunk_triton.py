@@ -56,11 +56,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 from kernels.kda.naive import kda_gate_ref, l2norm_ref
 from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_triton
 
-CHUNK = 64
 SUB = 16
 
 
@@ -639,21 +639,11 @@ def _output_kernel(
 
 
 def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.device):
-    """Chunk table (token start, length) and sequence table (first chunk, number of chunks)."""
-    if cu_seqlens is None:
-        bounds = [(b * T, (b + 1) * T) for b in range(B)]
-    else:
-        cs = [int(c) for c in cu_seqlens.tolist()]
-        bounds = list(zip(cs[:-1], cs[1:]))
-    cbos, clen, s0, snc = [], [], [], []
-    for bos, eos in bounds:
-        s0.append(len(cbos))
-        for t in range(bos, eos, CHUNK):
-            cbos.append(t)
-            clen.append(min(CHUNK, eos - t))
-        snc.append(len(cbos) - s0[-1])
-    as_t = lambda x: torch.tensor(x if x else [0], dtype=torch.int32, device=device)
-    return len(cbos), [as_t(x) for x in (cbos, clen)], [as_t(x) for x in (s0, snc)]
+    """Chunk table (token start, length) and sequence table (first chunk, number of chunks) of
+    :func:`chunk_tables`, each at least one entry long (a kernel needs a valid pointer even with no chunk)."""
+    cbos, clen, s0, snc = chunk_tables(T, B, cu_seqlens, device)
+    at_least_one = lambda x: x if x.numel() else torch.zeros(1, dtype=torch.int32, device=device)  # noqa: E731
+    return cbos.numel(), [at_least_one(cbos), at_least_one(clen)], [at_least_one(s0), at_least_one(snc)]
 
 
 PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
