@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels.host_ints import host_ints
 from kernels.qk_max import max_logits_per_head
 from vision_encoder.rope_2d import apply_rope_2d
 
@@ -107,7 +108,7 @@ class MoonViTAttention(nn.Module):
         return out[0].transpose(0, 1)
 
     def _loop(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        bounds = cu_seqlens.tolist()
+        bounds = host_ints(cu_seqlens)
         outs = [self._sdpa(q[a:b], k[a:b], v[a:b], None) for a, b in zip(bounds[:-1], bounds[1:])]
         return torch.cat(outs) if outs else q
 

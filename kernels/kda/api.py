@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.host_ints import host_ints
 from kernels.kda.naive import kda_gate_ref, l2norm_ref
 
 BACKENDS = ("triton", "torch")
@@ -98,11 +99,11 @@ def _check_cu_seqlens(fn: str, cu: torch.Tensor, B: int, T: int) -> int:
         _fail(fn, f"cu_seqlens must be a 1-D integer tensor [N + 1], got {cu.dtype} shape {tuple(cu.shape)}")
     if B != 1:
         _fail(fn, f"with cu_seqlens the batch size must be 1, got B={B}")
-    c = cu.detach().cpu()
-    if int(c[0]) != 0 or int(c[-1]) != T:
-        _fail(fn, f"cu_seqlens must start at 0 and end at T={T}, got {c.tolist()[:4]}...{int(c[-1])}")
-    if bool((c[1:] < c[:-1]).any()):
-        _fail(fn, f"cu_seqlens must be non-decreasing, got {c.tolist()}")
+    c = host_ints(cu)
+    if c[0] != 0 or c[-1] != T:
+        _fail(fn, f"cu_seqlens must start at 0 and end at T={T}, got {c[:4]}...{c[-1]}")
+    if any(b < a for a, b in zip(c[:-1], c[1:])):
+        _fail(fn, f"cu_seqlens must be non-decreasing, got {c}")
     return cu.numel() - 1
 
 

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import torch
 
+from kernels.host_ints import host_ints
 from kernels.kda.chunk_torch import intra_chunk_scores
 
 CHUNK = 64
@@ -76,7 +77,7 @@ def chunk_tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.
     if cu_seqlens is None:
         bounds = [(b * T, (b + 1) * T) for b in range(B)]
     else:
-        cs = [int(c) for c in cu_seqlens.tolist()]
+        cs = host_ints(cu_seqlens)
         bounds = list(zip(cs[:-1], cs[1:]))
     cbos, clen, s0, snc = [], [], [], []
     for bos, eos in bounds:

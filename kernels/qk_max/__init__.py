@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from kernels.host_ints import host_ints
 from kernels.qk_max.chunked import max_logits_per_head_chunked
 from kernels.qk_max.naive import max_logits_per_head_naive
 
@@ -38,7 +39,7 @@ def _check_inputs(
             raise ValueError(f"{where}: cu_seqlens needs T == S, got q {tuple(q.shape)}, k {tuple(k.shape)}")
         if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             raise ValueError(f"{where}: cu_seqlens must be 1-D [N+1], got shape {tuple(cu_seqlens.shape)}")
-        c = cu_seqlens.tolist()
+        c = host_ints(cu_seqlens)
         if c[0] != 0 or c[-1] != B * T or any(b < a for a, b in zip(c[:-1], c[1:])):
             raise ValueError(f"{where}: cu_seqlens must rise from 0 to B*T={B * T}, got {c}")
     if key_padding_mask is not None and tuple(key_padding_mask.shape) != (B, S):

@@ -13,6 +13,8 @@ its first row's ``lo`` and its last row's ``hi``, so the work is the sum over do
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +25,7 @@ def _qk_max_kernel(
     q_ptr, k_ptr, seg_ptr, lo_ptr, hi_ptr, kmask_ptr, out_ptr, scale,
     T, S, H, D, n_mblocks,
     sqb, sqt, sqh, skb, sks, skh,
-    CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -34,7 +36,9 @@ def _qk_max_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < T
     q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
-                mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
+                mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    if IEEE:
+        q = q.to(tl.float32)
     if HAS_SEG:
         seg_q = tl.load(seg_ptr + b * T + offs_m, mask=m_ok, other=-1)
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -50,8 +54,11 @@ def _qk_max_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < S
         k = tl.load(k_ptr + b * skb + h * skh + offs_n[:, None] * sks + offs_d[None, :],
-                    mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
-        logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                    mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        if IEEE:
+            logits = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
+        else:  # 16-bit inputs: exact products, fp32 accumulation on the tensor cores
+            logits = tl.dot(q, tl.trans(k)) * scale
         vis = m_ok[:, None] & n_ok[None, :]
         if CAUSAL:
             vis = vis & (offs_n[None, :] <= offs_m[:, None] + (S - T))
@@ -81,9 +88,13 @@ def segment_windows(cu_seqlens: torch.Tensor, B: int, T: int) -> tuple[torch.Ten
 def max_logits_per_head_triton(
     q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
     cu_seqlens: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
-    block_m: int = 64, block_n: int = 64,
+    block_m: int | None = None, block_n: int = 64,
 ) -> torch.Tensor:
-    """Per-head max of ``scale * q_i . k_j`` over visible pairs; fp32 ``[H]``; inputs already validated."""
+    """Per-head max of ``scale * q_i . k_j`` over visible pairs; fp32 ``[H]``; inputs already validated.
+
+    bf16/fp16 q and k (same dtype) go through the tensor cores (bf16 x bf16 products are exact in fp32, sums in
+    fp32: the fp32 reference up to summation order) in 128-row query blocks; anything else is cast to fp32 and
+    multiplied in IEEE fp32 (64-row blocks), as are all inputs under ``TRITON_INTERPRET=1``."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     B, T, H, D = q.shape
@@ -92,6 +103,10 @@ def max_logits_per_head_triton(
     if cu_seqlens is not None:
         seg, lo, hi = segment_windows(cu_seqlens.to(q.device), B, T)
     kmask = key_padding_mask.to(device=q.device, dtype=torch.int32).contiguous() if key_padding_mask is not None else None
+    # the interpreter's 16-bit tl.dot returns garbage (triton 3.x on CPU): it takes the fp32 path
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    ieee = interpreted or not (q.dtype == k.dtype and q.dtype in (torch.bfloat16, torch.float16))
+    block_m = block_m or (64 if ieee else 128)
     n_mblocks = triton.cdiv(T, block_m)
     partial = torch.full((B * H, n_mblocks), float("-inf"), dtype=torch.float32, device=q.device)
     if T == 0 or S == 0:
@@ -101,7 +116,8 @@ def max_logits_per_head_triton(
         q, k, *(t if t is not None else dummy for t in (seg, lo, hi)), kmask if kmask is not None else dummy, partial, float(scale),
         T, S, H, D, n_mblocks,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        CAUSAL=causal, HAS_SEG=seg is not None, HAS_KMASK=kmask is not None,
+        CAUSAL=causal, HAS_SEG=seg is not None, HAS_KMASK=kmask is not None, IEEE=ieee,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        num_warps=4 if ieee else 8,
     )
     return partial.view(B, H, n_mblocks).amax(dim=(0, 2))

@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from kernels.host_ints import host_ints
+
 BACKENDS = ("triton", "torch")
 ACTIVATIONS = (None, "silu", "swish", "identity")
 
@@ -63,12 +65,12 @@ def check_conv(fn: str, x: torch.Tensor, weight, bias, activation, cu_seqlens, i
         if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point():
             fail(fn, f"cu_seqlens must be a 1-D integer tensor [N + 1], got {cu_seqlens.dtype} "
                  f"{tuple(cu_seqlens.shape)}")
-        c = cu_seqlens.detach().cpu()
-        if int(c[0]) != 0 or int(c[-1]) != T:
-            fail(fn, f"cu_seqlens must start at 0 and end at T={T}, got {c.tolist()}")
-        if bool((c[1:] < c[:-1]).any()):
-            fail(fn, f"cu_seqlens must be non-decreasing, got {c.tolist()}")
-        N = c.numel() - 1
+        c = host_ints(cu_seqlens)
+        if c[0] != 0 or c[-1] != T:
+            fail(fn, f"cu_seqlens must start at 0 and end at T={T}, got {c}")
+        if any(b < a for a, b in zip(c[:-1], c[1:])):
+            fail(fn, f"cu_seqlens must be non-decreasing, got {c}")
+        N = len(c) - 1
     check_params(fn, x, weight, bias, activation, initial_state, N)
     return N
 

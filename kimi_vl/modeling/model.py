@@ -22,6 +22,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from kernels.host_ints import host_ints
 from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.modeling.attention import MLAttention
 from kimi_vl.modeling.attn_res import AttnResStream, ModuleResQuery, ResProj, StandardStream
@@ -147,9 +148,10 @@ class KimiVLModel(KimiVLPreTrainedModel):
 
 
 def _check_packed(cu_seqlens: torch.Tensor, total: int, cache, use_cache: bool | None) -> None:
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != total:
+    bounds = host_ints(cu_seqlens) if cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2 else None
+    if bounds is None or bounds[0] != 0 or bounds[-1] != total:
         raise ValueError(f"KimiVLModel.forward: cu_seqlens must be [N+1] from 0 to B*L={total}, got "
-                         f"{cu_seqlens.tolist() if cu_seqlens.numel() < 20 else tuple(cu_seqlens.shape)}")
+                         f"{bounds if bounds is not None and len(bounds) < 20 else tuple(cu_seqlens.shape)}")
     if cache is not None:
         raise ValueError("KimiVLModel.forward: cu_seqlens (packed documents) cannot be combined with past_key_values")
 

@@ -19,6 +19,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
+from kernels.host_ints import remember
 from kimi_vl.logs import MetricsWriter, print0, progress
 from kimi_vl.optim.builder import build_optimizer, build_scheduler
 from kimi_vl.runconfig import save_config, to_dict
@@ -48,7 +49,11 @@ class LoaderPosition:
 
 def model_inputs(batch: dict[str, Any], device: torch.device, multimodal: bool) -> dict[str, Any]:
     keys = MODEL_KEYS if multimodal else MODEL_KEYS[:4]
-    return {k: batch[k].to(device) for k in keys if k in batch}
+    inputs = {k: batch[k].to(device) for k in keys if k in batch}
+    cu = batch.get("cu_seqlens")
+    if cu is not None and cu.device.type == "cpu" and inputs["cu_seqlens"].device.type != "cpu":
+        remember(inputs["cu_seqlens"], [int(x) for x in cu.tolist()])  # the layers' host reads need no sync
+    return inputs
 
 
 def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.device, multimodal: bool,

@@ -24,6 +24,11 @@ for B, T, S, H, D, causal, packed, pad in [(1, 5, 5, 2, 8, True, False, False), 
     want = max_logits_per_head(q, k, 0.3, causal, cu, kpm, backend="torch")
     got = max_logits_per_head_triton(q, k, 0.3, causal, cu, kpm, block_m=4, block_n=4)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # bf16 inputs (tensor cores on GPU, the fp32 path here): equal to the fp32 maths on the same bf16 values
+    qb, kb = q.bfloat16(), k.bfloat16()
+    want = max_logits_per_head(qb.float(), kb.float(), 0.3, causal, cu, kpm, backend="torch")
+    got = max_logits_per_head_triton(qb, kb, 0.3, causal, cu, kpm, block_m=16, block_n=16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 print("ok")
 """
 
