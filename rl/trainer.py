@@ -53,11 +53,12 @@ def build_optimizer(cfg: RLRunConfig, model: torch.nn.Module) -> torch.optim.Opt
 
 
 class SamplerState:
-    """The prompt RNG and the token sampler's generator, saved with each checkpoint."""
+    """The prompt RNG and the token sampler's generator (on the model's device: ``torch.multinomial`` needs
+    its generator where the probabilities are), saved with each checkpoint."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, device: torch.device | str = "cpu"):
         self.rng = random.Random(seed)
-        self.gen = torch.Generator().manual_seed(seed)
+        self.gen = torch.Generator(device=device).manual_seed(seed)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.getstate(), "gen": self.gen.get_state()}
@@ -80,7 +81,7 @@ def rollout(model: Any, tokenizer: Tokenizer, prompts: list[Prompt], k: int, sam
 
 def evaluate(model: Any, tokenizer: Tokenizer, prompts: list[Prompt], cfg: RLRunConfig) -> dict[str, float]:
     """Held-out reward and pass@1 (one sample per prompt, ``rollout.eval_sampling``, fixed seed)."""
-    gen = torch.Generator().manual_seed(cfg.seed + 12345)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed + 12345)
     batch = score_groups(rollout(model, tokenizer, prompts, 1, cfg.rollout.eval_sampling, gen))
     correct = batch.correct(cfg.objective.correct_threshold).float()
     out = {"eval/reward": batch.rewards_PK.mean().item(), "eval/pass@1": correct.mean().item(),
@@ -106,7 +107,7 @@ class RLTrainer:
         model = build_model(cfg, self.tokenizer).train()  # exports load in eval mode; MoE counts need train
         self.ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.acc.device) if cfg.kl_to_init else None
         self.model, self.optimizer = self.acc.prepare(model, build_optimizer(cfg, model))
-        self.sampler = SamplerState(cfg.seed + 1000 * self.acc.process_index)
+        self.sampler = SamplerState(cfg.seed + 1000 * self.acc.process_index, self.acc.device)
         self.acc.register_for_checkpointing(self.sampler)
         self.heldout = self.source.heldout(cfg.data.heldout_prompts)
         self.step, self.update_tokens, self.budget = 0, 0, None

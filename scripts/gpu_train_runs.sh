@@ -26,13 +26,13 @@ run_stage() {  # name limit_s module config overrides...
   python3 -m kimi_vl.train.plot "runs/gpu/$name" --out "runs/gpu/$name/curves.png" 2>&1 | tail -n 2
 }
 
-run_stage small_pretrain 260 kimi_vl.train kimi_vl/configs/small_pretrain.yaml \
+run_stage small_pretrain 220 kimi_vl.train kimi_vl/configs/small_pretrain.yaml \
   max_steps="$PRE" data.path="$DATA" data.num_workers=8 eval_every=50 checkpoint_every=100 \
   optim.warmup_steps=20 optim.total_steps="$PRE"
-run_stage small_sft_zero_vision 120 kimi_vl.train kimi_vl/configs/small_sft_zero_vision.yaml \
+run_stage small_sft_zero_vision 100 kimi_vl.train kimi_vl/configs/small_sft_zero_vision.yaml \
   init_from=runs/gpu/small_pretrain/final max_steps="$SFT" data.path="$DATA" data.num_workers=8 \
   eval_every=30 checkpoint_every=1000 optim.warmup_steps=5 optim.total_steps="$SFT"
-run_stage small_rl 170 rl kimi_vl/configs/small_rl.yaml \
+run_stage small_rl 210 rl kimi_vl/configs/small_rl.yaml \
   init_from=runs/gpu/small_sft_zero_vision/final max_steps="$RL" data.path="$DATA"
 
 python3 - <<'EOF' | tee "$OUT/summary.txt"

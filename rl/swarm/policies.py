@@ -194,7 +194,8 @@ class ModelPolicy:
     def __call__(self, messages: list[Message]) -> str:
         ids = self.encode_messages(messages)
         with self._lock:
-            gen, self._calls = torch.Generator().manual_seed(self.seed + self._calls), self._calls + 1
+            device = next(self.model.parameters()).device
+            gen, self._calls = torch.Generator(device=device).manual_seed(self.seed + self._calls), self._calls + 1
         group = sample_groups(self.model, [Prompt(ids, "swarm", None)], 1, self.sampling, self.stop_ids,
                               self.pad_id, self.decode, gen)[0]  # fmt: skip
         n = int(group.lengths[0])
