@@ -4,6 +4,8 @@ One command (GPUs: NCCL; ``--device cpu``: gloo), JSON from rank 0 to ``$OUT/dis
 
     torchrun --nproc_per_node 2 -m kimi_vl.benchmarks.dist_muon [--device cuda] [--steps 3]
 
+``--fused on --device cpu`` with ``TRITON_INTERPRET=1`` runs Muon's Triton path (the GPU default) on CPU.
+
 Model: a small decoder LM (``--vocab 32768 --width 1024 --layers 8 --mlp 2816``, ~168M parameters, of which
 the ~101M hidden matrices go to Muon; embeddings, LM head and norms to AdamW), bf16 Newton-Schulz by default.
 
@@ -182,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--ns-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--fused", default="auto", choices=["auto", "on", "off"],
+                    help="Muon's Triton path (auto: on CUDA); 'on' with --device cpu needs TRITON_INTERPRET=1")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     if args.device == "cuda":
@@ -207,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     ref_deltas = {}
     for ns_name in dict.fromkeys([args.ns_dtype, "float32"]):
-        kw = dict(lr=0.02, weight_decay=0.1, ns_dtype=getattr(torch, ns_name))
+        kw = dict(lr=0.02, weight_decay=0.1, ns_dtype=getattr(torch, ns_name),
+                  fused={"auto": None, "on": True, "off": False}[args.fused])
         ref_delta = ref_deltas[ns_name] = reference_delta(base, batches, kw)
         for case in ("ddp", "fsdp2"):
             r = run_case(base, case, batches, ref_delta, kw, device)

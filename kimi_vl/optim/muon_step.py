@@ -170,9 +170,13 @@ def _momentum_torch(it: MuonItem, buf: torch.Tensor, batches: dict[Key, torch.Te
 
 
 def normalise_(batches: dict[Key, torch.Tensor], partials: dict[Key, torch.Tensor], eps: float = NS_EPS) -> None:
-    """Fused path: divide each matrix of each batch by its Frobenius norm (``+ eps``) in place."""
+    """Fused path: divide each matrix of each batch by its Frobenius norm (``+ eps``) in place.
+
+    ``partials[k]`` may have more rows than ``batches[k]`` has matrices (the FSDP2 owner sums them in the
+    one-process batch's shape); the first ``N`` rows belong to the batch.
+    """
     for k, X in batches.items():
-        norm_N11 = partials[k].sum(dim=1).sqrt().view(-1, 1, 1)
+        norm_N11 = partials[k].sum(dim=1)[:X.shape[0]].sqrt().view(-1, 1, 1)
         X.div_(norm_N11 + eps)
 
 

@@ -1,0 +1,92 @@
+"""Two-process gloo check: FSDP2 MuonClip's bf16 update equals one process's for the same gradient, bit for bit.
+
+Usage: python tests/optim/fsdp_same_grad_worker.py {exact,fused,all} [world]
+Each rank trains a tiny model (one-block matrices, a fused gate/up expert stack with row splits, experts) under
+FSDP2 ``fully_shard``; a one-process replica (``distributed="off"``) gets the gathered gradient every step, so
+only the optimizer paths differ (issue 7). ``fused`` runs the Triton path (``TRITON_INTERPRET=1`` on CPU).
+Prints the largest parameter difference per case and exits non-zero unless every one is exactly 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from optim_tiny_models import TinyLM
+
+from kimi_vl.optim import MuonClip
+
+STEPS = 3
+KW = dict(lr=0.02, weight_decay=0.1, ns_dtype=torch.bfloat16, qk_clip=False)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _fsdp(model: TinyLM, world: int) -> TinyLM:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def run_case(rank: int, world: int, fused: bool) -> float:
+    """Largest ``|W_fsdp2 - W_one_process|`` over parameters and steps."""
+    torch.manual_seed(0)
+    base = TinyLM(d=24)
+    model, shadow = _fsdp(copy.deepcopy(base), world), copy.deepcopy(base)
+    opt = MuonClip.from_model(model, fused=fused, **KW)
+    shadow_opt = MuonClip.from_model(shadow, distributed="off", fused=fused, **KW)
+    g = torch.Generator().manual_seed(7)
+    worst = 0.0
+    for _ in range(STEPS):
+        ids = torch.randint(0, 32, (2 * world, 10), generator=g)
+        opt.zero_grad()
+        model.loss(ids[2 * rank:2 * rank + 2]).backward()
+        for sp, p in zip(shadow.parameters(), model.parameters()):
+            sp.grad = None if p.grad is None else _full(p.grad).clone()
+        opt.step()
+        shadow_opt.step()
+        for p, q in zip(model.parameters(), shadow.parameters()):
+            worst = max(worst, (_full(p.detach()) - q.detach()).abs().max().item())
+    return worst
+
+
+def worker(rank: int, world: int, cases: list[str], port: int) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    failed = []
+    for case in cases:
+        worst = run_case(rank, world, fused=case == "fused")
+        if rank == 0:
+            print(f"fsdp2 {case} bf16 same-grad: world {world}, max |W_fsdp2 - W_one_process| {worst:.3e}")
+        if worst != 0.0:
+            failed.append(case)
+    dist.destroy_process_group()
+    if failed:
+        raise SystemExit(f"rank {rank}: FSDP2 update differs from one process for the same gradient in {failed}")
+
+
+def main() -> None:
+    cases = ["exact", "fused"] if sys.argv[1] == "all" else [sys.argv[1]]
+    world = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(world, cases, port), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main()
