@@ -11,6 +11,9 @@ processor's grids give as many vision tokens as the prompt has placeholders). Vi
 The processor's patch budget must be the one the model was trained with: it is read from the run config next to
 an export (``RUN/config.yaml`` for ``RUN/final``, key ``data.max_patches``), else given explicitly.
 
+Several prompts decode as one left-padded batch (:meth:`WebsiteGenerator.generate_batch`; rows never interact:
+the model zeroes padded positions for KDA and masks them for MLA).
+
 Shapes: ``T`` prompt tokens, ``P`` packed patches.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +33,6 @@ from PIL import Image
 from data_pipelines.packing import IGNORE, Encoder, TokenDoc, collate
 from data_pipelines.tokenizer import ROLE_HEADERS
 from data_pipelines.video import DecodedVideo, decode_mp4
-from data_pipelines.web.family import IMAGE_PROMPT, VIDEO_PROMPT
 from vision_encoder.geometry import PatchGeometry
 from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
 
@@ -46,7 +49,7 @@ class Generation:
     prompt_tokens: int
     new_tokens: int
     vision_tokens: int
-    seconds: float
+    seconds: float  # wall time of the generate call (of the whole batch, for a batched generation)
     stopped: bool  # True when the model ended its turn (``<|im_end|>`` / end of text) before ``max_new_tokens``
 
 
@@ -89,9 +92,10 @@ class WebsiteGenerator:
         self.stop_ids = sorted({vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab})
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: str | os.PathLike, max_patches: int | None = None,
-                        device: str = "cpu") -> WebsiteGenerator:
-        """``import kimi_vl``, ``AutoModelForImageTextToText.from_pretrained`` and the tokenizer saved beside it."""
+    def from_checkpoint(cls, checkpoint: str | os.PathLike, max_patches: int | None = None, device: str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> WebsiteGenerator:
+        """``import kimi_vl``, ``AutoModelForImageTextToText.from_pretrained`` (weights in ``dtype``) and the
+        tokenizer saved beside it."""
         from transformers import AutoModelForImageTextToText
 
         import kimi_vl  # noqa: F401 - registers the suite's Auto classes
@@ -107,15 +111,17 @@ class WebsiteGenerator:
         if patches is None:
             raise ValueError(f"checkpoint {folder}: no run config with data.max_patches beside it; pass max_patches "
                              "(the processor budget the model was trained with)")
-        model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32)
+        model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=dtype)
         return cls(model, load_tokenizer(folder), patches, device)
 
-    def prompt(self, image: Image.Image | None = None, video: DecodedVideo | None = None
-               ) -> tuple[dict[str, Any], int]:
-        """The model inputs for one screenshot or one video (exactly one), and the prompt's vision-token count."""
+    def prompt(self, image: Image.Image | None = None, video: DecodedVideo | None = None,
+               text: str | None = None) -> tuple[dict[str, Any], int]:
+        """The model inputs for one screenshot or one video (exactly one), and the prompt's vision-token count.
+        ``text``: the instruction (default: the page families' instruction for the medium)."""
         if (image is None) == (video is None):
             raise ValueError("pass exactly one of image= or video=")
-        kind, text = ("image", IMAGE_PROMPT) if image is not None else ("video", VIDEO_PROMPT)
+        kind = "image" if image is not None else "video"
+        text = text if text is not None else page_instruction(kind)
         messages = [{"role": "user", "content": [{"type": kind, "media": 0}, {"type": "text", "text": text}]}]
         sample = {"__key__": "demo", "json": {"messages": messages, "media": [{"kind": kind}]},
                   "images": [image.convert("RGB")] if image is not None else [],
@@ -128,20 +134,63 @@ class WebsiteGenerator:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", *MEDIA_KEYS) if k in batch}
         return inputs, doc.vision_tokens
 
+    def batch_inputs(self, media: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[int]]:
+        """Model inputs for several prompts (each the keyword arguments of :meth:`prompt`), left-padded to one
+        width (the model masks padding: ``kimi_vl.modeling.model``), media packed in row order; and each prompt's
+        vision-token count."""
+        if not media:
+            raise ValueError("batch_inputs needs at least one prompt")
+        prompts = [self.prompt(**m) for m in media]
+        width = max(p["input_ids"].shape[1] for p, _ in prompts)
+        ids = torch.full((len(prompts), width), self.encoder.ids.pad, dtype=prompts[0][0]["input_ids"].dtype)
+        mask = torch.zeros((len(prompts), width), dtype=prompts[0][0]["attention_mask"].dtype)
+        for row, (p, _) in enumerate(prompts):
+            n = p["input_ids"].shape[1]
+            ids[row, width - n:] = p["input_ids"][0]
+            mask[row, width - n:] = p["attention_mask"][0]
+        batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        for key in MEDIA_KEYS:
+            parts = [p[key] for p, _ in prompts if key in p]
+            if parts:
+                batch[key] = torch.cat(parts)
+        return batch, [v for _, v in prompts]
+
     @torch.no_grad()
+    def generate_batch(self, media: Sequence[dict[str, Any]], max_new_tokens: int = 1024,
+                       max_time: float | None = None) -> list[Generation]:
+        """Greedy decoding of several prompts at once (see :meth:`batch_inputs`), each row until its assistant
+        turn ends or ``max_new_tokens``; every row's ``seconds`` is the batch's wall time. ``max_time``: stop
+        every row after this many seconds (``generate``'s own limit; rows cut there are not ``stopped``)."""
+        inputs, vision_tokens = self.batch_inputs(media)
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        width = inputs["input_ids"].shape[1]
+        prompt_tokens = inputs["attention_mask"].sum(1).tolist()
+        t0 = time.perf_counter()
+        out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, max_time=max_time,
+                                  eos_token_id=self.stop_ids, pad_token_id=self.encoder.ids.pad)
+        seconds = time.perf_counter() - t0
+        return [self._finish(row[width:].tolist(), int(n), v, seconds)
+                for row, n, v in zip(out, prompt_tokens, vision_tokens)]
+
     def generate(self, image: Image.Image | None = None, video: DecodedVideo | None = None,
                  max_new_tokens: int = 1024) -> Generation:
         """Greedy decoding until the assistant turn ends or ``max_new_tokens``."""
-        inputs, vision_tokens = self.prompt(image, video)
-        inputs = {k: v.to(self.device) for k, v in inputs.items()}
-        prompt_len = inputs["input_ids"].shape[1]
-        t0 = time.perf_counter()
-        out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                  eos_token_id=self.stop_ids, pad_token_id=self.encoder.ids.pad)
-        new = out[0, prompt_len:].tolist()
-        stopped = bool(new) and new[-1] in self.stop_ids
+        return self.generate_batch([{"image": image, "video": video}], max_new_tokens)[0]
+
+    def _finish(self, new: list[int], prompt_tokens: int, vision_tokens: int, seconds: float) -> Generation:
+        """A row's new tokens cut after its first stop token (later ones are the batch's padding)."""
+        end = next((i + 1 for i, t in enumerate(new) if t in self.stop_ids), None)
+        new = new[:end] if end is not None else new
         text = self.tokenizer.decode(new, skip_special_tokens=True)
-        return Generation(text, prompt_len, len(new), vision_tokens, time.perf_counter() - t0, stopped)
+        return Generation(text, prompt_tokens, len(new), vision_tokens, seconds, end is not None)
+
+
+def page_instruction(kind: str) -> str:
+    """The page families' instruction for ``kind`` (``image`` or ``video``). Imported when needed: the page
+    families' module also loads the renderer (PyAV), which a machine that only generates may not have."""
+    from data_pipelines.web.family import IMAGE_PROMPT, VIDEO_PROMPT
+
+    return {"image": IMAGE_PROMPT, "video": VIDEO_PROMPT}[kind]
 
 
 def _forward_params(model: torch.nn.Module) -> set[str]:
@@ -150,4 +199,4 @@ def _forward_params(model: torch.nn.Module) -> set[str]:
     return set(inspect.signature(model.forward).parameters)
 
 
-__all__ = ["Generation", "VIDEO_FPS", "WebsiteGenerator", "load_video", "run_config_max_patches"]
+__all__ = ["Generation", "VIDEO_FPS", "WebsiteGenerator", "load_video", "page_instruction", "run_config_max_patches"]

@@ -29,7 +29,6 @@ from data_pipelines.shards import iter_tar
 from data_pipelines.synth.build import split_shards
 from eval.demo.generator import WebsiteGenerator
 from eval.demo.outputs import stack_rows
-from eval.demo.pipeline import screenshot_to_website, video_to_website
 
 PAGE_FAMILIES = ("page", "page_video")
 DEFAULT_DATA = "synth:web_tiny"
@@ -38,13 +37,15 @@ SCORE_KEYS = ("overall", "block_match", "text", "position", "color", "visual", "
 
 @dataclass(frozen=True)
 class HeldoutPage:
-    """One held-out page: its shard key, family, ground-truth HTML and input media (``img0.png``/``vid0.mp4``)."""
+    """One held-out page: its shard key, family, ground-truth HTML, input media (``img0.png``/``vid0.mp4``) and
+    the user's instruction of the sample."""
 
     key: str
     family: str
     html: str
     media_name: str
     media: bytes
+    prompt: str = ""
 
 
 def data_folder(data: str) -> Path:
@@ -61,16 +62,25 @@ def heldout_pages(data: str = DEFAULT_DATA, split: str = "eval", families: Seque
     pages, counts = [], dict.fromkeys(families, 0)
     for shard in split_shards(root, split, "vision"):
         for raw in iter_tar(shard):
-            family = json.loads(raw["json"])["family"]
+            record = json.loads(raw["json"])
+            family = record["family"]
             if family not in counts or (limit is not None and counts[family] >= limit):
                 continue
             media = next(k for k in sorted(raw) if k.endswith((".png", ".mp4")))
-            pages.append(HeldoutPage(raw["__key__"], family, raw["html"].decode("utf-8"), media, raw[media]))
+            pages.append(HeldoutPage(raw["__key__"], family, raw["html"].decode("utf-8"), media, raw[media],
+                                     _instruction(record)))
             counts[family] += 1
     if not pages:
         raise ValueError(f"{root}: no {list(families)} samples in split {split!r} (build a preset with pages, "
                          f"e.g. synth:web_tiny)")
     return pages
+
+
+def _instruction(record: dict[str, Any]) -> str:
+    """The text part of the sample's user turn (the page families' instruction)."""
+    user = next(m for m in record["messages"] if m["role"] == "user")
+    parts = user["content"] if isinstance(user["content"], list) else [{"type": "text", "text": user["content"]}]
+    return "".join(p["text"] for p in parts if p.get("type") == "text")
 
 
 def _means(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -82,6 +92,8 @@ def evaluate_heldout(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
                      limit: int | None = None, max_new_tokens: int = 1024, max_patches: int | None = None,
                      examples: int = 2, device: str = "cpu") -> dict[str, Any]:
     """Run the demo on the held-out pages with one loaded model; returns (and writes) ``summary.json``."""
+    from eval.demo.pipeline import screenshot_to_website, video_to_website
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     generator = WebsiteGenerator.from_checkpoint(checkpoint, max_patches=max_patches, device=device)
@@ -95,20 +107,33 @@ def evaluate_heldout(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, 
         result = run(media, checkpoint, folder, reference_html=page.html, max_new_tokens=max_new_tokens,
                      generator=generator)
         results.append({"key": page.key, "family": page.family, **result})
-    per_family = {f: _means([r for r in results if r["family"] == f]) for f in PAGE_FAMILIES
-                  if any(r["family"] == f for r in results)}
-    summary = {"checkpoint": str(checkpoint), "data": data, "pages": len(results), "means": _means(results),
-               "per_family": per_family, "rendered": sum(r["rendered"] for r in results),
-               "seconds": time.perf_counter() - t0, "max_new_tokens": max_new_tokens,
-               "per_page": [{"key": r["key"], "family": r["family"], "html_recovery": r["html_recovery"],
-                             "new_tokens": r["generation"]["new_tokens"], "stopped": r["generation"]["stopped"],
-                             **{k: r["scores"][k] for k in SCORE_KEYS if k in r["scores"]},
-                             "reason": r["scores"].get("reason", "")} for r in results]}
-    picks = [r for f in PAGE_FAMILIES for r in [r for r in results if r["family"] == f][:examples]]
-    if picks:
-        stack_rows([Image.open(r["files"]["side_by_side"]) for r in picks]).save(out / "examples.png")
+    summary = {"checkpoint": str(checkpoint), "data": data, **summarize(results),
+               "seconds": time.perf_counter() - t0, "max_new_tokens": max_new_tokens}
+    write_examples(results, out / "examples.png", examples)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Page count, mean scores (all pages and per family), rendered count and per-page rows of demo results
+    (each a ``scores.json`` dict plus ``key`` and ``family``)."""
+    per_family = {f: _means([r for r in results if r["family"] == f]) for f in PAGE_FAMILIES
+                  if any(r["family"] == f for r in results)}
+    return {"pages": len(results), "means": _means(results), "per_family": per_family,
+            "rendered": sum(r["rendered"] for r in results),
+            "per_page": [{"key": r["key"], "family": r["family"], "html_recovery": r["html_recovery"],
+                          "new_tokens": r["generation"]["new_tokens"], "stopped": r["generation"]["stopped"],
+                          **{k: r["scores"][k] for k in SCORE_KEYS if k in r["scores"]},
+                          "reason": r["scores"].get("reason", "")} for r in results]}
+
+
+def write_examples(results: list[dict[str, Any]], path: Path, examples: int = 2) -> list[dict[str, Any]]:
+    """The side-by-side pictures of the first ``examples`` pages of each family, stacked into ``path``;
+    returns the pages shown (none written when there are none)."""
+    picks = [r for f in PAGE_FAMILIES for r in [r for r in results if r["family"] == f][:examples]]
+    if picks:
+        stack_rows([Image.open(r["files"]["side_by_side"]) for r in picks]).save(path)
+    return picks
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,10 @@
 - ``side_by_side.png`` (input | generated render | reference render);
 - ``scores.json`` (the returned dict) and ``report.html`` (open it in a browser).
 
+The steps also run apart (generation on a machine without a browser, scoring where Chromium is;
+``eval/demo/candidates.py``): :func:`video_input` / :func:`screenshot_input` load an input,
+``WebsiteGenerator.generate(**page.gen_kwargs)`` writes the text, and :func:`write_page_result` does the rest.
+
 Scores (all in [0, 1]):
 
 - with ``reference_html``: the Design2Code-style metric of :mod:`eval.web_metric` (``block_match``, ``text``,
@@ -25,6 +29,7 @@ The viewport is the input's width (a video's frame size; a screenshot's width at
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 from pathlib import Path
@@ -36,7 +41,7 @@ from PIL import Image
 from data_pipelines.video import DecodedVideo
 from data_pipelines.web.browser import ChromiumNotFoundError, RenderError, Viewport
 from data_pipelines.web.render import ScrollVideoConfig, decode_png, render_screenshot, render_scroll_frames
-from eval.demo.generator import WebsiteGenerator, load_video
+from eval.demo.generator import Generation, WebsiteGenerator, load_video
 from eval.demo.outputs import frames_column, message_image, recover_html, side_by_side, write_report
 from eval.web_metric.score import WebMetricConfig, score_html
 from eval.web_metric.visual import visual_similarity
@@ -119,19 +124,57 @@ def compute_scores(html: str, rendered: Rendered, viewport: Viewport, reference_
     return scores
 
 
-def _finish(task: str, source: str, checkpoint: str, out_dir: Path, generator: WebsiteGenerator,
-            gen_kwargs: dict[str, Any], input_panel: Image.Image, viewport: Viewport, reference_html: str | None,
-            max_new_tokens: int, **inputs: Any) -> dict[str, Any]:
+@dataclasses.dataclass
+class PageInput:
+    """A demo input, loaded: what the generator takes (``image=`` or ``video=``), the side-by-side panel, the
+    viewport the pages are rendered at, and the input the reference-free scores compare against."""
+
+    task: str  # "video2web" | "screenshot2web"
+    source: str
+    gen_kwargs: dict[str, Any]
+    panel: Image.Image
+    viewport: Viewport
+    score_inputs: dict[str, Any]
+
+
+def _source_name(media: str | os.PathLike | bytes, source: str | None) -> str:
+    return source or ("<bytes>" if isinstance(media, bytes) else str(media))
+
+
+def video_input(video: str | os.PathLike | bytes, source: str | None = None) -> PageInput:
+    """A scroll-through clip (a path or the mp4 bytes) decoded as in training; the viewport is its frame size."""
+    decoded: DecodedVideo = load_video(video)
+    _, h, w, _ = decoded.frames_THWC.shape
+    return PageInput("video2web", _source_name(video, source), {"video": decoded},
+                     frames_column(decoded.frames_THWC), viewport_for(w, h), {"input_frames": decoded.frames_THWC})
+
+
+def screenshot_input(image: str | os.PathLike | bytes, source: str | None = None) -> PageInput:
+    """A full-page screenshot (a path or the encoded bytes); the viewport is its width at 4:3."""
+    name = _source_name(image, source)
+    try:
+        with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as im:
+            rgb = im.convert("RGB")
+    except OSError as err:
+        raise ValueError(f"image {name} could not be read: {err}") from err
+    return PageInput("screenshot2web", name, {"image": rgb}, rgb, viewport_for(rgb.width), {"input_image": rgb})
+
+
+def write_page_result(page: PageInput, checkpoint: str, out_dir: str | os.PathLike, generation: Generation,
+                      reference_html: str | None = None) -> dict[str, Any]:
+    """Recover, render, score and write one generation (the files of the module docstring); returns the
+    ``scores.json`` dict. No model needed: the generation may come from another machine."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    generation = generator.generate(**gen_kwargs, max_new_tokens=max_new_tokens)
     html, how = recover_html(generation.text)
+    viewport = page.viewport
     rendered = render_page(html, viewport)
     files = {"generation": out_dir / "generation.txt", "html": out_dir / "generated.html",
              "side_by_side": out_dir / "side_by_side.png", "scores": out_dir / "scores.json",
              "report": out_dir / "report.html"}
     files["generation"].write_text(generation.text, encoding="utf-8")
     files["html"].write_text(html, encoding="utf-8")
-    panels = [("input", input_panel),
+    panels = [("input", page.panel),
               ("generated", rendered.image or message_image(rendered.error, viewport.width, viewport.height))]
     if rendered.png:
         files["rendered"] = out_dir / "rendered.png"
@@ -142,14 +185,20 @@ def _finish(task: str, source: str, checkpoint: str, out_dir: Path, generator: W
         reference = render_page(reference_html, viewport)
         panels.append(("reference", reference.image or message_image(reference.error)))
     side_by_side(panels).save(files["side_by_side"])
-    result = {"task": task, "input": source, "checkpoint": checkpoint, "viewport": [viewport.width, viewport.height],
-              "generation": dataclasses.asdict(generation), "html_recovery": how, "rendered": rendered.png is not None,
-              "render_error": rendered.error,
-              "scores": compute_scores(html, rendered, viewport, reference_html, **inputs),
+    result = {"task": page.task, "input": page.source, "checkpoint": checkpoint,
+              "viewport": [viewport.width, viewport.height], "generation": dataclasses.asdict(generation),
+              "html_recovery": how, "rendered": rendered.png is not None, "render_error": rendered.error,
+              "scores": compute_scores(html, rendered, viewport, reference_html, **page.score_inputs),
               "files": {k: str(v) for k, v in files.items()}}
     write_report(out_dir, result)
     files["scores"].write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return result
+
+
+def _finish(page: PageInput, checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
+            generator: WebsiteGenerator, reference_html: str | None, max_new_tokens: int) -> dict[str, Any]:
+    generation = generator.generate(**page.gen_kwargs, max_new_tokens=max_new_tokens)
+    return write_page_result(page, str(checkpoint), out_dir, generation, reference_html)
 
 
 def _generator(checkpoint: str | os.PathLike, generator: WebsiteGenerator | None, max_patches: int | None,
@@ -162,12 +211,9 @@ def video_to_website(video_path: str | os.PathLike, checkpoint: str | os.PathLik
                      device: str = "cpu", generator: WebsiteGenerator | None = None) -> dict[str, Any]:
     """A scroll-through clip (mp4, ...) -> HTML with ``checkpoint`` (an export ``RUN/final``); see the module
     docstring for the files. Returns the ``scores.json`` dict (``scores``, ``files``, generation stats)."""
-    video: DecodedVideo = load_video(video_path)
-    t, h, w, _ = video.frames_THWC.shape
+    page = video_input(video_path)
     gen = _generator(checkpoint, generator, max_patches, device)
-    return _finish("video2web", str(video_path), str(checkpoint), Path(out_dir), gen, {"video": video},
-                   frames_column(video.frames_THWC), viewport_for(w, h), reference_html, max_new_tokens,
-                   input_frames=video.frames_THWC)
+    return _finish(page, checkpoint, out_dir, gen, reference_html, max_new_tokens)
 
 
 def screenshot_to_website(image_path: str | os.PathLike, checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
@@ -175,15 +221,10 @@ def screenshot_to_website(image_path: str | os.PathLike, checkpoint: str | os.Pa
                           max_patches: int | None = None, device: str = "cpu",
                           generator: WebsiteGenerator | None = None) -> dict[str, Any]:
     """A full-page screenshot (png, jpg, ...) -> HTML; same outputs as :func:`video_to_website`."""
-    try:
-        with Image.open(image_path) as im:
-            image = im.convert("RGB")
-    except OSError as err:
-        raise ValueError(f"image {image_path} could not be read: {err}") from err
+    page = screenshot_input(image_path)
     gen = _generator(checkpoint, generator, max_patches, device)
-    return _finish("screenshot2web", str(image_path), str(checkpoint), Path(out_dir), gen, {"image": image}, image,
-                   viewport_for(image.width), reference_html, max_new_tokens, input_image=image)
+    return _finish(page, checkpoint, out_dir, gen, reference_html, max_new_tokens)
 
 
-__all__ = ["compute_scores", "render_page", "scroll_state_similarity", "screenshot_to_website", "video_to_website",
-           "viewport_for"]
+__all__ = ["PageInput", "compute_scores", "render_page", "screenshot_input", "scroll_state_similarity",
+           "screenshot_to_website", "video_input", "video_to_website", "viewport_for", "write_page_result"]
