@@ -92,7 +92,7 @@ else
   STEPS=$(python3 -c "print(max(1, int(($AVAIL - $STARTUP_S - ${KVL_WEB_END_S:-20}) / max(1.05 * $STEP_S, 1e-3))))")
   log "max_steps $STEPS from step ${STEP_S}s"
 fi
-WARMUP=$(( STEPS / 20 > 1 ? STEPS / 20 : 1 ))
+WARMUP=$(( STEPS >= 40 ? STEPS / 20 : (STEPS > 2 ? 2 : 0) ))  # 5%; the schedule needs total_steps > warmup
 EVAL_EVERY=$(( STEPS / 5 > 1 ? STEPS / 5 : 1 ))
 printf '{"max_steps": %s, "step_s": "%s", "startup_s": "%s", "budget_s": %s, "gen_s": %s, "config": "%s"}\n' \
   "$STEPS" "${STEP_S:-}" "${STARTUP_S:-}" "$BUDGET" "$GEN_S" "$CONFIG" > "$OUT/train_plan.json"
