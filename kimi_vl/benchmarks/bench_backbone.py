@@ -10,7 +10,8 @@ Measured in one run, bf16 weights, CUDA events after warm-up:
   (block AttnRes), with peak memory;
 - decode tokens/s (batch ``--decode-batch``, greedy steps after a cached prefill) and cache bytes per token at
   each ``--decode-contexts`` length, for the same variants.
-MFU = achieved model FLOP/s / ``--peak-tflops`` (989 = H100 SXM dense bf16). Model FLOPs per token: 6 x
+MFU = achieved model FLOP/s / ``--peak-tflops`` (989 = H100 SXM dense bf16). Model FLOPs per token:
+:func:`kimi_vl.modeling.flops.lm_flops_per_token` (the training app's MFU uses the same function): 6 x
 (non-embedding parameters + LM head) + attention/KDA terms (causal MLA: 6 H (dq + dv) T / 2 per layer;
 KDA: 3 x H (6 K^2 + 3 C K + C^2) per layer, C = 64, from ``../shared/REFERENCE.md``).
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+from kimi_vl.modeling.flops import lm_flops_per_token
 
 
 def variant_config(flavor: str, variant: str) -> KimiVLConfig:
@@ -36,22 +38,6 @@ def variant_config(flavor: str, variant: str) -> KimiVLConfig:
     if variant == "hybrid_attnres":
         return KimiVLConfig.from_flavor(flavor, residual_mode="attnres_block")
     return cfg
-
-
-def flops_per_token(cfg: KimiVLConfig, model: KimiVLForCausalLM, seq: int) -> float:
-    embed = model.get_input_embeddings().weight.numel()
-    params = sum(p.numel() for p in model.parameters()) - embed
-    if not cfg.tie_word_embeddings:
-        params -= model.lm_head.weight.numel()
-    params += model.lm_head.weight.numel()
-    flops = 6.0 * params
-    for t in cfg.layer_types:
-        if t == "full_attention":
-            flops += 6.0 * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * seq / 2
-        else:
-            k, c = cfg.linear_head_dim, 64
-            flops += 3.0 * cfg.linear_num_heads * (6 * k * k + 3 * c * k + c * c)
-    return flops
 
 
 def _time_cuda(fn, warmup: int, iters: int) -> float:
@@ -79,7 +65,7 @@ def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> di
     sec = _time_cuda(step, warmup=2, iters=iters)
     tps = batch * seq / sec
     return {"seq": seq, "batch": batch, "step_s": sec, "tokens_per_s": tps,
-            "mfu": flops_per_token(cfg, model, seq) * tps / (peak * 1e12),
+            "mfu": lm_flops_per_token(model, seq) * tps / (peak * 1e12),
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 

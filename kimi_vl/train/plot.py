@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,3 +88,7 @@ def main(argv: Sequence[str]) -> int:
     out = plot_metrics(metrics, args.out or run / "curves.png", title=run.name)
     print(out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
