@@ -97,7 +97,8 @@ def plan_chain(exp: Experiment, arm_name: str, seed: int, out: Path) -> list[Sta
     parent: StageJob | None = None
     for st in exp.arm_stages(arm):
         config = exp.resolve(st.config if st.config is not None else exp.base_config)
-        overrides = tuple(exp.base_overrides) + tuple(st.overrides) + tuple(arm.overrides)
+        overrides = (tuple(exp.base_overrides) + tuple(st.overrides) + tuple(arm.overrides)
+                     + tuple(exp.stage_overrides.get(st.name, ())))
         parent_key = parent.key if parent else ""
         key = _hash([st.command, str(config), _file_digest(config), *overrides, str(seed), parent_key])
         job = StageJob(

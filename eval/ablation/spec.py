@@ -16,7 +16,10 @@ key and the file; ``_base_`` and ``key=value`` overrides work as for run configs
     curves: [loss, eval/val/loss]
 
 Stage overrides are applied in this order: ``base_overrides``, the stage's ``overrides``, the arm's
-``overrides`` (so an arm wins), then the harness's own ``output_dir``/``seed``/``init_from`` keys. Relative
+``overrides`` (so an arm wins over both), ``stage_overrides[<stage name>]`` (the last word on every stage of that
+name, whatever its arm: e.g. a CPU-sized run of a GPU experiment from the command line,
+``stage_overrides.pretrain=[model.flavor=debug,max_steps=4]``), then the harness's own
+``output_dir``/``seed``/``init_from`` keys. Relative
 paths (``base_config``, a stage's ``config``, ``eval.include_path``) resolve against the experiment file.
 """
 
@@ -100,6 +103,8 @@ class Experiment:
     curves: list[str] = field(default_factory=lambda: ["loss"])
     curve_x: str = "step"
     targets: list[TargetSpec] = field(default_factory=list)
+    # stage name -> overrides applied after the arm's to every stage of that name (see the module docstring)
+    stage_overrides: dict[str, list[str]] = field(default_factory=dict)
     # config keys of the stage runs that receive the harness's values
     output_key: str = "output_dir"
     seed_key: str = "seed"
@@ -124,6 +129,10 @@ class Experiment:
         for arm in self.arms:
             if not self.arm_stages(arm):
                 raise ValueError(f"arm '{arm.name}': empty stage list")
+        stage_names = {st.name for arm in self.arms for st in self.arm_stages(arm)}
+        unknown = sorted(set(self.stage_overrides) - stage_names)
+        if unknown:
+            raise ValueError(f"stage_overrides: no stage named {unknown} (stages: {sorted(stage_names)})")
 
     def arm(self, name: str) -> ArmSpec:
         for a in self.arms:
