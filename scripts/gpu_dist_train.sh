@@ -4,6 +4,7 @@
 # For DDP and FSDP2 (configs/accelerate/{ddp,fsdp2}.yaml): `small` joint pretraining for STEPS steps with a
 # checkpoint every STEPS/2, then the same command with max_steps = 1.5 * STEPS, which must resume from the last
 # checkpoint and continue. Logs and metrics go to $OUT/dist_<mode>_{a,b}.log and $OUT/dist_train.tar.gz.
+# KVL_DIST_MODES (default "ddp fsdp2"), KVL_DIST_LIMIT_A / _B (seconds per launch, default 200 / 150).
 set -u
 DATA=${1:?usage: gpu_dist_train.sh DATA_DIR [STEPS]}
 STEPS=${2:-20}
@@ -29,9 +30,9 @@ launch() {  # mode tag max_steps limit_s
   grep -h "^\[train\]\|step=" "runs/dist/${mode}_${tag}.log" | tail -n 4
 }
 
-for mode in ddp fsdp2; do
-  launch "$mode" a "$STEPS" 200
-  launch "$mode" b $((STEPS * 3 / 2)) 150
+for mode in ${KVL_DIST_MODES:-ddp fsdp2}; do
+  launch "$mode" a "$STEPS" "${KVL_DIST_LIMIT_A:-200}"
+  launch "$mode" b $((STEPS * 3 / 2)) "${KVL_DIST_LIMIT_B:-150}"
   grep -h "resumed from" "runs/dist/${mode}_b.log" | tee -a "$OUT/dist_status.txt"
 done
 tar czf "$OUT/dist_train.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
