@@ -65,15 +65,36 @@ class ModuleResQuery(ResQuery):
 
     FSDP2 swaps a layer's parameters for their unsharded tensors only inside that layer's forward; a query
     captured before the layer runs would still point at the sharded storage (an illegal memory access in the
-    fused kernel, seen on 2 H200s). The stream therefore holds modules, not tensors.
+    fused kernel, seen on 2 H200s). The stream therefore holds modules, not tensors. The modules themselves are
+    never called, so they must belong to the FSDP unit whose forward is running (a unit of their own is gathered
+    only in its modules' forward): a parameter still sharded (a ``DTensor``) when read is a clear error.
     """
 
     def __init__(self, proj: nn.Module, norm: nn.Module) -> None:  # noqa: D107 - no dataclass fields to set
         self._proj, self._norm = proj, norm
 
-    weight = property(lambda self: self._proj.weight)  # type: ignore[assignment]
-    gain = property(lambda self: self._norm.weight)  # type: ignore[assignment]
+    weight = property(lambda self: _unsharded(self._proj, "weight"))  # type: ignore[assignment]
+    gain = property(lambda self: _unsharded(self._norm, "key-norm gain"))  # type: ignore[assignment]
     eps = property(lambda self: self._norm.eps)  # type: ignore[assignment]
+
+
+def _unsharded(module: nn.Module, what: str) -> torch.Tensor:
+    p = module.weight
+    if _is_dtensor(p):
+        raise RuntimeError(
+            f"kimi_vl/modeling/attn_res.py: an AttnRes query's {what} ({type(module).__name__} "
+            f"{tuple(p.shape)}) is still a sharded DTensor when the stream reads it: its module is in an FSDP "
+            "unit that is not gathered at this point (FSDP2 gathers a unit only in its modules' forward and "
+            "these modules are never called); keep it in the unit of the layer (or model) that uses it")
+    return p
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def _rstd(v_fp32: torch.Tensor, eps: float) -> torch.Tensor:

@@ -83,10 +83,14 @@ class KimiVLModel(KimiVLPreTrainedModel):
         d = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
         self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(d, config.rms_norm_eps)
         attnres = config.residual_mode != "standard"
         self.output_attn_res_proj = ResProj(d) if attnres else None
         self.output_attn_res_norm = RMSNorm(d, config.rms_norm_eps) if attnres else None
+        # registered after the output query: ``norm`` must be the last norm child, the one accelerate's FSDP2
+        # takes for the final norm and shards with ``lm_head`` in a unit of their own that is gathered only in
+        # its modules' forward; the output key norm is never called (the mix reads its weight), so in that unit
+        # it stayed sharded (issue 9: mixed Tensor/DTensor in the first forward on 2 H200s)
+        self.norm = RMSNorm(d, config.rms_norm_eps)
         if attnres:  # the first sublayer mixes the embedding alone: softmax over one source is 1, so its query and
             # key gain have no effect; frozen so that DDP does not wait for gradients they never get
             self.layers[0].self_attention_res_proj.requires_grad_(False)
