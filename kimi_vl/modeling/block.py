@@ -58,12 +58,19 @@ class DecoderLayer(nn.Module):
         return [ModuleResQuery(self.self_attention_res_proj, self.self_attention_res_norm),
                 ModuleResQuery(self.mlp_res_proj, self.mlp_res_norm)]
 
-    def forward(self, stream, inputs: LayerInputs) -> None:
+    def forward(self, stream, inputs: LayerInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs both sublayers on ``stream``; returns their raw outputs, which the caller may ignore: FSDP2
+        (``fully_shard`` per layer, ``reshard_after_forward``) gathers the layer again for backward from a hook on
+        the forward's output tensors, so a layer that returned nothing was never re-gathered (its backward read
+        freed storage)."""
         first = 2 * self.layer_idx
         h = stream.input(first)
-        stream.add(first, self._maybe_checkpoint(self._mixer, h, inputs))
+        mixer_out = self._maybe_checkpoint(self._mixer, h, inputs)
+        stream.add(first, mixer_out)
         h = stream.input(first + 1)
-        stream.add(first + 1, self._maybe_checkpoint(self._ffn, h, inputs))
+        ffn_out = self._maybe_checkpoint(self._ffn, h, inputs)
+        stream.add(first + 1, ffn_out)
+        return mixer_out, ffn_out
 
     def _maybe_checkpoint(self, fn, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
         if self.gradient_checkpointing and self.training and inputs.cache is None:

@@ -35,9 +35,8 @@ def test_fsdp2_attnres_loss_and_grads_equal_one_process(kind: str) -> None:
     _run(kind, "keep")
 
 
-@pytest.mark.xfail(strict=True, reason="DecoderLayer.forward returns None, so FSDP2 registers no pre-backward "
-                   "hook and a layer resharded after forward is never gathered for backward (block.py)")
 def test_fsdp2_attnres_reshard_after_forward() -> None:
-    """configs/accelerate/fsdp2.yaml's ``fsdp_reshard_after_forward: true``."""
+    """configs/accelerate/fsdp2.yaml's ``fsdp_reshard_after_forward: true`` (DecoderLayer.forward returns its
+    sublayer outputs: FSDP2 re-gathers a resharded layer for backward from a hook on them)."""
     pytest.importorskip("accelerate")
     _run("lm", "reshard")
