@@ -78,6 +78,11 @@ class ModuleResQuery(ResQuery):
     eps = property(lambda self: self._norm.eps)  # type: ignore[assignment]
 
 
+def queries_sharded(queries: Sequence[ResQuery]) -> bool:
+    """Whether any module-backed query's parameters are FSDP2 shards right now (its layer not gathered yet)."""
+    return any(isinstance(q, ModuleResQuery) and _is_dtensor(q._proj.weight) for q in queries)
+
+
 def _unsharded(module: nn.Module, what: str) -> torch.Tensor:
     p = module.weight
     if _is_dtensor(p):

@@ -25,7 +25,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from kernels.host_ints import host_ints
 from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.modeling.attention import MLAttention
-from kimi_vl.modeling.attn_res import AttnResStream, ModuleResQuery, ResProj, StandardStream
+from kimi_vl.modeling.attn_res import AttnResStream, ModuleResQuery, ResProj, StandardStream, queries_sharded
 from kimi_vl.modeling.block import DecoderLayer, LayerInputs
 from kimi_vl.modeling.cache import KimiVLCache
 from kimi_vl.modeling.kda_layer import KDALayer, kda_init_values
@@ -116,8 +116,9 @@ class KimiVLModel(KimiVLPreTrainedModel):
         queries.append(ModuleResQuery(self.output_attn_res_proj, self.output_attn_res_norm))
         size = 1 if self.config.residual_mode == "attnres_full" else self.config.attnres_block_size
         impl = self.attnres_impl
-        if impl == "auto":
-            impl = "fused" if torch.is_grad_enabled() or record is not None else "two_phase"
+        if impl == "auto":  # two-phase reads a whole block's queries up front: not while FSDP2 shards the layers
+            per_use = torch.is_grad_enabled() or record is not None or queries_sharded(queries)
+            impl = "fused" if per_use else "two_phase"
         return AttnResStream(x, queries, size, impl, record, token_mask)
 
     def forward(self, input_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
