@@ -19,17 +19,29 @@ _SLOTS = 8
 _cache: list[tuple[weakref.ref, int, list[int]]] = []  # most recent last
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """The in-place version counter; ``None`` for inference-mode tensors, which have none (never cached)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
 def _lookup(t: torch.Tensor) -> list[int] | None:
-    for ref, version, values in reversed(_cache):
-        if ref() is t and t._version == version:
+    version = _version(t)
+    for ref, seen, values in reversed(_cache):
+        if ref() is t and version is not None and version == seen:
             return values
     return None
 
 
 def remember(t: torch.Tensor, values: list[int]) -> None:
     """Record ``values`` (the host copy of ``t``'s current contents) for later :func:`host_ints` calls."""
+    version = _version(t)
+    if version is None:
+        return
     _cache[:] = [e for e in _cache if e[0]() is not None and e[0]() is not t][-(_SLOTS - 1):]
-    _cache.append((weakref.ref(t), t._version, values))
+    _cache.append((weakref.ref(t), version, values))
 
 
 def host_ints(t: torch.Tensor) -> list[int]:

@@ -26,3 +26,11 @@ def test_cache_keeps_a_bounded_number_of_entries() -> None:
         remember(t, [0, i])
     assert _lookup(tensors[-1]) == [0, 19]
     assert _lookup(tensors[0]) is None
+
+
+def test_inference_mode_tensors_are_not_cached() -> None:
+    with torch.inference_mode():
+        t = torch.tensor([0, 2, 4])
+    remember(t, [0, 2, 4])  # no version counter: nothing is stored, nothing raises
+    assert _lookup(t) is None
+    assert host_ints(t) == [0, 2, 4]
