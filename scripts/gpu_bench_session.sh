@@ -3,7 +3,7 @@
 #   bash scripts/gpu_bench_session.sh
 # In order of importance, each part under its own time limit (a part cut by its limit leaves what it wrote):
 #  1. KDA: ours at the five issue shapes (per-kernel profile), then ours vs fla-core (same process) at 1x8192x32
-#     with our earlier forward/backward variants timed beside (fla autotunes once per head count: 1-2.5 min);
+#     with our two backward variants timed beside (fla autotunes once per head count: 1-2.5 min);
 #  2. the GPU-marked kernel tests (KDA, its prep, short conv, AttnRes), compilation spread over the CPU cores;
 #  3. MuonClip step vs torch.optim.Muon; 4. AttnRes mix and step overhead; 5. short conv;
 #  6. the small backbone: hybrid vs all-MLA training at 4K/32K, decode at 128K.
@@ -24,9 +24,9 @@ part() {  # title limit_s command...
 }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee -a "$LOG"
-part "KDA ours, five shapes" 150 python3 kernels/benchmarks/bench_kda.py --impls ours --no-variants --profile \
+part "KDA ours, five shapes" 150 python3 kernels/benchmarks/bench_kda.py --impls ours --profile \
   --deadline 120 --out "$OUT/bench_kda_ours.json"
-part "KDA ours vs fla, 1x8192x32, with variants" 200 python3 kernels/benchmarks/bench_kda.py --impls ours,fla \
+part "KDA ours vs fla, 1x8192x32" 200 python3 kernels/benchmarks/bench_kda.py --impls ours,fla \
   --shapes 1x8192x32 --no-prelude --deadline 190 --out "$OUT/bench_kda_vs_fla.json"
 part "GPU kernel tests" 100 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider tests/kernels
 part "MuonClip" 50 python3 -m kimi_vl.benchmarks.bench_muon

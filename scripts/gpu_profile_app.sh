@@ -30,6 +30,6 @@ if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla_site .whl/fla_core-*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/fla_site
 fi
-part "KDA ours vs fla, five shapes" 320 python3 kernels/benchmarks/bench_kda.py --impls ours,fla --no-variants \
+part "KDA ours vs fla, five shapes" 320 python3 kernels/benchmarks/bench_kda.py --impls ours,fla \
   --no-prelude --deadline 300 --out "$OUT/bench_kda_vs_fla.json"
 ls -la "$OUT"

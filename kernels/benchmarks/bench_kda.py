@@ -5,10 +5,8 @@ times with ``triton.testing.do_bench`` (median) at bf16, K = V = 128, Kimi Linea
 norm of q, k and in-kernel softplus gate): ``chunk_kda`` forward, forward+backward, the peak extra
 memory of one training step, and the one-token decode (``fused_recurrent_kda``) at batch 64, H = 32.
 For ours, forward+backward and the backward alone are also timed with each backward variant
-(``KVL_KDA_BWD=triton`` and ``hybrid``: ``fwdbwd_ms_<variant>``, ``bwd_ms_<variant>``), and the forward and
-forward+backward with each previous forward path (``FWD_VARIANTS``: ``KVL_KDA_PREP=torch``, ``KVL_KDA_SCORES=v1|v2|v3``, ``KVL_KDA_STATE=w8|bv16``;
-``fwd_ms_<name>``, and ``fwdbwd_ms_prep_torch``, under ``ours_fwd_variants`` after fla's timing of the shape); decode also with ``KVL_KDA_DECODE=v2`` (``decode_us_v2``). Also measures the
-GPU's ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json`` (or ``--out``) after
+(``KVL_KDA_BWD=triton`` and ``hybrid``: ``fwdbwd_ms_<variant>``, ``bwd_ms_<variant>``). Also measures the GPU's
+ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json`` (or ``--out``) after
 every shape and prints a table.
 
     python kernels/benchmarks/bench_kda.py --shapes 1x8192x32,4x4096x32 --deadline 400
@@ -138,47 +136,6 @@ def bwd_variant(name: str):
             os.environ["KVL_KDA_BWD"] = old
 
 
-# forward-path switches timed against the default in one run: (name, env var, value selecting the previous path)
-FWD_VARIANTS = [
-    ("prep_torch", "KVL_KDA_PREP", "torch"),
-    ("scores_v1", "KVL_KDA_SCORES", "v1"),
-    ("scores_v2", "KVL_KDA_SCORES", "v2"),
-    ("scores_v3", "KVL_KDA_SCORES", "v3"),
-    ("state_w8", "KVL_KDA_STATE", "w8"),
-    ("state_bv16", "KVL_KDA_STATE", "bv16"),
-]
-
-
-def fwd_variants(B, T, H) -> dict:
-    """Training-path forward with each previous forward path selected by its env var; forward+backward too for
-    the prep switch (the scores variants leave the backward unchanged). Run after fla's timing of the shape, so that
-    a time limit that stops the script here leaves the default comparison saved."""
-    xs = make(B, T, H, grad=True)
-    do = torch.randn(B, T, H, V, dtype=torch.bfloat16, device="cuda")
-    step = lambda: torch.autograd.backward(call("ours", xs)[0], do)
-    out = {}
-    for name, var, val in FWD_VARIANTS:
-        with env_var(var, val):
-            out[f"fwd_ms_{name}"] = bench(lambda: call("ours", xs))
-            if var == "KVL_KDA_PREP":
-                out[f"fwdbwd_ms_{name}"] = bench(step)
-    return out
-
-
-@contextlib.contextmanager
-def env_var(name: str, value: str):
-    """Run the block with ``name=value`` in the environment (restored afterwards)."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
-
-
 def profile_fwd(B, T, H, grad=False) -> dict:
     """Mean CUDA time per kernel name of our forward (torch.profiler, 5 calls after a warm-up); ``grad``: inputs
     requiring grad (the training path: Triton L2 norm / gate functions, then the core forward)."""
@@ -216,12 +173,7 @@ def time_decode(impl, N=64, H=32) -> dict:
 
         fn = lambda: fla_rec(q, k, v, g, beta, **kw)
     ms = bench(fn)
-    res = {"decode_us": ms * 1e3, "state_GBps": 2 * state.numel() * 4 / ms / 1e6}
-    if impl == "ours":  # the alternative launch ([K, 8] slices, one warp)
-        with env_var("KVL_KDA_DECODE", "v2"):
-            ms = bench(fn)
-        res |= {"decode_us_v2": ms * 1e3, "state_GBps_v2": 2 * state.numel() * 4 / ms / 1e6}
-    return res
+    return {"decode_us": ms * 1e3, "state_GBps": 2 * state.numel() * 4 / ms / 1e6}
 
 
 def main() -> None:
@@ -233,7 +185,6 @@ def main() -> None:
     ap.add_argument("--prelude-impls", default=None, help="impls for correctness/decode (default: --impls)")
     ap.add_argument("--fla-shapes", default=None, help="shapes at which fla is timed (default: all of --shapes)")
     ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of our forward at each shape")
-    ap.add_argument("--no-variants", action="store_true", help="skip timing the previous forward paths (FWD_VARIANTS)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kda.json"))
     args = ap.parse_args()
     t0 = time.time()
@@ -278,13 +229,6 @@ def main() -> None:
                 res["shapes"][s][impl] = {"error": repr(e)[:300]}
             torch.cuda.empty_cache()
             save()
-        if "ours" in impls and not args.no_variants:
-            try:
-                res["shapes"][s]["ours_fwd_variants"] = fwd_variants(B, T, H)
-            except Exception as e:  # noqa: BLE001 - the variants are optional
-                res["shapes"][s]["ours_fwd_variants"] = {"error": repr(e)[:300]}
-            torch.cuda.empty_cache()
-            save()
     res["elapsed_s"] = time.time() - t0
     save()
     print(json.dumps(res.get("correctness_vs_torch_fp32")))
@@ -300,13 +244,11 @@ def main() -> None:
                     f"{s:>12} {impl:>5} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['peak_extra_GiB']:9.2f} "
                     f"{r['fwd_TFLOPs']:8.1f}"
                 )
-                bw = {x: round(y, 3) for x, y in r.items() if x.startswith(("bwd_ms_", "fwdbwd_ms_", "fwd_ms_"))}
+                bw = {x: round(y, 3) for x, y in r.items() if x.startswith(("bwd_ms_", "fwdbwd_ms_"))}
                 if bw:
                     print(f"{s:>12} {impl:>5} backward variants (ms): {bw}")
     for impl, r in res.get("decode_B64_H32", {}).items():
         print(f"decode B64 H32 {impl:>5}: {r['decode_us']:.1f} us, state {r['state_GBps']:.0f} GB/s")
-        if "decode_us_v2" in r:
-            print(f"decode B64 H32 {impl:>5} (KVL_KDA_DECODE=v2): {r['decode_us_v2']:.1f} us")
     print("ceilings", res.get("ceilings"))
 
 

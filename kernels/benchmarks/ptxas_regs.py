@@ -6,7 +6,7 @@ reports registers per thread and spill bytes (``-v``). When Triton emits a PTX I
 instruction).
 
     .venv/bin/python kernels/benchmarks/ptxas_regs.py                      # every forward kernel
-    .venv/bin/python kernels/benchmarks/ptxas_regs.py --kernel scores --num-warps 8
+    .venv/bin/python kernels/benchmarks/ptxas_regs.py --kernel scores2 --num-warps 8
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from kernels.kda import chunk_triton as ct  # noqa: E402
 
 SHAPE = dict(HV=32, K=128, V=128, BK=128, C=64)
-WARPS = dict(prep=4, scores=4, scores2=4, solve=4, wu=4, state=4, output=4)  # what ``chunk_triton._fwd`` launches
+WARPS = dict(prep=4, scores2=4, state=4, output=4)  # what ``chunk_triton._fwd`` launches
 MAXNREG: dict[str, int] = {"scores2": ct.SCORES2_MAXNREG}
 
 
-KERNELS = ("prep", "scores", "scores2", "solve", "wu", "state", "output")
+KERNELS = ("prep", "scores2", "state", "output")
 
 
 def _signature(name: str) -> tuple:
@@ -43,23 +43,11 @@ def _signature(name: str) -> tuple:
         args = [("q", bf), ("k", bf), ("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32")] + tab
         args += [("G", f32), ("gl", f32), ("qg", bf), ("kg", bf), ("rq", f32), ("rk", f32), ("scale", "fp32")]
         fn, extra = ct._prep_kernel, dict(H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True)
-    elif name in ("scores", "scores2"):
+    elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
-        args += [("Aqk", bf), ("Akk", f32), ("scale", "fp32")]
-        extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES_BK, L2=True, PREC="tf32")
-        fn = ct._scores_kernel
-        if name == "scores2":  # the default version (``chunk_triton.SCORES_DEFAULT``: v3 fused solve, v4 also W/U)
-            args[-1:-1] = [("T", f32), ("v", bf), ("W", bf), ("U", bf)]
-            ver = ct.SCORES_DEFAULT
-            tiles = dict(BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B)
-            fn, extra = ct._scores2_kernel, extra | tiles | dict(SOLVE=ver != "v2", WU=ver == "v4")
-    elif name == "solve":
-        args = [("Akk", f32), ("T", f32)]
-        fn, extra = ct._solve_kernel, dict(S=ct.SUB, PREC="tf32")
-    elif name == "wu":
-        args = [("k", bf), ("v", bf), ("beta", bf), ("G", f32), ("rk", f32), ("T", f32)] + tab
-        args += [("W", bf), ("U", bf)]
-        fn, extra = ct._wu_kernel, dict(H=32, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32")
+        args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf), ("scale", "fp32")]
+        fn = ct._scores2_kernel
+        extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32")
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]

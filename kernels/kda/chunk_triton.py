@@ -8,21 +8,19 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
    "unbounded" or sigmoid lower bound) and the chunk-local cumulative sum G (fp32, stored), G_last,
    ``qg = scale Q Gamma`` and ``kg = K exp(G_last - G)`` with the exponent as a suffix sum of g (not a
    difference of two large prefix sums, which lost ~1e-5 of the final state with sharp gates).
-2. ``_scores2_kernel`` (default), per (chunk, value head): ``Akk`` / ``Aqk`` over K tiles of 16: the six
+2. ``_scores2_kernel``, per (chunk, value head): ``Akk`` / ``Aqk`` over K tiles of 16: the six
    off-diagonal 16 x 16 blocks as three masked [64, 16] x [16, 64] tensor-core dots (one per reference row
    ``16 I``, I = 1..3) into one [64, 64] accumulator, the decays factored through the reference
    (``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both exponents <= 0 where kept; tf32 for bf16/fp16 inputs,
    ``ieee`` fp32 for fp32 inputs); the four diagonal blocks together, pairwise in fp32, column by column ([64, 16]
-   gathered key rows per step, ``where`` before ``exp``); then (``SOLVE``) ``T = (I + Akk)^-1`` in place and
-   (``WU``) W and U (4.). ``KVL_KDA_SCORES`` (default v4, both fused): ``v3`` without the fused W/U, ``v2``
-   without the fused solve either; ``v1``: the previous ``_scores_kernel``, per
-   (chunk, value head, 16-row sub-block I), with all 64 columns per row block ([16, BK] x [BK, 64] dots) and
-   [16, 16, BK] broadcasts for the diagonal block.
-3. ``_solve_chunk`` (in ``_scores2_kernel``, or ``_solve_kernel`` for v1 / v2): ``T = (I + Akk)^-1`` by blocked
+   gathered key rows per step, ``where`` before ``exp``); then, in the same program, ``T = (I + Akk)^-1`` in place
+   (3.) and W and U (4.). (The earlier split versions of 2.-4. were removed; ``README.md`` says where they were
+   measured.)
+3. ``_solve_chunk`` (in ``_scores2_kernel``): ``T = (I + Akk)^-1`` by blocked
    forward substitution (the four diagonal 16 x 16 inverses in one interleaved 15-step loop, then
    ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as 16 x 16 dots), T stored fp32; Akk lives in T's buffer (all reads
    precede a barrier before the stores).
-4. ``_wu_chunk`` (in ``_scores2_kernel``, or ``_wu_kernel`` for v1-v3), per (chunk, value head):
+4. ``_wu_chunk`` (in ``_scores2_kernel``), per (chunk, value head):
    ``W = T (beta K Gamma)``, ``U = T (beta V)`` as [64, 64] x [64, 32] dots, tile by tile.
 5. ``_state_kernel``, one program per (sequence, value head, block of value columns): the sequential
    pass over chunks with the fp32 state in registers; writes the state entering each chunk (``h``),
@@ -40,9 +38,9 @@ fp32. All varlen bookkeeping is a host-side table of chunks (token start, length
 can exceed 2^31 are int64.
 
 Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the L2 norm and the gate are applied
-outside the Function as Triton autograd functions (``prep_triton.py``; ``KVL_KDA_PREP=torch``: PyTorch autograd); the Function's forward keeps the per-chunk intermediates
-(``chunk_kda_fwd_intermediates``) and its backward is ``chunk_triton_bwd.chunk_kda_bwd_triton`` (Triton reverse
-state pass; see that file for what else is Triton).
+outside the Function as Triton autograd functions (``prep_triton.py``); the Function's forward keeps the per-chunk
+intermediates (``chunk_kda_fwd_intermediates``) and its backward is ``chunk_triton_bwd.chunk_kda_bwd_triton``
+(Triton reverse state pass; see that file for what else is Triton).
 """
 
 from __future__ import annotations
@@ -58,7 +56,6 @@ import triton.language as tl
 
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
-from kernels.kda.naive import kda_gate_ref, l2norm_ref
 from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_triton
 
 SUB = 16
@@ -179,88 +176,6 @@ def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constex
 
 
 @triton.jit
-def _diag_acc(akk, aqk, q_i, k_i, G_i, r16):
-    """Diagonal sub-block over one K tile, pairwise in fp32 as [16, 16, BKS] broadcasts (``where`` before ``exp``)."""
-    low = (r16[:, None] >= r16[None, :])[:, :, None]
-    e = tl.exp(tl.where(low, G_i[:, None, :] - G_i[None, :, :], 0.0))
-    kd = k_i[None, :, :] * e
-    return akk + tl.sum(k_i[:, None, :] * kd, 2), aqk + tl.sum(q_i[:, None, :] * kd, 2)
-
-
-@triton.jit
-def _scores_kernel(
-    q_ptr,
-    k_ptr,
-    beta_ptr,
-    G_ptr,
-    rq_ptr,
-    rk_ptr,
-    cbos_ptr,
-    clen_ptr,
-    Aqk_ptr,
-    Akk_ptr,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    C: tl.constexpr,
-    S: tl.constexpr,
-    BKS: tl.constexpr,
-    L2: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Per (chunk, value head, 16-row sub-block I): row block I of Akk (fp32) and Aqk, accumulated over K tiles.
-
-    Columns of earlier sub-blocks: one [16, BKS] x [BKS, 64] dot per tile with the decays factored through
-    row ``ref`` = the first row of I (``exp(G_i - ref)``, ``exp(min(ref - G_j, 0))``: both exponents <= 0;
-    the clamp only touches columns >= 16 I, which are discarded). The diagonal sub-block pairwise in fp32.
-    Writes the whole row block (zero above the diagonal)."""
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
-    n = tl.load(clen_ptr + i_c)
-    sc = i_c.to(tl.int64) * HV + i_hv
-    r16 = tl.arange(0, S)
-    ri = i_b * S + r16
-    rows = tl.arange(0, C)
-    qk_base = bos * (H * K) + i_h * K
-    g_base = sc * (C * K)
-    rb = sc * C
-    akk = tl.zeros([S, C], dtype=tl.float32)
-    aqk = tl.zeros([S, C], dtype=tl.float32)
-    dkk = tl.zeros([S, S], dtype=tl.float32)
-    dqk = tl.zeros([S, S], dtype=tl.float32)
-    for k0 in range(0, K, BKS):
-        ck = k0 + tl.arange(0, BKS)
-        cm = (ck < K)[None, :]
-        G_i = tl.load(G_ptr + g_base + ri[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        k_i = _load_tile(k_ptr, qk_base + ri[:, None] * (H * K), ri, ck, n, K, rk_ptr, rb, L2)
-        q_i = _load_tile(q_ptr, qk_base + ri[:, None] * (H * K), ri, ck, n, K, rq_ptr, rb, L2)
-        dkk, dqk = _diag_acc(dkk, dqk, q_i, k_i, G_i, r16)
-        ref = tl.load(G_ptr + g_base + i_b * S * K + ck, mask=ck < K, other=0.0)
-        G_j = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        k_j = _load_tile(k_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rk_ptr, rb, L2)
-        kj = tl.trans(k_j * tl.exp(tl.minimum(ref[None, :] - G_j, 0.0)))
-        e_i = tl.exp(G_i - ref[None, :])
-        akk = tl.dot(k_i * e_i, kj, akk, input_precision=PREC)
-        aqk = tl.dot(q_i * e_i, kj, aqk, input_precision=PREC)
-    b = tl.load(beta_ptr + (bos + ri) * HV + i_hv, mask=ri < n, other=0.0).to(tl.float32)[:, None]
-    before = rows[None, :] < i_b * S
-    outside = before | (rows[None, :] >= (i_b + 1) * S)
-    off = sc * (C * C) + ri[:, None] * C
-    tl.store(Akk_ptr + off + rows[None, :], tl.where(before, akk * b, 0.0), mask=outside)
-    tl.store(
-        Aqk_ptr + off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
-    )
-    dkk = tl.where(r16[:, None] > r16[None, :], dkk * b, 0.0)
-    dqk = tl.where(r16[:, None] >= r16[None, :], dqk * scale, 0.0)
-    tl.store(Akk_ptr + off + ri[None, :], dkk)
-    tl.store(Aqk_ptr + off + ri[None, :], dqk.to(Aqk_ptr.dtype.element_ty))
-
-
-@triton.jit
 def _scores2_kernel(
     q_ptr,
     k_ptr,
@@ -288,12 +203,10 @@ def _scores2_kernel(
     BVW: tl.constexpr,
     L2: tl.constexpr,
     PREC: tl.constexpr,
-    SOLVE: tl.constexpr,
-    WU: tl.constexpr,
 ):
-    """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; with SOLVE, then
-    ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot);
-    with WU (needs SOLVE), then W and U (:func:`_wu_chunk`, after another barrier).
+    """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
+    ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
+    and W and U (:func:`_wu_chunk`, after another barrier).
 
     Off-diagonal blocks (I, J < I): per reference row ``16 I`` (I = 1, 2, 3) one [C, BKS] x [BKS, C] tensor-core
     dot into a shared [C, C] accumulator, the left operand ``k_i exp(G_i - G_ref(i))`` (the reference of row i's
@@ -355,52 +268,18 @@ def _scores2_kernel(
     d_off = a_off + first[:, None] + r16[None, :]
     tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], dkk * b, 0.0))
     tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], dqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
-    if SOLVE:
-        tl.debug_barrier()
-        _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
-        if WU:
-            tl.debug_barrier()
-            _wu_chunk(
-                k_ptr,
-                v_ptr,
-                beta_ptr,
-                G_ptr,
-                rk_ptr,
-                T_ptr,
-                W_ptr,
-                U_ptr,
-                i_hv,
-                bos,
-                n,
-                sc,
-                H,
-                HV,
-                K,
-                V,
-                C,
-                BKW,
-                BVW,
-                L2,
-                PREC,
-            )
+    tl.debug_barrier()
+    _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
+    tl.debug_barrier()
+    _wu_chunk(
+        k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, H, HV, K, V, C, BKW, BVW, L2, PREC
+    )
 
 
 @triton.jit
 def _load_blk(ptr, base, I: tl.constexpr, J: tl.constexpr, r16, C: tl.constexpr, S: tl.constexpr):
     """Sub-block (I, J) of a [C, C] fp32 slab."""
     return tl.load(ptr + base + (I * S + r16)[:, None] * C + (J * S + r16)[None, :])
-
-
-@triton.jit
-def _solve_kernel(
-    Akk_ptr,
-    T_ptr,
-    C: tl.constexpr,
-    S: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Per (chunk, value head): :func:`_solve_chunk` (Akk may be T's own buffer)."""
-    _solve_chunk(Akk_ptr, T_ptr, tl.program_id(0).to(tl.int64) * (C * C), C, S, PREC)
 
 
 @triton.jit
@@ -450,39 +329,6 @@ def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC:
     _store_rows(T_ptr, a_base, T31, r3, r1, C, C)
     _store_rows(T_ptr, a_base, T32, r3, r2, C, C)
     _store_rows(T_ptr, a_base, T33, r3, r3, C, C)
-
-
-@triton.jit
-def _wu_kernel(
-    k_ptr,
-    v_ptr,
-    beta_ptr,
-    G_ptr,
-    rk_ptr,
-    T_ptr,
-    cbos_ptr,
-    clen_ptr,
-    W_ptr,
-    U_ptr,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    C: tl.constexpr,
-    BKW: tl.constexpr,
-    BVW: tl.constexpr,
-    L2: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Per (chunk, value head): :func:`_wu_chunk`."""
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
-    n = tl.load(clen_ptr + i_c)
-    sc = i_c.to(tl.int64) * HV + i_hv
-    _wu_chunk(
-        k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, H, HV, K, V, C, BKW, BVW, L2, PREC
-    )
 
 
 @triton.jit
@@ -647,16 +493,10 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 
 PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
-SCORES_BK = 16  # key columns per step of the Akk / Aqk accumulation (v1, KVL_KDA_SCORES=v1)
-# KVL_KDA_SCORES: v1 per sub-block scores kernel, v2 per-chunk scores kernel, v3 v2 + fused solve, v4 v3 + fused W/U
-SCORES_DEFAULT = "v4"
-SCORES2_BK = 16  # the same for the per-(chunk, head) scores kernel (default)
+SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG = 168  # 3 CTAs of 4 warps per SM; ptxas reports no spills at this cap (sm_90a, K = V = 128)
-WU_B = 32  # key / value columns per step of the W / U kernel
-STATE_BV = 32  # value columns per program of the sequential state pass
-# KVL_KDA_STATE: (value columns, warps) of the state pass; bv32 (default: 241 registers), w8 (126 registers),
-# bv16 (152 registers, twice the programs, twice the W / kg reads); all without spills for sm_90a
-STATE_LAUNCH = {"bv32": (STATE_BV, 4), "w8": (STATE_BV, 8), "bv16": (16, 4)}
+WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
+STATE_BV = 32  # value columns per program of the sequential state pass (4 warps; 241 registers, no spills, sm_90a)
 OUT_BV = 64  # value columns per program of the output kernel
 
 
@@ -709,7 +549,7 @@ class KDAFwdState(NamedTuple):
 
 
 def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool = True) -> KDAFwdState:
-    """Run the forward kernels (prep, scores (+ solve), W/U, state pass, output) and return every intermediate.
+    """Run the forward kernels (prep, scores + solve + W/U, state pass, output) and return every intermediate.
     ``keep_u=False`` (inference): the state pass writes Vnew over U (same rows and columns, read before written by
     the same program), so the returned ``U`` is Vnew and one [NC, HV, C, V] scratch tensor is saved."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
@@ -767,12 +607,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             num_stages=2,
         )
         prec = "ieee" if fp32 else "tf32"
-        ver = os.environ.get("KVL_KDA_SCORES", SCORES_DEFAULT)
-        v1 = ver == "v1"
-        wu_tiles = dict(BKW=min(BK, WU_B), BVW=min(BV, WU_B))
-        scores_kw = {} if v1 else dict(T_ptr=Tm, v_ptr=v, W_ptr=W, U_ptr=U, V=V, SOLVE=ver != "v2", WU=ver == "v4")
-        scores_kw |= {} if v1 else wu_tiles
-        (_scores_kernel[(nch, HV, CHUNK // SUB)] if v1 else _scores2_kernel[(nch, HV)])(
+        _scores2_kernel[(nch, HV)](
             q,
             k,
             beta,
@@ -782,48 +617,28 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             **cbc,
             Aqk_ptr=Aqk,
             Akk_ptr=Akk,
-            scale=scale,
-            H=H,
-            HV=HV,
-            K=K,
-            C=CHUNK,
-            S=SUB,
-            BKS=SCORES_BK if v1 else SCORES2_BK,
-            L2=use_l2,
-            PREC=prec,
-            num_warps=4,
-            num_stages=2,
-            **scores_kw,
-            **({} if v1 else _maxnreg(SCORES2_MAXNREG)),
-        )
-        if ver in ("v1", "v2"):
-            _solve_kernel[(nch * HV,)](Akk, Tm, C=CHUNK, S=SUB, PREC=prec, num_warps=4)
-    if nch and ver != "v4":
-        _wu_kernel[(nch, HV)](
-            k,
-            v,
-            beta,
-            G,
-            rk,
-            Tm,
-            **cbc,
+            T_ptr=Tm,
+            v_ptr=v,
             W_ptr=W,
             U_ptr=U,
+            scale=scale,
             H=H,
             HV=HV,
             K=K,
             V=V,
             C=CHUNK,
+            S=SUB,
+            BKS=SCORES2_BK,
             BKW=min(BK, WU_B),
             BVW=min(BV, WU_B),
             L2=use_l2,
             PREC=prec,
             num_warps=4,
             num_stages=2,
+            **_maxnreg(SCORES2_MAXNREG),
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
-    sbv, swarps = STATE_LAUNCH[os.environ.get("KVL_KDA_STATE", "bv32")]
-    bvs = min(BV, sbv)
+    bvs = min(BV, STATE_BV)
     _state_kernel[(triton.cdiv(V, bvs), N * HV)](
         W,
         U,
@@ -843,7 +658,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         C=CHUNK,
         HAS_H0=initial_state is not None,
         FP32=fp32,
-        num_warps=swarps,
+        num_warps=4,
         num_stages=2,
     )
     if nch:
@@ -919,20 +734,14 @@ class ChunkKDAFunction(torch.autograd.Function):
 
 def chunk_kda_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
     """Forward only (in-kernel L2 norm / gate) when no gradient is needed; otherwise the L2 norm (fp32, cast back to
-    q's dtype) and the gate as Triton autograd functions (``prep_triton.py``; ``KVL_KDA_PREP=torch``: the previous
-    PyTorch chains), then :class:`ChunkKDAFunction` on the core op."""
+    q's dtype) and the gate as Triton autograd functions (``prep_triton.py``), then :class:`ChunkKDAFunction` on the
+    core op."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
     ins = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ins)):
         return chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
-    if os.environ.get("KVL_KDA_PREP", "triton") == "torch":  # the previous PyTorch chains (kept to time both)
-        if use_l2:
-            q, k = l2norm_ref(q.float()).to(q.dtype), l2norm_ref(k.float()).to(k.dtype)
-        if use_gate:
-            g = kda_gate_ref(g, A_log, dt_bias, lower_bound)
-    else:
-        if use_l2:
-            q, k = l2norm_triton(q), l2norm_triton(k)
-        if use_gate:
-            g = kda_gate_triton(g, A_log, dt_bias, lower_bound)
+    if use_l2:
+        q, k = l2norm_triton(q), l2norm_triton(k)
+    if use_gate:
+        g = kda_gate_triton(g, A_log, dt_bias, lower_bound)
     return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, cu_seqlens)

@@ -1,17 +1,15 @@
 """Triton fused recurrent KDA (decode): the token loop of ``../shared/REFERENCE.md`` section 1 in one kernel.
 
-One program per (sequence, value head, block of value columns) holds its ``[K, BV]`` fp32 slice of the
-state in registers (BV = 32, 4 warps; ``KVL_KDA_DECODE=v2`` selects BV = 8 with one warp, which measured
-2.5x slower on an H100: 313 vs 123 us at batch 64, H 32) for all of the sequence's tokens; per token it
-applies the optional in-kernel L2 norm of q and k and the optional gate, decays the key rows, makes the
-delta-rule update on the decayed state and reads out ``o = S^T (scale q)``. The state comes from ``initial_state[n]`` or, with
-``ssm_state_indices``, from ``pool[ssm_state_indices[n]]`` (written back in place into the same slot).
+One program per (sequence, value head, block of value columns) holds its ``[K, BV]`` fp32 slice of the state in
+registers (BV = 32, 4 warps; a one-warp BV = 8 launch measured 313 vs 123 us on an H100 at batch 64, H 32, and was
+removed) for all of the sequence's tokens; per token it applies the optional in-kernel L2 norm of q and k and the
+optional gate, decays the key rows, makes the delta-rule update on the decayed state and reads out
+``o = S^T (scale q)``. The state comes from ``initial_state[n]`` or, with ``ssm_state_indices``, from
+``pool[ssm_state_indices[n]]`` (written back in place into the same slot).
 Fixed configuration (runs under ``TRITON_INTERPRET=1``). Forward only: decode needs no gradient.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -19,7 +17,7 @@ import triton.language as tl
 
 from kernels.kda.prep_triton import _gate
 
-DECODE_BV = 32  # value columns per program (4 warps); KVL_KDA_DECODE=v2: 8 columns, one warp (slower on H100)
+DECODE_BV = 32  # value columns per program (4 warps)
 
 
 @triton.jit
@@ -123,10 +121,7 @@ def fused_recurrent_kda_triton(
         ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     dummy = torch.zeros(1, dtype=torch.float32, device=dev)
     BK = max(16, triton.next_power_of_2(K))
-    if os.environ.get("KVL_KDA_DECODE") == "v2":  # [K, 8] slices, one warp (measured slower, kept to compare)
-        BV, warps = min(triton.next_power_of_2(V), 8), 1
-    else:  # [K, 32] state slices, 4 warps
-        BV, warps = min(max(16, triton.next_power_of_2(V)), DECODE_BV), 4
+    BV = min(max(16, triton.next_power_of_2(V)), DECODE_BV)  # [K, 32] state slices
     if N:
         _recurrent_kernel[(N, HV, triton.cdiv(V, BV))](
             q,
@@ -157,7 +152,7 @@ def fused_recurrent_kda_triton(
             HAS_H0=initial_state is not None,
             HAS_IDX=pool,
             STORE=output_final_state or not pool,
-            num_warps=warps,
+            num_warps=4,
         )
     if not output_final_state:
         return o, None

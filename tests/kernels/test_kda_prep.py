@@ -87,7 +87,7 @@ def test_gate_deterministic():
 @pytest.mark.gpu
 def test_gpu_bf16_prep_matches_torch_chains():
     """bf16 storage on the GPU: the Triton L2 norm and gate (forward and gradients) vs the PyTorch chains they
-    replace (``KVL_KDA_PREP=torch``), fp32 math in both."""
+    replaced (``l2norm_ref``, ``kda_gate_ref``), fp32 math in both."""
     q = torch.randn(2, 300, 4, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
     raw = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
     A_log = torch.log(torch.empty(8, device="cuda").uniform_(1, 16)).requires_grad_()
