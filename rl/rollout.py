@@ -2,18 +2,26 @@
 log-probability of every sampled token recorded at sampling time.
 
 The loop is our own (not ``generate()``) so the recorded log-probs are exactly the ones the sampler
-used: one prefill of the prompt (with its images / video), then one-token decode steps through
-``model(input_ids=tok, past_key_values=cache, use_cache=True)`` - the KDA recurrent + conv state and
-the MLA latent cache live in whatever cache object the model returns. The K responses of one prompt
-are one batch of K identical prompt rows, so prompts need no padding; a finished row keeps decoding a
-pad token whose outputs are discarded (rows never interact, so the others are unaffected).
+used: one prefill of the prompts (with their images / video), then one-token decode steps through
+``model(input_ids=tok, attention_mask=..., past_key_values=cache, use_cache=True)`` - the KDA recurrent +
+conv state and the MLA latent cache live in whatever cache object the model returns. All prompts of a call
+(K rows each) decode as one batch, or as batches of at most ``SamplingConfig.max_rows`` rows (a prompt's K
+rows stay together; prompts are sorted by length first so a batch holds similar lengths). Prompts of
+different lengths are left-padded with an attention mask (the model zeroes padded positions for KDA and
+masks them for MLA, so a row's outputs equal its unpadded ones); a batch of equal lengths gets no mask. A
+finished row keeps decoding a pad token whose outputs are discarded (rows never interact).
+
+Random numbers: one ``torch.multinomial`` draw per decode step over the batch's rows, in batch row order.
+The same seed, prompts and ``max_rows`` give the same samples; a different batching (``max_rows``) draws
+the same prompt's tokens from different random numbers (the distribution is the same).
 
 Log-probs are ``log softmax(logits / temperature)`` of the sampled token - the tempered policy that
 the trainer also scores (:func:`recompute_logprobs`); top-p only restricts which tokens are drawn.
 
-Shapes: K responses per prompt, S prompt tokens, T response tokens (right-padded to the longest
-response of the group), V vocabulary. ``media`` is the packed-batch media dict of INTERFACES.md
-(``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``) for one prompt row.
+Shapes: K responses per prompt, R rows of a batch, S prompt tokens (left-padded to the batch's longest),
+T response tokens (right-padded to the longest response of the group), V vocabulary. ``media`` is the
+packed-batch media dict of INTERFACES.md (``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``,
+``video_grid_thw``) for one prompt row.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ class SamplingConfig:
     max_new_tokens: int = 32
     stop_strings: list[str] = field(default_factory=list)
     use_cache: bool = True  # False: re-run the whole sequence every step (the reference path)
+    max_rows: int = 0  # rows (prompts x K) per decode batch; 0: every prompt of the call in one batch
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:
@@ -42,6 +51,8 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_rows < 0:
+            raise ValueError(f"SamplingConfig.max_rows must be >= 0 (0: no limit), got {self.max_rows}")
 
 
 @dataclass
@@ -105,13 +116,39 @@ def sample_tokens(
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
 
 
-def _forward(model: Any, input_ids: torch.Tensor, media: Mapping[str, torch.Tensor], past: Any, use_cache: bool):
+def _forward(
+    model: Any,
+    input_ids: torch.Tensor,
+    media: Mapping[str, torch.Tensor],
+    attention_mask: torch.Tensor | None,
+    past: Any,
+    use_cache: bool,
+    logits_to_keep: int = 0,
+):
     kwargs = dict(media)
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
+    if logits_to_keep:
+        kwargs["logits_to_keep"] = logits_to_keep
     if use_cache:
         kwargs.update(past_key_values=past, use_cache=True)
     else:
         kwargs["use_cache"] = False
     return model(input_ids=input_ids, **kwargs)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """Token rows of any lengths -> ids ``[R, S]`` left-padded with ``pad_id`` and the attention mask ``[R, S]``
+    (long, 1 = token), or ``None`` for the mask when every row has the same length (nothing to mask)."""
+    if not rows or any(len(row) == 0 for row in rows):
+        raise ValueError(f"left_pad: need non-empty rows, got lengths {[len(row) for row in rows]}")
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad_id] * (width - len(row)) + list(row) for row in rows], dtype=torch.long, device=device)
+    if all(len(row) == width for row in rows):
+        return ids, None
+    mask = [[0] * (width - len(row)) + [1] * len(row) for row in rows]
+    return ids, torch.tensor(mask, dtype=torch.long, device=device)
 
 
 class _StopWatch:
@@ -153,21 +190,30 @@ def sample_groups(
     decode: Callable[[list[int]], str],
     generator: torch.Generator | None = None,
 ) -> list[Group]:
-    """Sample ``k`` responses to each prompt; prompts of equal length share one batch of ``n * k`` rows (no
-    padding needed). ``decode(ids) -> str`` turns response ids into text for stop strings and rewards;
-    ``eos_ids`` end a response (the EOS token is kept and scored). Groups come back in prompt order."""
+    """Sample ``k`` responses to each prompt; all prompts share one left-padded batch of ``n * k`` rows (or
+    batches of at most ``cfg.max_rows`` rows, see the module docstring). ``decode(ids) -> str`` turns response
+    ids into text for stop strings and rewards; ``eos_ids`` end a response (the EOS token is kept and scored).
+    Groups come back in prompt order."""
     for i, p in enumerate(prompts):
         if not p.input_ids:
             raise ValueError(f"sample_groups: prompts[{i}].input_ids is empty")
-    buckets: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        buckets.setdefault(len(p.input_ids), []).append(i)
     out: list[Group | None] = [None] * len(prompts)
-    for idx in buckets.values():
-        groups = _sample_bucket(model, [prompts[i] for i in idx], k, cfg, eos_ids, pad_id, decode, generator)
+    for idx in prompt_batches([len(p.input_ids) for p in prompts], k, cfg.max_rows):
+        groups = _sample_batch(model, [prompts[i] for i in idx], k, cfg, eos_ids, pad_id, decode, generator)
         for i, g in zip(idx, groups):
             out[i] = g
     return out  # type: ignore[return-value]
+
+
+def prompt_batches(lengths: Sequence[int], rows_per_item: int, max_rows: int) -> list[list[int]]:
+    """Split items (prompts of ``rows_per_item`` rows each, or single rows with 1) into batches of at most
+    ``max_rows`` rows (0: one batch; an item is never split, so a batch has at least one item), after a stable
+    sort by ``lengths`` so that each batch holds similar lengths (less padding). Returns item indices per batch."""
+    if max_rows < 0 or rows_per_item < 1:
+        raise ValueError(f"prompt_batches: need max_rows >= 0 and rows_per_item >= 1, got {max_rows}, {rows_per_item}")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    per = len(order) if max_rows == 0 else max(1, max_rows // rows_per_item)
+    return [order[i : i + per] for i in range(0, len(order), max(per, 1))]
 
 
 def batch_media(media_list: Sequence[Mapping[str, torch.Tensor]], k: int) -> dict[str, torch.Tensor]:
@@ -178,7 +224,7 @@ def batch_media(media_list: Sequence[Mapping[str, torch.Tensor]], k: int) -> dic
 
 
 @torch.no_grad()
-def _sample_bucket(
+def _sample_batch(
     model: Any,
     prompts: Sequence[Prompt],
     k: int,
@@ -189,34 +235,57 @@ def _sample_bucket(
     generator: torch.Generator | None,
 ) -> list[Group]:
     device = next(model.parameters()).device
-    rows = [p.input_ids for p in prompts for _ in range(k)]
-    prompt_RS = torch.tensor(rows, dtype=torch.long, device=device)  # R = len(prompts) * k rows
-    media = {key: v.to(device) for key, v in batch_media([p.media for p in prompts], k).items()}
-    watch = _StopWatch(len(rows), eos_ids, cfg.stop_strings, decode)
-    out = _forward(model, prompt_RS, media, None, cfg.use_cache)
-    past, seq = out.past_key_values if cfg.use_cache else None, prompt_RS
+    logits_RV, past, seq, attn_RS, media = _prefill(model, prompts, k, pad_id, cfg.use_cache, device)
+    r = seq.shape[0]  # len(prompts) * k rows
+    watch = _StopWatch(r, eos_ids, cfg.stop_strings, decode)
     tokens, logps = [], []
     for _ in range(cfg.max_new_tokens):
-        tok, lp = sample_tokens(out.logits[:, -1], cfg, generator)
+        tok, lp = sample_tokens(logits_RV, cfg, generator)
         live = torch.tensor([not d for d in watch.done], device=device)
         tok = torch.where(live, tok, torch.full_like(tok, pad_id))
         tokens.append(tok)
         logps.append(torch.where(live, lp, torch.zeros_like(lp)))
         cols = torch.stack(tokens, 1).tolist()
-        for row in range(len(rows)):
+        for row in range(r):
             if live[row]:
                 watch.update(row, cols[row])
         if all(watch.done):
             break
         seq = torch.cat([seq, tok[:, None]], dim=1)
+        if attn_RS is not None:  # generated tokens (a finished row's pads too: discarded anyway) are visible
+            attn_RS = torch.cat([attn_RS, attn_RS.new_ones(r, 1)], dim=1)
         if cfg.use_cache:
-            out = _forward(model, tok[:, None], {}, past, True)
+            out = _forward(model, tok[:, None], {}, attn_RS, past, True)
             past = out.past_key_values
         else:
-            out = _forward(model, seq, media, None, False)
+            out = _forward(model, seq, media, attn_RS, None, False, logits_to_keep=1)
+        logits_RV = out.logits[:, -1]
     ids_RT, logp_RT = torch.stack(tokens, 1), torch.stack(logps, 1)
     return [_finish_group(p, ids_RT[i * k : (i + 1) * k], logp_RT[i * k : (i + 1) * k], watch, i * k, pad_id, decode)
             for i, p in enumerate(prompts)]  # fmt: skip
+
+
+def _prefill(model: Any, prompts: Sequence[Prompt], k: int, pad_id: int, use_cache: bool, device: torch.device
+             ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:  # fmt: skip
+    """The prompt forward of a batch: last-position logits ``[R, V]``, the cache (None without ``use_cache``),
+    the prompt rows ``[R, S]``, their attention mask (None without padding) and the rows' media.
+
+    With the cache, each prompt is run once and its cache rows are repeated K times through the cache's
+    ``reorder_cache`` (the row-selection API of beam search): a prompt's K rows are identical, so this is the
+    same prefill - vision tower included - at 1/K of the work. A cache without ``reorder_cache`` gets the plain
+    K-row prefill."""
+    prompt_RS, attn_RS = left_pad([p.input_ids for p in prompts for _ in range(k)], pad_id, device)
+    if use_cache and k > 1:
+        prompt_PS, attn_PS = left_pad([p.input_ids for p in prompts], pad_id, device)
+        media_P = {key: v.to(device) for key, v in batch_media([p.media for p in prompts], 1).items()}
+        out = _forward(model, prompt_PS, media_P, attn_PS, None, True, logits_to_keep=1)
+        if hasattr(out.past_key_values, "reorder_cache"):
+            index = torch.arange(len(prompts), device=device).repeat_interleave(k)
+            out.past_key_values.reorder_cache(index)
+            return out.logits[index, -1], out.past_key_values, prompt_RS, attn_RS, {}
+    media = {key: v.to(device) for key, v in batch_media([p.media for p in prompts], k).items()}
+    out = _forward(model, prompt_RS, media, attn_RS, None, use_cache, logits_to_keep=1)
+    return out.logits[:, -1], out.past_key_values if use_cache else None, prompt_RS, attn_RS, media
 
 
 def _finish_group(
@@ -236,6 +305,8 @@ def _finish_group(
         if watch.finish[row0 + row] != "length":
             n = next(i for i in range(1, t + 1) if _ends_here(ids[:i], watch))
         lengths.append(n)
+    t = max(lengths)  # the batch decoded until its longest response: cut to this group's longest
+    ids_KT, logp_KT = ids_KT[:, :t], logp_KT[:, :t]
     mask = torch.arange(t, device=ids_KT.device)[None, :] < torch.tensor(lengths, device=ids_KT.device)[:, None]
     ids_KT = torch.where(mask, ids_KT, torch.full_like(ids_KT, pad_id)).cpu()
     texts = [decode(ids_KT[row, : lengths[row]].tolist()) for row in range(k)]
@@ -249,39 +320,62 @@ def _ends_here(ids: list[int], watch: _StopWatch) -> bool:
 
 def recompute_logprobs(
     model: Any,
-    prompt_ids: Sequence[int] | torch.Tensor,
+    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor,
     response_ids_RT: torch.Tensor,
     media: Mapping[str, torch.Tensor],
     temperature: float = 1.0,
     with_logits: bool = False,
+    response_mask_RT: torch.Tensor | None = None,
+    pad_id: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One full forward over ``prompt + response`` rows; log softmax(logits / T) of each response token.
 
-    ``prompt_ids`` is one prompt (a list, used for every row; ``media`` then belongs to that one prompt and is
-    repeated per row) or a ``[R, S]`` tensor of prompt rows (``media`` then already holds every row's media in
-    row order, see :func:`batch_media`). Returns log-probs ``[R, T]`` (differentiable if grad is on) and, if
-    ``with_logits``, the tempered response logits ``[R, T, V]`` (for the entropy metric)."""
+    ``prompt_ids`` is one prompt (a list of ints, used for every row; ``media`` then belongs to that one prompt
+    and is repeated per row), a ``[R, S]`` tensor of prompt rows, or ``R`` rows of any lengths (for both,
+    ``media`` already holds every row's media in row order, see :func:`batch_media`). Rows of different lengths
+    are left-padded with ``pad_id`` under an attention mask, so every response starts at the same column and
+    only the response positions go through the LM head (``logits_to_keep``). ``response_mask_RT`` (1 = response
+    token, 0 = right padding) also hides the responses' padding from the model (MoE load counts; the outputs
+    of real tokens do not depend on later positions either way). Returns log-probs ``[R, T]``
+    (differentiable if grad is on) and, if ``with_logits``, the tempered response logits ``[R, T, V]`` (for the
+    entropy metric)."""
     device = next(model.parameters()).device
     r, t = response_ids_RT.shape
-    if isinstance(prompt_ids, torch.Tensor):
-        prompt_RS, rep = prompt_ids.to(device), {key: v.to(device) for key, v in media.items()}
-    else:
-        prompt_RS = torch.tensor([list(prompt_ids)] * r, dtype=torch.long, device=device)
-        rep = {key: v.to(device) for key, v in repeat_media(media, r).items()}
-    if prompt_RS.shape[0] != r:
-        raise ValueError(f"recompute_logprobs: {prompt_RS.shape[0]} prompt rows for {r} response rows")
-    ids = torch.cat([prompt_RS, response_ids_RT.to(device)], dim=1)  # [R, S + T]
-    logits = model(input_ids=ids, use_cache=False, **rep).logits  # [R, S + T, V]
-    s = prompt_RS.shape[1]
-    resp_logits = logits[:, s - 1 : s - 1 + t].float() / temperature  # position i predicts token i + 1
-    logp = torch.log_softmax(resp_logits, dim=-1).gather(2, response_ids_RT.to(device)[..., None]).squeeze(-1)
+    rows, rep = _prompt_rows(prompt_ids, media, r)
+    if len(rows) != r:
+        raise ValueError(f"recompute_logprobs: {len(rows)} prompt rows for {r} response rows")
+    prompt_RS, prompt_mask = left_pad(rows, pad_id, device)
+    resp = response_ids_RT.to(device)
+    ids = torch.cat([prompt_RS, resp], dim=1)  # [R, S + T]
+    attn = None
+    if prompt_mask is not None or (response_mask_RT is not None and not bool(response_mask_RT.all())):
+        left = prompt_mask if prompt_mask is not None else torch.ones_like(prompt_RS)
+        right = torch.ones_like(resp) if response_mask_RT is None else response_mask_RT.to(device).long()
+        attn = torch.cat([left, right], dim=1)
+    rep = {key: v.to(device) for key, v in rep.items()}
+    logits = _forward(model, ids, rep, attn, None, False, logits_to_keep=t + 1).logits  # [R, T + 1, V]
+    resp_logits = logits[:, :t].float() / temperature  # the last prompt position predicts response token 0
+    logp = torch.log_softmax(resp_logits, dim=-1).gather(2, resp[..., None]).squeeze(-1)
     return logp, (resp_logits if with_logits else None)
+
+
+def _prompt_rows(
+    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor, media: Mapping[str, torch.Tensor], r: int
+) -> tuple[list[list[int]], Mapping[str, torch.Tensor]]:
+    """Prompt rows and their media in row order (see :func:`recompute_logprobs` for the three forms)."""
+    if isinstance(prompt_ids, torch.Tensor):
+        return prompt_ids.tolist(), media
+    if len(prompt_ids) and not isinstance(prompt_ids[0], int):
+        return [[int(i) for i in row] for row in prompt_ids], media  # type: ignore[union-attr]
+    return [list(prompt_ids)] * r, repeat_media(media, r)  # type: ignore[arg-type]
 
 
 __all__ = [
     "Group",
     "Prompt",
     "batch_media",
+    "left_pad",
+    "prompt_batches",
     "SamplingConfig",
     "recompute_logprobs",
     "repeat_media",

@@ -2,9 +2,11 @@
 gradient of the chosen objective accumulated group by group.
 
 Shapes: P groups (prompts) of K responses; per group ``[K, T]`` response tensors (see :mod:`rl.rollout`).
-Groups with equal prompt length form one forward (a bucket); a bucket's loss is scaled by ``N_b / N``
-(its response tokens over the batch's), so the accumulated
-gradient equals the objective normalised by the total number of response tokens N of the batch.
+The update's forwards take response rows of any groups and prompt lengths together (left-padded prompts,
+masked padding; :func:`rl.rollout.recompute_logprobs`), in micro-batches of at most
+``ObjectiveCfg.micro_batch_rows`` rows (0: all rows in one); a micro-batch's loss is scaled by ``N_b / N``
+(its response tokens over the batch's), so the accumulated gradient equals the objective normalised by the
+total number of response tokens N of the batch, whatever the micro-batching.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rl.objective import (
     token_entropy,
 )
 from rl.rewards import compute_reward
-from rl.rollout import Group, batch_media, recompute_logprobs
+from rl.rollout import Group, batch_media, prompt_batches, recompute_logprobs
 
 
 @dataclass
@@ -83,18 +85,37 @@ def _objective(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: t
     return grpo_clipped_loss(logp, old, adv, mask, cfg.eps_low, cfg.eps_high)
 
 
-def _pad_cat(tensors: list[torch.Tensor], value: float) -> torch.Tensor:
-    """Concatenate ``[K, T_i]`` tensors along rows, right-padding to the longest T with ``value``."""
-    t = max(x.shape[1] for x in tensors)
-    return torch.cat([torch.nn.functional.pad(x, (0, t - x.shape[1]), value=value) for x in tensors], dim=0)
+@dataclass
+class MicroBatch:
+    """Response rows ``(group, row)`` of one update forward, their tensors cut to the longest response ``T``."""
+
+    prompts: list[list[int]]  # [R] prompt ids of every row
+    media: dict[str, torch.Tensor]  # every row's media in row order
+    ids_RT: torch.Tensor  # long, pad_id after each response
+    old_RT: torch.Tensor  # sampling log-probs, 0 on padding
+    mask_RT: torch.Tensor  # 1 on response tokens
+    adv_R: torch.Tensor
 
 
-def _buckets(groups: list[Group]) -> list[list[int]]:
-    """Indices of groups with equal prompt length (one forward each)."""
-    by_len: dict[int, list[int]] = defaultdict(list)
-    for i, g in enumerate(groups):
-        by_len[len(g.prompt.input_ids)].append(i)
-    return list(by_len.values())
+def micro_batches(groups: list[Group], adv_PK: torch.Tensor, max_rows: int, pad_id: int) -> list[MicroBatch]:
+    """Every response row of ``groups`` (rows sorted by prompt length, so a micro-batch pads little), at most
+    ``max_rows`` rows per micro-batch (0: one micro-batch); rows with no response token are left out."""
+    rows = [(p, j) for p, g in enumerate(groups) for j in range(g.mask_KT.shape[0]) if g.mask_KT[j].any()]
+    chunks = prompt_batches([len(groups[p].prompt.input_ids) for p, _ in rows], 1, max_rows)
+    return [_micro_batch(groups, adv_PK, [rows[i] for i in chunk], pad_id) for chunk in chunks if chunk]
+
+
+def _micro_batch(groups: list[Group], adv_PK: torch.Tensor, rows: list[tuple[int, int]], pad_id: int) -> MicroBatch:
+    t = max(int(groups[p].lengths[j]) for p, j in rows)
+
+    def cut(name: str, value: float) -> torch.Tensor:
+        parts = [getattr(groups[p], name)[j, :t] for p, j in rows]
+        return torch.stack([torch.nn.functional.pad(x, (0, t - x.shape[0]), value=value) for x in parts])
+
+    media = batch_media([groups[p].prompt.media for p, _ in rows], 1)
+    adv = torch.stack([adv_PK[p, j] for p, j in rows])
+    prompts = [list(groups[p].prompt.input_ids) for p, _ in rows]
+    return MicroBatch(prompts, media, cut("response_ids_KT", pad_id), cut("logprobs_KT", 0.0), cut("mask_KT", 0.0), adv)
 
 
 def accumulate_policy_gradient(
@@ -107,35 +128,26 @@ def accumulate_policy_gradient(
     ref_model: Any = None,
     pad_id: int = 0,
 ) -> dict[str, float]:
-    """Recompute log-probs with grad (one forward per bucket of equal-length prompts), backpropagate each
-    bucket's share of the objective, return statistics (``loss``, ``masked_share``, ``entropy``, and
-    ``kl_to_init`` when ``ref_model`` is given). ``backward(loss)`` defaults to ``loss.backward()``."""
+    """Recompute log-probs with grad (one forward per micro-batch of ``cfg.micro_batch_rows`` rows, prompts of
+    any lengths together), backpropagate each micro-batch's share of the objective, return statistics
+    (``loss``, ``masked_share``, ``entropy``, and ``kl_to_init`` when ``ref_model`` is given).
+    ``backward(loss)`` defaults to ``loss.backward()``."""
     backward = backward or (lambda loss: loss.backward())
     n_total = sum(float(g.mask_KT.sum()) for g in groups)
     totals: dict[str, float] = defaultdict(float)
-    for idx in _buckets(groups):
-        bucket = [groups[i] for i in idx]
-        mask = _pad_cat([g.mask_KT for g in bucket], 0.0)  # [R, T]
-        n_b = float(mask.sum())
-        if n_b == 0:
-            continue
-        ids = _pad_cat([g.response_ids_KT for g in bucket], pad_id)
-        old = _pad_cat([g.logprobs_KT for g in bucket], 0.0)
-        prompt_rows = torch.tensor([g.prompt.input_ids for g in bucket for _ in range(g.mask_KT.shape[0])])
-        k = bucket[0].mask_KT.shape[0]
-        media = batch_media([g.prompt.media for g in bucket], k)
-        adv = adv_PK[idx].reshape(-1)
-        logp, logits = recompute_logprobs(model, prompt_rows, ids, media, temperature, with_logits=True)
-        mask, old, adv = mask.to(logp.device), old.to(logp.device), adv.to(logp.device)
+    for mb in micro_batches(groups, adv_PK, cfg.micro_batch_rows, pad_id):
+        w = float(mb.mask_RT.sum()) / n_total
+        args = (mb.prompts, mb.ids_RT, mb.media, temperature)
+        logp, logits = recompute_logprobs(model, *args, with_logits=True, response_mask_RT=mb.mask_RT, pad_id=pad_id)
+        mask, old, adv = (x.to(logp.device) for x in (mb.mask_RT, mb.old_RT, mb.adv_R))
         loss, stats = _objective(logp, old, adv, mask, cfg)
-        w = n_b / n_total
         backward(loss * w)
         totals["loss"] += loss.item() * w
         totals["masked_share"] += stats["masked_share"].item() * w
         totals["entropy"] += token_entropy(logits.detach(), mask).item() * w
         if ref_model is not None:
             with torch.no_grad():
-                ref, _ = recompute_logprobs(ref_model, prompt_rows, ids, media, temperature)
+                ref, _ = recompute_logprobs(ref_model, *args, response_mask_RT=mb.mask_RT, pad_id=pad_id)
             totals["kl_to_init"] += kl_k3(logp.detach(), ref, mask).item() * w
     return dict(totals)
 
@@ -144,4 +156,13 @@ def advantages(rewards_PK: torch.Tensor, cfg: ObjectiveCfg) -> torch.Tensor:
     return group_advantages(rewards_PK, normalize_std=cfg.normalize_std)
 
 
-__all__ = ["ScoredBatch", "accumulate_policy_gradient", "advantages", "family_means", "score_groups", "shaped_rewards"]
+__all__ = [
+    "MicroBatch",
+    "ScoredBatch",
+    "accumulate_policy_gradient",
+    "advantages",
+    "family_means",
+    "micro_batches",
+    "score_groups",
+    "shaped_rewards",
+]
