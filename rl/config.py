@@ -63,7 +63,9 @@ class ObjectiveCfg:
     eps_high: float = 0.2
     normalize_std: bool = False
     updates_per_batch: int = 1  # optimizer steps on one rollout batch (pi_old = the sampling policy)
-    micro_batch_rows: int = 0  # response rows per forward/backward of the update (memory bound); 0: all rows at once
+    # response rows per forward/backward of the update (bounds memory; 0: all rows of the step at once). 8 was the
+    # fastest on the 2-core CPU (rl/README.md, "Batching"); a GPU may prefer more
+    micro_batch_rows: int = 8
     length_penalty_weight: float = 0.0  # k1.5 length reward, added to the task reward
     correct_threshold: float = 1.0  # reward >= this counts as correct (length penalty, Toggle, pass@1)
     toggle_phase_steps: int = 0  # > 0 turns on Toggle budget phases of this many steps
