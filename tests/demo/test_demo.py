@@ -10,44 +10,31 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from web_checkpoint import MAX_PATCHES, build_web_data, train_web_checkpoint, web_preset
 
 from data_pipelines.packing import IGNORE, Encoder
 from data_pipelines.shards import decode_sample, iter_tar
-from data_pipelines.synth.build import Preset, build_dataset, split_shards
-from data_pipelines.tokenizer import iter_corpus_texts, train_tokenizer
+from data_pipelines.synth.build import split_shards
 from eval.demo import WebsiteGenerator, evaluate_heldout, heldout_pages, recover_html, screenshot_to_website
 from eval.demo.generator import Generation
 from vision_encoder.geometry import PatchGeometry
 
-MAX_PATCHES = 64
-# Pages at a 320 px viewport (the smallest the page families use), a little prose so every batch has text.
-PRESET = Preset("demo_test", {"page": 2, "page_video": 2, "prose": 4}, {"page": 1, "page_video": 1},
-                image_sides=(56, 320), video_sides=(64, 128), video_frames=(8, 16), shard_max_count=50)
+PRESET = web_preset("demo_test", eval_pages=1)
 D2C_KEYS = ("overall", "block_match", "text", "position", "color", "visual")
 
 
 @pytest.fixture(scope="module")
 def web_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("web") / "data"
-    manifest = build_dataset(root, PRESET, seed=0)
+    manifest = build_web_data(root, PRESET)
     assert manifest["splits"]["train"]["counts"] == {"page": 2, "page_video": 2, "prose": 4}
-    train_tokenizer(iter_corpus_texts(split_shards(root, "train")), root / "tokenizer", vocab_size=1024)
     return root
 
 
 @pytest.fixture(scope="module")
 def checkpoint(web_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two steps of the training app (debug flavor, debug_pretrain.yaml) on pages: an export RUN/final."""
-    from kimi_vl.runconfig import load_config
-    from kimi_vl.train.config import TrainConfig
-    from kimi_vl.train.loop import train
-
     out = tmp_path_factory.mktemp("run") / "run"
-    cfg = load_config(TrainConfig, "kimi_vl/configs/debug_pretrain.yaml",
-                      [f"data.path={web_data}", f"output_dir={out}", "max_steps=2", "data.seq_len=512",
-                       "data.batch_size=1", f"data.max_patches={MAX_PATCHES}", "data.vision_ratio=0.5",
-                       "eval_batches=1"])
-    final = train(cfg)
+    final = train_web_checkpoint(web_data, out)
     assert (final / "config.json").is_file() and (out / "config.yaml").is_file()
     return final
 

@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from web_checkpoint import build_web_data, train_web_checkpoint, web_preset
 
-from data_pipelines.synth.build import Preset, build_dataset, split_shards
-from data_pipelines.tokenizer import iter_corpus_texts, train_tokenizer
 from eval.demo.candidates import (
     CANDIDATES,
     META,
@@ -29,33 +28,20 @@ from eval.demo.candidates import (
 from eval.demo.generator import Generation, WebsiteGenerator
 from eval.demo.heldout import HeldoutPage, heldout_pages
 
-MAX_PATCHES = 64
-PRESET = Preset("split_test", {"page": 2, "page_video": 2, "prose": 4}, {"page": 2, "page_video": 2},
-                image_sides=(56, 320), video_sides=(64, 128), video_frames=(8, 16), shard_max_count=50)
+PRESET = web_preset("split_test", eval_pages=2)
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def web_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("web") / "data"
-    build_dataset(root, PRESET, seed=0)
-    train_tokenizer(iter_corpus_texts(split_shards(root, "train")), root / "tokenizer", vocab_size=1024)
+    build_web_data(root, PRESET)
     return root
 
 
 @pytest.fixture(scope="module")
 def checkpoint(web_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two steps of the training app (debug flavor) on the pages: an export RUN/final."""
-    from kimi_vl.runconfig import load_config
-    from kimi_vl.train.config import TrainConfig
-    from kimi_vl.train.loop import train
-
-    out = tmp_path_factory.mktemp("run") / "run"
-    cfg = load_config(TrainConfig, "kimi_vl/configs/debug_pretrain.yaml",
-                      [f"data.path={web_data}", f"output_dir={out}", "max_steps=2", "data.seq_len=512",
-                       "data.batch_size=1", f"data.max_patches={MAX_PATCHES}", "data.vision_ratio=0.5",
-                       "eval_batches=1"])
-    return train(cfg)
+    return train_web_checkpoint(web_data, tmp_path_factory.mktemp("run") / "run")
 
 
 @pytest.fixture(scope="module")
