@@ -10,14 +10,10 @@ Exits non-zero on any mismatch.
 from __future__ import annotations
 
 import copy
-import os
-import socket
-import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_spawn import full, init_gloo, spawn_main
 from optim_tiny_models import TinyLM
 
 from kimi_vl.optim import MuonClip
@@ -76,14 +72,8 @@ def _check_once(ids_local: list[int], total: int, world: int) -> None:
     assert all(len(ids) > 0 for ids in every), f"a rank owned no matrix: {every}"
 
 
-def _full(p: torch.Tensor) -> torch.Tensor:
-    return p.full_tensor() if hasattr(p, "full_tensor") else p
-
-
 def worker(rank: int, world: int, cases: list[str], port: int) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    init_gloo(rank, world, port, timeout_s=60)
     for case in cases:
         run_case(rank, world, case)
     dist.destroy_process_group()
@@ -105,7 +95,7 @@ def run_case(rank: int, world: int, case: str) -> None:
         opt.step()
         _check_once(opt.last_ns_ids, int(opt.last_muon_stats["muon/ns_matrices_total"]), world)
         for (name, p), q in zip(inner.named_parameters(), ref_params[step]):
-            err = ((_full(p.detach()) - q).abs().max() / q.abs().max().clamp_min(1e-12)).item()
+            err = ((full(p.detach()) - q).abs().max() / q.abs().max().clamp_min(1e-12)).item()
             worst = max(worst, err)
             assert err <= 1e-5, f"{case} rank {rank} step {step}: {name} differs from single-process by {err:.2e}"
         got, want = opt.last_qk_stats.to_dict(), ref_stats[step]
@@ -125,12 +115,7 @@ def run_case(rank: int, world: int, case: str) -> None:
 
 
 def main() -> None:
-    cases = ["ddp", "fsdp2"] if sys.argv[1] == "all" else [sys.argv[1]]
-    world = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(world, cases, port), nprocs=world, join=True)
+    spawn_main(worker, ["ddp", "fsdp2"])
 
 
 if __name__ == "__main__":

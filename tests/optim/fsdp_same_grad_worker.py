@@ -10,24 +10,16 @@ Prints the largest parameter difference per case and exits non-zero unless every
 from __future__ import annotations
 
 import copy
-import os
-import socket
-import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_spawn import full, init_gloo, spawn_main
 from optim_tiny_models import TinyLM
 
 from kimi_vl.optim import MuonClip
 
 STEPS = 3
 KW = dict(lr=0.02, weight_decay=0.1, ns_dtype=torch.bfloat16, qk_clip=False)
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _fsdp(model: TinyLM, world: int) -> TinyLM:
@@ -55,18 +47,16 @@ def run_case(rank: int, world: int, fused: bool) -> float:
         opt.zero_grad()
         model.loss(ids[2 * rank:2 * rank + 2]).backward()
         for sp, p in zip(shadow.parameters(), model.parameters()):
-            sp.grad = None if p.grad is None else _full(p.grad).clone()
+            sp.grad = None if p.grad is None else full(p.grad).clone()
         opt.step()
         shadow_opt.step()
         for p, q in zip(model.parameters(), shadow.parameters()):
-            worst = max(worst, (_full(p.detach()) - q.detach()).abs().max().item())
+            worst = max(worst, (full(p.detach()) - q.detach()).abs().max().item())
     return worst
 
 
 def worker(rank: int, world: int, cases: list[str], port: int) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    init_gloo(rank, world, port, timeout_s=120)
     failed = []
     for case in cases:
         worst = run_case(rank, world, fused=case == "fused")
@@ -80,12 +70,7 @@ def worker(rank: int, world: int, cases: list[str], port: int) -> None:
 
 
 def main() -> None:
-    cases = ["exact", "fused"] if sys.argv[1] == "all" else [sys.argv[1]]
-    world = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(world, cases, port), nprocs=world, join=True)
+    spawn_main(worker, ["exact", "fused"])
 
 
 if __name__ == "__main__":
