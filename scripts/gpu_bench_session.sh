@@ -9,21 +9,9 @@
 #  6. the small backbone: hybrid vs all-MLA training at 4K/32K, decode at 128K.
 # JSON per part in $OUT, one combined log $OUT/all.log. fla-core comes from the carried wheel in .whl/.
 set -u
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-LOG=$OUT/all.log
-if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla_site .whl/fla_core-*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/fla_site
-fi
-part() {  # title limit_s command...
-  local title=$1 limit=$2
-  shift 2
-  echo "== $title ($(date +%T), limit ${limit}s)" | tee -a "$LOG"
-  timeout "$limit" "$@" 2>&1 | grep -v -i "warn\|^\s*$" | tail -n 40 | tee -a "$LOG"
-}
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee -a "$LOG"
+source "$(dirname "$0")/gpu_parts.sh"
+install_fla
+gpu_header
 part "KDA ours, five shapes" 150 python3 kernels/benchmarks/bench_kda.py --impls ours --profile \
   --deadline 120 --out "$OUT/bench_kda_ours.json"
 part "KDA ours vs fla, 1x8192x32" 200 python3 kernels/benchmarks/bench_kda.py --impls ours,fla \

@@ -7,17 +7,9 @@
 # 3. bench_kda.py ours vs fla-core at the five issue shapes (fla autotunes ~2 min per head count).
 set -u
 DATA=${1:?usage: gpu_profile_app.sh DATA_DIR}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out} TOKENIZERS_PARALLELISM=false
-mkdir -p "$OUT"
-LOG=$OUT/all.log
-part() {  # title limit_s command...
-  local title=$1 limit=$2
-  shift 2
-  echo "== $title ($(date +%T), limit ${limit}s)" | tee -a "$LOG"
-  timeout "$limit" "$@" 2>&1 | grep -v -i "warn\|^\s*$" | tail -n 60 | tee -a "$LOG"
-}
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee -a "$LOG"
+source "$(dirname "$0")/gpu_parts.sh"
+export TOKENIZERS_PARALLELISM=false PART_TAIL=60
+gpu_header
 mkdir -p "$OUT/app"
 TORCH_LOGS=recompiles part "profile_train_step small_pretrain" 140 python3 -m kimi_vl.benchmarks.profile_train_step \
   --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=4 data.num_workers=8 \
@@ -26,10 +18,7 @@ part "app, 12 steps" 75 python3 -m kimi_vl.train --config kimi_vl/configs/small_
   output_dir=/tmp/runs/app12 max_steps=12 data.path="$DATA" data.batch_size=4 data.num_workers=8 \
   eval_every=1000 checkpoint_every=1000 optim.warmup_steps=2 optim.total_steps=12
 cp /tmp/runs/app12/metrics.jsonl "$OUT/app12_metrics.jsonl" 2>/dev/null
-if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla_site .whl/fla_core-*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/fla_site
-fi
+install_fla
 part "KDA ours vs fla, five shapes" 320 python3 kernels/benchmarks/bench_kda.py --impls ours,fla \
   --no-prelude --deadline 300 --out "$OUT/bench_kda_vs_fla.json"
 ls -la "$OUT"
