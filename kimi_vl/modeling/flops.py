@@ -10,9 +10,13 @@ One formula for the backbone benchmark and the training app, so that their MFU n
   attention ``12 W L`` per layer for an image of ``L`` patches.
 
 Packed rows are counted at their row length (an upper bound for the attention term of short documents).
+Both terms are affine in the length, so :class:`FlopModel` reads the parameter counts once (the training app
+builds it at start-up) and each step's count is arithmetic.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -33,31 +37,49 @@ def _lm_matrix_params(model: nn.Module) -> float:
     return total + model.lm_head.weight.numel()
 
 
+@dataclass(frozen=True)
+class FlopModel:
+    """Training FLOPs as ``lm_base + lm_per_seq * seq`` per LM token and ``vision_base + vision_per_len * L``
+    per vision patch (images of ``L`` patches)."""
+
+    lm_base: float
+    lm_per_seq: float
+    vision_base: float = 0.0
+    vision_per_len: float = 0.0
+
+    @classmethod
+    def of(cls, model: nn.Module) -> FlopModel:
+        """From a kimi_vl LM (``.model``, ``.lm_head``; a ``.vision_tower`` when multimodal)."""
+        cfg = model.model.config
+        lm_base, lm_per_seq = 6.0 * _lm_matrix_params(model), 0.0
+        for kind in cfg.layer_types:
+            if kind == "full_attention":
+                lm_per_seq += 3.0 * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim)
+            else:
+                k, c = cfg.linear_head_dim, KDA_CHUNK
+                lm_base += 3.0 * cfg.linear_num_heads * (6 * k * k + 3 * c * k + c * c)
+        tower = getattr(model, "vision_tower", None)
+        if tower is None:
+            return cls(lm_base, lm_per_seq)
+        params = sum(p.numel() for name, p in tower.named_parameters() if not name.endswith("table"))
+        vcfg = tower.config
+        return cls(lm_base, lm_per_seq, 6.0 * params, 12.0 * vcfg.hidden_size * vcfg.num_layers)
+
+    def lm_per_token(self, seq: int) -> float:
+        return self.lm_base + self.lm_per_seq * seq
+
+    def vision_per_patch(self, image_len: float) -> float:
+        return self.vision_base + self.vision_per_len * image_len
+
+    def step(self, seq: int, n_tokens: int, n_patches: int = 0, n_images: int = 0) -> float:
+        """A step with ``n_tokens`` LM tokens in rows of ``seq`` and ``n_patches`` vision patches in
+        ``n_images`` images or video chunks."""
+        flops = self.lm_per_token(seq) * n_tokens
+        if n_patches:
+            flops += self.vision_per_patch(n_patches / max(n_images, 1)) * n_patches
+        return flops
+
+
 def lm_flops_per_token(model: nn.Module, seq: int) -> float:
     """Training FLOPs per language-model token (``model``: a kimi_vl LM with ``.model`` and ``.lm_head``)."""
-    cfg = model.model.config
-    flops = 6.0 * _lm_matrix_params(model)
-    for kind in cfg.layer_types:
-        if kind == "full_attention":
-            flops += 3.0 * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) * seq
-        else:
-            k, c = cfg.linear_head_dim, KDA_CHUNK
-            flops += 3.0 * cfg.linear_num_heads * (6 * k * k + 3 * c * k + c * c)
-    return flops
-
-
-def vision_flops_per_patch(tower: nn.Module, image_len: float) -> float:
-    """Training FLOPs per patch of the vision tower for images of ``image_len`` patches on average."""
-    params = sum(p.numel() for name, p in tower.named_parameters() if not name.endswith("table"))
-    cfg = tower.config
-    return 6.0 * params + 12.0 * cfg.hidden_size * image_len * cfg.num_layers
-
-
-def step_flops(model: nn.Module, seq: int, n_tokens: int, n_patches: int = 0, n_images: int = 0) -> float:
-    """Training FLOPs of a step with ``n_tokens`` LM tokens in rows of ``seq`` and ``n_patches`` vision
-    patches in ``n_images`` images or video chunks."""
-    flops = lm_flops_per_token(model, seq) * n_tokens
-    tower = getattr(model, "vision_tower", None)
-    if tower is not None and n_patches:
-        flops += vision_flops_per_patch(tower, n_patches / max(n_images, 1)) * n_patches
-    return flops
+    return FlopModel.of(model).lm_per_token(seq)

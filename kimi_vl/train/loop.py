@@ -21,7 +21,7 @@ from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
 from kernels.host_ints import remember
 from kimi_vl.logs import MetricsWriter, print0, progress
-from kimi_vl.modeling.flops import step_flops
+from kimi_vl.modeling.flops import FlopModel
 from kimi_vl.optim.builder import build_optimizer, build_scheduler
 from kimi_vl.runconfig import save_config, to_dict
 from kimi_vl.train import build
@@ -120,13 +120,13 @@ def _qk_and_optim_stats(optimizer: Any) -> dict[str, float]:
     return stats
 
 
-def _batch_flops(model: torch.nn.Module, batch: dict[str, Any]) -> float:
+def _batch_flops(flops: FlopModel, batch: dict[str, Any]) -> float:
     """Model FLOPs of one micro-batch (kimi_vl.modeling.flops: the backbone benchmark's formula plus the
     vision tower's patches)."""
     n_tokens = int(batch["attention_mask"].sum())
     n_patches = sum(int(batch[k].shape[0]) for k in ("pixel_values", "pixel_values_videos") if k in batch)
     n_images = sum(int(batch[k].shape[0]) for k in ("image_grid_thw", "video_grid_thw") if k in batch)
-    return step_flops(model, int(batch["input_ids"].shape[-1]), n_tokens, n_patches, n_images)
+    return flops.step(int(batch["input_ids"].shape[-1]), n_tokens, n_patches, n_images)
 
 
 def _peak_flops(device: torch.device) -> float | None:
@@ -159,6 +159,7 @@ class Trainer:
         model = build.build_model(cfg, self.tokenizer)
         if cfg.activation_checkpointing:
             model.gradient_checkpointing_enable()
+        self.flop_model = FlopModel.of(model)  # parameter counts read once, before any sharding
         optimizer = build_optimizer(model, cfg.optim)
         scheduler = build_scheduler(optimizer, cfg.optim)
         self.loader = build.build_train_loader(cfg, self.tokenizer, self.processor, self.acc.process_index,
@@ -211,7 +212,7 @@ class Trainer:
                 self.acc.backward(loss / cfg.grad_accum)
             total += float(loss.detach()) / cfg.grad_accum
             n_tokens += int(batch["attention_mask"].sum())
-            flops += _batch_flops(self.unwrapped, batch)
+            flops += _batch_flops(self.flop_model, batch)
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v / cfg.grad_accum
             state = batch.get("loader_state", {})

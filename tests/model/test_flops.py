@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
-from kimi_vl.modeling.flops import KDA_CHUNK, lm_flops_per_token, step_flops, vision_flops_per_patch
+from kimi_vl.modeling.flops import KDA_CHUNK, FlopModel, lm_flops_per_token
 
 
 def _model(mlp: str = "dense") -> KimiVLForCausalLM:
@@ -53,8 +53,11 @@ def test_vision_patches_add_tower_flops() -> None:
 
     model = KimiVLForConditionalGeneration(
         KimiVLConfig.from_flavor("debug", vision_config=vision_config_dict("debug", 500, 501)))
-    tower = model.vision_tower
-    assert vision_flops_per_patch(tower, 64) > vision_flops_per_patch(tower, 16) > 0
-    text_only = step_flops(model, 128, 100)
-    assert step_flops(model, 128, 100, n_patches=64, n_images=2) == pytest.approx(
-        text_only + 64 * vision_flops_per_patch(tower, 32))
+    tower, flops = model.vision_tower, FlopModel.of(model)
+    params = sum(p.numel() for n, p in tower.named_parameters() if not n.endswith("table"))
+    vcfg = tower.config
+    assert flops.vision_per_patch(32) == pytest.approx(6.0 * params + 12.0 * vcfg.hidden_size * 32 * vcfg.num_layers)
+    assert flops.vision_per_patch(64) > flops.vision_per_patch(16) > 0
+    text_only = flops.step(128, 100)
+    assert text_only == pytest.approx(100 * lm_flops_per_token(model, 128))
+    assert flops.step(128, 100, n_patches=64, n_images=2) == pytest.approx(text_only + 64 * flops.vision_per_patch(32))
