@@ -192,6 +192,21 @@ class Packer:
         return rows + [[] for _ in range(self.batch_size - len(rows))]
 
 
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """Prompt token rows of any lengths for batched generation (the RL sampler, the page demo) -> ids ``[R, S]``
+    left-padded with ``pad_id`` and the attention mask ``[R, S]``
+    (long, 1 = token), or ``None`` for the mask when every row has the same length (nothing to mask)."""
+    if not rows or any(len(row) == 0 for row in rows):
+        raise ValueError(f"left_pad: need non-empty rows, got lengths {[len(row) for row in rows]}")
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad_id] * (width - len(row)) + list(row) for row in rows], dtype=torch.long, device=device)
+    if all(len(row) == width for row in rows):
+        return ids, None
+    mask = [[0] * (width - len(row)) + [1] * len(row) for row in rows]
+    return ids, torch.tensor(mask, dtype=torch.long, device=device)
+
+
 def collate(rows: Sequence[Sequence[TokenDoc]], seq_len: int, pad_id: int, processor: Any = None,
             special: SpecialIds | None = None) -> dict[str, Any]:
     """Rows of documents -> the packed batch dict (docs/INTERFACES.md "Packed batches").

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from data_pipelines.packing import left_pad
+
 MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
 
@@ -135,20 +137,6 @@ def _forward(
     else:
         kwargs["use_cache"] = False
     return model(input_ids=input_ids, **kwargs)
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """Token rows of any lengths -> ids ``[R, S]`` left-padded with ``pad_id`` and the attention mask ``[R, S]``
-    (long, 1 = token), or ``None`` for the mask when every row has the same length (nothing to mask)."""
-    if not rows or any(len(row) == 0 for row in rows):
-        raise ValueError(f"left_pad: need non-empty rows, got lengths {[len(row) for row in rows]}")
-    width = max(len(row) for row in rows)
-    ids = torch.tensor([[pad_id] * (width - len(row)) + list(row) for row in rows], dtype=torch.long, device=device)
-    if all(len(row) == width for row in rows):
-        return ids, None
-    mask = [[0] * (width - len(row)) + [1] * len(row) for row in rows]
-    return ids, torch.tensor(mask, dtype=torch.long, device=device)
 
 
 class _StopWatch:
@@ -374,7 +362,6 @@ __all__ = [
     "Group",
     "Prompt",
     "batch_media",
-    "left_pad",
     "prompt_batches",
     "SamplingConfig",
     "recompute_logprobs",

@@ -30,7 +30,7 @@ import torch
 import yaml
 from PIL import Image
 
-from data_pipelines.packing import IGNORE, Encoder, TokenDoc, collate
+from data_pipelines.packing import IGNORE, Encoder, TokenDoc, collate, left_pad
 from data_pipelines.tokenizer import ROLE_HEADERS
 from data_pipelines.video import DecodedVideo, decode_mp4
 from vision_encoder.geometry import PatchGeometry
@@ -141,14 +141,8 @@ class WebsiteGenerator:
         if not media:
             raise ValueError("batch_inputs needs at least one prompt")
         prompts = [self.prompt(**m) for m in media]
-        width = max(p["input_ids"].shape[1] for p, _ in prompts)
-        ids = torch.full((len(prompts), width), self.encoder.ids.pad, dtype=prompts[0][0]["input_ids"].dtype)
-        mask = torch.zeros((len(prompts), width), dtype=prompts[0][0]["attention_mask"].dtype)
-        for row, (p, _) in enumerate(prompts):
-            n = p["input_ids"].shape[1]
-            ids[row, width - n:] = p["input_ids"][0]
-            mask[row, width - n:] = p["attention_mask"][0]
-        batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        ids, mask = left_pad([p["input_ids"][0].tolist() for p, _ in prompts], self.encoder.ids.pad)
+        batch: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids) if mask is None else mask}
         for key in MEDIA_KEYS:
             parts = [p[key] for p, _ in prompts if key in p]
             if parts:

@@ -6,8 +6,9 @@ import pytest
 import torch
 from rl_models import EOS, IMAGE_TOKEN, PAD, decode, tiny_text_lm, tiny_vlm
 
+from data_pipelines.packing import left_pad
 from rl.config import ObjectiveCfg
-from rl.rollout import Prompt, SamplingConfig, left_pad, prompt_batches, recompute_logprobs, sample_groups
+from rl.rollout import Prompt, SamplingConfig, prompt_batches, recompute_logprobs, sample_groups
 from rl.step import accumulate_policy_gradient, micro_batches
 
 K = 3
