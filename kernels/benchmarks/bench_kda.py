@@ -154,6 +154,26 @@ def profile_fwd(B, T, H, grad=False) -> dict:
     return out
 
 
+def profile_step(impl, B, T, H) -> dict:
+    """Mean CUDA time per kernel name of one training step (forward + backward, bf16 inputs requiring grad) of
+    ``impl`` (torch.profiler, 3 steps after a warm-up): where ours and the peer spend their time, kernel by kernel."""
+    xs = make(B, T, H, grad=True)
+    do = torch.randn(B, T, H, V, dtype=torch.bfloat16, device="cuda")
+    step = lambda: torch.autograd.backward(call(impl, xs)[0], do)
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            out[e.key[:60]] = round(t / 3 / 1e3, 4)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def time_decode(impl, N=64, H=32) -> dict:
     xs = make(N, 1, H)
     state = torch.randn(N, H, K, V, device="cuda")
@@ -184,7 +204,11 @@ def main() -> None:
     ap.add_argument("--no-prelude", action="store_true", help="skip ceilings, correctness and decode")
     ap.add_argument("--prelude-impls", default=None, help="impls for correctness/decode (default: --impls)")
     ap.add_argument("--fla-shapes", default=None, help="shapes at which fla is timed (default: all of --shapes)")
-    ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of our forward at each shape")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="per-kernel CUDA times: our forward, and a training step of each impl, at each shape",
+    )
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kda.json"))
     args = ap.parse_args()
     t0 = time.time()
@@ -225,6 +249,8 @@ def main() -> None:
                 continue
             try:
                 res["shapes"][s][impl] = time_shape(impl, B, T, H)
+                if args.profile:
+                    res["shapes"][s][f"{impl}_step_kernels_ms"] = profile_step(impl, B, T, H)
             except Exception as e:  # noqa: BLE001 - an OOM or a peer failure is a result too
                 res["shapes"][s][impl] = {"error": repr(e)[:300]}
             torch.cuda.empty_cache()
@@ -236,7 +262,8 @@ def main() -> None:
     for s, d in res["shapes"].items():
         for impl, r in d.items() if isinstance(d, dict) else []:
             if impl not in impls:
-                print(f"{s:>12} {impl}: {json.dumps(r)}")
+                top = dict(list(r.items())[:10]) if isinstance(r, dict) else r  # profiles: the 10 largest kernels
+                print(f"{s:>12} {impl}: {json.dumps(top)}")
             elif "error" in r:
                 print(f"{s:>12} {impl:>5} {r['error'][:60]}")
             else:
