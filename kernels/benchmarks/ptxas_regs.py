@@ -99,11 +99,11 @@ if __name__ == "__main__":
 
 
 def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | None = None, **tiles) -> str:
-    """Registers and spills of a backward kernel of ``chunk_triton_bwd`` (``state``, ``dy`` or ``intra``) for a bf16
+    """Registers and spills of a backward kernel of ``chunk_triton_bwd`` (``state``, ``dy``, ``pair`` or ``inter``) for a bf16
     run at K = V = 128 (g fp32 from the PyTorch gate, fp32 dH / dY / dA / gradients); warps, stages and ``tiles``
     (BV, BK) default to the launch's (``chunk_triton_bwd.BWD_LAUNCH`` and tile constants).
 
-        .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('intra'))"
+        .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('inter'))"
     """
     from kernels.kda import chunk_triton_bwd as cb
 
@@ -116,10 +116,13 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     elif name == "dy":
         args = [f32, bf, bf, bf, bf, f32, f32, f32, f32, f32] + tab
         fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32")
+    elif name == "pair":
+        args = [bf, bf, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32"]
+        fn, consts = cb._bwd_intra_pair_kernel, dict(H=32, HV=32, K=128, BK=cb.BWD_PAIR_BK, C=64, S=16, PREC="tf32")
     else:
-        args = [bf, bf, f32, bf, f32, f32, bf, bf, f32, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32"]
-        fn, consts = cb._bwd_intra_kernel, dict(H=32, HV=32, K=128, V=128, BK=cb.BWD_INTRA_BK, BV=cb.BWD_INTRA_BV)
-        consts |= dict(C=64, S=16, FP32=False, PREC="tf32")
+        args = [bf, bf, f32, bf, f32, f32, bf, bf, f32, bf, f32] + tab + [f32] * 4 + ["fp32", "i32"]
+        fn, consts = cb._bwd_inter_kernel, dict(H=32, HV=32, K=128, V=128, BK=cb.BWD_INTER_BK, BV=cb.BWD_INTER_BV)
+        consts |= dict(C=64, FP32=False, PREC="tf32")
     consts |= tiles
     sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
     src = ASTSource(fn=fn, signature=sig, constexprs=consts)

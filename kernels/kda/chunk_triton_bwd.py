@@ -272,7 +272,112 @@ def _bwd_dy_kernel(
 
 
 @triton.jit
-def _bwd_intra_kernel(
+def _bwd_intra_pair_kernel(
+    q_ptr,
+    k_ptr,
+    b_ptr,
+    G_ptr,
+    dAq_ptr,
+    dAk_ptr,
+    cbos_ptr,
+    clen_ptr,
+    dq_ptr,
+    dk_ptr,
+    dg_ptr,
+    db_ptr,
+    scale,
+    n_tok,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Per (block of key channels, row block I of 16, chunk x value head): the gradients of ``Aqk = scale q_i.k_j
+    e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and dAkk
+    (strictly lower). Row gradients ``daq, dak`` from key blocks J < I and column gradients ``dkq, dkk`` from query
+    blocks I2 > I as tensor-core dots through each block's first row (exponents <= 0); the diagonal block pairwise
+    in fp32 as outer products (no reductions). Writes the intra-chunk parts in token layout: dq, dk, dG (not yet
+    cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part (slot ``i_k``)."""
+    i_k = tl.program_id(0)
+    I = tl.program_id(1)
+    sc = tl.program_id(2).to(tl.int64)
+    c = tl.program_id(2) // HV
+    i_hv = tl.program_id(2) % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cbos_ptr + c).to(tl.int64)
+    n = tl.load(clen_ptr + c)
+    if I * S >= n:  # a block of padded rows: nothing to write
+        return
+    r16 = tl.arange(0, S)
+    ck = i_k * BK + tl.arange(0, BK)
+    kmask = ck < K
+    base = sc * (C * K)
+    abase = sc * (C * C)
+    QS = H * K
+    GS = HV * K
+    rI = I * S + r16
+    qI = _tok(q_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
+    kI = _tok(k_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
+    GI = _rows16(G_ptr, base, rI, ck, kmask, K)
+    bI = tl.load(b_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)
+    # row gradients from key blocks J < I, through the first row of I
+    ref = tl.load(G_ptr + base + (I * S) * K + ck, mask=kmask, other=0.0)
+    daq = tl.zeros([S, BK], dtype=tl.float32)
+    dak = tl.zeros([S, BK], dtype=tl.float32)
+    for J in range(0, I):
+        rJ = J * S + r16
+        kd = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * tl.exp(
+            ref[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K)
+        )
+        daq += tl.dot(tl.load(dAq_ptr + abase + rI[:, None] * C + rJ[None, :]), kd, input_precision=PREC)
+        dak += tl.dot(tl.load(dAk_ptr + abase + rI[:, None] * C + rJ[None, :]), kd, input_precision=PREC)
+    eI = tl.exp(GI - ref[None, :])
+    daq = daq * eI
+    dak = dak * eI
+    # column gradients of key block I from query blocks I2 > I, through each I2's first row
+    dkq = tl.zeros([S, BK], dtype=tl.float32)
+    dkk = tl.zeros([S, BK], dtype=tl.float32)
+    for I2 in range(I + 1, tl.cdiv(n, S)):
+        r2 = I2 * S + r16
+        ref2 = tl.load(G_ptr + base + (I2 * S) * K + ck, mask=kmask, other=0.0)
+        e2 = tl.exp(_rows16(G_ptr, base, r2, ck, kmask, K) - ref2[None, :])
+        aq2 = _tok(q_ptr, bos, r2, n, QS, i_h * K, ck, kmask) * (e2 * scale)
+        b2 = tl.load(b_ptr + (bos + r2) * HV + i_hv, mask=r2 < n, other=0.0).to(tl.float32)
+        ak2 = _tok(k_ptr, bos, r2, n, QS, i_h * K, ck, kmask) * e2 * b2[:, None]
+        eJ = tl.exp(ref2[None, :] - GI)
+        dq_b = tl.load(dAq_ptr + abase + r2[:, None] * C + rI[None, :])
+        dk_b = tl.load(dAk_ptr + abase + r2[:, None] * C + rI[None, :])
+        dkq += eJ * tl.dot(tl.trans(dq_b), aq2, input_precision=PREC)
+        dkk += eJ * tl.dot(tl.trans(dk_b), ak2, input_precision=PREC)
+    # diagonal block, pairwise in fp32: step j is key j for the rows i >= j and query j for the keys i <= j
+    # (exponents masked to 0 outside, where dA is 0)
+    for j in range(0, tl.minimum(S, n - I * S)):  # runtime trip count (padded rows add 0)
+        t = bos + I * S + j
+        kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=kmask, other=0.0).to(tl.float32)
+        qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=kmask, other=0.0).to(tl.float32)
+        bj = tl.load(b_ptr + t * HV + i_hv).to(tl.float32)
+        Gj = tl.load(G_ptr + base + (I * S + j) * K + ck, mask=kmask, other=0.0)
+        e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
+        e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
+        col = abase + rI * C + I * S + j  # dA[i, j]
+        row = abase + (I * S + j) * C + rI  # dA[j, i]
+        daq += tl.load(dAq_ptr + col)[:, None] * e_lo * kj[None, :]
+        dak += tl.load(dAk_ptr + col)[:, None] * e_lo * kj[None, :]
+        dkq += tl.load(dAq_ptr + row)[:, None] * e_up * (scale * qj)[None, :]
+        dkk += tl.load(dAk_ptr + row)[:, None] * e_up * (bj * kj)[None, :]
+    m = (rI < n)[:, None] & kmask[None, :]
+    off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
+    tl.store(dq_ptr + off, scale * daq, mask=m)
+    tl.store(dk_ptr + off, dkq + dkk + bI[:, None] * dak, mask=m)
+    tl.store(dg_ptr + off, scale * qI * daq - kI * dkq + bI[:, None] * kI * dak - kI * dkk, mask=m)
+    tl.store(db_ptr + i_k * n_tok + (bos + rI) * HV + i_hv, tl.sum(kI * dak, 1), mask=rI < n)
+
+
+@triton.jit
+def _bwd_inter_kernel(
     q_ptr,
     k_ptr,
     g_ptr,
@@ -284,8 +389,6 @@ def _bwd_intra_kernel(
     dy_ptr,
     h_ptr,
     dH_ptr,
-    dAq_ptr,
-    dAk_ptr,
     cbos_ptr,
     clen_ptr,
     dq_ptr,
@@ -301,14 +404,15 @@ def _bwd_intra_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     C: tl.constexpr,
-    S: tl.constexpr,
     FP32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Per (block of key channels, chunk x value head): the reductions over V for this block of channels
-    (``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dX = -dY h^T``, ``dGl``), the pairwise decay gradients of Aqk and
-    Akk (as ``_bwd_pair_kernel``), the gated tensors' chain rule and the in-chunk reverse cumulative sum, row
-    blocks of 16 last to first. Writes dq, dk, dg ``[B, T, HV, K]`` and dbeta's K part (slot ``i_k``) in fp32."""
+    """Per (block of key channels, chunk x value head), after ``_bwd_intra_pair_kernel``: the reductions over V as
+    whole-chunk dots (``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dX = -dY h^T``, ``[C, BK]``) and ``dGl = e^Gl sum_v
+    dH h + sum_i kg_i dkg_i``; the chain rule through ``qg = scale q e^G``, ``kg = k e^E`` (``E_i = sum_{t > i}
+    g_t``) and ``X = beta k e^G`` added to the intra-chunk parts in dq, dk, dG (read and overwritten); the in-chunk
+    reverse cumulative sum of dG plus dGl on every row gives dg. dbeta's part ``sum_k k e^G dX`` goes to slot
+    ``i_k`` of ``db_ptr`` (the caller offsets it past the pairwise kernel's slots)."""
     i_k = tl.program_id(0)
     sc = tl.program_id(1).to(tl.int64)
     c = tl.program_id(1) // HV
@@ -317,126 +421,53 @@ def _bwd_intra_kernel(
     bos = tl.load(cbos_ptr + c).to(tl.int64)
     n = tl.load(clen_ptr + c)
     rows = tl.arange(0, C)
-    r16 = tl.arange(0, S)
+    rmask = rows < n
     ck = i_k * BK + tl.arange(0, BK)
     kmask = ck < K
-    base = sc * (C * K)
-    abase = sc * (C * C)
-    vbase = sc * (C * V)
-    hbase = sc * (K * V)
     QS = H * K
     GS = HV * K
-    # dGl = e^Gl sum_v dH h + sum_i kg_i dkg_i; the reverse cumsum adds it to every row (in a final pass)
-    egl = tl.exp(tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0))
+    dqg = tl.zeros([C, BK], dtype=tl.float32)
+    dkg = tl.zeros([C, BK], dtype=tl.float32)
+    dX = tl.zeros([C, BK], dtype=tl.float32)
     dgl = tl.zeros([BK], dtype=tl.float32)
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
-        hm = kmask[:, None] & (cv < V)[None, :]
-        hoff = hbase + ck[:, None] * V + cv[None, :]
-        ht = tl.load(h_ptr + hoff, mask=hm, other=0.0).to(tl.float32)
-        dgl += tl.sum(tl.load(dH_ptr + hoff, mask=hm, other=0.0) * ht, 1)
-    dgl = dgl * egl
-    carry_g = tl.zeros([BK], dtype=tl.float32)
-    carry_dG = tl.zeros([BK], dtype=tl.float32)
-    for Ir in range(0, C // S):  # dynamic loops: nothing is hoisted across row blocks
-        I = C // S - 1 - Ir
-        rI = I * S + r16
-        # reductions over V for rows rI
-        dqg = tl.zeros([S, BK], dtype=tl.float32)
-        dkg = tl.zeros([S, BK], dtype=tl.float32)
-        dX = tl.zeros([S, BK], dtype=tl.float32)
-        for v0 in range(0, V, BV):
-            cv = v0 + tl.arange(0, BV)
-            vmask = cv < V
-            hm = kmask[:, None] & vmask[None, :]
-            hoff = hbase + ck[:, None] * V + cv[None, :]
-            ht = tl.load(h_ptr + hoff, mask=hm, other=0.0)
-            dht = tl.load(dH_ptr + hoff, mask=hm, other=0.0)
-            roff = vbase + rI[:, None] * V + cv[None, :]
-            vnI = tl.load(vn_ptr + roff, mask=vmask[None, :], other=0.0)
-            dyI = tl.load(dy_ptr + roff, mask=vmask[None, :], other=0.0)
-            doI = tl.load(
-                do_ptr + (bos + rI)[:, None] * (HV * V) + i_hv * V + cv[None, :],
-                mask=(rI < n)[:, None] & vmask[None, :],
-                other=0.0,
-            ).to(h_ptr.dtype.element_ty)
-            dqg += _mm(doI, tl.trans(ht), FP32)
-            dkg += _fdot(vnI, tl.trans(dht), PREC)
-            dX -= _fdot(dyI, tl.trans(ht), PREC)
-        qI = _tok(q_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
-        kI = _tok(k_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
-        gI = _tok(g_ptr, bos, rI, n, GS, i_hv * K, ck, kmask)
-        GI = _rows16(G_ptr, base, rI, ck, kmask, K)
-        bI = tl.load(b_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)
-        aqI = qI * scale
-        akI = kI * bI[:, None]
-        # pairwise decay gradients: row gradients from key blocks J < I through the first row of I
-        ref = tl.load(G_ptr + base + (I * S) * K + ck, mask=kmask, other=0.0)
-        eI = tl.exp(GI - ref[None, :])
-        daq = tl.zeros([S, BK], dtype=tl.float32)
-        dak = tl.zeros([S, BK], dtype=tl.float32)
-        for J in range(0, I):
-            rJ = J * S + r16
-            kJ = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask)
-            kd = kJ * tl.exp(ref[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K))
-            dq_b = tl.load(dAq_ptr + abase + rI[:, None] * C + rJ[None, :])
-            dk_b = tl.load(dAk_ptr + abase + rI[:, None] * C + rJ[None, :])
-            daq += tl.dot(dq_b, kd, input_precision=PREC)
-            dak += tl.dot(dk_b, kd, input_precision=PREC)
-        daq = daq * eI
-        dak = dak * eI
-        # column gradients of key block I from query blocks I2 > I through each I2's first row
-        dkq = tl.zeros([S, BK], dtype=tl.float32)
-        dkk = tl.zeros([S, BK], dtype=tl.float32)
-        for I2 in range(I + 1, C // S):
-            r2 = I2 * S + r16
-            G2 = _rows16(G_ptr, base, r2, ck, kmask, K)
-            ref2 = tl.load(G_ptr + base + (I2 * S) * K + ck, mask=kmask, other=0.0)
-            e2 = tl.exp(G2 - ref2[None, :])
-            aq2 = _tok(q_ptr, bos, r2, n, QS, i_h * K, ck, kmask) * (e2 * scale)
-            b2 = tl.load(b_ptr + (bos + r2) * HV + i_hv, mask=r2 < n, other=0.0).to(tl.float32)
-            ak2 = _tok(k_ptr, bos, r2, n, QS, i_h * K, ck, kmask) * e2 * b2[:, None]
-            eJ = tl.exp(ref2[None, :] - GI)
-            dq_b = tl.load(dAq_ptr + abase + r2[:, None] * C + rI[None, :])
-            dk_b = tl.load(dAk_ptr + abase + r2[:, None] * C + rI[None, :])
-            dkq += eJ * tl.dot(tl.trans(dq_b), aq2, input_precision=PREC)
-            dkk += eJ * tl.dot(tl.trans(dk_b), ak2, input_precision=PREC)
-        # diagonal block, pairwise in fp32 (exponent masked to 0 above the diagonal, where dA is 0)
-        for j in range(0, tl.minimum(S, n - I * S)):  # runtime trip count (padded keys add 0)
-            kj = tl.load(
-                k_ptr + (bos + I * S + j) * QS + i_h * K + ck, mask=kmask & (ck * 0 + I * S + j < n), other=0.0
-            )
-            kj = kj.to(tl.float32)
-            Gj = tl.load(G_ptr + base + (I * S + j) * K + ck, mask=kmask, other=0.0)
-            e = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
-            cq = tl.load(dAq_ptr + abase + rI * C + I * S + j)[:, None] * e
-            cw = tl.load(dAk_ptr + abase + rI * C + I * S + j)[:, None] * e
-            daq += cq * kj[None, :]
-            dak += cw * kj[None, :]
-            sel = r16[:, None] == j
-            dkq = tl.where(sel, dkq + tl.sum(cq * aqI, 0)[None, :], dkq)
-            dkk = tl.where(sel, dkk + tl.sum(cw * akI, 0)[None, :], dkk)
-        # gated tensors qg = scale q e^G, kg = k e^E (E_i = sum_{t>i} g_t), X = beta k e^G; reverse cumsum
-        eG = tl.exp(GI)
-        eE = tl.exp(carry_g[None, :] + tl.cumsum(gI, 0, reverse=True) - gI)
-        carry_g += tl.sum(gI, 0)
-        X = akI * eG
-        dG = aqI * daq - kI * dkq + akI * dak - kI * dkk + aqI * eG * dqg - kI * eE * dkg + X * dX
-        dg = carry_dG[None, :] + tl.cumsum(dG, 0, reverse=True)
-        carry_dG += tl.sum(dG, 0)
-        dgl += tl.sum(kI * eE * dkg, 0)
-        m = (rI < n)[:, None] & kmask[None, :]
-        off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
-        tl.store(dq_ptr + off, scale * (daq + eG * dqg), mask=m)
-        tl.store(dk_ptr + off, dkq + dkk + bI[:, None] * (dak + eG * dX) + eE * dkg, mask=m)
-        tl.store(dg_ptr + off, dg, mask=m)
-        db = tl.sum(kI * (dak + eG * dX), 1)
-        tl.store(db_ptr + i_k * n_tok + (bos + rI) * HV + i_hv, db, mask=rI < n)
-    # dGl on every row of dg (rows written above by this program)
-    tl.debug_barrier()
-    m = (rows < n)[:, None] & kmask[None, :]
+        vmask = cv < V
+        hm = kmask[:, None] & vmask[None, :]
+        hoff = sc * (K * V) + ck[:, None] * V + cv[None, :]
+        ht = tl.load(h_ptr + hoff, mask=hm, other=0.0)
+        dht = tl.load(dH_ptr + hoff, mask=hm, other=0.0)
+        roff = sc * (C * V) + rows[:, None] * V + cv[None, :]
+        vn = tl.load(vn_ptr + roff, mask=vmask[None, :], other=0.0)
+        dy = tl.load(dy_ptr + roff, mask=vmask[None, :], other=0.0)
+        do = tl.load(
+            do_ptr + (bos + rows)[:, None] * (HV * V) + i_hv * V + cv[None, :],
+            mask=rmask[:, None] & vmask[None, :],
+            other=0.0,
+        ).to(h_ptr.dtype.element_ty)
+        dgl += tl.sum(dht * ht.to(tl.float32), 1)
+        dqg += _mm(do, tl.trans(ht), FP32)
+        dkg += _fdot(vn, tl.trans(dht), PREC)
+        dX -= _fdot(dy, tl.trans(ht), PREC)
+    m = rmask[:, None] & kmask[None, :]
+    qk_off = (bos + rows)[:, None] * QS + i_h * K + ck[None, :]
     off = (bos + rows)[:, None] * GS + i_hv * K + ck[None, :]
-    tl.store(dg_ptr + off, tl.load(dg_ptr + off, mask=m, other=0.0) + dgl[None, :], mask=m)
+    kk = tl.load(k_ptr + qk_off, mask=m, other=0.0).to(tl.float32)
+    gg = tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32)
+    eG = tl.exp(tl.load(G_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0))
+    eE = tl.exp(tl.cumsum(gg, 0, reverse=True) - gg)
+    bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rmask, other=0.0).to(tl.float32)
+    qe = scale * tl.load(q_ptr + qk_off, mask=m, other=0.0).to(tl.float32) * eG  # d qg / d G
+    kE = kk * eE
+    X = bb[:, None] * kk * eG
+    dq = tl.load(dq_ptr + off, mask=m, other=0.0) + scale * eG * dqg
+    dk = tl.load(dk_ptr + off, mask=m, other=0.0) + bb[:, None] * eG * dX + eE * dkg
+    dG = tl.load(dg_ptr + off, mask=m, other=0.0) + qe * dqg - kE * dkg + X * dX
+    dgl = dgl * tl.exp(tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)) + tl.sum(kE * dkg, 0)
+    tl.store(dq_ptr + off, dq, mask=m)
+    tl.store(dk_ptr + off, dk, mask=m)
+    tl.store(dg_ptr + off, tl.cumsum(dG, 0, reverse=True) + dgl[None, :], mask=m)
+    tl.store(db_ptr + i_k * n_tok + (bos + rows) * HV + i_hv, tl.sum(kk * eG * dX, 1), mask=rmask)
 
 
 PAIR_BK = 32  # key channels per program of the pairwise kernel
@@ -502,16 +533,18 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     return dvn, dH, dh0
 
 
-BWD_INTRA_BK = 32  # key channels per program of the fused intra-chunk kernel
-BWD_INTRA_BV = 64  # value columns per loop step of the intra-chunk kernel's reductions over V
+BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
+BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions over V) kernel
+BWD_INTER_BV = 32  # value columns per loop step of the inter-chunk kernel
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128): no spills
-BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), intra=(4, 1))
+BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(4, 2), inter=(8, 2))
 BWD_VARIANTS = ("triton", "hybrid")
 
 
 def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[torch.Tensor, ...]:
-    """Chunk-local backward after the reverse state pass: ``_bwd_dy_kernel`` then ``_bwd_intra_kernel``.
+    """Chunk-local backward after the reverse state pass: ``_bwd_dy_kernel``, ``_bwd_intra_pair_kernel``, then
+    ``_bwd_inter_kernel``.
 
     q, k ``[B, T, H, K]``, v, do ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` (token layout); ``st``
     the forward intermediates; dvn ``[NC, HV, C, V]`` fp32 (overwritten with ``dY = T^T dVnew``) and dH
@@ -525,13 +558,15 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
     fp32 = st.qg.dtype == torch.float32
     prec = "ieee" if fp32 else "tf32"
     q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
-    BK = min(BWD_INTRA_BK, max(16, triton.next_power_of_2(K)))
-    BV = min(BWD_INTRA_BV, max(16, triton.next_power_of_2(V)))
-    nkt = triton.cdiv(K, BK)
+    bk_pair = min(BWD_PAIR_BK, max(16, triton.next_power_of_2(K)))
+    bk_inter = min(BWD_INTER_BK, max(16, triton.next_power_of_2(K)))
+    BV = min(BWD_INTER_BV, max(16, triton.next_power_of_2(V)))
+    nkt_pair, nkt_inter = triton.cdiv(K, bk_pair), triton.cdiv(K, bk_inter)
     f32 = dict(dtype=torch.float32, device=dev)
     n_tok = B * T * HV
     dv = torch.empty(B, T, HV, V, **f32)
-    db = torch.empty(nkt + 1, B, T, HV, **f32)
+    # dbeta partial sums: the pairwise kernel's K blocks, the inter kernel's K blocks, the dY kernel's V part
+    db = torch.empty(nkt_pair + nkt_inter + 1, B, T, HV, **f32)
     dAq = torch.empty(NC, HV, C, C, **f32)
     dAk = torch.empty_like(dAq)
     dqv, dkv, dg = (torch.empty(B, T, HV, K, **f32) for _ in range(3))
@@ -543,7 +578,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         beta,
         dvn,
         dv,
-        db[nkt],
+        db[-1],
         dAq,
         dAk,
         st.cbos,
@@ -557,18 +592,12 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         num_warps=BWD_LAUNCH["dy"][0],
         num_stages=BWD_LAUNCH["dy"][1],
     )
-    _bwd_intra_kernel[(nkt, NC * HV)](
+    S = 16
+    _bwd_intra_pair_kernel[(nkt_pair, C // S, NC * HV)](
         q,
         k,
-        g,
         beta,
         st.G,
-        st.Gl,
-        do,
-        st.vn,
-        dvn,
-        st.h,
-        dH,
         dAq,
         dAk,
         st.cbos,
@@ -582,15 +611,44 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         H=H,
         HV=HV,
         K=K,
+        BK=bk_pair,
+        C=C,
+        S=S,
+        PREC=prec,
+        num_warps=BWD_LAUNCH["pair"][0],
+        num_stages=BWD_LAUNCH["pair"][1],
+    )
+    _bwd_inter_kernel[(nkt_inter, NC * HV)](
+        q,
+        k,
+        g,
+        beta,
+        st.G,
+        st.Gl,
+        do,
+        st.vn,
+        dvn,
+        st.h,
+        dH,
+        st.cbos,
+        st.clen,
+        dqv,
+        dkv,
+        dg,
+        db[nkt_pair:],
+        scale,
+        n_tok,
+        H=H,
+        HV=HV,
+        K=K,
         V=V,
-        BK=BK,
+        BK=bk_inter,
         BV=BV,
         C=C,
-        S=16,
         FP32=fp32,
         PREC=prec,
-        num_warps=BWD_LAUNCH["intra"][0],
-        num_stages=BWD_LAUNCH["intra"][1],
+        num_warps=BWD_LAUNCH["inter"][0],
+        num_stages=BWD_LAUNCH["inter"][1],
     )
     if HV != H:
         dqv, dkv = (x.view(B, T, H, HV // H, K).sum(3) for x in (dqv, dkv))

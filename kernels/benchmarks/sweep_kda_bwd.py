@@ -1,0 +1,92 @@
+"""GPU sweep of the KDA backward's launch settings (``chunk_triton_bwd.BWD_LAUNCH`` and tile constants).
+
+For each setting: the backward alone (``torch.autograd.grad`` with ``retain_graph``, median of
+``triton.testing.do_bench``) of the training path at bf16, K = V = 128, Kimi Linear flags, and the largest
+relative RMS difference of its gradients from the default setting's (the same maths, so only rounding may
+differ). Then a per-kernel profile of one training step with the default. Writes ``$OUT/sweep_kda_bwd.json``
+and prints a table.
+
+    python kernels/benchmarks/sweep_kda_bwd.py --shape 1x8192x32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from kernels.benchmarks.bench_kda import V, bench, call, make, profile_step, rel  # noqa: E402
+from kernels.kda import chunk_triton_bwd as cb  # noqa: E402
+
+# (name, {module constant: value}, {launch key: (num_warps, num_stages)})
+SETTINGS = [
+    ("default", {}, {}),
+    ("inter w4 s1 bv64", {"BWD_INTER_BV": 64}, {"inter": (4, 1)}),
+    ("inter w8 s1", {}, {"inter": (8, 1)}),
+    ("inter w8 bv64", {"BWD_INTER_BV": 64}, {}),
+    ("inter w8 bk64", {"BWD_INTER_BK": 64}, {}),
+    ("inter w4 bk16", {"BWD_INTER_BK": 16}, {"inter": (4, 2)}),
+    ("pair w2", {}, {"pair": (2, 2)}),
+    ("pair w4 s1", {}, {"pair": (4, 1)}),
+    ("pair bk64", {"BWD_PAIR_BK": 64}, {}),
+    ("pair bk16 w2", {"BWD_PAIR_BK": 16}, {"pair": (2, 2)}),
+    ("dy w8", {}, {"dy": (8, 2)}),
+    ("state w8", {}, {"state": (8, 2)}),
+]
+
+
+def run_setting(consts: dict, launch: dict, xs, do, ref) -> dict:
+    saved = {name: getattr(cb, name) for name in consts} | {"BWD_LAUNCH": dict(cb.BWD_LAUNCH)}
+    try:
+        for name, value in consts.items():
+            setattr(cb, name, value)
+        cb.BWD_LAUNCH.update(launch)
+        o = call("ours", xs)[0]
+        grads = torch.autograd.grad(o, xs[:5], do, retain_graph=True)
+        diff = max(rel(a, b) for a, b in zip(grads, ref)) if ref is not None else 0.0
+        ms = bench(lambda: torch.autograd.grad(o, xs[:5], do, retain_graph=True))
+        return {"bwd_ms": ms, "max_rel_diff_vs_default": diff}, grads
+    finally:
+        for name, value in saved.items():
+            setattr(cb, name, value)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="1x8192x32")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sweep_kda_bwd.json"))
+    args = ap.parse_args()
+    B, T, H = (int(x) for x in args.shape.split("x"))
+    xs = make(B, T, H, grad=True)
+    do = torch.randn(B, T, H, V, dtype=torch.bfloat16, device="cuda")
+    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "settings": {}}
+    ref = None
+    t0 = time.time()
+    for name, consts, launch in SETTINGS:
+        try:
+            res["settings"][name], grads = run_setting(consts, launch, xs, do, ref)
+            ref = grads if ref is None else ref
+        except Exception as e:  # noqa: BLE001 - a failed compile is a result too
+            res["settings"][name] = {"error": repr(e)[:300]}
+        res["settings"][name] |= {"consts": consts, "launch": {k: list(v) for k, v in launch.items()}}
+        json.dump(res, open(args.out, "w"), indent=1)
+    res["default_step_kernels_ms"] = profile_step("ours", B, T, H)
+    res["elapsed_s"] = time.time() - t0
+    json.dump(res, open(args.out, "w"), indent=1)
+    print(f"{'setting':>20} {'bwd ms':>8} {'max rel diff':>12}")
+    for name, r in res["settings"].items():
+        if "error" in r:
+            print(f"{name:>20} {r['error'][:80]}")
+        else:
+            print(f"{name:>20} {r['bwd_ms']:8.3f} {r['max_rel_diff_vs_default']:12.2e}")
+    print(json.dumps(dict(list(res["default_step_kernels_ms"].items())[:12]), indent=0))
+
+
+if __name__ == "__main__":
+    main()
