@@ -310,40 +310,97 @@ def recompute_logprobs(
     model: Any,
     prompt_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor,
     response_ids_RT: torch.Tensor,
-    media: Mapping[str, torch.Tensor],
+    media: Mapping[str, torch.Tensor] | Sequence[Mapping[str, torch.Tensor]],
     temperature: float = 1.0,
     with_logits: bool = False,
     response_mask_RT: torch.Tensor | None = None,
     pad_id: int = 0,
+    row_prompt: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One full forward over ``prompt + response`` rows; log softmax(logits / T) of each response token.
 
     ``prompt_ids`` is one prompt (a list of ints, used for every row; ``media`` then belongs to that one prompt
     and is repeated per row), a ``[R, S]`` tensor of prompt rows, or ``R`` rows of any lengths (for both,
-    ``media`` already holds every row's media in row order, see :func:`batch_media`). Rows of different lengths
-    are left-padded with ``pad_id`` under an attention mask, so every response starts at the same column and
-    only the response positions go through the LM head (``logits_to_keep``). ``response_mask_RT`` (1 = response
-    token, 0 = right padding) also hides the responses' padding from the model (MoE load counts; the outputs
-    of real tokens do not depend on later positions either way). Returns log-probs ``[R, T]``
-    (differentiable if grad is on) and, if ``with_logits``, the tempered response logits ``[R, T, V]`` (for the
-    entropy metric)."""
+    ``media`` already holds every row's media in row order, see :func:`batch_media`). With ``row_prompt``
+    (``R`` indices, row -> prompt), ``prompt_ids`` holds ``U`` distinct prompts and ``media`` is the list of
+    their ``U`` media dicts: for a model with ``embed_multimodal`` (the suite's VLM) each distinct prompt's media
+    go through the vision tower once and its embedded prompt is shared by its rows (index-select: the gradient
+    sums over them), then the response tokens' embeddings are appended and the model runs on ``inputs_embeds``;
+    other models, or no media, run the rows as before. Rows of different lengths are left-padded with ``pad_id``
+    under an attention mask, so every response starts at the same column and only the response positions go
+    through the LM head (``logits_to_keep``). ``response_mask_RT`` (1 = response token, 0 = right padding) also
+    hides the responses' padding from the model (MoE load counts; the outputs of real tokens do not depend on
+    later positions either way). Returns log-probs ``[R, T]`` (differentiable if grad is on) and, if
+    ``with_logits``, the tempered response logits ``[R, T, V]`` (for the entropy metric)."""
     device = next(model.parameters()).device
     r, t = response_ids_RT.shape
-    rows, rep = _prompt_rows(prompt_ids, media, r)
+    resp = response_ids_RT.to(device)
+    if row_prompt is not None:
+        if len(row_prompt) != r:
+            raise ValueError(f"recompute_logprobs: row_prompt has {len(row_prompt)} entries for {r} response rows")
+        if _shares_media(model, media):  # type: ignore[arg-type]
+            inputs, prompt_mask = _shared_prompt_inputs(model, prompt_ids, media, row_prompt, resp, pad_id)  # type: ignore[arg-type]
+            return _response_logprobs(model, inputs, prompt_mask, resp, response_mask_RT, temperature, with_logits)
+        prompt_ids = [list(prompt_ids[i]) for i in row_prompt]  # type: ignore[index]
+        media = batch_media([media[i] for i in row_prompt], 1)  # type: ignore[index]
+    rows, rep = _prompt_rows(prompt_ids, media, r)  # type: ignore[arg-type]
     if len(rows) != r:
         raise ValueError(f"recompute_logprobs: {len(rows)} prompt rows for {r} response rows")
     prompt_RS, prompt_mask = left_pad(rows, pad_id, device)
-    resp = response_ids_RT.to(device)
-    ids = torch.cat([prompt_RS, resp], dim=1)  # [R, S + T]
-    attn = None
-    if prompt_mask is not None or (response_mask_RT is not None and not bool(response_mask_RT.all())):
-        left = prompt_mask if prompt_mask is not None else torch.ones_like(prompt_RS)
-        right = torch.ones_like(resp) if response_mask_RT is None else response_mask_RT.to(device).long()
-        attn = torch.cat([left, right], dim=1)
-    rep = {key: v.to(device) for key, v in rep.items()}
-    logits = _forward(model, ids, rep, attn, None, False, logits_to_keep=t + 1).logits  # [R, T + 1, V]
+    inputs = {"input_ids": torch.cat([prompt_RS, resp], dim=1), **{k: v.to(device) for k, v in rep.items()}}
+    return _response_logprobs(model, inputs, prompt_mask, resp, response_mask_RT, temperature, with_logits)
+
+
+def _shares_media(model: Any, media_U: Sequence[Mapping[str, torch.Tensor]]) -> bool:
+    """The shared-prompt path applies: the model splices media into embeddings itself and some prompt has media."""
+    return callable(getattr(model, "embed_multimodal", None)) and any(len(m) for m in media_U)
+
+
+def _shared_prompt_inputs(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]] | torch.Tensor,
+    media_U: Sequence[Mapping[str, torch.Tensor]],
+    row_prompt: Sequence[int],
+    resp_RT: torch.Tensor,
+    pad_id: int,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """``inputs_embeds [R, S + T, D]`` from the ``U`` distinct prompts embedded once (media included) and
+    expanded to their rows, plus the rows' prompt attention mask ``[R, S]`` (None without padding).
+
+    Response tokens are embedded as ordinary tokens (a media placeholder the policy sampled is one, as in the
+    cached decode that sampled it)."""
+    device = resp_RT.device
+    rows = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else [list(p) for p in prompt_ids]
+    prompt_US, mask_US = left_pad(rows, pad_id, device)
+    media = {key: v.to(device) for key, v in batch_media(media_U, 1).items()}
+    index = torch.as_tensor(list(row_prompt), dtype=torch.long, device=device)
+    prompt_RSD = model.embed_multimodal(prompt_US, **media).index_select(0, index)
+    resp_RTD = model.get_input_embeddings()(resp_RT).to(prompt_RSD.dtype)
+    mask_RS = None if mask_US is None else mask_US.index_select(0, index)
+    return {"inputs_embeds": torch.cat([prompt_RSD, resp_RTD], dim=1)}, mask_RS
+
+
+def _response_logprobs(
+    model: Any,
+    inputs: dict[str, torch.Tensor],
+    prompt_mask_RS: torch.Tensor | None,
+    resp_RT: torch.Tensor,
+    response_mask_RT: torch.Tensor | None,
+    temperature: float,
+    with_logits: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward over ``prompt + response`` (``inputs``: ``input_ids`` + media or ``inputs_embeds``) and the
+    response tokens' tempered log-probs (see :func:`recompute_logprobs`)."""
+    r, t = resp_RT.shape
+    kwargs = dict(inputs)
+    if prompt_mask_RS is not None or (response_mask_RT is not None and not bool(response_mask_RT.all())):
+        s = next(iter(inputs.values())).shape[1] - t if prompt_mask_RS is None else prompt_mask_RS.shape[1]
+        left = prompt_mask_RS if prompt_mask_RS is not None else resp_RT.new_ones(r, s)
+        right = torch.ones_like(resp_RT) if response_mask_RT is None else response_mask_RT.to(resp_RT.device).long()
+        kwargs["attention_mask"] = torch.cat([left, right], dim=1)
+    logits = model(**kwargs, use_cache=False, logits_to_keep=t + 1).logits  # [R, T + 1, V]
     resp_logits = logits[:, :t].float() / temperature  # the last prompt position predicts response token 0
-    logp = torch.log_softmax(resp_logits, dim=-1).gather(2, resp[..., None]).squeeze(-1)
+    logp = torch.log_softmax(resp_logits, dim=-1).gather(2, resp_RT[..., None]).squeeze(-1)
     return logp, (resp_logits if with_logits else None)
 
 

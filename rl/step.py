@@ -6,7 +6,9 @@ The update's forwards take response rows of any groups and prompt lengths togeth
 masked padding; :func:`rl.rollout.recompute_logprobs`), in micro-batches of at most
 ``ObjectiveCfg.micro_batch_rows`` rows (0: all rows in one); a micro-batch's loss is scaled by ``N_b / N``
 (its response tokens over the batch's), so the accumulated gradient equals the objective normalised by the
-total number of response tokens N of the batch, whatever the micro-batching.
+total number of response tokens N of the batch, whatever the micro-batching. A micro-batch holds each of its
+prompts once with its media (``MicroBatch.row_prompt`` maps rows to prompts), so a model that splices media
+itself (``embed_multimodal``) runs the vision tower once per prompt, not once per response row.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from rl.objective import (
     token_entropy,
 )
 from rl.rewards import compute_reward
-from rl.rollout import Group, batch_media, prompt_batches, recompute_logprobs
+from rl.rollout import Group, prompt_batches, recompute_logprobs
 
 
 @dataclass
@@ -87,14 +89,22 @@ def _objective(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: t
 
 @dataclass
 class MicroBatch:
-    """Response rows ``(group, row)`` of one update forward, their tensors cut to the longest response ``T``."""
+    """Response rows ``(group, row)`` of one update forward, their tensors cut to the longest response ``T``.
 
-    prompts: list[list[int]]  # [R] prompt ids of every row
-    media: dict[str, torch.Tensor]  # every row's media in row order
+    A prompt appears once (``U`` distinct prompts, in order of first row) with its media; ``row_prompt`` maps each
+    row to its prompt, so the forward can encode a prompt's media once for all of its rows."""
+
+    prompts: list[list[int]]  # [U] distinct prompts' ids
+    media: list[dict[str, torch.Tensor]]  # [U] their media
+    row_prompt: list[int]  # [R] row -> index into prompts
     ids_RT: torch.Tensor  # long, pad_id after each response
     old_RT: torch.Tensor  # sampling log-probs, 0 on padding
     mask_RT: torch.Tensor  # 1 on response tokens
     adv_R: torch.Tensor
+
+    def row_prompts(self) -> list[list[int]]:
+        """``[R]`` every row's prompt ids."""
+        return [self.prompts[u] for u in self.row_prompt]
 
 
 def micro_batches(groups: list[Group], adv_PK: torch.Tensor, max_rows: int, pad_id: int) -> list[MicroBatch]:
@@ -112,10 +122,13 @@ def _micro_batch(groups: list[Group], adv_PK: torch.Tensor, rows: list[tuple[int
         parts = [getattr(groups[p], name)[j, :t] for p, j in rows]
         return torch.stack([torch.nn.functional.pad(x, (0, t - x.shape[0]), value=value) for x in parts])
 
-    media = batch_media([groups[p].prompt.media for p, _ in rows], 1)
+    unique = list(dict.fromkeys(p for p, _ in rows))  # groups of this micro-batch, in order of first row
+    position = {p: u for u, p in enumerate(unique)}
+    prompts = [list(groups[p].prompt.input_ids) for p in unique]
+    media = [dict(groups[p].prompt.media) for p in unique]
     adv = torch.stack([adv_PK[p, j] for p, j in rows])
-    prompts = [list(groups[p].prompt.input_ids) for p, _ in rows]
-    return MicroBatch(prompts, media, cut("response_ids_KT", pad_id), cut("logprobs_KT", 0.0), cut("mask_KT", 0.0), adv)
+    return MicroBatch(prompts, media, [position[p] for p, _ in rows], cut("response_ids_KT", pad_id),
+                      cut("logprobs_KT", 0.0), cut("mask_KT", 0.0), adv)  # fmt: skip
 
 
 def accumulate_policy_gradient(
@@ -138,7 +151,8 @@ def accumulate_policy_gradient(
     for mb in micro_batches(groups, adv_PK, cfg.micro_batch_rows, pad_id):
         w = float(mb.mask_RT.sum()) / n_total
         args = (mb.prompts, mb.ids_RT, mb.media, temperature)
-        logp, logits = recompute_logprobs(model, *args, with_logits=True, response_mask_RT=mb.mask_RT, pad_id=pad_id)
+        kwargs = dict(response_mask_RT=mb.mask_RT, pad_id=pad_id, row_prompt=mb.row_prompt)
+        logp, logits = recompute_logprobs(model, *args, with_logits=True, **kwargs)
         mask, old, adv = (x.to(logp.device) for x in (mb.mask_RT, mb.old_RT, mb.adv_R))
         loss, stats = _objective(logp, old, adv, mask, cfg)
         backward(loss * w)
@@ -147,7 +161,7 @@ def accumulate_policy_gradient(
         totals["entropy"] += token_entropy(logits.detach(), mask).item() * w
         if ref_model is not None:
             with torch.no_grad():
-                ref, _ = recompute_logprobs(ref_model, *args, response_mask_RT=mb.mask_RT, pad_id=pad_id)
+                ref, _ = recompute_logprobs(ref_model, *args, **kwargs)
             totals["kl_to_init"] += kl_k3(logp.detach(), ref, mask).item() * w
     return dict(totals)
 

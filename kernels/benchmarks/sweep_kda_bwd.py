@@ -27,17 +27,16 @@ from kernels.kda import chunk_triton_bwd as cb  # noqa: E402
 # (name, {module constant: value}, {launch key: (num_warps, num_stages)})
 SETTINGS = [
     ("default", {}, {}),
-    ("inter w4 s1 bv64", {"BWD_INTER_BV": 64}, {"inter": (4, 1)}),
+    ("pair w2", {}, {"pair": (2, 1)}),
+    ("pair w8", {}, {"pair": (8, 1)}),
+    ("pair w8 bk64", {"BWD_PAIR_BK": 64}, {"pair": (8, 1)}),
+    ("pair w4 bk16", {"BWD_PAIR_BK": 16}, {}),
+    ("inter w4 s2", {}, {"inter": (4, 2)}),
     ("inter w8 s1", {}, {"inter": (8, 1)}),
-    ("inter w8 bv64", {"BWD_INTER_BV": 64}, {}),
-    ("inter w8 bk64", {"BWD_INTER_BK": 64}, {}),
-    ("inter w4 bk16", {"BWD_INTER_BK": 16}, {"inter": (4, 2)}),
-    ("pair w2", {}, {"pair": (2, 2)}),
-    ("pair w4 s1", {}, {"pair": (4, 1)}),
-    ("pair bk64", {"BWD_PAIR_BK": 64}, {}),
-    ("pair bk16 w2", {"BWD_PAIR_BK": 16}, {"pair": (2, 2)}),
-    ("dy w8", {}, {"dy": (8, 2)}),
-    ("state w8", {}, {"state": (8, 2)}),
+    ("inter w8 bv32", {"BWD_INTER_BV": 32}, {"inter": (8, 2)}),
+    ("inter w8 bk64 bv32", {"BWD_INTER_BK": 64, "BWD_INTER_BV": 32}, {"inter": (8, 2)}),
+    ("inter w8 bk64 bv64", {"BWD_INTER_BK": 64}, {"inter": (8, 1)}),
+    ("inter w4 bk16", {"BWD_INTER_BK": 16}, {}),
 ]
 
 

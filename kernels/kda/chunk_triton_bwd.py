@@ -295,12 +295,15 @@ def _bwd_intra_pair_kernel(
     S: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Per (block of key channels, row block I of 16, chunk x value head): the gradients of ``Aqk = scale q_i.k_j
-    e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and dAkk
-    (strictly lower). Row gradients ``daq, dak`` from key blocks J < I and column gradients ``dkq, dkk`` from query
-    blocks I2 > I as tensor-core dots through each block's first row (exponents <= 0); the diagonal block pairwise
-    in fp32 as outer products (no reductions). Writes the intra-chunk parts in token layout: dq, dk, dG (not yet
-    cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part (slot ``i_k``)."""
+    """Per (block of key channels, row block I of S = 16 rows, chunk x value head): the gradients of ``Aqk = scale
+    q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
+    dAkk (strictly lower). No loops over blocks: the row gradients ``daq, dak`` from every key before I are one
+    ``[S, C] x [C, BK]`` dot through I's first row ``G_f`` (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the
+    column gradients ``dkq, dkk`` from every query after I one ``[S, C] x [C, BK]`` dot through I's last row
+    ``G_l``; every exponent is <= 0, and where a factor underflows the exact product is smaller still. The
+    diagonal block is pairwise in fp32 as outer products (16 unrolled steps, no reductions). Writes the intra-chunk
+    parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
+    (slot ``i_k``)."""
     i_k = tl.program_id(0)
     I = tl.program_id(1)
     sc = tl.program_id(2).to(tl.int64)
@@ -311,6 +314,7 @@ def _bwd_intra_pair_kernel(
     n = tl.load(clen_ptr + c)
     if I * S >= n:  # a block of padded rows: nothing to write
         return
+    rows = tl.arange(0, C)
     r16 = tl.arange(0, S)
     ck = i_k * BK + tl.arange(0, BK)
     kmask = ck < K
@@ -318,52 +322,47 @@ def _bwd_intra_pair_kernel(
     abase = sc * (C * C)
     QS = H * K
     GS = HV * K
-    rI = I * S + r16
+    first = I * S
+    last = I * S + S - 1
+    # whole chunk, [C, BK]
+    G = tl.load(G_ptr + base + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
+    kk = _tok(k_ptr, bos, rows, n, QS, i_h * K, ck, kmask)
+    bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)
+    before = rows[:, None] < first
+    after = rows[:, None] > last
+    G_f = tl.load(G_ptr + base + first * K + ck, mask=kmask, other=0.0)
+    G_l = tl.load(G_ptr + base + last * K + ck, mask=kmask, other=0.0)
+    kd = tl.where(before, kk * tl.exp(tl.where(before, G_f[None, :] - G, 0.0)), 0.0)
+    e_after = tl.exp(tl.where(after, G - G_l[None, :], 0.0))
+    qa = tl.where(after, _tok(q_ptr, bos, rows, n, QS, i_h * K, ck, kmask) * e_after * scale, 0.0)
+    ka = tl.where(after, kk * e_after * bb[:, None], 0.0)
+    # rows of I
+    rI = first + r16
+    GI = _rows16(G_ptr, base, rI, ck, kmask, K)
     qI = _tok(q_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
     kI = _tok(k_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
-    GI = _rows16(G_ptr, base, rI, ck, kmask, K)
     bI = tl.load(b_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)
-    # row gradients from key blocks J < I, through the first row of I
-    ref = tl.load(G_ptr + base + (I * S) * K + ck, mask=kmask, other=0.0)
-    daq = tl.zeros([S, BK], dtype=tl.float32)
-    dak = tl.zeros([S, BK], dtype=tl.float32)
-    for J in range(0, I):
-        rJ = J * S + r16
-        kd = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * tl.exp(
-            ref[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K)
-        )
-        daq += tl.dot(tl.load(dAq_ptr + abase + rI[:, None] * C + rJ[None, :]), kd, input_precision=PREC)
-        dak += tl.dot(tl.load(dAk_ptr + abase + rI[:, None] * C + rJ[None, :]), kd, input_precision=PREC)
-    eI = tl.exp(GI - ref[None, :])
-    daq = daq * eI
-    dak = dak * eI
-    # column gradients of key block I from query blocks I2 > I, through each I2's first row
-    dkq = tl.zeros([S, BK], dtype=tl.float32)
-    dkk = tl.zeros([S, BK], dtype=tl.float32)
-    for I2 in range(I + 1, tl.cdiv(n, S)):
-        r2 = I2 * S + r16
-        ref2 = tl.load(G_ptr + base + (I2 * S) * K + ck, mask=kmask, other=0.0)
-        e2 = tl.exp(_rows16(G_ptr, base, r2, ck, kmask, K) - ref2[None, :])
-        aq2 = _tok(q_ptr, bos, r2, n, QS, i_h * K, ck, kmask) * (e2 * scale)
-        b2 = tl.load(b_ptr + (bos + r2) * HV + i_hv, mask=r2 < n, other=0.0).to(tl.float32)
-        ak2 = _tok(k_ptr, bos, r2, n, QS, i_h * K, ck, kmask) * e2 * b2[:, None]
-        eJ = tl.exp(ref2[None, :] - GI)
-        dq_b = tl.load(dAq_ptr + abase + r2[:, None] * C + rI[None, :])
-        dk_b = tl.load(dAk_ptr + abase + r2[:, None] * C + rI[None, :])
-        dkq += eJ * tl.dot(tl.trans(dq_b), aq2, input_precision=PREC)
-        dkk += eJ * tl.dot(tl.trans(dk_b), ak2, input_precision=PREC)
-    # diagonal block, pairwise in fp32: step j is key j for the rows i >= j and query j for the keys i <= j
-    # (exponents masked to 0 outside, where dA is 0)
-    for j in range(0, tl.minimum(S, n - I * S)):  # runtime trip count (padded rows add 0)
-        t = bos + I * S + j
-        kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=kmask, other=0.0).to(tl.float32)
-        qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=kmask, other=0.0).to(tl.float32)
-        bj = tl.load(b_ptr + t * HV + i_hv).to(tl.float32)
-        Gj = tl.load(G_ptr + base + (I * S + j) * K + ck, mask=kmask, other=0.0)
+    row_off = abase + rI[:, None] * C + rows[None, :]  # dA[i in I, all j]: [S, C]
+    col_off = abase + rows[:, None] * C + rI[None, :]  # dA[all i, j in I]: [C, S]
+    e_f = tl.exp(GI - G_f[None, :])
+    daq = tl.dot(tl.load(dAq_ptr + row_off), kd, input_precision=PREC) * e_f
+    dak = tl.dot(tl.load(dAk_ptr + row_off), kd, input_precision=PREC) * e_f
+    e_l = tl.exp(G_l[None, :] - GI)
+    dkq = tl.dot(tl.trans(tl.load(dAq_ptr + col_off)), qa, input_precision=PREC) * e_l
+    dkk = tl.dot(tl.trans(tl.load(dAk_ptr + col_off)), ka, input_precision=PREC) * e_l
+    # diagonal block: step j is key j for the rows i >= j and query j for the keys i <= j (exponents masked to 0
+    # outside, where dA is 0; rows past the sequence load zeros)
+    for j in tl.static_range(S):
+        t = bos + first + j
+        ok = kmask & (ck * 0 + first + j < n)  # (a vector mask: the interpreter rejects scalar ones)
+        kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
+        qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
+        bj = tl.load(b_ptr + t * HV + i_hv + ck * 0, mask=ok, other=0.0).to(tl.float32)  # beta_j in every lane
+        Gj = tl.load(G_ptr + base + (first + j) * K + ck, mask=kmask, other=0.0)
         e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
         e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
-        col = abase + rI * C + I * S + j  # dA[i, j]
-        row = abase + (I * S + j) * C + rI  # dA[j, i]
+        col = abase + rI * C + first + j  # dA[i, j]
+        row = abase + (first + j) * C + rI  # dA[j, i]
         daq += tl.load(dAq_ptr + col)[:, None] * e_lo * kj[None, :]
         dak += tl.load(dAk_ptr + col)[:, None] * e_lo * kj[None, :]
         dkq += tl.load(dAq_ptr + row)[:, None] * e_up * (scale * qj)[None, :]
@@ -535,10 +534,10 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 
 BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
 BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions over V) kernel
-BWD_INTER_BV = 32  # value columns per loop step of the inter-chunk kernel
+BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128): no spills
-BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(4, 2), inter=(8, 2))
+BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(4, 1), inter=(4, 1))
 BWD_VARIANTS = ("triton", "hybrid")
 
 

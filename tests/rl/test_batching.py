@@ -160,6 +160,6 @@ def test_micro_batches_cover_every_response_token_once():
     mbs = micro_batches(groups, torch.zeros(len(groups), K), 5, PAD)
     assert all(mb.ids_RT.shape[0] <= 5 for mb in mbs)
     assert sum(float(mb.mask_RT.sum()) for mb in mbs) == sum(float(g.mask_KT.sum()) for g in groups)
-    assert sorted(tuple(p) for mb in mbs for p in mb.prompts) == sorted(
+    assert sorted(tuple(p) for mb in mbs for p in mb.row_prompts()) == sorted(
         tuple(p.input_ids) for p in prompts for _ in range(K)
     )
