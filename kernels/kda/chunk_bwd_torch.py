@@ -29,6 +29,7 @@ Also here: :func:`chunk_kda_fwd_state_torch`, the PyTorch version of the forward
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -73,12 +74,22 @@ class KDAGrads(NamedTuple):
 
 
 def chunk_tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.device):
-    """(cbos, clen, s0, snc) int32: chunk table (token start, length), sequence table (first chunk, count)."""
+    """(cbos, clen, s0, snc) int32: chunk table (token start, length), sequence table (first chunk, count).
+
+    Cached per (sequence bounds, device): every KDA layer of a step asks for the same tables, and building them
+    copies host lists to the device. A new entry goes up in one pinned, non-blocking copy, so it does not
+    synchronise the host with the GPU (a blocking copy per call cost ~0.4 ms of idle GPU per forward on an H100).
+    The tables are shared between calls: read-only."""
     if cu_seqlens is None:
-        bounds = [(b * T, (b + 1) * T) for b in range(B)]
+        bounds = tuple((b * T, (b + 1) * T) for b in range(B))
     else:
         cs = host_ints(cu_seqlens)
-        bounds = list(zip(cs[:-1], cs[1:]))
+        bounds = tuple(zip(cs[:-1], cs[1:]))
+    return _chunk_tables(bounds, torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _chunk_tables(bounds: tuple[tuple[int, int], ...], device: torch.device) -> tuple[torch.Tensor, ...]:
     cbos, clen, s0, snc = [], [], [], []
     for bos, eos in bounds:
         s0.append(len(cbos))
@@ -86,7 +97,13 @@ def chunk_tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.
             cbos.append(t)
             clen.append(min(CHUNK, eos - t))
         snc.append(len(cbos) - s0[-1])
-    return [torch.tensor(x, dtype=torch.int32, device=device) for x in (cbos, clen, s0, snc)]
+    with torch.inference_mode(False):  # cached tensors may later be saved for a backward
+        flat = torch.tensor(cbos + clen + s0 + snc, dtype=torch.int32)
+        if device.type == "cuda":
+            flat = flat.pin_memory().to(device, non_blocking=True)
+        else:
+            flat = flat.to(device)
+        return tuple(torch.split(flat, [len(cbos), len(clen), len(s0), len(snc)]))
 
 
 def _rows(cbos: torch.Tensor, clen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

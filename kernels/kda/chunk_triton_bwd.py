@@ -393,6 +393,9 @@ def _bwd_inter_kernel(
     dq_ptr,
     dk_ptr,
     dg_ptr,
+    dq_out,
+    dk_out,
+    dg_out,
     db_ptr,
     scale,
     n_tok,
@@ -409,8 +412,9 @@ def _bwd_inter_kernel(
     """Per (block of key channels, chunk x value head), after ``_bwd_intra_pair_kernel``: the reductions over V as
     whole-chunk dots (``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dX = -dY h^T``, ``[C, BK]``) and ``dGl = e^Gl sum_v
     dH h + sum_i kg_i dkg_i``; the chain rule through ``qg = scale q e^G``, ``kg = k e^E`` (``E_i = sum_{t > i}
-    g_t``) and ``X = beta k e^G`` added to the intra-chunk parts in dq, dk, dG (read and overwritten); the in-chunk
-    reverse cumulative sum of dG plus dGl on every row gives dg. dbeta's part ``sum_k k e^G dX`` goes to slot
+    g_t``) and ``X = beta k e^G`` added to the intra-chunk parts in dq, dk, dG (fp32, read); the in-chunk
+    reverse cumulative sum of dG plus dGl on every row gives dg. The totals go to ``dq_out``, ``dk_out``,
+    ``dg_out`` (the fp32 inputs themselves, or tensors in the gradients' dtypes). dbeta's part ``sum_k k e^G dX`` goes to slot
     ``i_k`` of ``db_ptr`` (the caller offsets it past the pairwise kernel's slots)."""
     i_k = tl.program_id(0)
     sc = tl.program_id(1).to(tl.int64)
@@ -463,9 +467,9 @@ def _bwd_inter_kernel(
     dk = tl.load(dk_ptr + off, mask=m, other=0.0) + bb[:, None] * eG * dX + eE * dkg
     dG = tl.load(dg_ptr + off, mask=m, other=0.0) + qe * dqg - kE * dkg + X * dX
     dgl = dgl * tl.exp(tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)) + tl.sum(kE * dkg, 0)
-    tl.store(dq_ptr + off, dq, mask=m)
-    tl.store(dk_ptr + off, dk, mask=m)
-    tl.store(dg_ptr + off, tl.cumsum(dG, 0, reverse=True) + dgl[None, :], mask=m)
+    tl.store(dq_out + off, dq.to(dq_out.dtype.element_ty), mask=m)
+    tl.store(dk_out + off, dk.to(dk_out.dtype.element_ty), mask=m)
+    tl.store(dg_out + off, (tl.cumsum(dG, 0, reverse=True) + dgl[None, :]).to(dg_out.dtype.element_ty), mask=m)
     tl.store(db_ptr + i_k * n_tok + (bos + rows) * HV + i_hv, tl.sum(kk * eG * dX, 1), mask=rmask)
 
 
@@ -548,7 +552,8 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
     q, k ``[B, T, H, K]``, v, do ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` (token layout); ``st``
     the forward intermediates; dvn ``[NC, HV, C, V]`` fp32 (overwritten with ``dY = T^T dVnew``) and dH
     ``[NC, HV, K, V]`` fp32 from :func:`bwd_state_pass_triton`. Returns dq, dk ``[B, T, H, K]``, dv ``[B, T, HV, V]``,
-    dg ``[B, T, HV, K]``, dbeta ``[B, T, HV]``, all fp32.
+    dg ``[B, T, HV, K]`` in the dtypes of q, k, v, g (written so by the kernels: no cast passes; with grouped heads
+    HV > H, dq and dk are summed over a head's value heads in fp32 first), and dbeta ``[B, T, HV]`` in fp32.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -563,12 +568,16 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
     nkt_pair, nkt_inter = triton.cdiv(K, bk_pair), triton.cdiv(K, bk_inter)
     f32 = dict(dtype=torch.float32, device=dev)
     n_tok = B * T * HV
-    dv = torch.empty(B, T, HV, V, **f32)
+    dv = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     # dbeta partial sums: the pairwise kernel's K blocks, the inter kernel's K blocks, the dY kernel's V part
     db = torch.empty(nkt_pair + nkt_inter + 1, B, T, HV, **f32)
     dAq = torch.empty(NC, HV, C, C, **f32)
     dAk = torch.empty_like(dAq)
-    dqv, dkv, dg = (torch.empty(B, T, HV, K, **f32) for _ in range(3))
+    dqv, dkv, dg = (torch.empty(B, T, HV, K, **f32) for _ in range(3))  # fp32 partial sums (pair -> inter)
+    grouped = HV != H
+    dq_out = dqv if grouped or q.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
+    dk_out = dkv if grouped or k.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
+    dg_out = dg if g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
     _bwd_dy_kernel[(NC * HV,)](
         st.T,
         do,
@@ -634,6 +643,9 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         dqv,
         dkv,
         dg,
+        dq_out,
+        dk_out,
+        dg_out,
         db[nkt_pair:],
         scale,
         n_tok,
@@ -649,17 +661,18 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         num_warps=BWD_LAUNCH["inter"][0],
         num_stages=BWD_LAUNCH["inter"][1],
     )
-    if HV != H:
-        dqv, dkv = (x.view(B, T, H, HV // H, K).sum(3) for x in (dqv, dkv))
-    return dqv, dkv, dv, dg, db.sum(0)
+    if grouped:
+        dq_out, dk_out = (x.view(B, T, H, HV // H, K).sum(3).to(y.dtype) for x, y in ((dqv, q), (dkv, k)))
+    return dq_out, dk_out, dv, dg_out, db.sum(0)
 
 
 def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None) -> KDAGrads:
     """Backward of the core op (q, k normalised ``[B, T, H, K]``, g the log-decay ``[B, T, HV, K]``) from the forward
     intermediates ``st`` (``KDAFwdState`` of ``chunk_kda_fwd_intermediates``). do ``[B, T, HV, V]``; dht
-    ``[N, HV, K, V]`` or None. Returns :class:`KDAGrads` in fp32 (the caller casts to the inputs' dtypes).
+    ``[N, HV, K, V]`` or None. Returns :class:`KDAGrads`: ``triton`` gives dq, dk, dv, dg in the inputs' dtypes
+    and dbeta, dh0 in fp32; ``hybrid`` all in fp32 (the caller casts to the inputs' dtypes).
 
-    ``KVL_KDA_BWD`` picks the variant: ``triton`` (default: three kernels, no per-chunk copies) or ``hybrid``
+    ``KVL_KDA_BWD`` picks the variant: ``triton`` (default: five kernels, no per-chunk copies) or ``hybrid``
     (:func:`chunk_kda_bwd_hybrid`, the previous Triton + batched PyTorch version)."""
     variant = os.environ.get("KVL_KDA_BWD", "triton")
     if variant not in BWD_VARIANTS:
