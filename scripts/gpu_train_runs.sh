@@ -4,7 +4,8 @@
 # DATA_DIR: a `kimi-vl data synth --preset small` output (or a subset of its shards, with its tokenizer and manifest).
 # Runs `small` joint pretraining (bf16, seq 4096), a short zero-vision SFT from its export, and vision RL from the SFT
 # export; plots every run's curves and bundles metrics + PNGs into $OUT/train_runs.tar.gz (plus the logs).
-# Each stage has its own time limit; a stage cut by its limit still leaves its metrics.jsonl for the plot.
+# Each stage has its own time limit (seconds; env KVL_PRE_LIMIT, KVL_SFT_LIMIT, KVL_RL_LIMIT, defaults 220 / 100 / 210);
+# a stage cut by its limit still leaves its metrics.jsonl for the plot. KVL_RL_ARGS: extra key=value overrides for RL.
 set -u
 DATA=${1:?usage: gpu_train_runs.sh DATA_DIR [PRETRAIN_STEPS] [SFT_STEPS] [RL_STEPS]}
 PRE=${2:-200}
@@ -26,14 +27,14 @@ run_stage() {  # name limit_s module config overrides...
   python3 -m kimi_vl.train.plot "runs/gpu/$name" --out "runs/gpu/$name/curves.png" 2>&1 | tail -n 2
 }
 
-run_stage small_pretrain 220 kimi_vl.train kimi_vl/configs/small_pretrain.yaml \
+run_stage small_pretrain "${KVL_PRE_LIMIT:-220}" kimi_vl.train kimi_vl/configs/small_pretrain.yaml \
   max_steps="$PRE" data.path="$DATA" data.num_workers=8 eval_every=50 checkpoint_every=100 \
   optim.warmup_steps=20 optim.total_steps="$PRE"
-run_stage small_sft_zero_vision 100 kimi_vl.train kimi_vl/configs/small_sft_zero_vision.yaml \
+run_stage small_sft_zero_vision "${KVL_SFT_LIMIT:-100}" kimi_vl.train kimi_vl/configs/small_sft_zero_vision.yaml \
   init_from=runs/gpu/small_pretrain/final max_steps="$SFT" data.path="$DATA" data.num_workers=8 \
   eval_every=30 checkpoint_every=1000 optim.warmup_steps=5 optim.total_steps="$SFT"
-run_stage small_rl 210 rl kimi_vl/configs/small_rl.yaml \
-  init_from=runs/gpu/small_sft_zero_vision/final max_steps="$RL" data.path="$DATA"
+run_stage small_rl "${KVL_RL_LIMIT:-210}" rl kimi_vl/configs/small_rl.yaml \
+  init_from=runs/gpu/small_sft_zero_vision/final max_steps="$RL" data.path="$DATA" ${KVL_RL_ARGS:-}
 
 python3 - <<'EOF' | tee "$OUT/summary.txt"
 # Throughput summary from the runs' metrics (median over steps after the first 5).
