@@ -15,15 +15,20 @@ from pathlib import Path
 
 from kimi_vl.logs import read_metrics
 
-PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("training loss", ("loss",)),
-    ("held-out loss", ("eval/",)),
-    ("max attention logit", ("qk/max_logit",)),
-    ("clipped heads", ("qk/clipped",)),
-    ("learning rate", ("lr",)),
-    ("grad norm", ("grad_norm",)),
-    ("tokens / s", ("tokens_per_s",)),
-    ("reward", ("reward",)),
+# (panel title, key prefixes, required substrings: a key must contain one of them, empty = any)
+PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("training loss", ("loss",), ()),
+    ("held-out loss", ("eval/",), ("loss",)),
+    ("held-out reward (RL)", ("eval/",), ("reward", "pass@", "unparsed")),
+    ("max attention logit", ("qk/max_logit",), ()),
+    ("clipped heads", ("qk/clipped",), ()),
+    ("learning rate", ("lr",), ()),
+    ("grad norm", ("grad_norm",), ()),
+    ("tokens / s", ("tokens_per_s",), ()),
+    ("reward", ("reward",), ()),
+    ("KL to the initial policy, entropy", ("kl_to_init", "entropy"), ()),
+    ("RL step seconds", ("time_rollout_s", "time_update_s"), ()),
+    ("generated tokens / s", ("gen_tokens_per_s",), ()),
 )
 
 
@@ -37,10 +42,16 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def _keys_for(records: list[dict], prefixes: tuple[str, ...]) -> list[str]:
+def _keys_for(records: list[dict], prefixes: tuple[str, ...], needs: tuple[str, ...] = ()) -> list[str]:
     keys = sorted({k for r in records for k in r if any(k == p or k.startswith(p) for p in prefixes)})
+    keys = [k for k in keys if not needs or any(n in k for n in needs)]
     per_layer = [k for k in keys if k.count("/") >= 2 and k.startswith("qk/max_logit")]
     return [k for k in keys if k not in per_layer] if len(keys) > 8 else keys
+
+
+def panel_keys(records: list[dict]) -> dict[str, list[str]]:
+    """``{panel title: metric keys drawn in it}`` for every panel of :data:`PANELS` that has data."""
+    return {name: keys for name, prefixes, needs in PANELS if (keys := _keys_for(records, prefixes, needs))}
 
 
 def plot_metrics(metrics_path: str | os.PathLike, out_png: str | os.PathLike, title: str | None = None) -> Path:
@@ -53,7 +64,7 @@ def plot_metrics(metrics_path: str | os.PathLike, out_png: str | os.PathLike, ti
     records = read_metrics(metrics_path)
     if not records:
         raise ValueError(f"{metrics_path}: no metric records to plot")
-    panels = [(name, keys) for name, prefixes in PANELS if (keys := _keys_for(records, prefixes))]
+    panels = list(panel_keys(records).items())
     cols = min(3, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
@@ -65,7 +76,7 @@ def plot_metrics(metrics_path: str | os.PathLike, out_png: str | os.PathLike, ti
         ax.set_xlabel("step")
         if len(keys) > 1:
             ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle(title or str(Path(metrics_path).parent))
     fig.tight_layout()

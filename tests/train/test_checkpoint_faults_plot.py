@@ -17,7 +17,7 @@ from kimi_vl.train.checkpoint import (
     save_checkpoint,
 )
 from kimi_vl.train.faults import GracefulStop, NonFiniteGuard, NonFiniteLossError
-from kimi_vl.train.plot import plot_metrics
+from kimi_vl.train.plot import panel_keys, plot_metrics
 
 
 class Position:
@@ -111,3 +111,30 @@ def test_plot_writes_png(tmp_path):
     out = plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "c.png")
     assert out.stat().st_size > 5000
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["step"] == 0
+
+
+def test_plot_panels_split_eval_losses_from_rl_rewards():
+    """An RL run's held-out rewards get their own panel (not the held-out loss one), with its KL, entropy and step
+    times; a pretraining run's held-out losses stay in theirs."""
+    rl = [
+        {"step": 0, "eval/reward": 0.1, "eval/pass@1": 0.0, "eval/response_len": 2.0},
+        {
+            "step": 1,
+            "reward": 0.2,
+            "kl_to_init": 0.1,
+            "entropy": 3.0,
+            "time_rollout_s": 0.2,
+            "time_update_s": 1.8,
+            "gen_tokens_per_s": 900.0,
+            "loss": -0.1,
+        },
+    ]
+    panels = panel_keys(rl)
+    assert "held-out loss" not in panels
+    assert panels["held-out reward (RL)"] == ["eval/pass@1", "eval/reward"]
+    assert panels["KL to the initial policy, entropy"] == ["entropy", "kl_to_init"]
+    assert panels["RL step seconds"] == ["time_rollout_s", "time_update_s"]
+    pre = [{"step": 5, "eval/text/loss": 2.0, "eval/vision/loss": 2.5, "loss": 2.2, "tokens_per_s": 1e4}]
+    panels = panel_keys(pre)
+    assert panels["held-out loss"] == ["eval/text/loss", "eval/vision/loss"]
+    assert "held-out reward (RL)" not in panels and "generated tokens / s" not in panels
