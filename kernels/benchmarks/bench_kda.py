@@ -4,8 +4,7 @@ Checks correctness on the GPU first (ours and fla vs the fp32 PyTorch chunked pa
 times with ``triton.testing.do_bench`` (median) at bf16, K = V = 128, Kimi Linear flags (in-kernel L2
 norm of q, k and in-kernel softplus gate): ``chunk_kda`` forward, forward+backward, the peak extra
 memory of one training step, and the one-token decode (``fused_recurrent_kda``) at batch 64, H = 32.
-For ours, forward+backward and the backward alone are also timed with each backward variant
-(``KVL_KDA_BWD=triton`` and ``hybrid``: ``fwdbwd_ms_<variant>``, ``bwd_ms_<variant>``). Also measures the GPU's
+For ours, the backward alone is also timed (``bwd_ms``, ``retain_graph``). Also measures the GPU's
 ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json`` (or ``--out``) after
 every shape and prints a table.
 
@@ -15,7 +14,6 @@ every shape and prints a table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -28,7 +26,6 @@ import triton.testing
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from kernels.kda import chunk_kda, fused_recurrent_kda  # noqa: E402
-from kernels.kda.chunk_triton_bwd import BWD_VARIANTS  # noqa: E402
 
 SHAPES = ["1x8192x32", "4x4096x32", "1x32768x16", "8x2048x16", "2x16384x16"]
 K = V = 128
@@ -101,13 +98,10 @@ def time_shape(impl, B, T, H) -> dict:
     do = torch.randn(B, T, H, V, dtype=torch.bfloat16, device="cuda")
     step = lambda: torch.autograd.backward(call(impl, xs)[0], do)
     fb = bench(step)
-    variants = {}
-    if impl == "ours":  # both backward variants (KVL_KDA_BWD), and the backward alone
+    extra = {}
+    if impl == "ours":  # the backward alone
         o = call(impl, xs)[0]
-        for var in BWD_VARIANTS:
-            with bwd_variant(var):
-                variants[f"fwdbwd_ms_{var}"] = bench(step)
-                variants[f"bwd_ms_{var}"] = bench(lambda: torch.autograd.grad(o, xs, do, retain_graph=True))
+        extra["bwd_ms"] = bench(lambda: torch.autograd.grad(o, xs, do, retain_graph=True))
         del o
     for x in xs:
         x.grad = None
@@ -119,21 +113,7 @@ def time_shape(impl, B, T, H) -> dict:
     peak = torch.cuda.max_memory_allocated() - base
     flops = B * H * (6 * T * K * K + 3 * T * C * K + T * C * C)
     res = {"fwd_ms": fwd, "fwdbwd_ms": fb, "peak_extra_GiB": peak / 2**30, "fwd_TFLOPs": flops / fwd / 1e9}
-    return res | variants
-
-
-@contextlib.contextmanager
-def bwd_variant(name: str):
-    """Run the block with ``KVL_KDA_BWD=name`` (restored afterwards)."""
-    old = os.environ.get("KVL_KDA_BWD")
-    os.environ["KVL_KDA_BWD"] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["KVL_KDA_BWD"]
-        else:
-            os.environ["KVL_KDA_BWD"] = old
+    return res | extra
 
 
 def profile_fwd(B, T, H, grad=False) -> dict:
@@ -271,9 +251,8 @@ def main() -> None:
                     f"{s:>12} {impl:>5} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['peak_extra_GiB']:9.2f} "
                     f"{r['fwd_TFLOPs']:8.1f}"
                 )
-                bw = {x: round(y, 3) for x, y in r.items() if x.startswith(("bwd_ms_", "fwdbwd_ms_"))}
-                if bw:
-                    print(f"{s:>12} {impl:>5} backward variants (ms): {bw}")
+                if "bwd_ms" in r:
+                    print(f"{s:>12} {impl:>5} backward alone: {r['bwd_ms']:.3f} ms")
     for impl, r in res.get("decode_B64_H32", {}).items():
         print(f"decode B64 H32 {impl:>5}: {r['decode_us']:.1f} us, state {r['state_GBps']:.0f} GB/s")
     print("ceilings", res.get("ceilings"))

@@ -1,36 +1,34 @@
 """Triton kernels of the KDA chunked backward (``../shared/REFERENCE.md`` section 1; the maths and its reference
 implementation are in ``chunk_bwd_torch.py``, whose notation this file follows).
 
-Kernels (fixed configurations, no autotuning, so they run under ``TRITON_INTERPRET=1`` on a CPU):
+Kernels (fixed configurations, no autotuning, so they run under ``TRITON_INTERPRET=1`` on a CPU), chained by
+:func:`chunk_kda_bwd_triton`:
 
 1. ``_bwd_state_kernel``, one program per (block of value columns, sequence x value head): the reverse pass over
    the sequence's chunks with the gradient of the state ``dS`` (fp32 ``[K, BV]``) in registers. Per chunk, last
    to first: store ``dH[c] = dS``; ``dVnew = Aqk^T dO + kg dS`` (stored fp32); ``dS <- e^{Gl} dS + qg^T dO -
    W^T dVnew``. The final ``dS`` is ``dh0``. Columns of V are independent, so tiling over V is exact.
-2. ``_bwd_dv_kernel``, one program per (chunk, value head), looping over blocks of V: the reductions over V
-   ``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dW = -dVnew h^T``, ``dGl = e^{Gl} sum_v dH h``,
-   ``dAqk = lower(dO Vnew^T)``, ``dT = dVnew (beta V)^T`` (its ``dW X^T`` part is added later) and, per block,
-   ``dv = beta T^T dVnew`` with ``dbeta += sum_v v T^T dVnew``.
+2. ``_bwd_dy_kernel``, one program per (chunk, value head): ``dY = T^T dVnew``, ``dv``, dbeta's V part, ``dAqk``,
+   ``dAkk``.
+3. ``_bwd_intra_pair_kernel``, one program per (key block, row block of 16, chunk x value head): the gradients of
+   the intra-chunk scores Aqk, Akk.
+4. ``_bwd_inter_kernel``, one program per (key block, chunk x value head): the reductions over V, the chain rule
+   through the gated tensors, the in-chunk reverse cumulative sum; final dq, dk, dg.
 
-Tensor-core dots take the scratch dtype (bf16/fp16) with fp32 accumulation; fp32 inputs use ``ieee`` dots.
-The rest of the backward (the ``dW X^T`` / ``T^T dT T^T`` algebra, the pairwise decay gradients and the gated
-tensors) is the batched PyTorch of ``chunk_bwd_torch.py``; :func:`chunk_kda_bwd_triton` chains them.
+Tensor-core dots take the scratch dtype (bf16/fp16) with fp32 accumulation (``tf32`` for fp32 operands); fp32 inputs
+use ``ieee`` dots. See ``README.md`` ("Backward") for the tiling and the measured times.
 """
 
 from __future__ import annotations
-
-import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.kda.chunk_bwd_torch import KDAGrads, bwd_dv_torch, bwd_pairwise_gated_torch, from_chunks, to_chunks
+from kernels.kda.chunk_bwd_torch import KDAGrads
 
 CHUNK = 64
 BWD_STATE_BV = 32  # value columns per program of the reverse state pass
-BWD_DV_BV = 32  # value columns per loop step of the dv kernel
 
 
 @triton.jit
@@ -110,93 +108,6 @@ def _bwd_state_kernel(
 def _rows16(ptr, base, r, ck, kmask, K: tl.constexpr):
     """Rows r of a per-chunk fp32 slab [C, K] at ``base``, columns ck: [16, BK] (0 outside K)."""
     return tl.load(ptr + base + r[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
-
-
-@triton.jit
-def _bwd_pair_kernel(
-    q_ptr,
-    k_ptr,
-    G_ptr,
-    b_ptr,
-    dAq_ptr,
-    dAk_ptr,
-    dq_ptr,
-    dk_ptr,
-    dG_ptr,
-    db_ptr,
-    scale,
-    K: tl.constexpr,
-    BK: tl.constexpr,
-    C: tl.constexpr,
-    S: tl.constexpr,
-    NKT: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Gradients of Aqk = scale q_i.k_j e^{G_i-G_j} and Akk = beta_i k_i.k_j e^{G_i-G_j} w.r.t. q, k, G, beta, given
-    dAqk (lower) and dAkk (strictly lower). Channels are independent, so one program per (K tile, chunk x head)."""
-    i_k = tl.program_id(0)
-    sc = tl.program_id(1).to(tl.int64)
-    r16 = tl.arange(0, S)
-    ck = i_k * BK + tl.arange(0, BK)
-    kmask = ck < K
-    base = sc * (C * K)
-    abase = sc * (C * C)
-    for I in tl.static_range(C // S):
-        rI = I * S + r16
-        qI = _rows16(q_ptr, base, rI, ck, kmask, K)
-        kI = _rows16(k_ptr, base, rI, ck, kmask, K)
-        GI = _rows16(G_ptr, base, rI, ck, kmask, K)
-        bI = tl.load(b_ptr + sc * C + rI)
-        aqI = qI * scale
-        akI = kI * bI[:, None]
-        # row gradients from key blocks J < I, through the reference row (first row of I)
-        ref = tl.load(G_ptr + base + (I * S) * K + ck, mask=kmask, other=0.0)
-        eI = tl.exp(GI - ref[None, :])
-        daq = tl.zeros([S, BK], dtype=tl.float32)
-        dak = tl.zeros([S, BK], dtype=tl.float32)
-        for J in range(0, I):
-            rJ = J * S + r16
-            kd = _rows16(k_ptr, base, rJ, ck, kmask, K) * tl.exp(ref[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K))
-            dq_b = tl.load(dAq_ptr + abase + rI[:, None] * C + rJ[None, :])
-            dk_b = tl.load(dAk_ptr + abase + rI[:, None] * C + rJ[None, :])
-            daq += tl.dot(dq_b, kd, input_precision=PREC)
-            dak += tl.dot(dk_b, kd, input_precision=PREC)
-        daq = daq * eI
-        dak = dak * eI
-        # column gradients of key block I from query blocks I2 > I, through each I2's reference row
-        dkq = tl.zeros([S, BK], dtype=tl.float32)
-        dkk = tl.zeros([S, BK], dtype=tl.float32)
-        for I2 in range(I + 1, C // S):
-            r2 = I2 * S + r16
-            G2 = _rows16(G_ptr, base, r2, ck, kmask, K)
-            ref2 = tl.load(G_ptr + base + (I2 * S) * K + ck, mask=kmask, other=0.0)
-            e2 = tl.exp(G2 - ref2[None, :])
-            aq2 = _rows16(q_ptr, base, r2, ck, kmask, K) * (e2 * scale)
-            b2 = tl.load(b_ptr + sc * C + r2)
-            ak2 = _rows16(k_ptr, base, r2, ck, kmask, K) * e2 * b2[:, None]
-            eJ = tl.exp(ref2[None, :] - GI)
-            dq_b = tl.load(dAq_ptr + abase + r2[:, None] * C + rI[None, :])
-            dk_b = tl.load(dAk_ptr + abase + r2[:, None] * C + rI[None, :])
-            dkq += eJ * tl.dot(tl.trans(dq_b), aq2, input_precision=PREC)
-            dkk += eJ * tl.dot(tl.trans(dk_b), ak2, input_precision=PREC)
-        # diagonal block, pairwise in fp32 (exponent masked to 0 above the diagonal, where dA is 0)
-        for j in range(S):
-            kj = tl.load(k_ptr + base + (I * S + j) * K + ck, mask=kmask, other=0.0)
-            Gj = tl.load(G_ptr + base + (I * S + j) * K + ck, mask=kmask, other=0.0)
-            e = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
-            cq = tl.load(dAq_ptr + abase + rI * C + I * S + j)[:, None] * e
-            cw = tl.load(dAk_ptr + abase + rI * C + I * S + j)[:, None] * e
-            daq += cq * kj[None, :]
-            dak += cw * kj[None, :]
-            sel = r16[:, None] == j
-            dkq = tl.where(sel, dkq + tl.sum(cq * aqI, 0)[None, :], dkq)
-            dkk = tl.where(sel, dkk + tl.sum(cw * akI, 0)[None, :], dkk)
-        m = kmask[None, :]
-        off = base + rI[:, None] * K + ck[None, :]
-        tl.store(dq_ptr + off, daq * scale, mask=m)
-        tl.store(dk_ptr + off, dkq + dkk + dak * bI[:, None], mask=m)
-        tl.store(dG_ptr + off, aqI * daq - kI * dkq + akI * dak - kI * dkk, mask=m)
-        tl.store(db_ptr + (sc * NKT + i_k) * C + rI, tl.sum(kI * dak, 1))
 
 
 @triton.jit
@@ -473,24 +384,6 @@ def _bwd_inter_kernel(
     tl.store(db_ptr + i_k * n_tok + (bos + rows) * HV + i_hv, tl.sum(kk * eG * dX, 1), mask=rmask)
 
 
-PAIR_BK = 32  # key channels per program of the pairwise kernel
-
-
-def pairwise_triton(dAqk, dAkk, q_c, k_c, G, b_c, scale: float, prec: str = "ieee"):
-    """Triton version of ``chunk_bwd_torch.pairwise_torch`` (fp32 operands, per-chunk layout); ``prec`` is the
-    precision of the off-diagonal 16 x 16 dots (``ieee`` for fp32 inputs, ``tf32`` for 16-bit ones)."""
-    NC, HV, C, K = q_c.shape
-    BK = min(PAIR_BK, max(16, triton.next_power_of_2(K)))
-    nkt = triton.cdiv(K, BK)
-    q_c, k_c, G, dAqk, dAkk = (x.contiguous() for x in (q_c, k_c, G, dAqk, dAkk))
-    b = b_c.reshape(NC, HV, C).contiguous()
-    dq, dk, dG = (torch.empty_like(q_c) for _ in range(3))
-    db = torch.empty(NC, HV, nkt, C, dtype=q_c.dtype, device=q_c.device)
-    grid = (nkt, NC * HV)
-    _bwd_pair_kernel[grid](q_c, k_c, G, b, dAqk, dAkk, dq, dk, dG, db, scale, K, BK, C, 16, nkt, prec, num_warps=4)
-    return dq, dk, dG, db.sum(2)[..., None]
-
-
 def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     """Reverse pass on the GPU (or interpreter): (dVnew [NC,HV,C,V] fp32, dH [NC,HV,K,V] fp32, dh0 [N,HV,K,V] fp32).
 
@@ -542,7 +435,6 @@ BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128): no spills
 BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(4, 1), inter=(4, 2))
-BWD_VARIANTS = ("triton", "hybrid")
 
 
 def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[torch.Tensor, ...]:
@@ -669,38 +561,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
 def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None) -> KDAGrads:
     """Backward of the core op (q, k normalised ``[B, T, H, K]``, g the log-decay ``[B, T, HV, K]``) from the forward
     intermediates ``st`` (``KDAFwdState`` of ``chunk_kda_fwd_intermediates``). do ``[B, T, HV, V]``; dht
-    ``[N, HV, K, V]`` or None. Returns :class:`KDAGrads`: ``triton`` gives dq, dk, dv, dg in the inputs' dtypes
-    and dbeta, dh0 in fp32; ``hybrid`` all in fp32 (the caller casts to the inputs' dtypes).
-
-    ``KVL_KDA_BWD`` picks the variant: ``triton`` (default: five kernels, no per-chunk copies) or ``hybrid``
-    (:func:`chunk_kda_bwd_hybrid`, the previous Triton + batched PyTorch version)."""
-    variant = os.environ.get("KVL_KDA_BWD", "triton")
-    if variant not in BWD_VARIANTS:
-        raise ValueError(f"KVL_KDA_BWD={variant!r} is not one of {BWD_VARIANTS} (kernels/kda/chunk_triton_bwd.py)")
-    if variant == "hybrid":
-        return chunk_kda_bwd_hybrid(q, k, v, g, beta, scale, st, do, dht)
+    ``[N, HV, K, V]`` or None. Returns :class:`KDAGrads`: dq, dk, dv, dg in the inputs' dtypes, dbeta and dh0 in
+    fp32. Four kernels, no per-chunk copies of the inputs."""
     dvn, dH, dh0 = bwd_state_pass_triton(st, do, dht)
     return KDAGrads(*bwd_intra_triton(q, k, v, g, beta, scale, st, do, dvn, dH), dh0)
-
-
-def chunk_kda_bwd_hybrid(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None) -> KDAGrads:
-    """The previous backward (``KVL_KDA_BWD=hybrid``): Triton reverse state pass and pairwise kernel, the rest
-    batched PyTorch over fp32 per-chunk copies. Arguments and result as :func:`chunk_kda_bwd_triton`."""
-    B, T, H, K = q.shape
-    HV = v.shape[2]
-    cb, cl = st.cbos, st.clen
-    dvn, dH, dh0 = bwd_state_pass_triton(st, do, dht)
-    f32 = torch.float32
-    q_c, k_c, v_c, g_c, do_c = (to_chunks(x.to(f32), cb, cl, HV) for x in (q, k, v, g, do))
-    b_c = to_chunks(beta.to(f32), cb, cl, HV)
-    dqg, dkg, dW, dGl, dAqk, dT, dv, db_v = bwd_dv_torch(st, v_c, b_c, do_c, dvn, dH)
-    pair = functools.partial(pairwise_triton, prec="ieee" if st.qg.dtype == torch.float32 else "tf32")
-    dq, dk, dg, db = bwd_pairwise_gated_torch(st.T, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale, pair)
-    return KDAGrads(
-        from_chunks(dq, cb, cl, B, T, H),
-        from_chunks(dk, cb, cl, B, T, H),
-        from_chunks(dv, cb, cl, B, T, HV),
-        from_chunks(dg, cb, cl, B, T, HV),
-        from_chunks(db + db_v, cb, cl, B, T, HV)[..., 0],
-        dh0,
-    )

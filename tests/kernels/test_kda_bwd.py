@@ -71,16 +71,12 @@ def _interp(monkeypatch):
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.mark.parametrize(
-    "dtype,tol,variant",
-    [(torch.float32, 1e-5, "triton"), (torch.float16, 2e-3, "triton"), (torch.float32, 1e-5, "hybrid")],
-)
-def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, variant):
-    """Triton reverse state pass and the chained backward (both ``KVL_KDA_BWD`` variants) vs the PyTorch manual
-    backward on the same (Triton) forward intermediates; varlen with a 1-token sequence and a ragged tail, HV > H,
-    h0 and dht present."""
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol):
+    """Triton reverse state pass and the chained backward vs the PyTorch manual backward on the same (Triton) forward
+    intermediates; varlen with a 1-token sequence and a ragged tail, HV > H, h0 and dht present. The fp16 case
+    also checks that dq, dk, dv come back in the inputs' dtype."""
     dev = _interp(monkeypatch)
-    monkeypatch.setenv("KVL_KDA_BWD", variant)
     from kernels.kda.chunk_bwd_torch import bwd_state_pass_torch, to_chunks
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import bwd_state_pass_triton, chunk_kda_bwd_triton
@@ -93,12 +89,12 @@ def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, variant):
     do = torch.randn(1, 80, 2, 48, device=dev).to(dtype)
     dht = torch.randn(3, 2, 16, 48, device=dev)
     st32 = st._replace(**{f: getattr(st, f).float() for f in ("qg", "kg", "W", "Aqk", "h", "vn")})
-    if variant == "triton":
-        got = bwd_state_pass_triton(st, do, dht)
-        ref = bwd_state_pass_torch(st32, to_chunks(do.float(), st.cbos, st.clen, 2), dht)
-        for name, a, b in zip(("dvn", "dH", "dh0"), got, ref):
-            assert_rel_rms(a, b, tol, name)
+    got = bwd_state_pass_triton(st, do, dht)
+    ref = bwd_state_pass_torch(st32, to_chunks(do.float(), st.cbos, st.clen, 2), dht)
+    for name, a, b in zip(("dvn", "dH", "dh0"), got, ref):
+        assert_rel_rms(a, b, tol, name)
     got = chunk_kda_bwd_triton(q, k, v, g, beta, 0.25, st, do, dht)
+    assert (got.dq.dtype, got.dk.dtype, got.dv.dtype, got.dg.dtype) == (dtype, dtype, dtype, torch.float32)
     ref = chunk_kda_bwd_torch(q.float(), k.float(), v.float(), g, beta, 0.25, st32, do.float(), dht)
     for name, a, b in zip(NAMES, got, ref):
         assert_rel_rms(a, b, tol, name)
@@ -108,7 +104,6 @@ def test_triton_bwd_strong_decay_grouped_heads(monkeypatch):
     """Fused Triton backward with -50 log-decays (finite, dg <= 5e-5 vs the fp32 PyTorch manual backward), two q/k
     heads of two value heads each, K = 40 (two key-channel blocks, the second masked) and V = 20 (masked)."""
     dev = _interp(monkeypatch)
-    monkeypatch.setenv("KVL_KDA_BWD", "triton")
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 
@@ -124,21 +119,11 @@ def test_triton_bwd_strong_decay_grouped_heads(monkeypatch):
         assert_rel_rms(a, b, 5e-5 if name == "dg" else 1e-5, name)
 
 
-def test_bwd_variant_validation(monkeypatch):
-    from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
-
-    monkeypatch.setenv("KVL_KDA_BWD", "cuda")
-    with pytest.raises(ValueError, match="KVL_KDA_BWD"):
-        chunk_kda_bwd_triton(None, None, None, None, None, 1.0, None, None, None)
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,variant", [(63, "triton"), (1000, "triton"), (4096, "triton"), (1000, "hybrid")])
-def test_gpu_bf16_grads_vs_fp64_oracle(monkeypatch, T, variant):
-    """The wired training path (L2 norm + gate in PyTorch, Triton forward and backward, ``KVL_KDA_BWD`` variant) in
-    bf16 against autograd through the fp64 reference on the same bf16-rounded inputs (chunk form in fp64 above
-    T = 1000)."""
-    monkeypatch.setenv("KVL_KDA_BWD", variant)
+@pytest.mark.parametrize("T", [63, 1000, 4096])
+def test_gpu_bf16_grads_vs_fp64_oracle(T):
+    """The wired training path (L2 norm + gate, Triton forward and backward) in bf16 against autograd through the
+    fp64 reference on the same bf16-rounded inputs (chunk form in fp64 above T = 1000)."""
     from kernels.kda import chunk_kda
     from kernels.kda.chunk_torch import chunk_kda_torch
 
