@@ -183,6 +183,15 @@ def _bwd_dy_kernel(
 
 
 @triton.jit
+def _chunk_head(pid, cbos_ptr, clen_ptr, H: tl.constexpr, HV: tl.constexpr):
+    """Program index over (chunk x value head) -> (flat index as int64, value head, its q/k head, first token,
+    valid rows of the chunk)."""
+    i_hv = pid % HV
+    c = pid // HV
+    return pid.to(tl.int64), i_hv, i_hv // (HV // H), tl.load(cbos_ptr + c).to(tl.int64), tl.load(clen_ptr + c)
+
+
+@triton.jit
 def _bwd_intra_pair_kernel(
     q_ptr,
     k_ptr,
@@ -217,12 +226,7 @@ def _bwd_intra_pair_kernel(
     (slot ``i_k``)."""
     i_k = tl.program_id(0)
     I = tl.program_id(1)
-    sc = tl.program_id(2).to(tl.int64)
-    c = tl.program_id(2) // HV
-    i_hv = tl.program_id(2) % HV
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cbos_ptr + c).to(tl.int64)
-    n = tl.load(clen_ptr + c)
+    sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(2), cbos_ptr, clen_ptr, H, HV)
     if I * S >= n:  # a block of padded rows: nothing to write
         return
     rows = tl.arange(0, C)
@@ -325,15 +329,10 @@ def _bwd_inter_kernel(
     dH h + sum_i kg_i dkg_i``; the chain rule through ``qg = scale q e^G``, ``kg = k e^E`` (``E_i = sum_{t > i}
     g_t``) and ``X = beta k e^G`` added to the intra-chunk parts in dq, dk, dG (fp32, read); the in-chunk
     reverse cumulative sum of dG plus dGl on every row gives dg. The totals go to ``dq_out``, ``dk_out``,
-    ``dg_out`` (the fp32 inputs themselves, or tensors in the gradients' dtypes). dbeta's part ``sum_k k e^G dX`` goes to slot
-    ``i_k`` of ``db_ptr`` (the caller offsets it past the pairwise kernel's slots)."""
+    ``dg_out`` (the fp32 inputs themselves, or tensors in the gradients' dtypes). dbeta's part ``sum_k k e^G dX``
+    goes to slot ``i_k`` of ``db_ptr`` (the caller offsets it past the pairwise kernel's slots)."""
     i_k = tl.program_id(0)
-    sc = tl.program_id(1).to(tl.int64)
-    c = tl.program_id(1) // HV
-    i_hv = tl.program_id(1) % HV
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cbos_ptr + c).to(tl.int64)
-    n = tl.load(clen_ptr + c)
+    sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(1), cbos_ptr, clen_ptr, H, HV)
     rows = tl.arange(0, C)
     rmask = rows < n
     ck = i_k * BK + tl.arange(0, BK)
