@@ -97,13 +97,18 @@ def _chunk_tables(bounds: tuple[tuple[int, int], ...], device: torch.device) -> 
             cbos.append(t)
             clen.append(min(CHUNK, eos - t))
         snc.append(len(cbos) - s0[-1])
+    # one buffer, each table starting at a multiple of 4 entries (16 bytes): Triton specialises kernels on pointer
+    # alignment, so unaligned views would compile extra variants whenever the number of chunks changes
+    tables = (cbos, clen, s0, snc)
+    padded = [x + [0] * (-len(x) % 4) for x in tables]
     with torch.inference_mode(False):  # cached tensors may later be saved for a backward
-        flat = torch.tensor(cbos + clen + s0 + snc, dtype=torch.int32)
+        flat = torch.tensor([v for x in padded for v in x], dtype=torch.int32)
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
         else:
             flat = flat.to(device)
-        return tuple(torch.split(flat, [len(cbos), len(clen), len(s0), len(snc)]))
+        parts = torch.split(flat, [len(x) for x in padded])
+        return tuple(part[: len(x)] for part, x in zip(parts, tables))
 
 
 def _rows(cbos: torch.Tensor, clen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
