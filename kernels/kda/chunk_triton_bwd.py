@@ -465,10 +465,6 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
     dAq = torch.empty(NC, HV, C, C, **f32)
     dAk = torch.empty_like(dAq)
     dqv, dkv, dg = (torch.empty(B, T, HV, K, **f32) for _ in range(3))  # fp32 partial sums (pair -> inter)
-    grouped = HV != H
-    dq_out = dqv if grouped or q.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
-    dk_out = dkv if grouped or k.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
-    dg_out = dg if g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
     _bwd_dy_kernel[(NC * HV,)](
         st.T,
         do,
@@ -517,6 +513,13 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )
+    # dA is dead once the pairwise kernel is queued: its blocks go back to the caching allocator (stream-ordered)
+    # before the outputs are allocated, so they reuse them instead of raising the peak
+    del dAq, dAk
+    grouped = HV != H
+    dq_out = dqv if grouped or q.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
+    dk_out = dkv if grouped or k.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
+    dg_out = dg if g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
     _bwd_inter_kernel[(nkt_inter, NC * HV)](
         q,
         k,
