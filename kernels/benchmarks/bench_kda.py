@@ -122,16 +122,7 @@ def profile_fwd(B, T, H, grad=False) -> dict:
     xs = make(B, T, H, grad=grad)
     call("ours", xs)
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            call("ours", xs)
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t:
-            out[e.key[:60]] = t / 5 / 1e3
-    return out
+    return kernel_ms(lambda: call("ours", xs), 5)
 
 
 def profile_step(impl, B, T, H) -> dict:
@@ -142,15 +133,20 @@ def profile_step(impl, B, T, H) -> dict:
     step = lambda: torch.autograd.backward(call(impl, xs)[0], do)
     step()
     torch.cuda.synchronize()
+    return kernel_ms(step, 3)
+
+
+def kernel_ms(fn, n: int) -> dict:
+    """Mean CUDA ms per kernel name over ``n`` calls of ``fn`` (torch.profiler), largest first."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            step()
+        for _ in range(n):
+            fn()
         torch.cuda.synchronize()
     out = {}
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t:
-            out[e.key[:60]] = round(t / 3 / 1e3, 4)
+            out[e.key[:60]] = round(t / n / 1e3, 4)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 

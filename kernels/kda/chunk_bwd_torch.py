@@ -279,10 +279,10 @@ def pairwise_torch(dAqk, dAkk, q_c, k_c, G, b_c, scale: float):
     return scale * da_q, dk_q + dk_k + b_c * da_k, dG, (k_c * da_k).sum(-1, keepdim=True)
 
 
-def bwd_pairwise_gated_torch(Tm, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale: float, pairwise=None):
+def bwd_pairwise_gated_torch(Tm, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT, scale: float):
     """Steps 2 (rest) to 4: dT += dW X^T, dX = T^T dW, dAkk, the pairwise decay gradients, the gated tensors and
     the reverse cumulative sum. Tm ``[NC, HV, C, C]``; q_c, k_c, g_c ``[NC, HV, C, K]``; b_c ``[NC, HV, C, 1]``;
-    the rest from :func:`bwd_dv_torch`; ``pairwise`` replaces :func:`pairwise_torch`. Returns dq, dk, dg ``[NC, HV, C, K]`` and dbeta ``[NC, HV, C, 1]`` (K part).
+    the rest from :func:`bwd_dv_torch`. Returns dq, dk, dg ``[NC, HV, C, K]`` and dbeta ``[NC, HV, C, 1]`` (K part).
     """
     cdt = q_c.dtype
     Tm = Tm.to(cdt)
@@ -295,7 +295,7 @@ def bwd_pairwise_gated_torch(Tm, q_c, k_c, g_c, b_c, dqg, dkg, dW, dGl, dAqk, dT
     dX = Tt @ dW
     strict = torch.tril(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q_c.device), -1)
     dAkk = torch.where(strict, -(Tt @ dT @ Tt), torch.zeros((), dtype=cdt, device=q_c.device))
-    dq, dk, dG, db = (pairwise or pairwise_torch)(dAqk, dAkk, q_c, k_c, G, b_c, scale)
+    dq, dk, dG, db = pairwise_torch(dAqk, dAkk, q_c, k_c, G, b_c, scale)
     # gated tensors: qg = scale q e^G, kg = k e^{Gl - G}, X = beta k e^G
     qg = scale * q_c * eG
     dq = dq + scale * eG * dqg

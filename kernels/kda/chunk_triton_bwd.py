@@ -27,7 +27,6 @@ import triton.language as tl
 
 from kernels.kda.chunk_bwd_torch import KDAGrads
 
-CHUNK = 64
 BWD_STATE_BV = 32  # value columns per program of the reverse state pass
 
 
