@@ -45,7 +45,8 @@ def _signature(name: str) -> tuple:
         fn, extra = ct._prep_kernel, dict(H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True)
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
-        args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf), ("scale", "fp32")]
+        args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf)]
+        args += [("scale", "fp32"), ("span_max", "fp32")]
         fn = ct._scores2_kernel
         extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32")
     elif name == "state":
@@ -117,7 +118,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         args = [f32, bf, bf, bf, bf, f32, f32, f32, f32, f32] + tab
         fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32")
     elif name == "pair":
-        args = [bf, bf, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32"]
+        args = [bf, bf, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]
         fn, consts = cb._bwd_intra_pair_kernel, dict(H=32, HV=32, K=128, BK=cb.BWD_PAIR_BK, C=64, S=16, PREC="tf32")
     else:
         # dq, dk, dg fp32 partial sums in; dq, dk out in bf16, dg out in fp32 (the gate's dtype); dbeta fp32

@@ -27,6 +27,7 @@ from kernels.kda import chunk_triton_bwd as cb  # noqa: E402
 # (name, {module constant: value}, {launch key: (num_warps, num_stages)})
 SETTINGS = [
     ("default", {}, {}),
+    ("diag pairwise", {"BWD_SPAN_MAX": -1.0}, {}),
     ("pair w2", {}, {"pair": (2, 1)}),
     ("pair w8", {}, {"pair": (8, 1)}),
     ("pair w8 bk64", {"BWD_PAIR_BK": 64}, {"pair": (8, 1)}),

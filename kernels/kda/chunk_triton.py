@@ -192,6 +192,7 @@ def _scores2_kernel(
     W_ptr,
     U_ptr,
     scale,
+    span_max,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -222,7 +223,6 @@ def _scores2_kernel(
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
     sc = i_c.to(tl.int64) * HV + i_hv
-    r16 = tl.arange(0, S)
     rows = tl.arange(0, C)
     loc = rows % S
     blk = rows // S
@@ -230,44 +230,49 @@ def _scores2_kernel(
     qk_base = bos * (H * K) + i_h * K
     g_base = sc * (C * K)
     rb = sc * C
+    cols = tl.arange(0, C)
+    cblk = cols // S
     akk = tl.zeros([C, C], dtype=tl.float32)
     aqk = tl.zeros([C, C], dtype=tl.float32)
-    dkk = tl.zeros([C, S], dtype=tl.float32)
-    dqk = tl.zeros([C, S], dtype=tl.float32)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         cm = (ck < K)[None, :]
         kf = _load_tile(k_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rk_ptr, rb, L2)
         qf = _load_tile(q_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rq_ptr, rb, L2)
         Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        e = tl.exp(Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0))
+        Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
+        # Largest |G_i - G_ref| inside any sub-block of this tile: below span_max, exp(+-span) stays far inside fp32
+        # and the diagonal blocks factor through the reference like the others; else they go pairwise (below).
+        fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max
+        e = tl.exp(Gd)
         kl = kf * e
         ql = qf * e
-        for I in tl.static_range(1, C // S):
+        for I in tl.static_range(0, C // S):
             ref = tl.load(G_ptr + g_base + I * S * K + ck, mask=ck < K, other=0.0)
-            R = tl.trans(kf * tl.exp(tl.minimum(ref[None, :] - Gf, 0.0)))
+            x = ref[None, :] - Gf
+            # key rows of earlier sub-blocks: exponent <= 0; of sub-block I itself (fast tiles only): in [0, span_max]
+            inJ = (blk == tl.where(fast, I, -1))[:, None]
+            x = tl.where((blk < I)[:, None], tl.minimum(x, 0.0), tl.where(inJ, x, 0.0))
+            R = tl.trans(tl.where((blk < I)[:, None] | inJ, kf * tl.exp(x), 0.0))
             inI = (blk == I)[:, None]
             akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
             aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
-        for j in range(0, S):
-            src = first + j
-            kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
-            Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
-            kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
-            sel = r16[None, :] == j
-            dkk = tl.where(sel, dkk + tl.sum(kf * kc, 1)[:, None], dkk)
-            dqk = tl.where(sel, dqk + tl.sum(qf * kc, 1)[:, None], dqk)
+        if not fast:
+            for j in range(0, S):
+                src = first + j
+                kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
+                Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
+                kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
+                at = cols[None, :] == src[:, None]
+                akk = tl.where(at, akk + tl.sum(kf * kc, 1)[:, None], akk)
+                aqk = tl.where(at, aqk + tl.sum(qf * kc, 1)[:, None], aqk)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
-    before = (rows[None, :] // S) < blk[:, None]
-    outside = (rows[None, :] // S) != blk[:, None]
-    tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
-    tl.store(
-        Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
-    )
-    d_off = a_off + first[:, None] + r16[None, :]
-    tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], dkk * b, 0.0))
-    tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], dqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
+    # lower blocks only (the solve reads nothing else), zero on and above the diagonal
+    akk = tl.where(cols[None, :] < rows[:, None], akk * b, 0.0)
+    tl.store(Akk_ptr + a_off + cols[None, :], akk, mask=cblk[None, :] <= blk[:, None])
+    low = cols[None, :] <= rows[:, None]
+    tl.store(Aqk_ptr + a_off + cols[None, :], tl.where(low, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
     tl.debug_barrier()
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
     tl.debug_barrier()
@@ -493,11 +498,21 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 
 PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
+PREP_LAUNCH = (4, 2)  # num_warps, num_stages
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
-SCORES2_MAXNREG = 168  # 3 CTAs of 4 warps per SM; ptxas reports no spills at this cap (sm_90a, K = V = 128)
+SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
+SCORES2_LAUNCH = (4, 2)  # num_warps, num_stages of the scores + solve + W / U kernel
+INTRA_PREC16 = "tf32"  # tl.dot precision of the Akk / Aqk, solve and W / U dots for 16-bit inputs (fp32: ieee)
+# Diagonal 16 x 16 blocks of Akk / Aqk factor through their sub-block's first row (tensor-core dots, like the
+# off-diagonal blocks) in every K tile whose largest |G_i - G_ref| within a sub-block is <= this; other tiles go
+# pairwise in fp32. At 60, exp(+-60) leaves ~1e-10 of a unit-norm key above fp32's smallest normal; a negative
+# value sends every tile pairwise (the tests compare both paths).
+INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 STATE_BV = 32  # value columns per program of the sequential state pass (4 warps; 241 registers, no spills, sm_90a)
+STATE_LAUNCH = (4, 2)  # num_warps, num_stages
 OUT_BV = 64  # value columns per program of the output kernel
+OUT_WARPS = 4
 
 
 def _interpreting() -> bool:
@@ -514,9 +529,9 @@ def _has_maxnreg() -> bool:
         return False
 
 
-def _maxnreg(n: int) -> dict:
-    """``maxnreg`` launch option where this Triton's CUDA backend has it (not under the interpreter)."""
-    return {"maxnreg": n} if not _interpreting() and _has_maxnreg() else {}
+def _maxnreg(n: int | None) -> dict:
+    """``maxnreg`` launch option where this Triton's CUDA backend has it (not under the interpreter); None: no cap."""
+    return {"maxnreg": n} if n and not _interpreting() and _has_maxnreg() else {}
 
 
 class KDAFwdState(NamedTuple):
@@ -603,10 +618,10 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
-            num_warps=4,
-            num_stages=2,
+            num_warps=PREP_LAUNCH[0],
+            num_stages=PREP_LAUNCH[1],
         )
-        prec = "ieee" if fp32 else "tf32"
+        prec = "ieee" if fp32 else INTRA_PREC16
         _scores2_kernel[(nch, HV)](
             q,
             k,
@@ -633,8 +648,9 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             BVW=min(BV, WU_B),
             L2=use_l2,
             PREC=prec,
-            num_warps=4,
-            num_stages=2,
+            span_max=INTRA_SPAN_MAX,
+            num_warps=SCORES2_LAUNCH[0],
+            num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
@@ -658,8 +674,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         C=CHUNK,
         HAS_H0=initial_state is not None,
         FP32=fp32,
-        num_warps=4,
-        num_stages=2,
+        num_warps=STATE_LAUNCH[0],
+        num_stages=STATE_LAUNCH[1],
     )
     if nch:
         bvo = min(BV, OUT_BV)
@@ -678,7 +694,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             BV=bvo,
             C=CHUNK,
             FP32=fp32,
-            num_warps=4,
+            num_warps=OUT_WARPS,
         )
     return KDAFwdState(o, ht, G, gl, Aqk, Tm, W, U, qg, kg, h, vn, cbos, clen, s0, snc)
 

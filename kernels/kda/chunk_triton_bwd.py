@@ -191,6 +191,59 @@ def _chunk_head(pid, cbos_ptr, clen_ptr, H: tl.constexpr, HV: tl.constexpr):
 
 
 @triton.jit
+def _pair_diag(
+    q_ptr,
+    k_ptr,
+    b_ptr,
+    G_ptr,
+    dAq_ptr,
+    dAk_ptr,
+    daq,
+    dak,
+    dkq,
+    dkk,
+    GI,
+    bos,
+    first,
+    n,
+    base,
+    abase,
+    rI,
+    ck,
+    kmask,
+    i_h,
+    i_hv,
+    scale,
+    QS: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+):
+    """The diagonal block's part of :func:`_bwd_intra_pair_kernel`'s four gradients, pairwise in fp32 as outer
+    products (16 unrolled steps, no reductions), for gates too sharp to factor through a reference row."""
+    r16 = tl.arange(0, S)
+    # diagonal block: step j is key j for the rows i >= j and query j for the keys i <= j (exponents masked to 0
+    # outside, where dA is 0; rows past the sequence load zeros)
+    for j in tl.static_range(S):
+        t = bos + first + j
+        ok = kmask & (ck * 0 + first + j < n)  # (a vector mask: the interpreter rejects scalar ones)
+        kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
+        qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
+        bj = tl.load(b_ptr + t * HV + i_hv + ck * 0, mask=ok, other=0.0).to(tl.float32)  # beta_j in every lane
+        Gj = tl.load(G_ptr + base + (first + j) * K + ck, mask=kmask, other=0.0)
+        e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
+        e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
+        col = abase + rI * C + first + j  # dA[i, j]
+        row = abase + (first + j) * C + rI  # dA[j, i]
+        daq += tl.load(dAq_ptr + col)[:, None] * e_lo * kj[None, :]
+        dak += tl.load(dAk_ptr + col)[:, None] * e_lo * kj[None, :]
+        dkq += tl.load(dAq_ptr + row)[:, None] * e_up * (scale * qj)[None, :]
+        dkk += tl.load(dAk_ptr + row)[:, None] * e_up * (bj * kj)[None, :]
+    return daq, dak, dkq, dkk
+
+
+@triton.jit
 def _bwd_intra_pair_kernel(
     q_ptr,
     k_ptr,
@@ -206,6 +259,7 @@ def _bwd_intra_pair_kernel(
     db_ptr,
     scale,
     n_tok,
+    span_max,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -220,7 +274,9 @@ def _bwd_intra_pair_kernel(
     ``[S, C] x [C, BK]`` dot through I's first row ``G_f`` (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the
     column gradients ``dkq, dkk`` from every query after I one ``[S, C] x [C, BK]`` dot through I's last row
     ``G_l``; every exponent is <= 0, and where a factor underflows the exact product is smaller still. The
-    diagonal block is pairwise in fp32 as outer products (16 unrolled steps, no reductions). Writes the intra-chunk
+    diagonal block joins the same two dots (I's own keys in the first, its own queries in the second, exponents in
+    [0, span]) when the largest ``|G_i - G_f|`` inside I is <= ``span_max``; with sharper gates it is pairwise in
+    fp32 as outer products (:func:`_pair_diag`, 16 unrolled steps, no reductions). Writes the intra-chunk
     parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
     (slot ``i_k``)."""
     i_k = tl.program_id(0)
@@ -242,17 +298,20 @@ def _bwd_intra_pair_kernel(
     G = tl.load(G_ptr + base + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
     kk = _tok(k_ptr, bos, rows, n, QS, i_h * K, ck, kmask)
     bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)
-    before = rows[:, None] < first
-    after = rows[:, None] > last
     G_f = tl.load(G_ptr + base + first * K + ck, mask=kmask, other=0.0)
     G_l = tl.load(G_ptr + base + last * K + ck, mask=kmask, other=0.0)
+    # rows of I
+    rI = first + r16
+    GI = _rows16(G_ptr, base, rI, ck, kmask, K)
+    # I's own rows join the two dots when |G_i - G_f| <= span_max inside I (every exponent then within
+    # +-span_max, far inside fp32's range); otherwise the diagonal block goes pairwise (below)
+    fast = tl.max(tl.max(tl.abs(GI - G_f[None, :]), 1), 0) <= span_max
+    before = rows[:, None] < tl.where(fast, last + 1, first)
+    after = rows[:, None] > tl.where(fast, first - 1, last)
     kd = tl.where(before, kk * tl.exp(tl.where(before, G_f[None, :] - G, 0.0)), 0.0)
     e_after = tl.exp(tl.where(after, G - G_l[None, :], 0.0))
     qa = tl.where(after, _tok(q_ptr, bos, rows, n, QS, i_h * K, ck, kmask) * e_after * scale, 0.0)
     ka = tl.where(after, kk * e_after * bb[:, None], 0.0)
-    # rows of I
-    rI = first + r16
-    GI = _rows16(G_ptr, base, rI, ck, kmask, K)
     qI = _tok(q_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
     kI = _tok(k_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
     bI = tl.load(b_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)
@@ -264,23 +323,36 @@ def _bwd_intra_pair_kernel(
     e_l = tl.exp(G_l[None, :] - GI)
     dkq = tl.dot(tl.trans(tl.load(dAq_ptr + col_off)), qa, input_precision=PREC) * e_l
     dkk = tl.dot(tl.trans(tl.load(dAk_ptr + col_off)), ka, input_precision=PREC) * e_l
-    # diagonal block: step j is key j for the rows i >= j and query j for the keys i <= j (exponents masked to 0
-    # outside, where dA is 0; rows past the sequence load zeros)
-    for j in tl.static_range(S):
-        t = bos + first + j
-        ok = kmask & (ck * 0 + first + j < n)  # (a vector mask: the interpreter rejects scalar ones)
-        kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
-        qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
-        bj = tl.load(b_ptr + t * HV + i_hv + ck * 0, mask=ok, other=0.0).to(tl.float32)  # beta_j in every lane
-        Gj = tl.load(G_ptr + base + (first + j) * K + ck, mask=kmask, other=0.0)
-        e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
-        e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
-        col = abase + rI * C + first + j  # dA[i, j]
-        row = abase + (first + j) * C + rI  # dA[j, i]
-        daq += tl.load(dAq_ptr + col)[:, None] * e_lo * kj[None, :]
-        dak += tl.load(dAk_ptr + col)[:, None] * e_lo * kj[None, :]
-        dkq += tl.load(dAq_ptr + row)[:, None] * e_up * (scale * qj)[None, :]
-        dkk += tl.load(dAk_ptr + row)[:, None] * e_up * (bj * kj)[None, :]
+    if not fast:  # diagonal block pairwise
+        daq, dak, dkq, dkk = _pair_diag(
+            q_ptr,
+            k_ptr,
+            b_ptr,
+            G_ptr,
+            dAq_ptr,
+            dAk_ptr,
+            daq,
+            dak,
+            dkq,
+            dkk,
+            GI,
+            bos,
+            first,
+            n,
+            base,
+            abase,
+            rI,
+            ck,
+            kmask,
+            i_h,
+            i_hv,
+            scale,
+            QS,
+            HV,
+            K,
+            C,
+            S,
+        )
     m = (rI < n)[:, None] & kmask[None, :]
     off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
     tl.store(dq_ptr + off, scale * daq, mask=m)
@@ -428,6 +500,9 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 
 
 BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
+# the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
+# ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
+BWD_SPAN_MAX = 60.0
 BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions over V) kernel
 BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
@@ -502,6 +577,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         db,
         scale,
         n_tok,
+        BWD_SPAN_MAX,
         H=H,
         HV=HV,
         K=K,

@@ -119,6 +119,34 @@ def test_triton_bwd_strong_decay_grouped_heads(monkeypatch):
         assert_rel_rms(a, b, 5e-5 if name == "dg" else 1e-5, name)
 
 
+def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch):
+    """The pairwise kernel's diagonal blocks join its dots where the gates are mild and go pairwise where they are
+    sharp: key channels 0-31 (one program's block) hold sharp gates, 32-63 mild and moderate ones, over a ragged
+    chunk. Both, and every block forced pairwise (``BWD_SPAN_MAX = -1``), match the PyTorch manual backward; the
+    two settings are different computations (not bit-identical)."""
+    dev = _interp(monkeypatch)
+    from kernels.kda import chunk_triton_bwd
+    from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
+    from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
+
+    q, k, v, _, beta, s0 = make_inputs(1, 100, 1, 2, 64, 16, h0=True)
+    q, k, v, beta, s0 = (x.to(dev, torch.float32) for x in (q, k, v, beta, s0))
+    sharp, mild, moderate = (-c * torch.rand(1, 100, 2, w, device=dev) for c, w in ((30.0, 32), (0.5, 16), (7.5, 16)))
+    g = torch.cat([sharp, mild, moderate], -1)
+    st = chunk_kda_fwd_intermediates(q, k, v, g, beta, 0.3, s0, None)
+    do = torch.randn(1, 100, 2, 16, device=dev)
+    dht = torch.randn(1, 2, 64, 16, device=dev)
+    ref = chunk_kda_bwd_torch(q, k, v, g, beta, 0.3, st, do, dht)
+    runs = []
+    for span in (chunk_triton_bwd.BWD_SPAN_MAX, -1.0):
+        monkeypatch.setattr(chunk_triton_bwd, "BWD_SPAN_MAX", span)
+        got = chunk_kda_bwd_triton(q, k, v, g, beta, 0.3, st, do, dht)
+        for name, a, b in zip(NAMES, got, ref):
+            assert_rel_rms(a, b, 5e-5 if name == "dg" else 1e-5, f"{name} (span_max {span})")
+        runs.append(got)
+    assert not torch.equal(runs[0].dq, runs[1].dq), "fast and pairwise diagonal paths gave bit-identical dq"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [63, 1000, 4096])
 def test_gpu_bf16_grads_vs_fp64_oracle(T):

@@ -84,6 +84,31 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
+@pytest.mark.parametrize("span_max", [None, -1.0])
+def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
+    """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
+    and goes pairwise in tiles with sharp ones: one chunk here holds both (16-column tiles: sharp, mild, near the
+    span limit); ``INTRA_SPAN_MAX = -1`` sends every tile pairwise. Both match the oracle; they are different
+    computations (not bit-identical)."""
+    from kernels.kda import chunk_triton
+
+    if span_max is not None:
+        monkeypatch.setattr(chunk_triton, "INTRA_SPAN_MAX", span_max)
+    q, k, v, _, beta, s0 = make_inputs(1, 130, 1, 2, 48, 16, h0=True)
+    g = torch.cat(
+        [-30.0 * torch.rand(1, 130, 2, 16), -0.5 * torch.rand(1, 130, 2, 16), -7.5 * torch.rand(1, 130, 2, 16)], -1
+    )
+    g = g.double()
+    o_ref, S_ref = naive_recurrent_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True)
+    x = _to([q, k, v, g, beta, s0])
+    o, S = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True)
+    assert_rel_rms(o, o_ref, 1e-5, "o")
+    assert_rel_rms(S, S_ref, 1e-5, "state")
+    monkeypatch.setattr(chunk_triton, "INTRA_SPAN_MAX", -1.0 if span_max is None else 60.0)
+    o2, _ = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True)
+    assert not torch.equal(o, o2), "the fast and pairwise diagonal paths gave bit-identical outputs"
+
+
 def test_triton_no_nan_strong_decay_and_decode_pool():
     q, k, v, _, beta, s0 = make_inputs(1, 70, 1, 1, 16, 16, dtype=torch.float32, h0=True)
     g = -50.0 * torch.rand(1, 70, 1, 16)

@@ -1,0 +1,108 @@
+"""GPU sweep of the KDA forward's launch settings and tile constants (``chunk_triton``'s module constants).
+
+For each setting: the training-path forward (bf16 inputs requiring grad, K = V = 128, Kimi Linear flags; median
+of ``triton.testing.do_bench``), the per-kernel times of that forward (torch.profiler), and the relative RMS
+difference of its output from the default setting's (the same maths, so only rounding may differ; the
+``pairwise`` setting computes the diagonal blocks the other way). fla-core's forward is timed in the same run when
+it is installed. Writes ``$OUT/sweep_kda_fwd.json`` after every setting and prints a table.
+
+    python kernels/benchmarks/sweep_kda_fwd.py --shape 1x8192x32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from kernels.benchmarks.bench_kda import bench, call, kernel_ms, make, rel  # noqa: E402
+from kernels.kda import chunk_triton as ct  # noqa: E402
+
+# (name, {chunk_triton constant: value})
+SETTINGS = [
+    ("default", {}),
+    ("diag pairwise", {"INTRA_SPAN_MAX": -1.0}),
+    ("scores tf32x3", {"INTRA_PREC16": "tf32x3"}),
+    ("scores nreg192", {"SCORES2_MAXNREG": 192}),
+    ("scores uncapped", {"SCORES2_MAXNREG": None}),
+    ("scores s1", {"SCORES2_LAUNCH": (4, 1)}),
+    ("scores s3", {"SCORES2_LAUNCH": (4, 3)}),
+    ("scores w8 uncapped", {"SCORES2_LAUNCH": (8, 2), "SCORES2_MAXNREG": None}),
+    ("scores w8 nreg128", {"SCORES2_LAUNCH": (8, 2), "SCORES2_MAXNREG": 128}),
+    ("scores bk32 uncapped", {"SCORES2_BK": 32, "SCORES2_MAXNREG": None}),
+    ("wu 64", {"WU_B": 64}),
+    ("state bv16", {"STATE_BV": 16}),
+    ("state bv64 w8", {"STATE_BV": 64, "STATE_LAUNCH": (8, 2)}),
+    ("state s3", {"STATE_LAUNCH": (4, 3)}),
+    ("state bv16 w2", {"STATE_BV": 16, "STATE_LAUNCH": (2, 2)}),
+    ("prep bk64", {"PREP_BK": 64}),
+    ("prep bk16", {"PREP_BK": 16}),
+    ("prep w8", {"PREP_LAUNCH": (8, 2)}),
+    ("out bv32", {"OUT_BV": 32}),
+    ("out w8 bv128", {"OUT_BV": 128, "OUT_WARPS": 8}),
+]
+
+
+def run_setting(consts: dict, xs, ref) -> tuple[dict, torch.Tensor]:
+    saved = {name: getattr(ct, name) for name in consts}
+    try:
+        for name, value in consts.items():
+            setattr(ct, name, value)
+        o = call("ours", xs)[0].detach()
+        ms = bench(lambda: call("ours", xs))
+        kernels = kernel_ms(lambda: call("ours", xs), 5)
+        diff = rel(o, ref) if ref is not None else 0.0
+        return {"fwd_ms": ms, "rel_diff_vs_default": diff, "kernels_ms": kernels}, o
+    finally:
+        for name, value in saved.items():
+            setattr(ct, name, value)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="1x8192x32")
+    ap.add_argument("--only", default="", help="comma-separated setting names (default: all)")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sweep_kda_fwd.json"))
+    args = ap.parse_args()
+    B, T, H = (int(x) for x in args.shape.split("x"))
+    xs = make(B, T, H, grad=True)
+    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "settings": {}}
+    try:
+        call("fla", xs)
+        res["fla_fwd_ms"] = bench(lambda: call("fla", xs))
+    except Exception as e:  # noqa: BLE001 - no fla: the sweep still runs
+        res["fla_error"] = repr(e)[:300]
+    only = {s for s in args.only.split(",") if s}
+    ref = None
+    t0 = time.time()
+    for name, consts in SETTINGS:
+        if only and name not in only and name != "default":
+            continue
+        try:
+            res["settings"][name], o = run_setting(consts, xs, ref)
+            ref = o if ref is None else ref
+        except Exception as e:  # noqa: BLE001 - a failed compile is a result too
+            res["settings"][name] = {"error": repr(e)[:300]}
+        res["settings"][name]["consts"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in consts.items()}
+        json.dump(res, open(args.out, "w"), indent=1)
+    res["elapsed_s"] = time.time() - t0
+    json.dump(res, open(args.out, "w"), indent=1)
+    print(f"fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}")
+    short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_state_kernel": "state", "_output_kernel": "out"}
+    print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} " + " ".join(f"{v:>8}" for v in short.values()))
+    for name, r in res["settings"].items():
+        if "error" in r:
+            print(f"{name:>22} {r['error'][:100]}")
+            continue
+        ks = " ".join(f"{r['kernels_ms'].get(k, float('nan')):8.3f}" for k in short)
+        print(f"{name:>22} {r['fwd_ms']:7.3f} {r['rel_diff_vs_default']:9.2e} {ks}")
+
+
+if __name__ == "__main__":
+    main()
