@@ -60,6 +60,7 @@ def run_setting(consts: dict, launch: dict, xs, do, ref) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="1x8192x32")
+    ap.add_argument("--only", default="", help="comma-separated setting names (default: all)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sweep_kda_bwd.json"))
     args = ap.parse_args()
     B, T, H = (int(x) for x in args.shape.split("x"))
@@ -68,7 +69,10 @@ def main() -> None:
     res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "settings": {}}
     ref = None
     t0 = time.time()
+    only = {s for s in args.only.split(",") if s}
     for name, consts, launch in SETTINGS:
+        if only and name not in only and name != "default":
+            continue
         try:
             res["settings"][name], grads = run_setting(consts, launch, xs, do, ref)
             ref = grads if ref is None else ref
