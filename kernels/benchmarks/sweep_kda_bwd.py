@@ -3,8 +3,8 @@
 For each setting: the backward alone (``torch.autograd.grad`` with ``retain_graph``, median of
 ``triton.testing.do_bench``) of the training path at bf16, K = V = 128, Kimi Linear flags, and the largest
 relative RMS difference of its gradients from the default setting's (the same maths, so only rounding may
-differ). Then a per-kernel profile of one training step with the default. Writes ``$OUT/sweep_kda_bwd.json``
-and prints a table.
+differ) and its errors against fp64 at a small shape (``bench_kda.correctness``). Then a per-kernel profile
+of one training step with the default. Writes ``$OUT/sweep_kda_bwd.json`` and prints a table.
 
     python kernels/benchmarks/sweep_kda_bwd.py --shape 1x8192x32
 """
@@ -21,23 +21,26 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels.benchmarks.bench_kda import V, bench, call, make, profile_step, rel  # noqa: E402
+from kernels.benchmarks.bench_kda import V, bench, call, correctness, make, profile_step, rel  # noqa: E402
 from kernels.kda import chunk_triton_bwd as cb  # noqa: E402
 
 # (name, {module constant: value}, {launch key: (num_warps, num_stages)})
 SETTINGS = [
     ("default", {}, {}),
     ("diag pairwise", {"BWD_SPAN_MAX": -1.0}, {}),
-    ("pair w2", {}, {"pair": (2, 1)}),
-    ("pair w8", {}, {"pair": (8, 1)}),
-    ("pair w8 bk64", {"BWD_PAIR_BK": 64}, {"pair": (8, 1)}),
-    ("pair w4 bk16", {"BWD_PAIR_BK": 16}, {}),
-    ("inter w4 s2", {}, {"inter": (4, 2)}),
-    ("inter w8 s1", {}, {"inter": (8, 1)}),
-    ("inter w8 bv32", {"BWD_INTER_BV": 32}, {"inter": (8, 2)}),
-    ("inter w8 bk64 bv32", {"BWD_INTER_BK": 64, "BWD_INTER_BV": 32}, {"inter": (8, 2)}),
-    ("inter w8 bk64 bv64", {"BWD_INTER_BK": 64}, {"inter": (8, 1)}),
-    ("inter w4 bk16", {"BWD_INTER_BK": 16}, {}),
+    ("pair w4", {}, {"pair": (4, 1)}),
+    ("pair w1", {}, {"pair": (1, 1)}),
+    ("pair w2 s2", {}, {"pair": (2, 2)}),
+    ("pair w2 bk64", {"BWD_PAIR_BK": 64}, {}),
+    ("pair w4 bk64", {"BWD_PAIR_BK": 64}, {"pair": (4, 1)}),
+    ("pair w2 bk16", {"BWD_PAIR_BK": 16}, {}),
+    ("state s3", {}, {"state": (4, 3)}),
+    ("state bv16", {"BWD_STATE_BV": 16}, {}),
+    ("dy s1", {}, {"dy": (4, 1)}),
+    ("dy s3", {}, {"dy": (4, 3)}),
+    ("inter w4 s3", {}, {"inter": (4, 3)}),
+    ("inter w4 s1", {}, {"inter": (4, 1)}),
+    ("inter w4 bk64", {"BWD_INTER_BK": 64}, {}),
 ]
 
 
@@ -51,7 +54,8 @@ def run_setting(consts: dict, launch: dict, xs, do, ref) -> dict:
         grads = torch.autograd.grad(o, xs[:5], do, retain_graph=True)
         diff = max(rel(a, b) for a, b in zip(grads, ref)) if ref is not None else 0.0
         ms = bench(lambda: torch.autograd.grad(o, xs[:5], do, retain_graph=True))
-        return {"bwd_ms": ms, "max_rel_diff_vs_default": diff}, grads
+        errs = correctness(["ours"])["ours"]
+        return {"bwd_ms": ms, "max_rel_diff_vs_default": diff, "errors_vs_fp64": errs}, grads
     finally:
         for name, value in saved.items():
             setattr(cb, name, value)
@@ -83,12 +87,14 @@ def main() -> None:
     res["default_step_kernels_ms"] = profile_step("ours", B, T, H)
     res["elapsed_s"] = time.time() - t0
     json.dump(res, open(args.out, "w"), indent=1)
-    print(f"{'setting':>20} {'bwd ms':>8} {'max rel diff':>12}")
+    print(f"{'setting':>20} {'bwd ms':>8} {'max rel diff':>12}  errors vs fp64 (o dq dk dv dg dbeta)")
     for name, r in res["settings"].items():
         if "error" in r:
             print(f"{name:>20} {r['error'][:80]}")
         else:
-            print(f"{name:>20} {r['bwd_ms']:8.3f} {r['max_rel_diff_vs_default']:12.2e}")
+            e = r["errors_vs_fp64"]
+            errs = " ".join(f"{e[k]:.1e}" for k in ("o", "dq", "dk", "dv", "dg", "dbeta"))
+            print(f"{name:>20} {r['bwd_ms']:8.3f} {r['max_rel_diff_vs_default']:12.2e}  {errs}")
     print(json.dumps(dict(list(res["default_step_kernels_ms"].items())[:12]), indent=0))
 
 

@@ -3,7 +3,8 @@
 For each setting: the training-path forward (bf16 inputs requiring grad, K = V = 128, Kimi Linear flags; median
 of ``triton.testing.do_bench``), the per-kernel times of that forward (torch.profiler), and the relative RMS
 difference of its output from the default setting's (the same maths, so only rounding may differ; the
-``pairwise`` setting computes the diagonal blocks the other way). fla-core's forward is timed in the same run when
+``pairwise`` setting computes the diagonal blocks the other way) and the error of o against fp64 at a small shape
+(``bench_kda.correctness``). fla-core's forward is timed in the same run when
 it is installed. Writes ``$OUT/sweep_kda_fwd.json`` after every setting and prints a table.
 
     python kernels/benchmarks/sweep_kda_fwd.py --shape 1x8192x32
@@ -21,31 +22,29 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels.benchmarks.bench_kda import bench, call, kernel_ms, make, rel  # noqa: E402
+from kernels.benchmarks.bench_kda import bench, call, correctness, kernel_ms, make, rel  # noqa: E402
 from kernels.kda import chunk_triton as ct  # noqa: E402
 
 # (name, {chunk_triton constant: value})
 SETTINGS = [
     ("default", {}),
     ("diag pairwise", {"INTRA_SPAN_MAX": -1.0}),
-    ("scores tf32x3", {"INTRA_PREC16": "tf32x3"}),
+    ("scores s2", {"SCORES2_LAUNCH": (4, 2)}),
     ("scores nreg192", {"SCORES2_MAXNREG": 192}),
-    ("scores uncapped", {"SCORES2_MAXNREG": None}),
-    ("scores s1", {"SCORES2_LAUNCH": (4, 1)}),
-    ("scores s3", {"SCORES2_LAUNCH": (4, 3)}),
-    ("scores w8 uncapped", {"SCORES2_LAUNCH": (8, 2), "SCORES2_MAXNREG": None}),
-    ("scores w8 nreg128", {"SCORES2_LAUNCH": (8, 2), "SCORES2_MAXNREG": 128}),
-    ("scores bk32 uncapped", {"SCORES2_BK": 32, "SCORES2_MAXNREG": None}),
+    ("scores nreg128", {"SCORES2_MAXNREG": 128}),
+    ("scores tf32x3", {"INTRA_PREC16": "tf32x3"}),
+    ("scores w8 nreg128", {"SCORES2_LAUNCH": (8, 1), "SCORES2_MAXNREG": 128}),
+    ("scores bk32", {"SCORES2_BK": 32}),
     ("wu 64", {"WU_B": 64}),
+    ("state s2", {"STATE_LAUNCH": (4, 2)}),
+    ("state s4", {"STATE_LAUNCH": (4, 4)}),
     ("state bv16", {"STATE_BV": 16}),
-    ("state bv64 w8", {"STATE_BV": 64, "STATE_LAUNCH": (8, 2)}),
-    ("state s3", {"STATE_LAUNCH": (4, 3)}),
-    ("state bv16 w2", {"STATE_BV": 16, "STATE_LAUNCH": (2, 2)}),
+    ("state bv64", {"STATE_BV": 64}),
+    ("state bv64 w8 s3", {"STATE_BV": 64, "STATE_LAUNCH": (8, 3)}),
+    ("prep s1", {"PREP_LAUNCH": (4, 1)}),
+    ("prep s3", {"PREP_LAUNCH": (4, 3)}),
     ("prep bk64", {"PREP_BK": 64}),
-    ("prep bk16", {"PREP_BK": 16}),
-    ("prep w8", {"PREP_LAUNCH": (8, 2)}),
-    ("out bv32", {"OUT_BV": 32}),
-    ("out w8 bv128", {"OUT_BV": 128, "OUT_WARPS": 8}),
+    ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]
 
 
@@ -58,7 +57,8 @@ def run_setting(consts: dict, xs, ref) -> tuple[dict, torch.Tensor]:
         ms = bench(lambda: call("ours", xs))
         kernels = kernel_ms(lambda: call("ours", xs), 5)
         diff = rel(o, ref) if ref is not None else 0.0
-        return {"fwd_ms": ms, "rel_diff_vs_default": diff, "kernels_ms": kernels}, o
+        errs = correctness(["ours"])["ours"]
+        return {"fwd_ms": ms, "rel_diff_vs_default": diff, "o_err_vs_fp64": errs.get("o"), "kernels_ms": kernels}, o
     finally:
         for name, value in saved.items():
             setattr(ct, name, value)
@@ -95,13 +95,13 @@ def main() -> None:
     json.dump(res, open(args.out, "w"), indent=1)
     print(f"fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}")
     short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_state_kernel": "state", "_output_kernel": "out"}
-    print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} " + " ".join(f"{v:>8}" for v in short.values()))
+    print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} {'o err':>8} " + " ".join(f"{v:>8}" for v in short.values()))
     for name, r in res["settings"].items():
         if "error" in r:
             print(f"{name:>22} {r['error'][:100]}")
             continue
         ks = " ".join(f"{r['kernels_ms'].get(k, float('nan')):8.3f}" for k in short)
-        print(f"{name:>22} {r['fwd_ms']:7.3f} {r['rel_diff_vs_default']:9.2e} {ks}")
+        print(f"{name:>22} {r['fwd_ms']:7.3f} {r['rel_diff_vs_default']:9.2e} {r['o_err_vs_fp64']:8.2e} {ks}")
 
 
 if __name__ == "__main__":

@@ -501,7 +501,7 @@ PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
-SCORES2_LAUNCH = (4, 2)  # num_warps, num_stages of the scores + solve + W / U kernel
+SCORES2_LAUNCH = (4, 1)  # num_warps, num_stages of the scores + solve + W / U kernel (sweep: s1 0.745 ms, s2 0.809)
 INTRA_PREC16 = "tf32"  # tl.dot precision of the Akk / Aqk, solve and W / U dots for 16-bit inputs (fp32: ieee)
 # Diagonal 16 x 16 blocks of Akk / Aqk factor through their sub-block's first row (tensor-core dots, like the
 # off-diagonal blocks) in every K tile whose largest |G_i - G_ref| within a sub-block is <= this; other tiles go
@@ -510,7 +510,7 @@ INTRA_PREC16 = "tf32"  # tl.dot precision of the Akk / Aqk, solve and W / U dots
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 STATE_BV = 32  # value columns per program of the sequential state pass (4 warps; 241 registers, no spills, sm_90a)
-STATE_LAUNCH = (4, 2)  # num_warps, num_stages
+STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
 OUT_WARPS = 4
 

@@ -507,7 +507,7 @@ BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions ove
 BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128): no spills
-BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(4, 1), inter=(4, 2))
+BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(2, 1), inter=(4, 2))
 
 
 def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[torch.Tensor, ...]:
