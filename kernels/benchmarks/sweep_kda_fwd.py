@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels.benchmarks.bench_kda import bench, call, correctness, kernel_ms, make, rel  # noqa: E402
+from kernels.benchmarks.bench_kda import bench, call, correctness, host_ms, kernel_ms, make, rel  # noqa: E402
 from kernels.kda import chunk_triton as ct  # noqa: E402
 
 # (name, {chunk_triton constant: value})
@@ -35,10 +35,14 @@ SETTINGS = [
     ("scores tf32x3", {"INTRA_PREC16": "tf32x3"}),
     ("scores w8 nreg128", {"SCORES2_LAUNCH": (8, 1), "SCORES2_MAXNREG": 128}),
     ("scores bk32", {"SCORES2_BK": 32}),
+    ("scores bk32 s2", {"SCORES2_BK": 32, "SCORES2_LAUNCH": (4, 2)}),
+    ("scores bk32 nreg192", {"SCORES2_BK": 32, "SCORES2_MAXNREG": 192}),
     ("wu 64", {"WU_B": 64}),
     ("state s2", {"STATE_LAUNCH": (4, 2)}),
     ("state s4", {"STATE_LAUNCH": (4, 4)}),
     ("state bv16", {"STATE_BV": 16}),
+    ("state bv16 s4", {"STATE_BV": 16, "STATE_LAUNCH": (4, 4)}),
+    ("state bv16 w2", {"STATE_BV": 16, "STATE_LAUNCH": (2, 3)}),
     ("state bv64", {"STATE_BV": 64}),
     ("state bv64 w8 s3", {"STATE_BV": 64, "STATE_LAUNCH": (8, 3)}),
     ("prep s1", {"PREP_LAUNCH": (4, 1)}),
@@ -55,10 +59,17 @@ def run_setting(consts: dict, xs, ref) -> tuple[dict, torch.Tensor]:
             setattr(ct, name, value)
         o = call("ours", xs)[0].detach()
         ms = bench(lambda: call("ours", xs))
+        host = host_ms(lambda: call("ours", xs))
         kernels = kernel_ms(lambda: call("ours", xs), 5)
         diff = rel(o, ref) if ref is not None else 0.0
         errs = correctness(["ours"])["ours"]
-        return {"fwd_ms": ms, "rel_diff_vs_default": diff, "o_err_vs_fp64": errs.get("o"), "kernels_ms": kernels}, o
+        return {
+            "fwd_ms": ms,
+            "fwd_host_ms": host,
+            "rel_diff_vs_default": diff,
+            "o_err_vs_fp64": errs.get("o"),
+            "kernels_ms": kernels,
+        }, o
     finally:
         for name, value in saved.items():
             setattr(ct, name, value)
@@ -76,6 +87,8 @@ def main() -> None:
     try:
         call("fla", xs)
         res["fla_fwd_ms"] = bench(lambda: call("fla", xs))
+        res["fla_fwd_host_ms"] = host_ms(lambda: call("fla", xs))
+        res["fla_fwd_kernels_ms"] = kernel_ms(lambda: call("fla", xs), 5)
     except Exception as e:  # noqa: BLE001 - no fla: the sweep still runs
         res["fla_error"] = repr(e)[:300]
     only = {s for s in args.only.split(",") if s}
@@ -93,7 +106,8 @@ def main() -> None:
         json.dump(res, open(args.out, "w"), indent=1)
     res["elapsed_s"] = time.time() - t0
     json.dump(res, open(args.out, "w"), indent=1)
-    print(f"fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}")
+    print(f"fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}, host ms {res.get('fla_fwd_host_ms')}")
+    print(f"fla fwd kernels: {json.dumps(res.get('fla_fwd_kernels_ms'))}")
     short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_state_kernel": "state", "_output_kernel": "out"}
     print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} {'o err':>8} " + " ".join(f"{v:>8}" for v in short.values()))
     for name, r in res["settings"].items():

@@ -12,10 +12,11 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
    off-diagonal 16 x 16 blocks as three masked [64, 16] x [16, 64] tensor-core dots (one per reference row
    ``16 I``, I = 1..3) into one [64, 64] accumulator, the decays factored through the reference
    (``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both exponents <= 0 where kept; tf32 for bf16/fp16 inputs,
-   ``ieee`` fp32 for fp32 inputs); the four diagonal blocks together, pairwise in fp32, column by column ([64, 16]
-   gathered key rows per step, ``where`` before ``exp``); then, in the same program, ``T = (I + Akk)^-1`` in place
-   (3.) and W and U (4.). (The earlier split versions of 2.-4. were removed; ``README.md`` says where they were
-   measured.)
+   ``ieee`` fp32 for fp32 inputs); the four diagonal blocks in fp32, each through its own first row as ``ieee``
+   16 x 16 dots in every K tile whose largest ``|G_i - G_ref|`` inside the block is <= ``INTRA_SPAN_MAX`` (60:
+   ``exp(+-60)`` stays far inside fp32), pairwise in tiles with sharper gates (``where`` before ``exp``); then, in
+   the same program, ``T = (I + Akk)^-1`` in place (3.) and W and U (4.). (The earlier split versions of 2.-4.
+   were removed; ``README.md`` says where they were measured.)
 3. ``_solve_chunk`` (in ``_scores2_kernel``): ``T = (I + Akk)^-1`` by blocked
    forward substitution (the four diagonal 16 x 16 inverses in one interleaved 15-step loop, then
    ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as 16 x 16 dots), T stored fp32; Akk lives in T's buffer (all reads
@@ -176,6 +177,72 @@ def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constex
 
 
 @triton.jit
+def _diag_block(
+    k_ptr,
+    q_ptr,
+    G_ptr,
+    rk_ptr,
+    rq_ptr,
+    beta_ptr,
+    Akk_ptr,
+    Aqk_ptr,
+    I,
+    qk_base,
+    g_base,
+    rb,
+    sc,
+    bos,
+    n,
+    i_hv,
+    scale,
+    span_max,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+    BKS: tl.constexpr,
+    L2: tl.constexpr,
+):
+    """Diagonal 16 x 16 block I of Akk (strictly lower, zero elsewhere) and Aqk (lower) in fp32, K tile by K tile:
+    through the block's first row as two ``ieee`` dots where the tile's largest ``|G_i - G_ref|`` inside the block
+    is <= ``span_max`` (exponents within +-span_max, far inside fp32's range), else pairwise (16 steps, ``where``
+    before ``exp``)."""
+    r16 = tl.arange(0, S)
+    rI = I * S + r16
+    dkk = tl.zeros([S, S], dtype=tl.float32)
+    dqk = tl.zeros([S, S], dtype=tl.float32)
+    for k0 in range(0, K, BKS):
+        ck = k0 + tl.arange(0, BKS)
+        cm = (ck < K)[None, :]
+        kI = _load_tile(k_ptr, qk_base + rI[:, None] * (H * K), rI, ck, n, K, rk_ptr, rb, L2)
+        qI = _load_tile(q_ptr, qk_base + rI[:, None] * (H * K), rI, ck, n, K, rq_ptr, rb, L2)
+        GI = tl.load(G_ptr + g_base + rI[:, None] * K + ck[None, :], mask=cm, other=0.0)
+        d = GI - tl.load(G_ptr + g_base + I * S * K + ck, mask=ck < K, other=0.0)[None, :]
+        if tl.max(tl.max(tl.abs(d), 1), 0) <= span_max:
+            e = tl.exp(d)
+            R = tl.trans(kI * tl.exp(-d))
+            dkk = tl.dot(kI * e, R, dkk, input_precision="ieee")
+            dqk = tl.dot(qI * e, R, dqk, input_precision="ieee")
+        else:
+            for j in range(0, S):
+                t = I * S + j
+                kj = tl.load(k_ptr + qk_base + t * (H * K) + ck, mask=(ck < K) & (ck * 0 + t < n), other=0.0)
+                kj = kj.to(tl.float32)
+                if L2:
+                    kj = kj * tl.load(rk_ptr + rb + t)
+                Gj = tl.load(G_ptr + g_base + t * K + ck, mask=ck < K, other=0.0)
+                kj = kj[None, :] * tl.exp(tl.where((r16 >= j)[:, None], GI - Gj[None, :], 0.0))
+                at = r16[None, :] == j
+                dkk = tl.where(at, dkk + tl.sum(kI * kj, 1)[:, None], dkk)
+                dqk = tl.where(at, dqk + tl.sum(qI * kj, 1)[:, None], dqk)
+    b = tl.load(beta_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)[:, None]
+    off = sc * (C * C) + rI[:, None] * C + rI[None, :]
+    tl.store(Akk_ptr + off, tl.where(r16[None, :] < r16[:, None], dkk * b, 0.0))
+    tl.store(Aqk_ptr + off, tl.where(r16[None, :] <= r16[:, None], dqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _scores2_kernel(
     q_ptr,
     k_ptr,
@@ -213,10 +280,9 @@ def _scores2_kernel(
     dot into a shared [C, C] accumulator, the left operand ``k_i exp(G_i - G_ref(i))`` (the reference of row i's
     own sub-block, computed once for all rows) masked to the rows of I, the right one
     ``k_j exp(min(G_ref - G_j, 0))``: both exponents <= 0 where kept (the clamp only touches discarded columns).
-    Diagonal blocks: all four at once, pairwise in fp32, column by column: step j takes, for every row i, key row
-    ``16 (i // 16) + j`` of i's own sub-block ([C, BKS] gathered loads, ``where`` before ``exp``) and accumulates
-    ``D[i, j] = A[i, 16 (i // 16) + j]`` in [C, 16]. Writes every block of Aqk (zero above the diagonal) and the
-    lower blocks of Akk."""
+    Diagonal blocks: :func:`_diag_block`, in fp32 (``ieee`` 16 x 16 dots through the block's first row where the
+    gates allow, else pairwise). Writes every block of Aqk (zero above the diagonal) and the lower blocks of Akk
+    (zero on and above the diagonal)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -240,39 +306,51 @@ def _scores2_kernel(
         kf = _load_tile(k_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rk_ptr, rb, L2)
         qf = _load_tile(q_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rq_ptr, rb, L2)
         Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        # Largest |G_i - G_ref| inside any sub-block of this tile: below span_max, exp(+-span) stays far inside fp32
-        # and the diagonal blocks factor through the reference like the others; else they go pairwise (below).
-        fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max
-        e = tl.exp(Gd)
+        e = tl.exp(Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0))
         kl = kf * e
         ql = qf * e
-        for I in tl.static_range(0, C // S):
+        for I in tl.static_range(1, C // S):
             ref = tl.load(G_ptr + g_base + I * S * K + ck, mask=ck < K, other=0.0)
-            x = ref[None, :] - Gf
-            # key rows of earlier sub-blocks: exponent <= 0; of sub-block I itself (fast tiles only): in [0, span_max]
-            inJ = (blk == tl.where(fast, I, -1))[:, None]
-            x = tl.where((blk < I)[:, None], tl.minimum(x, 0.0), tl.where(inJ, x, 0.0))
-            R = tl.trans(tl.where((blk < I)[:, None] | inJ, kf * tl.exp(x), 0.0))
+            R = tl.trans(kf * tl.exp(tl.minimum(ref[None, :] - Gf, 0.0)))
             inI = (blk == I)[:, None]
             akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
             aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
-        if not fast:
-            for j in range(0, S):
-                src = first + j
-                kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
-                Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
-                kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
-                at = cols[None, :] == src[:, None]
-                akk = tl.where(at, akk + tl.sum(kf * kc, 1)[:, None], akk)
-                aqk = tl.where(at, aqk + tl.sum(qf * kc, 1)[:, None], aqk)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
-    # lower blocks only (the solve reads nothing else), zero on and above the diagonal
-    akk = tl.where(cols[None, :] < rows[:, None], akk * b, 0.0)
-    tl.store(Akk_ptr + a_off + cols[None, :], akk, mask=cblk[None, :] <= blk[:, None])
-    low = cols[None, :] <= rows[:, None]
-    tl.store(Aqk_ptr + a_off + cols[None, :], tl.where(low, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
+    before = cblk[None, :] < blk[:, None]
+    tl.store(Akk_ptr + a_off + cols[None, :], akk * b, mask=before)
+    outside = cblk[None, :] != blk[:, None]
+    tl.store(
+        Aqk_ptr + a_off + cols[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
+    )
+    for I in tl.static_range(0, C // S):
+        _diag_block(
+            k_ptr,
+            q_ptr,
+            G_ptr,
+            rk_ptr,
+            rq_ptr,
+            beta_ptr,
+            Akk_ptr,
+            Aqk_ptr,
+            I,
+            qk_base,
+            g_base,
+            rb,
+            sc,
+            bos,
+            n,
+            i_hv,
+            scale,
+            span_max,
+            H,
+            HV,
+            K,
+            C,
+            S,
+            BKS,
+            L2,
+        )
     tl.debug_barrier()
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
     tl.debug_barrier()
@@ -503,10 +581,10 @@ SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 SCORES2_LAUNCH = (4, 1)  # num_warps, num_stages of the scores + solve + W / U kernel (sweep: s1 0.745 ms, s2 0.809)
 INTRA_PREC16 = "tf32"  # tl.dot precision of the Akk / Aqk, solve and W / U dots for 16-bit inputs (fp32: ieee)
-# Diagonal 16 x 16 blocks of Akk / Aqk factor through their sub-block's first row (tensor-core dots, like the
-# off-diagonal blocks) in every K tile whose largest |G_i - G_ref| within a sub-block is <= this; other tiles go
-# pairwise in fp32. At 60, exp(+-60) leaves ~1e-10 of a unit-norm key above fp32's smallest normal; a negative
-# value sends every tile pairwise (the tests compare both paths).
+# Diagonal 16 x 16 blocks of Akk / Aqk go through their sub-block's first row (fp32 16 x 16 dots) in every K tile
+# whose largest |G_i - G_ref| within the block is <= this; other tiles go pairwise in fp32. At 60, exp(+-60)
+# leaves ~1e-10 of a unit-norm key above fp32's smallest normal; a negative value sends every tile pairwise (the
+# tests compare both paths).
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 STATE_BV = 32  # value columns per program of the sequential state pass (4 warps; 241 registers, no spills, sm_90a)

@@ -274,9 +274,10 @@ def _bwd_intra_pair_kernel(
     ``[S, C] x [C, BK]`` dot through I's first row ``G_f`` (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the
     column gradients ``dkq, dkk`` from every query after I one ``[S, C] x [C, BK]`` dot through I's last row
     ``G_l``; every exponent is <= 0, and where a factor underflows the exact product is smaller still. The
-    diagonal block joins the same two dots (I's own keys in the first, its own queries in the second, exponents in
-    [0, span]) when the largest ``|G_i - G_f|`` inside I is <= ``span_max``; with sharper gates it is pairwise in
-    fp32 as outer products (:func:`_pair_diag`, 16 unrolled steps, no reductions). Writes the intra-chunk
+    diagonal block goes through the same two rows as fp32 (``ieee``) 16 x 16 dots (exponents in [0, span]) when the
+    largest ``|G_i - G_f|`` inside I is <= ``span_max`` (tf32 there doubled dA_log's error against fp64); with
+    sharper gates it is pairwise in fp32 as outer products (:func:`_pair_diag`, 16 unrolled steps, no reductions).
+    Writes the intra-chunk
     parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
     (slot ``i_k``)."""
     i_k = tl.program_id(0)
@@ -303,11 +304,8 @@ def _bwd_intra_pair_kernel(
     # rows of I
     rI = first + r16
     GI = _rows16(G_ptr, base, rI, ck, kmask, K)
-    # I's own rows join the two dots when |G_i - G_f| <= span_max inside I (every exponent then within
-    # +-span_max, far inside fp32's range); otherwise the diagonal block goes pairwise (below)
-    fast = tl.max(tl.max(tl.abs(GI - G_f[None, :]), 1), 0) <= span_max
-    before = rows[:, None] < tl.where(fast, last + 1, first)
-    after = rows[:, None] > tl.where(fast, first - 1, last)
+    before = rows[:, None] < first
+    after = rows[:, None] > last
     kd = tl.where(before, kk * tl.exp(tl.where(before, G_f[None, :] - G, 0.0)), 0.0)
     e_after = tl.exp(tl.where(after, G - G_l[None, :], 0.0))
     qa = tl.where(after, _tok(q_ptr, bos, rows, n, QS, i_h * K, ck, kmask) * e_after * scale, 0.0)
@@ -323,7 +321,18 @@ def _bwd_intra_pair_kernel(
     e_l = tl.exp(G_l[None, :] - GI)
     dkq = tl.dot(tl.trans(tl.load(dAq_ptr + col_off)), qa, input_precision=PREC) * e_l
     dkk = tl.dot(tl.trans(tl.load(dAk_ptr + col_off)), ka, input_precision=PREC) * e_l
-    if not fast:  # diagonal block pairwise
+    # diagonal block: through I's first / last row as fp32 16 x 16 dots when |G_i - G_f| <= span_max inside I
+    # (every exponent then within +-span_max, far inside fp32's range), else pairwise
+    fast = tl.max(tl.max(tl.abs(GI - G_f[None, :]), 1), 0) <= span_max
+    if fast:
+        d_off = abase + rI[:, None] * C + rI[None, :]  # dA[i in I, j in I]
+        kf = kI * tl.exp(G_f[None, :] - GI)
+        daq += tl.dot(tl.load(dAq_ptr + d_off), kf, input_precision="ieee") * e_f
+        dak += tl.dot(tl.load(dAk_ptr + d_off), kf, input_precision="ieee") * e_f
+        el = tl.exp(GI - G_l[None, :])
+        dkq += tl.dot(tl.trans(tl.load(dAq_ptr + d_off)), qI * el * scale, input_precision="ieee") * e_l
+        dkk += tl.dot(tl.trans(tl.load(dAk_ptr + d_off)), kI * el * bI[:, None], input_precision="ieee") * e_l
+    else:
         daq, dak, dkq, dkk = _pair_diag(
             q_ptr,
             k_ptr,
