@@ -29,6 +29,9 @@ from kernels.kda import chunk_triton as ct  # noqa: E402
 SETTINGS = [
     ("default", {}),
     ("diag pairwise", {"INTRA_SPAN_MAX": -1.0}),
+    ("diag tf32x3", {"INTRA_DIAG_PREC16": "tf32x3"}),
+    ("diag tf32", {"INTRA_DIAG_PREC16": "tf32"}),
+    ("diag tf32x3 bk32", {"INTRA_DIAG_PREC16": "tf32x3", "SCORES2_BK": 32}),
     ("scores s2", {"SCORES2_LAUNCH": (4, 2)}),
     ("scores nreg192", {"SCORES2_MAXNREG": 192}),
     ("scores nreg128", {"SCORES2_MAXNREG": 128}),
@@ -40,7 +43,7 @@ SETTINGS = [
     ("wu 64", {"WU_B": 64}),
     ("state s2", {"STATE_LAUNCH": (4, 2)}),
     ("state s4", {"STATE_LAUNCH": (4, 4)}),
-    ("state bv16", {"STATE_BV": 16}),
+    ("state bv32", {"STATE_BV": 32}),
     ("state bv16 s4", {"STATE_BV": 16, "STATE_LAUNCH": (4, 4)}),
     ("state bv16 w2", {"STATE_BV": 16, "STATE_LAUNCH": (2, 3)}),
     ("state bv64", {"STATE_BV": 64}),

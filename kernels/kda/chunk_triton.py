@@ -203,6 +203,7 @@ def _diag_block(
     S: tl.constexpr,
     BKS: tl.constexpr,
     L2: tl.constexpr,
+    DPREC: tl.constexpr,
 ):
     """Diagonal 16 x 16 block I of Akk (strictly lower, zero elsewhere) and Aqk (lower) in fp32, K tile by K tile:
     through the block's first row as two ``ieee`` dots where the tile's largest ``|G_i - G_ref|`` inside the block
@@ -222,8 +223,8 @@ def _diag_block(
         if tl.max(tl.max(tl.abs(d), 1), 0) <= span_max:
             e = tl.exp(d)
             R = tl.trans(kI * tl.exp(-d))
-            dkk = tl.dot(kI * e, R, dkk, input_precision="ieee")
-            dqk = tl.dot(qI * e, R, dqk, input_precision="ieee")
+            dkk = tl.dot(kI * e, R, dkk, input_precision=DPREC)
+            dqk = tl.dot(qI * e, R, dqk, input_precision=DPREC)
         else:
             for j in range(0, S):
                 t = I * S + j
@@ -271,6 +272,7 @@ def _scores2_kernel(
     BVW: tl.constexpr,
     L2: tl.constexpr,
     PREC: tl.constexpr,
+    DPREC: tl.constexpr,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -350,6 +352,7 @@ def _scores2_kernel(
             S,
             BKS,
             L2,
+            DPREC,
         )
     tl.debug_barrier()
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
@@ -581,13 +584,14 @@ SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 SCORES2_LAUNCH = (4, 1)  # num_warps, num_stages of the scores + solve + W / U kernel (sweep: s1 0.745 ms, s2 0.809)
 INTRA_PREC16 = "tf32"  # tl.dot precision of the Akk / Aqk, solve and W / U dots for 16-bit inputs (fp32: ieee)
+INTRA_DIAG_PREC16 = "ieee"  # the diagonal blocks' dots for 16-bit inputs (fp32 inputs: ieee)
 # Diagonal 16 x 16 blocks of Akk / Aqk go through their sub-block's first row (fp32 16 x 16 dots) in every K tile
 # whose largest |G_i - G_ref| within the block is <= this; other tiles go pairwise in fp32. At 60, exp(+-60)
 # leaves ~1e-10 of a unit-norm key above fp32's smallest normal; a negative value sends every tile pairwise (the
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
-STATE_BV = 32  # value columns per program of the sequential state pass (4 warps; 241 registers, no spills, sm_90a)
+STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
 OUT_WARPS = 4
@@ -726,6 +730,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             BVW=min(BV, WU_B),
             L2=use_l2,
             PREC=prec,
+            DPREC="ieee" if fp32 else INTRA_DIAG_PREC16,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

@@ -267,6 +267,7 @@ def _bwd_intra_pair_kernel(
     C: tl.constexpr,
     S: tl.constexpr,
     PREC: tl.constexpr,
+    DPREC: tl.constexpr,
 ):
     """Per (block of key channels, row block I of S = 16 rows, chunk x value head): the gradients of ``Aqk = scale
     q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
@@ -327,11 +328,11 @@ def _bwd_intra_pair_kernel(
     if fast:
         d_off = abase + rI[:, None] * C + rI[None, :]  # dA[i in I, j in I]
         kf = kI * tl.exp(G_f[None, :] - GI)
-        daq += tl.dot(tl.load(dAq_ptr + d_off), kf, input_precision="ieee") * e_f
-        dak += tl.dot(tl.load(dAk_ptr + d_off), kf, input_precision="ieee") * e_f
+        daq += tl.dot(tl.load(dAq_ptr + d_off), kf, input_precision=DPREC) * e_f
+        dak += tl.dot(tl.load(dAk_ptr + d_off), kf, input_precision=DPREC) * e_f
         el = tl.exp(GI - G_l[None, :])
-        dkq += tl.dot(tl.trans(tl.load(dAq_ptr + d_off)), qI * el * scale, input_precision="ieee") * e_l
-        dkk += tl.dot(tl.trans(tl.load(dAk_ptr + d_off)), kI * el * bI[:, None], input_precision="ieee") * e_l
+        dkq += tl.dot(tl.trans(tl.load(dAq_ptr + d_off)), qI * el * scale, input_precision=DPREC) * e_l
+        dkk += tl.dot(tl.trans(tl.load(dAk_ptr + d_off)), kI * el * bI[:, None], input_precision=DPREC) * e_l
     else:
         daq, dak, dkq, dkk = _pair_diag(
             q_ptr,
@@ -512,6 +513,7 @@ BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
+BWD_DIAG_PREC16 = "ieee"  # tl.dot precision of the diagonal blocks' dots for 16-bit inputs (fp32 inputs: ieee)
 BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions over V) kernel
 BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
@@ -594,6 +596,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         C=C,
         S=S,
         PREC=prec,
+        DPREC="ieee" if fp32 else BWD_DIAG_PREC16,
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )
