@@ -28,9 +28,9 @@ from kernels.kda import chunk_triton_bwd as cb  # noqa: E402
 SETTINGS = [
     ("default", {}, {}),
     ("diag pairwise", {"BWD_SPAN_MAX": -1.0}, {}),
-    ("diag tf32x3", {"BWD_DIAG_PREC16": "tf32x3"}, {}),
+    ("diag ieee", {"BWD_DIAG_PREC16": "ieee"}, {}),
     ("diag tf32", {"BWD_DIAG_PREC16": "tf32"}, {}),
-    ("diag tf32x3 pair w4", {"BWD_DIAG_PREC16": "tf32x3"}, {"pair": (4, 1)}),
+    ("diag ieee pair w4", {"BWD_DIAG_PREC16": "ieee"}, {"pair": (4, 1)}),
     ("pair w4", {}, {"pair": (4, 1)}),
     ("pair w1", {}, {"pair": (1, 1)}),
     ("pair w2 s2", {}, {"pair": (2, 2)}),

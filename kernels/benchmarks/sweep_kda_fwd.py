@@ -29,9 +29,8 @@ from kernels.kda import chunk_triton as ct  # noqa: E402
 SETTINGS = [
     ("default", {}),
     ("diag pairwise", {"INTRA_SPAN_MAX": -1.0}),
-    ("diag tf32x3", {"INTRA_DIAG_PREC16": "tf32x3"}),
+    ("diag ieee", {"INTRA_DIAG_PREC16": "ieee"}),
     ("diag tf32", {"INTRA_DIAG_PREC16": "tf32"}),
-    ("diag tf32x3 bk32", {"INTRA_DIAG_PREC16": "tf32x3", "SCORES2_BK": 32}),
     ("scores s2", {"SCORES2_LAUNCH": (4, 2)}),
     ("scores nreg192", {"SCORES2_MAXNREG": 192}),
     ("scores nreg128", {"SCORES2_MAXNREG": 128}),
