@@ -199,6 +199,25 @@ def time_decode(impl, N=64, H=32) -> dict:
     return {"decode_us": ms * 1e3, "state_GBps": 2 * state.numel() * 4 / ms / 1e6}
 
 
+def apply_constants(path: str) -> dict:
+    """Set ``NAME=VALUE`` lines of ``path`` (Python literals) on the KDA kernel modules that define NAME."""
+    import ast
+
+    from kernels.kda import chunk_triton, chunk_triton_bwd
+
+    done = {}
+    for line in open(path).read().splitlines():
+        if not line.strip():
+            continue
+        name, value = line.split("=", 1)
+        mod = next((m for m in (chunk_triton, chunk_triton_bwd) if hasattr(m, name.strip())), None)
+        if mod is None:
+            raise SystemExit(f"{path}: no KDA kernel constant named {name.strip()!r}")
+        setattr(mod, name.strip(), ast.literal_eval(value.strip()))
+        done[name.strip()] = getattr(mod, name.strip())
+    return done
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -212,10 +231,15 @@ def main() -> None:
         action="store_true",
         help="per-kernel CUDA times: our forward, and a training step of each impl, at each shape",
     )
+    ap.add_argument(
+        "--set-file", default=None, help="NAME=VALUE lines (sweep_kda_fwd.py --best-out): constants of ours"
+    )
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kda.json"))
     args = ap.parse_args()
     t0 = time.time()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    if args.set_file:
+        res["ours_constants"] = apply_constants(args.set_file)
     impls = ["ours"]
     if "fla" in args.impls.split(","):
         try:

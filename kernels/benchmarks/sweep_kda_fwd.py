@@ -28,6 +28,11 @@ from kernels.kda import chunk_triton as ct  # noqa: E402
 # (name, {chunk_triton constant: value})
 SETTINGS = [
     ("default", {}),
+    ("diag batched tf32x3", {"INTRA_DIAG_PREC16": "tf32x3"}),
+    ("diag batched ieee nreg255", {"SCORES2_MAXNREG": 255}),
+    ("diag batched tf32x3 nreg255", {"INTRA_DIAG_PREC16": "tf32x3", "SCORES2_MAXNREG": 255}),
+    ("diag batched tf32", {"INTRA_DIAG_PREC16": "tf32"}),
+    ("diag per block", {"INTRA_DIAG_BATCHED": False}),
     ("diag pairwise", {"INTRA_SPAN_MAX": -1.0}),
     ("diag ieee", {"INTRA_DIAG_PREC16": "ieee"}),
     ("diag tf32", {"INTRA_DIAG_PREC16": "tf32"}),
@@ -82,6 +87,7 @@ def main() -> None:
     ap.add_argument("--shape", default="1x8192x32")
     ap.add_argument("--only", default="", help="comma-separated setting names (default: all)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sweep_kda_fwd.json"))
+    ap.add_argument("--best-out", default=None, help="write the fastest setting within 2%% of the lowest o error")
     args = ap.parse_args()
     B, T, H = (int(x) for x in args.shape.split("x"))
     xs = make(B, T, H, grad=True)
@@ -107,8 +113,18 @@ def main() -> None:
         res["settings"][name]["consts"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in consts.items()}
         json.dump(res, open(args.out, "w"), indent=1)
     res["elapsed_s"] = time.time() - t0
+    ok = {n: r for n, r in res["settings"].items() if "fwd_ms" in r}
+    if ok:
+        floor = min(r["o_err_vs_fp64"] for r in ok.values())
+        best = min((n for n, r in ok.items() if r["o_err_vs_fp64"] <= 1.02 * floor), key=lambda n: ok[n]["fwd_ms"])
+        res["best"] = best
+        if args.best_out:
+            with open(args.best_out, "w") as f:
+                f.writelines(f"{k}={v!r}\n" for k, v in dict(SETTINGS)[best].items())
     json.dump(res, open(args.out, "w"), indent=1)
-    print(f"fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}, host ms {res.get('fla_fwd_host_ms')}")
+    print(
+        f"best: {res.get('best')}; fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}, host ms {res.get('fla_fwd_host_ms')}"
+    )
     print(f"fla fwd kernels: {json.dumps(res.get('fla_fwd_kernels_ms'))}")
     short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_state_kernel": "state", "_output_kernel": "out"}
     print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} {'o err':>8} " + " ".join(f"{v:>8}" for v in short.values()))

@@ -273,6 +273,7 @@ def _scores2_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
+    DIAG_BATCHED: tl.constexpr,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -302,13 +303,17 @@ def _scores2_kernel(
     cblk = cols // S
     akk = tl.zeros([C, C], dtype=tl.float32)
     aqk = tl.zeros([C, C], dtype=tl.float32)
+    NB: tl.constexpr = C // S
+    dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
+    dqk = tl.zeros([NB, S, S], dtype=tl.float32)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         cm = (ck < K)[None, :]
         kf = _load_tile(k_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rk_ptr, rb, L2)
         qf = _load_tile(q_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rq_ptr, rb, L2)
         Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        e = tl.exp(Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0))
+        Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
+        e = tl.exp(Gd)
         kl = kf * e
         ql = qf * e
         for I in tl.static_range(1, C // S):
@@ -317,6 +322,20 @@ def _scores2_kernel(
             inI = (blk == I)[:, None]
             akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
             aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
+        if DIAG_BATCHED:
+            if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
+                R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
+                dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
+                dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
+            else:  # pairwise, column j of every diagonal block at once
+                for j in range(0, S):
+                    src = first + j
+                    kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
+                    Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
+                    kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
+                    at = tl.arange(0, S)[None, None, :] == j
+                    dkk = tl.where(at, dkk + tl.reshape(tl.sum(kf * kc, 1), (NB, S))[:, :, None], dkk)
+                    dqk = tl.where(at, dqk + tl.reshape(tl.sum(qf * kc, 1), (NB, S))[:, :, None], dqk)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     before = cblk[None, :] < blk[:, None]
@@ -325,7 +344,14 @@ def _scores2_kernel(
     tl.store(
         Aqk_ptr + a_off + cols[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
     )
-    for I in tl.static_range(0, C // S):
+    if DIAG_BATCHED:
+        r16 = tl.arange(0, S)
+        d_off = a_off + first[:, None] + r16[None, :]
+        D = tl.reshape(dkk, (C, S))
+        tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], D * b, 0.0))
+        D = tl.reshape(dqk, (C, S))
+        tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], D * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
+    for I in tl.static_range(0, C // S if not DIAG_BATCHED else 0):
         _diag_block(
             k_ptr,
             q_ptr,
@@ -584,7 +610,8 @@ SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 SCORES2_LAUNCH = (4, 1)  # num_warps, num_stages of the scores + solve + W / U kernel (sweep: s1 0.745 ms, s2 0.809)
 INTRA_PREC16 = "tf32"  # tl.dot precision of the Akk / Aqk, solve and W / U dots for 16-bit inputs (fp32: ieee)
-INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp32-grade on tensor cores (fp32: ieee)
+INTRA_DIAG_BATCHED = True  # diagonal blocks as one batched [4, 16, BKS] dot per K tile (else _diag_block, per block)
+INTRA_DIAG_PREC16 = "ieee"  # the diagonal blocks' dots for 16-bit inputs: fp32-grade on tensor cores (fp32: ieee)
 # Diagonal 16 x 16 blocks of Akk / Aqk go through their sub-block's first row (fp32 16 x 16 dots) in every K tile
 # whose largest |G_i - G_ref| within the block is <= this; other tiles go pairwise in fp32. At 60, exp(+-60)
 # leaves ~1e-10 of a unit-norm key above fp32's smallest normal; a negative value sends every tile pairwise (the
@@ -731,6 +758,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC="ieee" if fp32 else INTRA_DIAG_PREC16,
+            DIAG_BATCHED=INTRA_DIAG_BATCHED,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

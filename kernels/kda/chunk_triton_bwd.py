@@ -513,7 +513,7 @@ BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
-BWD_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp32-grade on tensor cores (fp32: ieee)
+BWD_DIAG_PREC16 = "ieee"  # the diagonal blocks' dots for 16-bit inputs (call6: tf32x3 same time, tf32 dg error 1.7x)
 BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions over V) kernel
 BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
