@@ -28,14 +28,10 @@ from kernels.kda import chunk_triton as ct  # noqa: E402
 # (name, {chunk_triton constant: value})
 SETTINGS = [
     ("default", {}),
-    ("diag batched tf32x3", {"INTRA_DIAG_PREC16": "tf32x3"}),
-    ("diag batched ieee nreg255", {"SCORES2_MAXNREG": 255}),
-    ("diag batched tf32x3 nreg255", {"INTRA_DIAG_PREC16": "tf32x3", "SCORES2_MAXNREG": 255}),
-    ("diag batched tf32", {"INTRA_DIAG_PREC16": "tf32"}),
-    ("diag per block", {"INTRA_DIAG_BATCHED": False}),
-    ("diag pairwise", {"INTRA_SPAN_MAX": -1.0}),
     ("diag ieee", {"INTRA_DIAG_PREC16": "ieee"}),
     ("diag tf32", {"INTRA_DIAG_PREC16": "tf32"}),
+    ("scores nreg255", {"SCORES2_MAXNREG": 255}),
+    ("diag pairwise", {"INTRA_SPAN_MAX": -1.0}),
     ("scores s2", {"SCORES2_LAUNCH": (4, 2)}),
     ("scores nreg192", {"SCORES2_MAXNREG": 192}),
     ("scores nreg128", {"SCORES2_MAXNREG": 128}),

@@ -177,73 +177,6 @@ def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constex
 
 
 @triton.jit
-def _diag_block(
-    k_ptr,
-    q_ptr,
-    G_ptr,
-    rk_ptr,
-    rq_ptr,
-    beta_ptr,
-    Akk_ptr,
-    Aqk_ptr,
-    I,
-    qk_base,
-    g_base,
-    rb,
-    sc,
-    bos,
-    n,
-    i_hv,
-    scale,
-    span_max,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    C: tl.constexpr,
-    S: tl.constexpr,
-    BKS: tl.constexpr,
-    L2: tl.constexpr,
-    DPREC: tl.constexpr,
-):
-    """Diagonal 16 x 16 block I of Akk (strictly lower, zero elsewhere) and Aqk (lower) in fp32, K tile by K tile:
-    through the block's first row as two ``ieee`` dots where the tile's largest ``|G_i - G_ref|`` inside the block
-    is <= ``span_max`` (exponents within +-span_max, far inside fp32's range), else pairwise (16 steps, ``where``
-    before ``exp``)."""
-    r16 = tl.arange(0, S)
-    rI = I * S + r16
-    dkk = tl.zeros([S, S], dtype=tl.float32)
-    dqk = tl.zeros([S, S], dtype=tl.float32)
-    for k0 in range(0, K, BKS):
-        ck = k0 + tl.arange(0, BKS)
-        cm = (ck < K)[None, :]
-        kI = _load_tile(k_ptr, qk_base + rI[:, None] * (H * K), rI, ck, n, K, rk_ptr, rb, L2)
-        qI = _load_tile(q_ptr, qk_base + rI[:, None] * (H * K), rI, ck, n, K, rq_ptr, rb, L2)
-        GI = tl.load(G_ptr + g_base + rI[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        d = GI - tl.load(G_ptr + g_base + I * S * K + ck, mask=ck < K, other=0.0)[None, :]
-        if tl.max(tl.max(tl.abs(d), 1), 0) <= span_max:
-            e = tl.exp(d)
-            R = tl.trans(kI * tl.exp(-d))
-            dkk = tl.dot(kI * e, R, dkk, input_precision=DPREC)
-            dqk = tl.dot(qI * e, R, dqk, input_precision=DPREC)
-        else:
-            for j in range(0, S):
-                t = I * S + j
-                kj = tl.load(k_ptr + qk_base + t * (H * K) + ck, mask=(ck < K) & (ck * 0 + t < n), other=0.0)
-                kj = kj.to(tl.float32)
-                if L2:
-                    kj = kj * tl.load(rk_ptr + rb + t)
-                Gj = tl.load(G_ptr + g_base + t * K + ck, mask=ck < K, other=0.0)
-                kj = kj[None, :] * tl.exp(tl.where((r16 >= j)[:, None], GI - Gj[None, :], 0.0))
-                at = r16[None, :] == j
-                dkk = tl.where(at, dkk + tl.sum(kI * kj, 1)[:, None], dkk)
-                dqk = tl.where(at, dqk + tl.sum(qI * kj, 1)[:, None], dqk)
-    b = tl.load(beta_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)[:, None]
-    off = sc * (C * C) + rI[:, None] * C + rI[None, :]
-    tl.store(Akk_ptr + off, tl.where(r16[None, :] < r16[:, None], dkk * b, 0.0))
-    tl.store(Aqk_ptr + off, tl.where(r16[None, :] <= r16[:, None], dqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
-
-
-@triton.jit
 def _scores2_kernel(
     q_ptr,
     k_ptr,
@@ -273,7 +206,6 @@ def _scores2_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
-    DIAG_BATCHED: tl.constexpr,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -283,9 +215,12 @@ def _scores2_kernel(
     dot into a shared [C, C] accumulator, the left operand ``k_i exp(G_i - G_ref(i))`` (the reference of row i's
     own sub-block, computed once for all rows) masked to the rows of I, the right one
     ``k_j exp(min(G_ref - G_j, 0))``: both exponents <= 0 where kept (the clamp only touches discarded columns).
-    Diagonal blocks: :func:`_diag_block`, in fp32 (``ieee`` 16 x 16 dots through the block's first row where the
-    gates allow, else pairwise). Writes every block of Aqk (zero above the diagonal) and the lower blocks of Akk
-    (zero on and above the diagonal)."""
+    Diagonal blocks in fp32, all four as one batched [4, 16, BKS] x [4, BKS, 16] dot per K tile through each
+    block's first row (``k_i e^{G_i - G_f}`` times ``k_j e^{G_f - G_j}``, ``DPREC``: tf32x3 for 16-bit inputs,
+    ``ieee`` for fp32) where the tile's largest ``|G_i - G_f|`` inside a block is <= ``span_max`` (so both factors
+    stay far inside fp32's range), else pairwise (step j: key row ``16 (i // 16) + j`` for every row i, ``where``
+    before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
+    lower blocks of Akk    (zero on and above the diagonal)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -322,20 +257,19 @@ def _scores2_kernel(
             inI = (blk == I)[:, None]
             akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
             aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
-        if DIAG_BATCHED:
-            if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
-                R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
-                dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
-                dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
-            else:  # pairwise, column j of every diagonal block at once
-                for j in range(0, S):
-                    src = first + j
-                    kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
-                    Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
-                    kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
-                    at = tl.arange(0, S)[None, None, :] == j
-                    dkk = tl.where(at, dkk + tl.reshape(tl.sum(kf * kc, 1), (NB, S))[:, :, None], dkk)
-                    dqk = tl.where(at, dqk + tl.reshape(tl.sum(qf * kc, 1), (NB, S))[:, :, None], dqk)
+        if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
+            R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
+            dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
+            dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
+        else:  # pairwise, column j of every diagonal block at once
+            for j in range(0, S):
+                src = first + j
+                kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
+                Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
+                kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
+                at = tl.arange(0, S)[None, None, :] == j
+                dkk = tl.where(at, dkk + tl.reshape(tl.sum(kf * kc, 1), (NB, S))[:, :, None], dkk)
+                dqk = tl.where(at, dqk + tl.reshape(tl.sum(qf * kc, 1), (NB, S))[:, :, None], dqk)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     before = cblk[None, :] < blk[:, None]
@@ -344,42 +278,12 @@ def _scores2_kernel(
     tl.store(
         Aqk_ptr + a_off + cols[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
     )
-    if DIAG_BATCHED:
-        r16 = tl.arange(0, S)
-        d_off = a_off + first[:, None] + r16[None, :]
-        D = tl.reshape(dkk, (C, S))
-        tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], D * b, 0.0))
-        D = tl.reshape(dqk, (C, S))
-        tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], D * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
-    for I in tl.static_range(0, C // S if not DIAG_BATCHED else 0):
-        _diag_block(
-            k_ptr,
-            q_ptr,
-            G_ptr,
-            rk_ptr,
-            rq_ptr,
-            beta_ptr,
-            Akk_ptr,
-            Aqk_ptr,
-            I,
-            qk_base,
-            g_base,
-            rb,
-            sc,
-            bos,
-            n,
-            i_hv,
-            scale,
-            span_max,
-            H,
-            HV,
-            K,
-            C,
-            S,
-            BKS,
-            L2,
-            DPREC,
-        )
+    r16 = tl.arange(0, S)
+    d_off = a_off + first[:, None] + r16[None, :]  # diagonal block of row i: columns 16 (i // 16) + r
+    D = tl.reshape(dkk, (C, S))
+    tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], D * b, 0.0))
+    D = tl.reshape(dqk, (C, S))
+    tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], D * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
     tl.debug_barrier()
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
     tl.debug_barrier()
@@ -610,7 +514,6 @@ SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 SCORES2_LAUNCH = (4, 1)  # num_warps, num_stages of the scores + solve + W / U kernel (sweep: s1 0.745 ms, s2 0.809)
 INTRA_PREC16 = "tf32"  # tl.dot precision of the Akk / Aqk, solve and W / U dots for 16-bit inputs (fp32: ieee)
-INTRA_DIAG_BATCHED = True  # diagonal blocks as one batched [4, 16, BKS] dot per K tile (else _diag_block, per block)
 INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp32-grade on tensor cores (fp32: ieee)
 # Diagonal 16 x 16 blocks of Akk / Aqk go through their sub-block's first row (fp32 16 x 16 dots) in every K tile
 # whose largest |G_i - G_ref| within the block is <= this; other tiles go pairwise in fp32. At 60, exp(+-60)
@@ -758,7 +661,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC="ieee" if fp32 else INTRA_DIAG_PREC16,
-            DIAG_BATCHED=INTRA_DIAG_BATCHED,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
