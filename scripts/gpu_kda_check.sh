@@ -14,9 +14,7 @@ source scripts/gpu_parts.sh
 LIMIT=${1:-420}
 gpu_header
 install_fla
-export TRITON_CACHE_DIR=/tmp/tcache
-mkdir -p "$TRITON_CACHE_DIR"
-if [ -d .fla_tcache/tcache ]; then cp -r .fla_tcache/tcache/. "$TRITON_CACHE_DIR"/; fi
+use_fla_tuning_cache
 [ "${KVL_SKIP_TESTS:-0}" = 1 ] || part gpu_tests "${KVL_TESTS_LIMIT:-200}" python3 -m pytest -q -m gpu -n 14 \
   -p no:cacheprovider -p no:warnings "${KVL_TESTS:-tests/kernels}"
 SET=()

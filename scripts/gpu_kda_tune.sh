@@ -12,9 +12,7 @@ FWD_LIMIT=${1:-200}
 BWD_LIMIT=${2:-150}
 gpu_header
 install_fla
-export TRITON_CACHE_DIR=/tmp/tcache
-mkdir -p "$TRITON_CACHE_DIR"
-if [ -d .fla_tcache/tcache ]; then cp -r .fla_tcache/tcache/. "$TRITON_CACHE_DIR"/; fi
+use_fla_tuning_cache
 [ "${KVL_SKIP_TESTS:-0}" = 1 ] || part gpu_tests 200 python3 -m pytest -q -m gpu -n 14 -p no:cacheprovider -p no:warnings tests/kernels
 PART_TAIL=30 part sweep_fwd "$FWD_LIMIT" python3 kernels/benchmarks/sweep_kda_fwd.py --only "${3:-}" \
   --out "$OUT/sweep_kda_fwd.json"

@@ -2,7 +2,8 @@
 # gpu_profile_app.sh): sets PYTHONPATH/OUT, LOG=$OUT/all.log, and defines
 #   part TITLE LIMIT_S COMMAND...   run COMMAND under `timeout LIMIT_S`, its last PART_TAIL (40) lines to the log
 #   gpu_header                      the GPU, driver, torch and triton versions to the log
-# and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one.
+# and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one;
+# use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache).
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LOG=$OUT/all.log
@@ -24,4 +25,10 @@ install_fla() {
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla_site .whl/fla_core-*.whl \
       && export PYTHONPATH=$PYTHONPATH:/tmp/fla_site
   fi
+}
+
+use_fla_tuning_cache() {
+  export TRITON_CACHE_DIR=/tmp/tcache
+  mkdir -p "$TRITON_CACHE_DIR"
+  if [ -d .fla_tcache/tcache ]; then cp -r .fla_tcache/tcache/. "$TRITON_CACHE_DIR"/; fi
 }
