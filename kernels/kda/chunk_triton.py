@@ -12,9 +12,10 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
    off-diagonal 16 x 16 blocks as three masked [64, 16] x [16, 64] tensor-core dots (one per reference row
    ``16 I``, I = 1..3) into one [64, 64] accumulator, the decays factored through the reference
    (``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both exponents <= 0 where kept; tf32 for bf16/fp16 inputs,
-   ``ieee`` fp32 for fp32 inputs); the four diagonal blocks in fp32, each through its own first row as ``ieee``
-   16 x 16 dots in every K tile whose largest ``|G_i - G_ref|`` inside the block is <= ``INTRA_SPAN_MAX`` (60:
-   ``exp(+-60)`` stays far inside fp32), pairwise in tiles with sharper gates (``where`` before ``exp``); then, in
+   ``ieee`` fp32 for fp32 inputs); the four diagonal blocks in fp32 (tf32x3 or ``ieee``), each through its own
+   first row, as one batched [4, 16, 16] dot in every K tile whose largest ``|G_i - G_ref|`` inside a block is
+   <= ``INTRA_SPAN_MAX`` (60: ``exp(+-60)`` stays far inside fp32), pairwise in tiles with sharper gates
+   (``where`` before ``exp``); then, in
    the same program, ``T = (I + Akk)^-1`` in place (3.) and W and U (4.). (The earlier split versions of 2.-4.
    were removed; ``README.md`` says where they were measured.)
 3. ``_solve_chunk`` (in ``_scores2_kernel``): ``T = (I + Akk)^-1`` by blocked
@@ -220,7 +221,7 @@ def _scores2_kernel(
     ``ieee`` for fp32) where the tile's largest ``|G_i - G_f|`` inside a block is <= ``span_max`` (so both factors
     stay far inside fp32's range), else pairwise (step j: key row ``16 (i // 16) + j`` for every row i, ``where``
     before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
-    lower blocks of Akk    (zero on and above the diagonal)."""
+    lower blocks of Akk (zero on and above the diagonal)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -515,7 +516,7 @@ SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 1
 SCORES2_LAUNCH = (4, 1)  # num_warps, num_stages of the scores + solve + W / U kernel (sweep: s1 0.745 ms, s2 0.809)
 INTRA_PREC16 = "tf32"  # tl.dot precision of the Akk / Aqk, solve and W / U dots for 16-bit inputs (fp32: ieee)
 INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp32-grade on tensor cores (fp32: ieee)
-# Diagonal 16 x 16 blocks of Akk / Aqk go through their sub-block's first row (fp32 16 x 16 dots) in every K tile
+# Diagonal 16 x 16 blocks of Akk / Aqk go through their sub-block's first row (one batched dot) in every K tile
 # whose largest |G_i - G_ref| within the block is <= this; other tiles go pairwise in fp32. At 60, exp(+-60)
 # leaves ~1e-10 of a unit-norm key above fp32's smallest normal; a negative value sends every tile pairwise (the
 # tests compare both paths).

@@ -275,8 +275,9 @@ def _bwd_intra_pair_kernel(
     ``[S, C] x [C, BK]`` dot through I's first row ``G_f`` (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the
     column gradients ``dkq, dkk`` from every query after I one ``[S, C] x [C, BK]`` dot through I's last row
     ``G_l``; every exponent is <= 0, and where a factor underflows the exact product is smaller still. The
-    diagonal block goes through the same two rows as fp32 (``ieee``) 16 x 16 dots (exponents in [0, span]) when the
-    largest ``|G_i - G_f|`` inside I is <= ``span_max`` (tf32 there doubled dA_log's error against fp64); with
+    diagonal block goes through the same two rows as fp32 16 x 16 dots (``DPREC``, ieee by default; exponents in
+    [0, span]) when the largest ``|G_i - G_f|`` inside I is <= ``span_max`` (a tf32 diagonal inside the off-diagonal
+    dots put dA_log's error against fp64 at 5.6e-2, session 5 call3); with
     sharper gates it is pairwise in fp32 as outer products (:func:`_pair_diag`, 16 unrolled steps, no reductions).
     Writes the intra-chunk
     parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
