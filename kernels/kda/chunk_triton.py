@@ -235,8 +235,6 @@ def _scores2_kernel(
     qk_base = bos * (H * K) + i_h * K
     g_base = sc * (C * K)
     rb = sc * C
-    cols = tl.arange(0, C)
-    cblk = cols // S
     akk = tl.zeros([C, C], dtype=tl.float32)
     aqk = tl.zeros([C, C], dtype=tl.float32)
     NB: tl.constexpr = C // S
@@ -273,11 +271,11 @@ def _scores2_kernel(
                 dqk = tl.where(at, dqk + tl.reshape(tl.sum(qf * kc, 1), (NB, S))[:, :, None], dqk)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
-    before = cblk[None, :] < blk[:, None]
-    tl.store(Akk_ptr + a_off + cols[None, :], akk * b, mask=before)
-    outside = cblk[None, :] != blk[:, None]
+    before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
+    tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
+    outside = blk[None, :] != blk[:, None]
     tl.store(
-        Aqk_ptr + a_off + cols[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
+        Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
     )
     r16 = tl.arange(0, S)
     d_off = a_off + first[:, None] + r16[None, :]  # diagonal block of row i: columns 16 (i // 16) + r
