@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -69,7 +70,65 @@ def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> di
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
-@torch.no_grad()
+# kernel-name patterns -> category, first match wins (Triton kernels keep their Python names)
+CATEGORIES = (
+    ("kda", r"^_(prep|scores2|state|output|gate_fwd|gate_bwd|l2_fwd|l2_bwd|bwd_dy|bwd_inter|bwd_intra_pair|bwd_state)"
+            r"_kernel$"),
+    ("short_conv", r"^_(fwd_kernel|bwd_kernel|final_state_kernel|dstate_kernel)$"),
+    ("attn_res", r"attn_res"),
+    ("attention", r"flex_attention|flash|fmha|attention"),
+    ("gemm", r"nvjet|gemm|cutlass|xmma|sm90_|sm80_|cublas"),
+    ("copy/cast", r"copy|Memcpy|Memset|cat_|CatArray"),
+    ("reduce", r"reduce|softmax|norm|cross_entropy|nll"),
+    ("elementwise", r"elementwise|triton_poi|vectorized|unrolled"),
+)
+
+
+def categorise(name: str) -> str:
+    return next((cat for cat, pat in CATEGORIES if re.search(pat, name)), "other")
+
+
+def profile_train(model, cfg, seq: int, batch: int, top: int = 30) -> dict:
+    """GPU time of one training step (after warm-up) by kernel, and by :data:`CATEGORIES`, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids, use_cache=False).loss.backward()
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(ev.name, [0.0, 0])
+            k[0] += ev.device_time_total / 1000
+            k[1] += 1
+    cats: dict[str, float] = {}
+    for name, (ms, _) in kernels.items():
+        cats[categorise(name)] = cats.get(categorise(name), 0.0) + ms
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+    return {"seq": seq, "batch": batch, "gpu_ms": sum(cats.values()),
+            "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+            "top_kernels": [{"name": n[:120], "ms": ms, "calls": c, "category": categorise(n)}
+                            for n, (ms, c) in ranked[:top]]}
+
+
+def profile_table(variant: str, prof: dict) -> str:
+    total = prof["gpu_ms"]
+    lines = ["", f"profile {variant}, seq {prof['seq']} x batch {prof['batch']}: {total:.1f} ms of GPU kernels",
+             "| category | ms | share |", "| --- | --- | --- |"]
+    lines += [f"| {c} | {ms:.2f} | {ms / total:.1%} |" for c, ms in prof["categories_ms"].items()]
+    lines += ["", "| kernel | category | calls | ms |", "| --- | --- | --- | --- |"]
+    lines += [f"| {k['name'][:70]} | {k['category']} | {k['calls']} | {k['ms']:.2f} |" for k in prof["top_kernels"]]
+    return "\n".join(lines)
+
+
 @torch.no_grad()  # as generate() runs: no autograd graph, and AttnRes takes its two-phase inference path
 def bench_decode(model, cfg, context: int, batch: int, steps: int) -> dict:
     model.eval()
@@ -95,13 +154,16 @@ def main() -> None:
     p.add_argument("--flavor", default="small")
     p.add_argument("--train-seqs", type=int, nargs="+", default=[4096, 32768])
     p.add_argument("--train-tokens", type=int, default=32768, help="tokens per training step (batch = this / seq)")
-    p.add_argument("--decode-contexts", type=int, nargs="+", default=[32768, 131072])
+    p.add_argument("--decode-contexts", type=int, nargs="*", default=[32768, 131072], help="none: no decode runs")
     p.add_argument("--decode-batch", type=int, default=1)
     p.add_argument("--decode-steps", type=int, default=64)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--variants", nargs="+", default=["hybrid", "full_attn", "hybrid_attnres"])
     p.add_argument("--quick", action="store_true", help="short sequences, for a smoke run")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one training step per variant at the first --train-seqs length: GPU time by "
+                        "kernel category and the top kernels (torch.profiler)")
     args = p.parse_args()
     if args.quick:
         args.train_seqs, args.decode_contexts, args.decode_steps, args.iters = [1024], [4096], 8, 2
@@ -113,6 +175,10 @@ def main() -> None:
         model = KimiVLForCausalLM(cfg).to("cuda", torch.bfloat16)
         results["train"][variant] = [bench_train(model, cfg, s, max(1, args.train_tokens // s), args.peak_tflops,
                                                  args.iters) for s in args.train_seqs]
+        if args.profile:
+            seq = args.train_seqs[0]
+            batch = max(1, args.train_tokens // seq)
+            results.setdefault("profile", {})[variant] = profile_train(model, cfg, seq, batch)
         model.zero_grad(set_to_none=True)
         results["decode"][variant] = [bench_decode(model, cfg, c, args.decode_batch, args.decode_steps)
                                       for c in args.decode_contexts]
@@ -122,6 +188,8 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench_backbone.json").write_text(json.dumps(results, indent=2))
     print(table(results))
+    for variant, prof in results.get("profile", {}).items():
+        print(profile_table(variant, prof))
 
 
 def table(results: dict) -> str:
