@@ -54,7 +54,8 @@ class KDALayer(nn.Module):
         if attention_mask_BT is not None:
             x_BTD = x_BTD * attention_mask_BT[:, :, None].to(x_BTD.dtype)
         b, t, _ = x_BTD.shape
-        qkv = torch.cat([self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)], dim=-1)  # [B, T, 3HK]
+        w_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # one matmul, no output cat
+        qkv = F.linear(x_BTD, w_qkv)  # [B, T, 3HK]
         decode = cache is not None and cache.recurrent_state is not None and t == 1
         qkv = self._conv(qkv, cu_seqlens, cache, decode)
         q, k, v = (z.reshape(b, t, self.num_heads, self.head_dim) for z in qkv.chunk(3, dim=-1))

@@ -1,13 +1,16 @@
 """RMSNorm and the per-head gated RMSNorm of the KDA output (Kimi Linear; T5/LLaMA RMSNorm).
 
 Numerics follow transformers' ``kimi_linear``: statistics in fp32; ``RMSNorm`` casts back to the input
-dtype before the gain, ``GatedRMSNorm`` keeps the gain and the sigmoid gate in fp32.
+dtype before the gain, ``GatedRMSNorm`` keeps the gain and the sigmoid gate in fp32. The maths lives in
+``kernels.norm`` (fused Triton kernels on CUDA, the PyTorch reference elsewhere; ``KVL_NORM_BACKEND``).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from kernels.norm import gated_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -19,10 +22,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
@@ -37,7 +37,4 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * xf * torch.sigmoid(gate.float())).to(dtype)
+        return gated_rms_norm(x, gate, self.weight, self.eps)

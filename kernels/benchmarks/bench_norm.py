@@ -1,0 +1,131 @@
+"""GPU benchmark of ``kernels/norm``: fused Triton RMSNorm, gated RMSNorm and SwiGLU activation vs the PyTorch path.
+
+At the ``small`` model's shapes for one 8 x 4096-token step (bf16; the KDA norm also with an fp32 residual
+stream as under autocast): forward and forward+backward time (median of ``triton.testing.do_bench``), the
+minimum traffic's bytes/s next to the measured device-copy bandwidth, and each output's relative RMS error
+against fp64 on the same inputs for both paths. JSON to ``$OUT/bench_norm.json`` (or ``--out``) and a table;
+about 15 s on an H100.
+
+    python kernels/benchmarks/bench_norm.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from kernels.norm import gated_rms_norm, rms_norm, silu_mul  # noqa: E402
+
+M = 8 * 4096
+CASES = {  # name -> (op, x shape, x dtype, weight dtype)
+    "rms_norm [32768, 768] bf16": ("rms", (M, 768), torch.bfloat16, torch.bfloat16),
+    "rms_norm [32768, 768] fp32 x, fp32 w": ("rms", (M, 768), torch.float32, torch.float32),
+    "gated_rms_norm [32768, 6, 128] bf16": ("gated", (M, 6, 128), torch.bfloat16, torch.float32),
+    "silu_mul [32768, 2 x 2048] bf16": ("silu_mul", (M, 4096), torch.bfloat16, None),
+}
+
+
+def bench(fn, grad_to_none=None) -> float:
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, grad_to_none=grad_to_none, return_mode="median"))
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * (1 << 30) / bench(lambda: y.copy_(x)) / 1e6  # GB/s
+
+
+def make(op: str, shape, dtype, w_dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(shape, device="cuda", generator=g).to(dtype)
+    ins = [x]
+    if op == "gated":
+        ins.append(torch.randn(shape, device="cuda", generator=g).to(dtype))
+    if op != "silu_mul":
+        ins.append((1 + 0.1 * torch.randn(shape[-1], device="cuda", generator=g)).to(w_dtype))
+    out_shape = (*shape[:-1], shape[-1] // 2) if op == "silu_mul" else shape
+    return ins, torch.randn(out_shape, device="cuda", generator=g).to(dtype)
+
+
+def call(op: str, ins, backend: str):
+    if op == "rms":
+        return rms_norm(*ins, 1e-6, backend=backend)
+    if op == "gated":
+        return gated_rms_norm(*ins, 1e-6, backend=backend)
+    return silu_mul(*ins, backend=backend)
+
+
+def fwd_bwd(op: str, ins, dy, backend: str):
+    leaves = [t.detach().requires_grad_(True) for t in ins]
+    y = call(op, leaves, backend)
+    y.backward(dy)
+    return y.detach(), [t.grad for t in leaves]
+
+
+def case(op, shape, dtype, w_dtype, copy_gbps: float) -> dict:
+    ins, dy = make(op, shape, dtype, w_dtype)
+    y64, g64 = fwd_bwd(op, [t.double() for t in ins], dy.double(), "torch")
+    res = {}
+    act_bytes = sum(t.numel() * t.element_size() for t in ins if t.dim() > 1)
+    out_bytes = dy.numel() * dy.element_size()
+    fwd_bytes, bwd_bytes = act_bytes + out_bytes, 2 * act_bytes + out_bytes  # reads (+ dy) and writes
+    for backend in ("triton", "torch"):
+        y, grads = fwd_bwd(op, ins, dy, backend)
+        leaves = [t.detach().requires_grad_(True) for t in ins]
+
+        def fwd(backend=backend):
+            with torch.no_grad():
+                call(op, ins, backend)
+
+        def both(backend=backend, leaves=leaves):
+            call(op, leaves, backend).backward(dy)
+
+        f_ms, fb_ms = bench(fwd), bench(both, grad_to_none=leaves)
+        res[backend] = {
+            "fwd_ms": round(f_ms, 4), "fwd_bwd_ms": round(fb_ms, 4),
+            "fwd_frac_of_copy": round(fwd_bytes / f_ms / 1e6 / copy_gbps, 3),
+            "fwd_bwd_frac_of_copy": round((fwd_bytes + bwd_bytes) / fb_ms / 1e6 / copy_gbps, 3),
+            "err_y": rel_rms(y, y64), "err_grads": [rel_rms(a, b) for a, b in zip(grads, g64)],
+        }
+    res["speedup_fwd_bwd"] = round(res["torch"]["fwd_bwd_ms"] / res["triton"]["fwd_bwd_ms"], 2)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_norm.json"))
+    args = ap.parse_args()
+    copy_gbps = copy_bandwidth()
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "date": datetime.date.today().isoformat(), "copy_GBps": round(copy_gbps, 1), "cases": {}}
+    for name, spec in CASES.items():
+        results["cases"][name] = case(*spec, copy_gbps)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"{results['device']}, copy {copy_gbps:.0f} GB/s, {results['date']}")
+    print("| case | fused fwd / fwd+bwd ms | torch fwd / fwd+bwd ms | fused fwd+bwd % of copy | speedup | "
+          "err y fused / torch |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, r in results["cases"].items():
+        t, p = r["triton"], r["torch"]
+        print(f"| {name} | {t['fwd_ms']:.3f} / {t['fwd_bwd_ms']:.3f} | {p['fwd_ms']:.3f} / {p['fwd_bwd_ms']:.3f} | "
+              f"{t['fwd_bwd_frac_of_copy']:.0%} | {r['speedup_fwd_bwd']}x | {t['err_y']:.1e} / {p['err_y']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""RMSNorm, gated RMSNorm (the KDA output norm) and the SwiGLU activation, fused.
+
+    rms_norm(x, weight, eps)             = weight * (x / sqrt(mean(x^2) + eps)).to(x.dtype)
+    gated_rms_norm(x, gate, weight, eps) = (weight * x / sqrt(mean(x^2) + eps) * sigmoid(gate)).to(x.dtype)
+    silu_mul(gate_up)                    = silu(gate_up[..., :I]) * gate_up[..., I:]
+
+Statistics and the gated product in fp32 (``norm_torch.py`` states the rounding points). Two implementations
+behind one dispatch point: ``norm_torch.py`` (PyTorch, the reference and the CPU path) and ``norm_triton.py``
+(one Triton kernel per direction, fp32 statistics, deterministic weight gradients). The ``backend`` argument,
+else ``KVL_NORM_BACKEND=triton|torch``, else Triton on CUDA and PyTorch elsewhere;
+``KVL_NORM_BACKEND=triton TRITON_INTERPRET=1`` runs the Triton kernels on a CPU.
+
+Shapes: x, gate ``[..., D]``; weight ``[D]``; gate_up ``[..., 2I]`` -> ``[..., I]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kernels.norm.norm_torch import gated_rms_norm_torch, rms_norm_torch, silu_mul_torch
+
+__all__ = ["rms_norm", "gated_rms_norm", "silu_mul", "rms_norm_torch", "gated_rms_norm_torch", "silu_mul_torch"]
+
+BACKENDS = ("triton", "torch")
+
+
+def _fail(fn: str, msg: str) -> None:
+    raise ValueError(f"{fn} (kernels/norm): {msg}")
+
+
+def resolve_backend(backend: str | None, device: torch.device, fn: str) -> str:
+    """Explicit argument, else ``KVL_NORM_BACKEND``, else Triton on CUDA and PyTorch elsewhere."""
+    choice = backend if backend is not None else os.environ.get("KVL_NORM_BACKEND") or None
+    if choice is None:
+        return "triton" if device.type == "cuda" else "torch"
+    if choice not in BACKENDS:
+        _fail(fn, f"backend must be one of {BACKENDS} (argument or KVL_NORM_BACKEND), got {choice!r}")
+    if choice == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        _fail(fn, f"backend 'triton' on device {device} needs CUDA or TRITON_INTERPRET=1")
+    return choice
+
+
+def _check_norm(fn: str, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> None:
+    from kernels.norm.norm_triton import MAX_D
+
+    if not x.is_floating_point() or x.dim() < 1:
+        _fail(fn, f"x must be a floating-point tensor [..., D], got {x.dtype} {tuple(x.shape)}")
+    if weight.shape != (x.shape[-1],):
+        _fail(fn, f"weight must be [D={x.shape[-1]}], got {tuple(weight.shape)} for x {tuple(x.shape)}")
+    if gate is not None and gate.shape != x.shape:
+        _fail(fn, f"gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
+    if x.shape[-1] > MAX_D:
+        _fail(fn, f"D = {x.shape[-1]} is above the fused kernels' limit {MAX_D}; use backend='torch'")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, backend: str | None = None) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x [..., D]`` with gain ``weight [D]``; returns x's shape and dtype."""
+    _check_norm("rms_norm", x, weight, None)
+    if resolve_backend(backend, x.device, "rms_norm") == "torch":
+        return rms_norm_torch(x, weight, eps)
+    from kernels.norm.norm_triton import NormFunction
+
+    return NormFunction.apply(x, None, weight, eps)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                   backend: str | None = None) -> torch.Tensor:
+    """RMSNorm of ``x [..., D]`` times ``weight [D]`` times ``sigmoid(gate [..., D])``, fp32 inside."""
+    _check_norm("gated_rms_norm", x, weight, gate)
+    if resolve_backend(backend, x.device, "gated_rms_norm") == "torch":
+        return gated_rms_norm_torch(x, gate, weight, eps)
+    from kernels.norm.norm_triton import NormFunction
+
+    return NormFunction.apply(x, gate, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """SwiGLU activation of ``gate_up [..., 2I]`` (gate half first): ``[..., I]``."""
+    if not gate_up.is_floating_point() or gate_up.dim() < 1 or gate_up.shape[-1] % 2:
+        _fail("silu_mul", f"gate_up must be floating point [..., 2I], got {gate_up.dtype} {tuple(gate_up.shape)}")
+    if resolve_backend(backend, gate_up.device, "silu_mul") == "torch":
+        return silu_mul_torch(gate_up)
+    from kernels.norm.norm_triton import SiluMulFunction
+
+    return SiluMulFunction.apply(gate_up)

@@ -1,0 +1,201 @@
+"""Fused Triton RMSNorm, gated RMSNorm and SwiGLU activation, forward and backward (GPU; also under
+``TRITON_INTERPRET=1``). The maths of ``norm_torch.py`` (the references) in one pass over memory each way.
+
+Shapes: rows ``x [M, D]`` (leading dims flattened, contiguous), ``weight [D]``, ``gate [M, D]``; the SwiGLU
+input ``gate_up [M, 2I]`` (gate half first) and output ``[M, I]``.
+
+- Norm forward, one program per ``BLOCK_M`` rows x all of ``D`` (``BLOCK_D`` = next power of two): fp32
+  mean of squares, ``rstd`` saved (fp32 ``[M]``, the only extra tensor). Plain RMSNorm rounds ``x * rstd`` to
+  x's dtype before the gain and returns the promoted dtype of x and the gain (like the PyTorch path); the gated
+  form stays fp32 to the end and returns x's dtype.
+- Norm backward, grid-stride: ``NORM_BWD_TILES`` row tiles per program, recomputes ``x_hat = x * rstd``,
+  ``dx = rstd (dn - x_hat mean(dn x_hat))`` with ``dn = dy w [sigmoid(gate)]`` and, gated,
+  ``dgate = dy w x_hat s (1 - s)``; the weight gradient is summed per program in fp32 and the ``[P, D]``
+  partials are reduced by ``torch.sum`` (deterministic, no atomics).
+- SwiGLU forward ``y = silu(g) u`` and backward ``dg = dy u s (1 + g (1 - s))``, ``du = dy silu(g)`` in fp32,
+  written straight into ``d gate_up [M, 2I]``, so the split halves never exist as separate tensors.
+
+Every launch uses the fixed configurations below (no autotuning).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+NORM_TILE_ELEMS = 4096  # BLOCK_M * BLOCK_D per program
+NORM_BWD_TILES = 8  # row tiles per backward program
+NORM_WARPS = 4
+MAX_D = 16384
+ACT_BLOCK_M, ACT_BLOCK_I, ACT_WARPS = 4, 1024, 4
+
+
+@triton.jit
+def _norm_fwd_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rstd_ptr, M, D, eps, BLOCK_M: tl.constexpr,
+                     BLOCK_D: tl.constexpr, GATED: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    m = (rows < M)[:, None] & (cols < D)[None, :]
+    off = rows[:, None] * D + cols[None, :]
+    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    x_hat = x * rstd[:, None]
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        s = tl.sigmoid(tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32))
+        y = w * x_hat * s
+    else:
+        y = w * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+
+
+@triton.jit
+def _norm_bwd_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_ptr, M, D, BLOCK_M: tl.constexpr,
+                     BLOCK_D: tl.constexpr, TILES: tl.constexpr, GATED: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    dw = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for it in range(TILES):
+        rows = (pid * TILES + it) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m = (rows < M)[:, None] & (cols < D)[None, :]
+        off = rows[:, None] * D + cols[None, :]
+        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
+        x_hat = x * rstd[:, None]
+        if GATED:
+            s = tl.sigmoid(tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32))
+            dn = dy * w * s
+            dw += tl.sum(dy * x_hat * s, axis=0)
+            tl.store(dg_ptr + off, (dy * w * x_hat * s * (1.0 - s)).to(dg_ptr.dtype.element_ty), mask=m)
+        else:
+            dn = dy * w
+            dw += tl.sum(dy * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32), axis=0)
+        dx = rstd[:, None] * (dn - x_hat * (tl.sum(dn * x_hat, axis=1) / D)[:, None])
+        tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    tl.store(dw_ptr + pid * D + cols, dw, mask=cols < D)
+
+
+@triton.jit
+def _silu_mul_fwd_kernel(gu_ptr, y_ptr, M, I, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    m = (rows < M)[:, None] & (cols < I)[None, :]
+    off = rows[:, None] * (2 * I) + cols[None, :]
+    g = tl.load(gu_ptr + off, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + off + I, mask=m, other=0.0).to(tl.float32)
+    y = g * tl.sigmoid(g) * u
+    tl.store(y_ptr + rows[:, None] * I + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _silu_mul_bwd_kernel(gu_ptr, dy_ptr, dgu_ptr, M, I, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    m = (rows < M)[:, None] & (cols < I)[None, :]
+    off = rows[:, None] * (2 * I) + cols[None, :]
+    g = tl.load(gu_ptr + off, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + off + I, mask=m, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + rows[:, None] * I + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    s = tl.sigmoid(g)
+    tl.store(dgu_ptr + off, (dy * u * s * (1.0 + g * (1.0 - s))).to(dgu_ptr.dtype.element_ty), mask=m)
+    tl.store(dgu_ptr + off + I, (dy * g * s).to(dgu_ptr.dtype.element_ty), mask=m)
+
+
+def _norm_blocks(D: int) -> tuple[int, int]:
+    block_d = triton.next_power_of_2(D)
+    return max(1, NORM_TILE_ELEMS // block_d), block_d
+
+
+def norm_fwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y [M, D], rstd [M] fp32)``; y in x's dtype when gated, else in the promoted dtype of x and weight
+    (what ``weight * x_hat.to(x.dtype)`` gives in PyTorch, e.g. fp32 for bf16 x under autocast with fp32 weights)."""
+    M, D = x_MD.shape
+    out_dtype = x_MD.dtype if gate_MD is not None else torch.promote_types(x_MD.dtype, weight.dtype)
+    y = torch.empty(M, D, dtype=out_dtype, device=x_MD.device)
+    rstd = torch.empty(M, dtype=torch.float32, device=x_MD.device)
+    block_m, block_d = _norm_blocks(D)
+    if M:
+        _norm_fwd_kernel[(triton.cdiv(M, block_m),)](
+            x_MD, gate_MD if gate_MD is not None else x_MD, weight, y, rstd, M, D, eps, BLOCK_M=block_m,
+            BLOCK_D=block_d, GATED=gate_MD is not None, num_warps=NORM_WARPS)
+    return y, rstd
+
+
+def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Tensor, rstd_M: torch.Tensor,
+             dy_MD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``(dx, dgate or None, dweight in weight's dtype)``."""
+    M, D = x_MD.shape
+    block_m, block_d = _norm_blocks(D)
+    tiles = max(1, min(NORM_BWD_TILES, triton.cdiv(M, block_m)))
+    n_prog = triton.cdiv(M, block_m * tiles)
+    dx = torch.empty_like(x_MD)
+    dg = torch.empty_like(gate_MD) if gate_MD is not None else None
+    dw_part = torch.zeros(n_prog, D, dtype=torch.float32, device=x_MD.device)
+    if M:
+        _norm_bwd_kernel[(n_prog,)](
+            x_MD, gate_MD if gate_MD is not None else x_MD, weight, rstd_M, dy_MD, dx, dg if dg is not None else dx,
+            dw_part, M, D, BLOCK_M=block_m, BLOCK_D=block_d, TILES=tiles, GATED=gate_MD is not None,
+            num_warps=NORM_WARPS)
+    return dx, dg, dw_part.sum(0).to(weight.dtype)
+
+
+def silu_mul_fwd(gu_M2I: torch.Tensor) -> torch.Tensor:
+    M, I = gu_M2I.shape[0], gu_M2I.shape[1] // 2
+    y = torch.empty(M, I, dtype=gu_M2I.dtype, device=gu_M2I.device)
+    if M and I:
+        grid = (triton.cdiv(M, ACT_BLOCK_M), triton.cdiv(I, ACT_BLOCK_I))
+        _silu_mul_fwd_kernel[grid](gu_M2I, y, M, I, BLOCK_M=ACT_BLOCK_M, BLOCK_I=ACT_BLOCK_I, num_warps=ACT_WARPS)
+    return y
+
+
+def silu_mul_bwd(gu_M2I: torch.Tensor, dy_MI: torch.Tensor) -> torch.Tensor:
+    M, I = dy_MI.shape
+    dgu = torch.empty_like(gu_M2I)
+    if M and I:
+        grid = (triton.cdiv(M, ACT_BLOCK_M), triton.cdiv(I, ACT_BLOCK_I))
+        _silu_mul_bwd_kernel[grid](gu_M2I, dy_MI, dgu, M, I, BLOCK_M=ACT_BLOCK_M, BLOCK_I=ACT_BLOCK_I,
+                                   num_warps=ACT_WARPS)
+    return dgu
+
+
+class NormFunction(torch.autograd.Function):
+    """RMSNorm (``gate`` None) or gated RMSNorm over the last dim; gradients for x, gate and weight."""
+
+    @staticmethod
+    def forward(ctx, x, gate, weight, eps: float):
+        shape = x.shape
+        x_MD = x.reshape(-1, shape[-1]).contiguous()
+        gate_MD = gate.reshape(-1, shape[-1]).contiguous() if gate is not None else None
+        w = weight.contiguous()
+        y, rstd = norm_fwd(x_MD, gate_MD, w, eps)
+        ctx.save_for_backward(x_MD, gate_MD, w, rstd)
+        ctx.shape = shape
+        return y.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_MD, gate_MD, w, rstd = ctx.saved_tensors
+        dx, dg, dw = norm_bwd(x_MD, gate_MD, w, rstd, dy.reshape(x_MD.shape).contiguous())
+        return dx.view(ctx.shape), (dg.view(ctx.shape) if dg is not None else None), dw, None
+
+
+class SiluMulFunction(torch.autograd.Function):
+    """``silu(gate_up[..., :I]) * gate_up[..., I:]``; the gradient is written as one ``[..., 2I]`` tensor."""
+
+    @staticmethod
+    def forward(ctx, gate_up):
+        shape = gate_up.shape
+        gu = gate_up.reshape(-1, shape[-1]).contiguous()
+        ctx.save_for_backward(gu)
+        ctx.shape = shape
+        return silu_mul_fwd(gu).view(*shape[:-1], shape[-1] // 2)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (gu,) = ctx.saved_tensors
+        return silu_mul_bwd(gu, dy.reshape(gu.shape[0], -1).contiguous()).view(ctx.shape)

@@ -1,0 +1,130 @@
+"""Fused RMSNorm / gated RMSNorm / SwiGLU activation (``kernels/norm``): Triton == the PyTorch reference.
+
+On a CPU the Triton kernels run under the interpreter (conftest sets ``TRITON_INTERPRET=1``) at small shapes;
+the ``gpu`` test checks the model's shapes on CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.norm import gated_rms_norm, rms_norm, silu_mul
+from kernels.norm.norm_torch import gated_rms_norm_torch, rms_norm_torch, silu_mul_torch
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def grads(fn, inputs: list[torch.Tensor], dy: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    y = fn(*leaves)
+    y.backward(dy)
+    return y.detach(), [t.grad for t in leaves]
+
+
+def norm_inputs(shape, dtype, gated: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 3 + 0.5).to(dtype)
+    w = (1 + 0.3 * torch.randn(shape[-1], generator=g)).to(dtype)
+    gate = (2 * torch.randn(shape, generator=g)).to(dtype) if gated else None
+    dy = torch.randn(shape, generator=g).to(dtype)
+    return x, gate, w, dy
+
+
+def norm_fn(gated: bool, backend: str | None):
+    """The (gated) RMSNorm as a function of its tensors; ``backend`` None = the PyTorch reference."""
+    if gated:
+        if backend is None:
+            return lambda x, g, w: gated_rms_norm_torch(x, g, w, 1e-6)
+        return lambda x, g, w: gated_rms_norm(x, g, w, 1e-6, backend=backend)
+    if backend is None:
+        return lambda x, w: rms_norm_torch(x, w, 1e-6)
+    return lambda x, w: rms_norm(x, w, 1e-6, backend=backend)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("shape", [(37, 64), (3, 5, 100), (2, 9, 768), (1, 1)])
+def test_norm_fp32_matches_torch(gated, shape):
+    x, gate, w, dy = norm_inputs(shape, torch.float32, gated)
+    ins = [x, gate, w] if gated else [x, w]
+    ours, ref = grads(norm_fn(gated, "triton"), ins, dy), grads(norm_fn(gated, None), ins, dy)
+    assert rel(ours[0], ref[0]) < 1e-6
+    for name, a, b in zip(["dx", "dgate", "dw"] if gated else ["dx", "dw"], ours[1], ref[1]):
+        assert rel(a, b) < 1e-5, name
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_norm_half_error_not_above_torch_paths(gated):
+    """Against fp64 on the same half-precision inputs, the fused kernel's error is at most the PyTorch path's.
+    fp16 here: the interpreter rounds fp32 -> bf16 by truncation (twice the error of the GPU's
+    round-to-nearest), so bf16 is checked by the ``gpu`` test."""
+    x, gate, w, dy = norm_inputs((4, 33, 128), torch.float16, gated, seed=1)
+    ins = [x, gate, w] if gated else [x, w]
+    exact = grads(norm_fn(gated, None), [t.double() for t in ins], dy.double())
+    ours, theirs = grads(norm_fn(gated, "triton"), ins, dy), grads(norm_fn(gated, None), ins, dy)
+    assert ours[0].dtype == torch.float16
+    assert rel(ours[0], exact[0]) <= 1.2 * rel(theirs[0], exact[0]) + 1e-4
+    for a, b, e in zip(ours[1], theirs[1], exact[1]):
+        assert rel(a, e) <= 1.2 * rel(b, e) + 1e-3
+
+
+@pytest.mark.parametrize("shape", [(37, 2 * 64), (2, 3, 2 * 1100), (1, 2)])
+def test_silu_mul_matches_torch(shape):
+    g = torch.Generator().manual_seed(2)
+    gu, dy = torch.randn(shape, generator=g) * 4, torch.randn(*shape[:-1], shape[-1] // 2, generator=g)
+    ours = grads(lambda t: silu_mul(t, backend="triton"), [gu], dy)
+    ref = grads(silu_mul_torch, [gu], dy)
+    assert ours[0].shape == (*shape[:-1], shape[-1] // 2)
+    assert rel(ours[0], ref[0]) < 1e-6 and rel(ours[1][0], ref[1][0]) < 1e-6
+
+
+def test_mixed_dtypes_follow_torch():
+    """bf16 x with an fp32 gain (autocast with fp32 weights): the same output dtype and values as PyTorch."""
+    x, gate, w, dy = norm_inputs((5, 64), torch.float16, True)
+    w = w.float()
+    y = rms_norm(x, w, backend="triton")
+    ref = rms_norm_torch(x, w, 1e-6)
+    assert y.dtype == ref.dtype == torch.float32 and rel(y, ref) < 1e-6
+    y = gated_rms_norm(x, gate, w, backend="triton")
+    assert y.dtype == gated_rms_norm_torch(x, gate, w, 1e-6).dtype == torch.float16
+    x32 = x.float().requires_grad_(True)
+    rms_norm(x32, w.half(), backend="triton").backward(dy.float())
+    assert x32.grad.dtype == torch.float32
+
+
+def test_backend_choice_and_errors(monkeypatch):
+    x, _, w, _ = norm_inputs((3, 8), torch.float32, False)
+    assert torch.equal(rms_norm(x, w), rms_norm_torch(x, w, 1e-6))  # CPU default: the PyTorch path
+    monkeypatch.setenv("KVL_NORM_BACKEND", "nope")
+    with pytest.raises(ValueError, match="KVL_NORM_BACKEND"):
+        rms_norm(x, w)
+    monkeypatch.delenv("KVL_NORM_BACKEND")
+    with pytest.raises(ValueError, match=r"weight must be \[D=8\], got \(7,\)"):
+        rms_norm(x, w[:7])
+    with pytest.raises(ValueError, match="gate must have x's shape"):
+        gated_rms_norm(x, x[:2], w)
+    with pytest.raises(ValueError, match=r"\[\.\.\., 2I\]"):
+        silu_mul(torch.randn(2, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_model_shapes(dtype):
+    """The model's shapes on CUDA: RMSNorm [8192, 768], the KDA output norm [8192 * 6, 128], SwiGLU [8192, 2 * 2048]."""
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for gated, shape in ((False, (8, 1024, 768)), (True, (8, 1024, 6, 128))):
+        x, gate, w, dy = (t.cuda() if t is not None else None for t in norm_inputs(shape, dtype, gated))
+        ins = [x, gate, w] if gated else [x, w]
+        ours = grads(norm_fn(gated, "triton"), ins, dy)
+        exact = grads(norm_fn(gated, None), [t.double() for t in ins], dy.double())
+        assert rel(ours[0], exact[0]) < tol
+        for a, e in zip(ours[1], exact[1]):
+            assert rel(a, e) < tol
+    gu = torch.randn(8, 1024, 4096, device="cuda", dtype=dtype)
+    dy = torch.randn(8, 1024, 2048, device="cuda", dtype=dtype)
+    ours = grads(lambda t: silu_mul(t, backend="triton"), [gu], dy)
+    exact = grads(silu_mul_torch, [gu.double()], dy.double())
+    assert rel(ours[0], exact[0]) < tol and rel(ours[1][0], exact[1][0]) < tol
