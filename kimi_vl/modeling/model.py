@@ -16,12 +16,12 @@ AttnRes stream uses the two-phase inference form.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from kernels.cross_entropy import cross_entropy
 from kernels.host_ints import host_ints
 from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.modeling.attention import MLAttention
@@ -225,7 +225,10 @@ class KimiVLForCausalLM(LMHeadMixin, KimiVLPreTrainedModel, GenerationMixin):
 
 
 def causal_lm_loss(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
-    """Mean next-token cross entropy (fp32) over targets != -100; packed documents do not predict each other."""
+    """Mean next-token cross entropy (fp32) over targets != -100; packed documents do not predict each other.
+
+    Row t of ``logits_BLV`` is scored against ``labels_BL[:, t + 1]`` (the last row of each sequence is ignored),
+    so the logits are used unsliced and the gradient is written into one logits-shaped buffer."""
     targets = torch.full_like(labels_BL, -100)
     targets[:, :-1] = labels_BL[:, 1:]
     if cu_seqlens is not None:
@@ -233,5 +236,6 @@ def causal_lm_loss(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, cu_seqlens
         starts = cu_seqlens[1:-1].to(torch.long)
         flat[starts - 1] = -100
         targets = flat.view_as(labels_BL)
-    return F.cross_entropy(logits_BLV.float().reshape(-1, logits_BLV.shape[-1]), targets.reshape(-1),
-                           ignore_index=-100)
+    # kernels.cross_entropy: on CUDA a fused kernel that reads the bf16 logits directly (no fp32 copy); on CPU
+    # F.cross_entropy on logits.float(), bit-identical to the formula used before
+    return cross_entropy(logits_BLV, targets, ignore_index=-100)

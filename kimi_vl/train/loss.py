@@ -3,7 +3,8 @@
 Shapes: ``logits_BLV [B, L, V]``, ``labels_BL [B, L]`` (unshifted, -100 = ignore), id maps
 ``ids_BL [B, L]``, ``position_ids_BL [B, L]``. The target at position t is predicted from
 ``logits[t-1]``. In a packed row the first token of a document would be "predicted" from the last
-token of the previous one; such targets (``position_ids == 0``) are masked out.
+token of the previous one; such targets (``position_ids == 0``) are masked out. The cross entropy is
+``kernels.cross_entropy`` (fused Triton on CUDA; ``F.cross_entropy`` on fp32 logits on CPU).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
+
+from kernels.cross_entropy import cross_entropy
 
 IGNORE_INDEX = -100
 
@@ -23,12 +25,17 @@ def token_losses(logits_BLV: torch.Tensor, labels_BL: torch.Tensor,
     ``loss_BL[:, t]`` is the loss of predicting ``labels[:, t]`` from ``logits[:, t-1]``; position 0
     and ignored targets (and document starts, when ``position_ids_BL`` is given) have
     ``mask == False`` and loss 0. Computed in fp32.
+
+    Row t of the logits is scored against ``labels[:, t + 1]`` over all L rows (the last one ignored) rather
+    than slicing ``logits[:, :-1]``: the fused kernel then writes the logits' gradient as one buffer, with no
+    slice backward (a zero-filled copy the size of the logits). Per-row values are those of the sliced form.
     """
-    B, L, V = logits_BLV.shape
+    B, L, _ = logits_BLV.shape
     target_BL = labels_BL[:, 1:]
-    logits = logits_BLV[:, :-1].float().reshape(-1, V)
-    loss = F.cross_entropy(logits, target_BL.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
-    loss_BL = torch.cat([loss.new_zeros(B, 1), loss.view(B, L - 1)], dim=1)
+    next_BL = torch.full_like(labels_BL, IGNORE_INDEX)
+    next_BL[:, :-1] = target_BL
+    loss = cross_entropy(logits_BLV, next_BL, ignore_index=IGNORE_INDEX, reduction="none")  # [B, L] fp32
+    loss_BL = torch.cat([loss.new_zeros(B, 1), loss[:, :-1]], dim=1)
     mask_BL = torch.cat([labels_BL.new_zeros(B, 1, dtype=torch.bool), target_BL != IGNORE_INDEX], dim=1)
     if position_ids_BL is not None:
         mask_BL = mask_BL & (position_ids_BL != 0)

@@ -1,0 +1,163 @@
+"""Triton kernels of the fused cross entropy on fp32 / bf16 / fp16 logits, and their autograd Function.
+
+Same maths as ``naive.py`` (the reference), per row n with target t_n, without an fp32 copy of the logits:
+
+    lse_n  = log sum_v exp(x[n, v])                 (online max / sum-exp over chunks of V, fp32)
+    loss_n = lse_n - x[n, t_n]                      (0 where t_n == ignore_index)
+    dx[n, v] = g_n * (exp(x[n, v] - lse_n) - [v == t_n])   (0 where t_n == ignore_index)
+
+with ``g_n`` the incoming gradient of ``loss_n``. Only ``lse`` ([N] fp32) is saved between the passes; the
+softmax is recomputed from the logits in the backward, which writes ``dx`` in the logits' dtype directly
+(rounded once from fp32, like the reference's cast backward).
+
+Kernels (fixed configurations, so they run under ``TRITON_INTERPRET=1``; no autotuning):
+- ``_fwd_kernel``, grid (N,): one program streams its row in ``BLOCK_V`` chunks (a running max ``m`` and
+  ``s = sum exp(x - m)`` rescaled when the max grows: one exp per element), then loads the target logit once.
+  Rows with ``ignore_index`` read nothing. A target outside ``[0, V)`` (other than ``ignore_index``) is not
+  checked on the host (that would synchronise); its load is masked and its loss is NaN.
+- ``_bwd_kernel``, grid (N,): one program recomputes its row's softmax chunk by chunk from ``lse`` and writes
+  ``dx``; ignored rows get zeros without reading the logits.
+
+Layout: logits ``[N, V]`` or ``[B, T, V]`` with a unit stride along V and any row strides (a view such as
+``logits_BLV[:, :-1]`` is read in place, no copy); rows are flattened as ``n = b * T + t``. A non-unit stride
+along V is copied to a contiguous tensor first. ``dx`` is a new contiguous tensor of the logits' shape, or with
+``inplace_backward`` the logits' own storage (they must not be needed after the backward).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_BLOCK_V = 4096  # 8 KB of bf16 per chunk: 16 elements per thread at 8 warps
+FP32_LOWEST = tl.constexpr(-3.4028234663852886e38)  # running-max start: finite, so exp(m - m_new) never sees inf - inf
+
+
+def _config(V: int) -> tuple[int, int]:
+    """(BLOCK_V, num_warps): one chunk covers small vocabularies, 4096-wide chunks otherwise."""
+    block = min(MAX_BLOCK_V, triton.next_power_of_2(V))
+    return block, max(1, min(8, block // 512))
+
+
+@triton.jit
+def _row_start(ptr, n, T, stride_b, stride_t):
+    """Pointer to row n = b * T + t of a [B, T, V] layout with unit stride along V."""
+    b = n // T
+    return ptr + b * stride_b + (n - b * T) * stride_t
+
+
+@triton.jit
+def _fwd_kernel(x_ptr, tgt_ptr, loss_ptr, lse_ptr, V, T, stride_b, stride_t, ignore_index,
+                BLOCK_V: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    row = _row_start(x_ptr, n, T, stride_b, stride_t)
+    tgt = tl.load(tgt_ptr + n).to(tl.int64)
+    if tgt == ignore_index:
+        tl.store(loss_ptr + n, 0.0)
+        tl.store(lse_ptr + n, 0.0)
+    else:
+        cols = tl.arange(0, BLOCK_V)
+        m = tl.full([], FP32_LOWEST, tl.float32)
+        s = tl.zeros([], tl.float32)
+        for start in range(0, V, BLOCK_V):
+            c = start + cols
+            x = tl.load(row + c, mask=c < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, 0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+            m = m_new
+        lse = m + tl.log(s)
+        ok = (tgt >= 0) & (tgt < V)
+        x_t = tl.load(row + tgt, mask=ok, other=float("nan")).to(tl.float32)
+        tl.store(loss_ptr + n, lse - x_t)
+        tl.store(lse_ptr + n, lse)
+
+
+@triton.jit
+def _bwd_kernel(x_ptr, tgt_ptr, lse_ptr, g_ptr, dx_ptr, V, T, stride_b, stride_t, dstride_b, dstride_t,
+                stride_g, ignore_index, BLOCK_V: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    row = _row_start(x_ptr, n, T, stride_b, stride_t)
+    drow = _row_start(dx_ptr, n, T, dstride_b, dstride_t)
+    tgt = tl.load(tgt_ptr + n).to(tl.int64)
+    cols = tl.arange(0, BLOCK_V)
+    if tgt == ignore_index:
+        zero = tl.zeros([BLOCK_V], dtype=dx_ptr.dtype.element_ty)
+        for start in range(0, V, BLOCK_V):
+            c = start + cols
+            tl.store(drow + c, zero, mask=c < V)
+    else:
+        lse = tl.load(lse_ptr + n)
+        g = tl.load(g_ptr + n * stride_g).to(tl.float32)
+        for start in range(0, V, BLOCK_V):
+            c = start + cols
+            x = tl.load(row + c, mask=c < V, other=0.0).to(tl.float32)
+            d = g * (tl.exp(x - lse) - (c == tgt).to(tl.float32))
+            tl.store(drow + c, d.to(dx_ptr.dtype.element_ty), mask=c < V)
+
+
+def _layout(x: torch.Tensor) -> tuple[int, int, int]:
+    """(T, stride_b, stride_t) of a [N, V] (as B = 1) or [B, T, V] tensor with unit stride along V."""
+    if x.dim() == 2:
+        return max(x.shape[0], 1), 0, x.stride(0)
+    return max(x.shape[1], 1), x.stride(0), x.stride(1)
+
+
+def ce_forward(logits: torch.Tensor, target_N: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """loss ``[N]`` fp32 and lse ``[N]`` fp32 of logits ``[N, V]`` / ``[B, T, V]`` (unit stride along V)."""
+    N, V = target_N.numel(), logits.shape[-1]
+    loss = torch.empty(N, dtype=torch.float32, device=logits.device)
+    lse = torch.empty(N, dtype=torch.float32, device=logits.device)
+    if N == 0:
+        return loss, lse
+    block, warps = _config(V)
+    T, sb, st = _layout(logits)
+    _fwd_kernel[(N,)](logits, target_N, loss, lse, V, T, sb, st, ignore_index, BLOCK_V=block, num_warps=warps)
+    return loss, lse
+
+
+def ce_backward(logits: torch.Tensor, target_N: torch.Tensor, lse_N: torch.Tensor, grad_N: torch.Tensor,
+                ignore_index: int, inplace: bool) -> torch.Tensor:
+    """dlogits in the logits' dtype and shape: a new contiguous tensor, or the logits themselves if ``inplace``."""
+    dx = logits if inplace else torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    N, V = target_N.numel(), logits.shape[-1]
+    if N == 0:
+        return dx
+    block, warps = _config(V)
+    T, sb, st = _layout(logits)
+    _, dsb, dst = _layout(dx)
+    _bwd_kernel[(N,)](logits, target_N, lse_N, grad_N, dx, V, T, sb, st, dsb, dst, grad_N.stride(0),
+                      ignore_index, BLOCK_V=block, num_warps=warps)
+    return dx
+
+
+class CrossEntropyFunction(torch.autograd.Function):
+    """Per-row loss ``[N]`` fp32 of logits ``[N, V]`` / ``[B, T, V]``; backward recomputes the softmax."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target_N: torch.Tensor, ignore_index: int,
+                inplace_backward: bool) -> torch.Tensor:
+        loss, lse = ce_forward(logits, target_N, ignore_index)
+        ctx.save_for_backward(logits, target_N, lse)
+        ctx.ignore_index, ctx.inplace = ignore_index, inplace_backward
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_N: torch.Tensor):
+        logits, target_N, lse = ctx.saved_tensors
+        dx = ce_backward(logits, target_N, lse, grad_N, ctx.ignore_index, ctx.inplace)
+        return dx, None, None, None
+
+
+def cross_entropy_triton(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                         reduction: str = "mean", inplace_backward: bool = False) -> torch.Tensor:
+    """Triton path of ``kernels.cross_entropy.cross_entropy`` (inputs already validated); fp32 loss."""
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    target_N = target.reshape(-1).contiguous()
+    loss_N = CrossEntropyFunction.apply(logits, target_N, ignore_index, inplace_backward)
+    if reduction == "none":
+        return loss_N.view(target.shape)
+    if reduction == "sum":
+        return loss_N.sum()
+    return loss_N.sum() / (target_N != ignore_index).sum()
