@@ -7,7 +7,12 @@ B*T = 32768 tokens, D = 4096 channels, two layouts: ``4x8192`` batched and ``var
 sequences packed into 1 x 32768, with initial and final states): forward and forward+backward, with the
 achieved bytes/s (minimum traffic: forward reads x and writes y; backward reads x and dy and writes dx)
 next to the measured device-copy bandwidth. Also the one-token decode step at N = 64, D = 12288.
-Writes ``$OUT/bench_short_conv.json`` (or ``--out``) and prints a table; about 20 s on an H100.
+The backward alone at the model's shape (``8x4096x2304``: 32768 tokens of the ``small`` model's 2304 q/k/v
+channels, bf16, W = 4, SiLU, no bias, no states): through autograd for both backends (the forward's graph
+kept) and the Triton backward launch alone (``conv_triton._backward``: kernel + dweight partial sum), with its
+correctness against the PyTorch path in fp32; then the same launch at a few backward tile configurations
+(rows, channels, warps; ``--no-sweep`` skips them) with the result's deviation from the default one.
+Writes ``$OUT/bench_short_conv.json`` (or ``--out``) and prints a table; about 30-40 s on an H100.
 
     python kernels/benchmarks/bench_short_conv.py
 """
@@ -26,10 +31,12 @@ import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels.short_conv import causal_conv1d, causal_conv1d_update  # noqa: E402
+from kernels.short_conv import causal_conv1d, causal_conv1d_update, conv_triton  # noqa: E402
 
 NT, D, W = 32768, 4096, 4
 DEC_N, DEC_D = 64, 3 * 32 * 128
+MODEL = (8, 4096, 2304)  # B, T, D of the backward-alone timing
+BWD_SWEEP = [(32, 128, 8), (32, 128, 16), (16, 128, 4), (16, 128, 8), (16, 64, 4), (32, 64, 4), (64, 64, 8)]
 
 
 def bench(fn) -> float:
@@ -49,15 +56,18 @@ def copy_bandwidth() -> float:
 
 def make(layout: str, dtype=torch.bfloat16) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
+    d = D
     if layout == "varlen":
         cuts = torch.randperm(NT - 1, generator=g, device="cuda")[:15].sort().values + 1
         cu = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), NT)]).to(torch.int32)
         B, T, N = 1, NT, 16
+    elif layout == "x".join(map(str, MODEL)):
+        cu, (B, T, d), N = None, MODEL, MODEL[0]
     else:
         cu, B, T, N = None, 4, NT // 4, 4
-    x = torch.randn(B, T, D, device="cuda", generator=g).to(dtype)
-    w = (torch.rand(D, W, device="cuda", generator=g) * 2 - 1).div(W**0.5).to(dtype)
-    s0 = torch.randn(N, D, W - 1, device="cuda", generator=g).to(dtype) if layout == "varlen" else None
+    x = torch.randn(B, T, d, device="cuda", generator=g).to(dtype)
+    w = (torch.rand(d, W, device="cuda", generator=g) * 2 - 1).div(W**0.5).to(dtype)
+    s0 = torch.randn(N, d, W - 1, device="cuda", generator=g).to(dtype) if layout == "varlen" else None
     return {"x": x, "w": w, "cu": cu, "s0": s0, "dy": torch.randn_like(x)}
 
 
@@ -75,7 +85,7 @@ def run(inp: dict, backend: str, grad: bool):
 
 def correctness() -> dict:
     out = {}
-    for layout in ("4x8192", "varlen"):
+    for layout in ("4x8192", "varlen", "x".join(map(str, MODEL))):
         inp = make(layout)
         ref = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in inp.items()}
         y_r, fs_r, g_r = run(ref, "torch", True)
@@ -121,6 +131,57 @@ def timings(layout: str, copy_gbps: float) -> dict:
     return res
 
 
+def backward_alone(copy_gbps: float, sweep: bool) -> dict:
+    """The backward at the model's shape: autograd (both backends) and the Triton launch alone, + tile sweep."""
+    layout = "x".join(map(str, MODEL))
+    inp = make(layout)
+    x, w, dy = inp["x"].requires_grad_(), inp["w"].requires_grad_(), inp["dy"]
+    nbytes = x.numel() * x.element_size()  # minimum traffic 3 x this: read x and dy, write dx
+    res: dict = {"shape": layout}
+    for backend in ("triton", "torch"):
+        y, _ = causal_conv1d(x, w, None, "silu", backend=backend)
+        ms = bench(lambda y=y: torch.autograd.grad(y, (x, w), dy, retain_graph=True))
+        res[f"{backend}_autograd_ms"] = round(ms, 4)
+        del y
+    x_TD, dy_TD, wd = x.detach().reshape(-1, MODEL[2]), dy.reshape(-1, MODEL[2]), w.detach()
+    lay = conv_triton._layout(*MODEL, W, None, x.device)
+
+    def launch():
+        return conv_triton._backward(x_TD, wd, None, None, dy_TD, None, lay, True)
+
+    ms = bench(launch)
+    res["triton_launch_ms"] = round(ms, 4)
+    res["triton_launch_GBps"] = round(3 * nbytes / ms / 1e6, 1)
+    res["triton_launch_frac_of_copy"] = round(3 * nbytes / ms / 1e6 / copy_gbps, 3)
+    res["speedup_autograd"] = round(res["torch_autograd_ms"] / res["triton_autograd_ms"], 2)
+    if sweep:
+        res["tile_sweep"] = tile_sweep(launch, 3 * nbytes)
+    return res
+
+
+def tile_sweep(launch, nbytes: int) -> list[dict]:
+    """The Triton backward launch at each (rows, channels, warps) of ``BWD_SWEEP``; dx / dweight deviation from
+    the default configuration's (dx is expected identical; dweight's row-group sums round differently)."""
+    names = ("BWD_BT", "BWD_BD", "BWD_WARPS")
+    default = tuple(getattr(conv_triton, n) for n in names)
+    dx0, dw0, _ = launch()
+    rows = []
+    try:
+        for cfg in BWD_SWEEP:
+            for n, v in zip(names, cfg):
+                setattr(conv_triton, n, v)
+            dx, dw, _ = launch()
+            ms = bench(launch)
+            rows.append({"BT": cfg[0], "BD": cfg[1], "warps": cfg[2], "ms": round(ms, 4),
+                         "GBps": round(nbytes / ms / 1e6, 1), "dx_equal": bool(torch.equal(dx, dx0)), "dx_rel": rel_rms(dx, dx0),
+                         "dweight_rel": rel_rms(dw, dw0), "default": cfg == default})
+            print(f"bwd tiles {cfg}: {json.dumps(rows[-1])}", flush=True)
+    finally:
+        for n, v in zip(names, default):
+            setattr(conv_triton, n, v)
+    return rows
+
+
 def decode(copy_gbps: float) -> dict:
     x = torch.randn(DEC_N, DEC_D, device="cuda", dtype=torch.bfloat16)
     s = torch.randn(DEC_N, DEC_D, W - 1, device="cuda", dtype=torch.bfloat16)
@@ -138,6 +199,7 @@ def decode(copy_gbps: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_short_conv.json"))
+    ap.add_argument("--no-sweep", action="store_true", help="skip the backward tile sweep")
     args = ap.parse_args()
     res: dict = {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -158,6 +220,9 @@ def main() -> None:
         save()
         for backend in ("triton", "torch"):
             print(f"{layout:>7} {backend:>6}: {json.dumps(res[layout][backend])}")
+    res["bwd_" + "x".join(map(str, MODEL))] = bwd = backward_alone(copy_gbps, not args.no_sweep)
+    save()
+    print(f"backward alone {json.dumps({k: v for k, v in bwd.items() if k != 'tile_sweep'})}")
     res["decode_N64_D12288"] = decode(copy_gbps)
     save()
     print(f"copy {res['copy_GBps']} GB/s; decode {json.dumps(res['decode_N64_D12288'])}")

@@ -13,10 +13,14 @@ Kernels (all fixed configurations, so they run under ``TRITON_INTERPRET=1``; no 
 - ``_fwd_kernel``, grid (row tiles, channel tiles): the W taps as W shifted ``[BT, BD]`` loads (the
   shifted rows come from L1/L2), bias, SiLU; one pass over x and y.
 - ``_final_state_kernel``, grid (sequence, channel tiles): the last W-1 inputs of each sequence.
-- ``_bwd_kernel``, grid (row groups, channel tiles): recomputes ``pre`` (no activation is saved), then
-  ``dpre = dy * silu'(pre)``, ``dx[t] = sum_k weight[W-1-k] * dpre[t+k]`` (same sequence only) plus the
-  final-state gradient on each sequence's last W-1 rows; ``dweight``/``dbias`` partial sums per
-  (row group, channel) are written to a buffer and summed by ``torch.sum``: deterministic, no atomics.
+- ``_bwd_kernel``, grid (row groups, channel tiles): each program walks its group in [BT, BD] row tiles;
+  per tile it recomputes ``pre`` once per row (W tap loads, no activation is saved) and
+  ``dpre = dy * silu'(pre)`` (one exp), plus ``dpre`` on the W-1 rows after the tile (the halo, recomputed).
+  The shifted ``dpre[t+k]`` (same sequence only) come from register gathers of the tile and its halo, not
+  from reloads: ``dx[t] = sum_k weight[W-1-k] * dpre[t+k]`` plus the final-state gradient on each sequence's
+  last W-1 rows, and ``dweight[W-1-k] += sum_t x[t] * dpre[t+k]`` (the initial-state taps of dweight only in
+  tiles where a sequence starts). ``dweight``/``dbias`` partial sums per (row group, channel) are written to a
+  buffer and summed by ``torch.sum``: deterministic, no atomics.
 - ``_dstate_kernel``, grid (sequence, channel tiles): ``d initial_state`` (the same row formula at the
   W-1 positions before each sequence's start).
 - ``_update_kernel``, grid (sequence, channel tiles): one decode token per sequence, state in and a new
@@ -36,7 +40,7 @@ import triton
 import triton.language as tl
 
 FWD_BT, FWD_BD = 16, 128
-BWD_BT, BWD_BD, BWD_TILES = 16, 64, 16  # one backward program covers up to BWD_BT * BWD_TILES rows
+BWD_BT, BWD_BD, BWD_TILES, BWD_WARPS = 32, 128, 16, 8  # one backward program: up to BWD_BT * BWD_TILES rows
 STATE_BD = 128
 DEC_BD = 256
 NUM_WARPS = 4
@@ -171,36 +175,80 @@ def _final_state_kernel(x_ptr, s_ptr, fs_ptr, cu_ptr, T, D, W: tl.constexpr, BJ:
 
 
 @triton.jit
+def _shifted(cur, halo, k: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr):
+    """Rows ``i + k`` of the tile ``cur`` ([BT, BD]) continued by ``halo`` ([BH, BD], the rows after it), for
+    ``i < BT`` and ``0 < k <= BH``: two register gathers along the rows (through shared memory), no reload."""
+    idx = tl.broadcast_to(tl.arange(0, BT)[:, None] + k, (BT, BD))
+    inside = tl.gather(cur, tl.minimum(idx, BT - 1), 0)
+    after = tl.gather(halo, tl.minimum(tl.maximum(idx - BT, 0), BH - 1), 0)
+    return tl.where(idx < BT, inside, after)
+
+
+@triton.jit
 def _bwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_ptr, seq_ptr, cu_ptr, NT, T, D,
-                W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, TILES: tl.constexpr,
-                ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_DFS: tl.constexpr,
-                VARLEN: tl.constexpr, ACC: tl.constexpr):
+                W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr,
+                TILES: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+                HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
+    """One program: TILES consecutive [BT, BD] row tiles. Per tile, ``dpre`` once per row (W tap loads, one exp)
+    and on the BH rows after the tile (the halo, recomputed); ``dx`` and ``dweight`` from row-shifted copies of
+    ``dpre`` (register gathers) times the weights and the tile's own x."""
     i_p = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     wc = tl.arange(0, BW)
-    dw = tl.zeros([BD, BW], dtype=ACC)
+    dw = tl.zeros([BW, BD], dtype=ACC)  # dw[w, d]: transposed, so that its rows are the tile's column vectors
     db = tl.zeros([BD], dtype=ACC)
-    w_last = tl.load(w_ptr + cols * W + (W - 1), mask=cmask, other=0.0).to(ACC)
     for it in range(TILES):
-        rows = (i_p * TILES + it) * BT + tl.arange(0, BT)
+        r0 = (i_p * TILES + it) * BT
+        rows = r0 + tl.arange(0, BT)
         rmask = rows < NT
         seq, bos, L = _rows_seq(rows, rmask, seq_ptr, cu_ptr, T, VARLEN)
         pos = rows - bos
         pmin = tl.min(pos, axis=0)
-        g0 = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, pos, pmin, rmask, cols, cmask, D, W, BT, BD, ACT,
-                   HAS_BIAS, HAS_STATE, ACC)
-        for w in tl.static_range(W):
-            tap = _tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, pmin - (W - 1) + w, rmask, cols, cmask, D, W,
-                       HAS_STATE, ACC)
-            dw += tl.where(wc[None, :] == w, tl.sum(g0 * tap, axis=0)[:, None], 0.0)
-        db += tl.sum(g0, axis=0)
-        dx = _drow(w_last[None, :] * g0, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, pos, pmin, rmask,
-                   cols, cmask, D, W, 1, BT, BD, ACT, HAS_BIAS, HAS_STATE, HAS_DFS, ACC)
         m = rmask[:, None] & cmask[None, :]
+        pre = tl.zeros([BT, BD], dtype=ACC)  # as ``_pre`` (same order of sums), keeping the unshifted tap x
+        for w in tl.static_range(W - 1):
+            wt = tl.load(w_ptr + cols * W + w, mask=cmask, other=0.0).to(ACC)
+            pre += wt[None, :] * _tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, pmin - (W - 1) + w, rmask, cols,
+                                      cmask, D, W, HAS_STATE, ACC)
+        xv = tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
+        w_last = tl.load(w_ptr + cols * W + (W - 1), mask=cmask, other=0.0).to(ACC)
+        pre += w_last[None, :] * xv
+        if HAS_BIAS:
+            pre += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+        g0 = tl.load(dy_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
+        if ACT:
+            sig = 1.0 / (1.0 + tl.exp(-pre))
+            g0 = g0 * sig * (1.0 + pre * (1.0 - sig))
+        db += tl.sum(g0, axis=0)
+        dw += tl.where(wc[:, None] == W - 1, tl.sum(g0 * xv, axis=0)[None, :], 0.0)
+        if HAS_STATE:
+            if pmin < W - 1:  # a sequence starts in this tile: the initial-state taps of dweight
+                for w in tl.static_range(W - 1):
+                    p = pos - (W - 1) + w
+                    st = _tap(x_ptr, s_ptr, seq, bos, p, pmin - (W - 1) + w, rmask & (p < 0), cols, cmask, D, W,
+                              HAS_STATE, ACC)  # state values only (x rows masked off)
+                    dw += tl.where(wc[:, None] == w, tl.sum(g0 * st, axis=0)[None, :], 0.0)
+        dx = w_last[None, :] * g0
+        if W > 1:
+            hrows = r0 + BT + tl.arange(0, BH)
+            hmask = (hrows < NT) & (tl.arange(0, BH) < W - 1)
+            hseq, hbos, hL = _rows_seq(hrows, hmask, seq_ptr, cu_ptr, T, VARLEN)
+            hpos = hrows - hbos
+            gh = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, hseq, hbos, hL, hpos, tl.min(hpos, axis=0), hmask, cols,
+                       cmask, D, W, BH, BD, ACT, HAS_BIAS, HAS_STATE, ACC)
+            for k in tl.static_range(1, W):  # dpre[t+k] within t's sequence: dx[t] and dweight[W-1-k] terms
+                wt = tl.load(w_ptr + cols * W + (W - 1 - k), mask=cmask, other=0.0).to(ACC)
+                g = tl.where((pos + k < L)[:, None], _shifted(g0, gh, k, BT, BD, BH), 0.0)
+                dx += wt[None, :] * g
+                dw += tl.where(wc[:, None] == W - 1 - k, tl.sum(g * xv, axis=0)[None, :], 0.0)
+        if HAS_DFS:
+            c = pos - L + (W - 1)  # final-state column that holds this input
+            mf = (rmask & (c >= 0))[:, None] & cmask[None, :]
+            dx += tl.load(dfs_ptr + (seq * (W - 1) + c)[:, None] * D + cols[None, :], mask=mf, other=0.0).to(ACC)
         tl.store(dx_ptr + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=m)
-    w_off = i_p * D * W + cols[:, None] * W + wc[None, :]
-    tl.store(dw_ptr + w_off, dw, mask=cmask[:, None] & (wc < W)[None, :])
+    w_off = i_p * D * W + cols[None, :] * W + wc[:, None]
+    tl.store(dw_ptr + w_off, dw, mask=(wc < W)[:, None] & cmask[None, :])
     if HAS_BIAS:
         tl.store(db_ptr + i_p * D + cols, db, mask=cmask)
 
@@ -315,9 +363,9 @@ def _backward(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
         _bwd_kernel[(n_prog, triton.cdiv(lay.D, BWD_BD))](
             x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dfs if dfs is not None else dy_TD,
             dx, dw_part, db_part if db_part is not None else dw_part, lay.seq, lay.cu, lay.NT, lay.T, lay.D,
-            W=lay.W, BW=max(2, triton.next_power_of_2(lay.W)), BT=BWD_BT, BD=BWD_BD, TILES=tiles, ACT=silu,
-            HAS_BIAS=b is not None, HAS_STATE=s is not None, HAS_DFS=dfs is not None, VARLEN=lay.varlen,
-            ACC=_acc(x_TD.dtype), num_warps=NUM_WARPS,
+            W=lay.W, BW=max(2, triton.next_power_of_2(lay.W)), BT=BWD_BT, BD=BWD_BD, BH=_bj(lay.W), TILES=tiles,
+            ACT=silu, HAS_BIAS=b is not None, HAS_STATE=s is not None, HAS_DFS=dfs is not None, VARLEN=lay.varlen,
+            ACC=_acc(x_TD.dtype), num_warps=BWD_WARPS,
         )
     return dx, dw_part.sum(0), (db_part.sum(0) if db_part is not None else None)
 

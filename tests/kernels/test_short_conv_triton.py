@@ -76,6 +76,43 @@ def test_forward_backward_match_torch(lens, D, W, bias, state, activation, final
         assert_rel_rms(out[name], r, 1e-5, name)
 
 
+TILE_CASES = [  # backward tiles (rows, channels, tiles per program): tile and program edges inside the halo
+    (4, 4, 2),
+    (2, 8, 3),
+    (8, 2, 1),
+]
+TILED = [  # lens (None: B = 2, T = 9), D, W, bias, state, activation, final
+    ([1, 1, 5, 1, 2, 0, 7, 1, 3, 4], 6, 4, True, True, "silu", True),  # 1-token and shorter-than-W sequences
+    ([3, 5, 2, 11, 1, 6], 5, 8, False, True, "silu", True),  # W-1 wider than a tile
+    ([6, 9, 1, 4], 3, 2, True, False, None, False),
+    (None, 7, 4, False, True, "silu", True),  # batched, 9 rows: sequence starts inside tiles
+]
+
+
+@pytest.mark.parametrize("tiles", TILE_CASES)
+@pytest.mark.parametrize("lens,D,W,bias,state,activation,final", TILED)
+def test_backward_tile_edges_match_torch(monkeypatch, tiles, lens, D, W, bias, state, activation, final):
+    """Tiny backward tiles, so that tile, program and sequence edges fall inside the (W-1)-row halo."""
+    for name, v in zip(("BWD_BT", "BWD_BD", "BWD_TILES"), tiles):
+        monkeypatch.setattr(conv_triton, name, v)
+    x, w, b, s, cu = _inputs(lens, 2, D, W, bias, state, seed=3)
+    ref = _run("torch", x, w, b, s, cu, activation, final)
+    out = _run("triton", x, w, b, s, cu, activation, final)
+    for name, r in ref.items():
+        if r is not None:
+            assert_rel_rms(out[name], r, 1e-5, name)
+
+
+def test_backward_default_tiles_long_varlen():
+    """The launch's own tiles over several programs: sequence starts, ends and halos across program edges."""
+    lens = [1, conv_triton.BWD_BT - 1, 2, conv_triton.BWD_BT * conv_triton.BWD_TILES + 3, 1, 40, 3]
+    x, w, b, s, cu = _inputs(lens, 1, 5, 4, False, True, seed=4)
+    ref = _run("torch", x, w, b, s, cu, "silu", True)
+    out = _run("triton", x, w, b, s, cu, "silu", True)
+    for name, r in ref.items():
+        assert_rel_rms(out[name], r, 1e-5, name)
+
+
 def test_fp64_and_fp16_storage():
     x, w, b, s, cu = _inputs([3, 6], 1, 5, 4, True, True, dtype=torch.float64)
     ref, out = _run("torch", x, w, b, s, cu, "silu", True), _run("triton", x, w, b, s, cu, "silu", True)
