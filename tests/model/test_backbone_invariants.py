@@ -190,7 +190,7 @@ def test_triton_paths_match_torch_paths(monkeypatch):
     ids = torch.randint(3, cfg.vocab_size, (2, 19))
 
     def run(backend: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        for op in ("KDA", "CONV", "NORM"):
+        for op in ("KDA", "CONV", "NORM", "CE"):
             monkeypatch.setenv(f"KVL_{op}_BACKEND", backend)
         model = build(cfg).train()
         out = model(ids, labels=ids, use_cache=False)
