@@ -11,11 +11,11 @@ softmax is recomputed from the logits in the backward, which writes ``dx`` in th
 (rounded once from fp32, like the reference's cast backward).
 
 Kernels (fixed configurations, so they run under ``TRITON_INTERPRET=1``; no autotuning):
-- ``_fwd_kernel``, grid (N,): one program streams its row in ``BLOCK_V`` chunks (a running max ``m`` and
+- ``_ce_fwd_kernel``, grid (N,): one program streams its row in ``BLOCK_V`` chunks (a running max ``m`` and
   ``s = sum exp(x - m)`` rescaled when the max grows: one exp per element), then loads the target logit once.
   Rows with ``ignore_index`` read nothing. A target outside ``[0, V)`` (other than ``ignore_index``) is not
   checked on the host (that would synchronise); its load is masked and its loss is NaN.
-- ``_bwd_kernel``, grid (N,): one program recomputes its row's softmax chunk by chunk from ``lse`` and writes
+- ``_ce_bwd_kernel``, grid (N,): one program recomputes its row's softmax chunk by chunk from ``lse`` and writes
   ``dx``; ignored rows get zeros without reading the logits.
 
 Layout: logits ``[N, V]`` or ``[B, T, V]`` with a unit stride along V and any row strides (a view such as
@@ -48,7 +48,7 @@ def _row_start(ptr, n, T, stride_b, stride_t):
 
 
 @triton.jit
-def _fwd_kernel(x_ptr, tgt_ptr, loss_ptr, lse_ptr, V, T, stride_b, stride_t, ignore_index,
+def _ce_fwd_kernel(x_ptr, tgt_ptr, loss_ptr, lse_ptr, V, T, stride_b, stride_t, ignore_index,
                 BLOCK_V: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
     row = _row_start(x_ptr, n, T, stride_b, stride_t)
@@ -74,7 +74,7 @@ def _fwd_kernel(x_ptr, tgt_ptr, loss_ptr, lse_ptr, V, T, stride_b, stride_t, ign
 
 
 @triton.jit
-def _bwd_kernel(x_ptr, tgt_ptr, lse_ptr, g_ptr, dx_ptr, V, T, stride_b, stride_t, dstride_b, dstride_t,
+def _ce_bwd_kernel(x_ptr, tgt_ptr, lse_ptr, g_ptr, dx_ptr, V, T, stride_b, stride_t, dstride_b, dstride_t,
                 stride_g, ignore_index, BLOCK_V: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
     row = _row_start(x_ptr, n, T, stride_b, stride_t)
@@ -112,7 +112,7 @@ def ce_forward(logits: torch.Tensor, target_N: torch.Tensor, ignore_index: int) 
         return loss, lse
     block, warps = _config(V)
     T, sb, st = _layout(logits)
-    _fwd_kernel[(N,)](logits, target_N, loss, lse, V, T, sb, st, ignore_index, BLOCK_V=block, num_warps=warps)
+    _ce_fwd_kernel[(N,)](logits, target_N, loss, lse, V, T, sb, st, ignore_index, BLOCK_V=block, num_warps=warps)
     return loss, lse
 
 
@@ -126,7 +126,7 @@ def ce_backward(logits: torch.Tensor, target_N: torch.Tensor, lse_N: torch.Tenso
     block, warps = _config(V)
     T, sb, st = _layout(logits)
     _, dsb, dst = _layout(dx)
-    _bwd_kernel[(N,)](logits, target_N, lse_N, grad_N, dx, V, T, sb, st, dsb, dst, grad_N.stride(0),
+    _ce_bwd_kernel[(N,)](logits, target_N, lse_N, grad_N, dx, V, T, sb, st, dsb, dst, grad_N.stride(0),
                       ignore_index, BLOCK_V=block, num_warps=warps)
     return dx
 

@@ -243,5 +243,6 @@ def test_gpu_vocab_32768(dtype):
         _, dref32 = loss_and_grad(logits.float(), target, "none", "torch", w)
         assert_bf16_grad(dx, dref32, dref)
     else:
-        torch.testing.assert_close(dx, dref, rtol=0, atol=1e-6)
+        # a few ulps: Triton's exp and PyTorch's differ in the last bits (gradients up to |w| ~ 4 here)
+        torch.testing.assert_close(dx, dref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cross_entropy(logits, target), cross_entropy_torch(logits, target), rtol=1e-5, atol=1e-5)
