@@ -46,7 +46,7 @@ def _signature(name: str) -> tuple:
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf)]
-        args += [("scale", "fp32"), ("span_max", "fp32")]
+        args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
         extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32", DPREC=ct.INTRA_DIAG_PREC16)
     elif name == "state":
@@ -115,7 +115,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         fn, consts = cb._bwd_state_kernel, dict(HV=32, K=128, V=128, BK=128, BV=cb.BWD_STATE_BV, C=64)
         consts |= dict(HAS_DHT=True, FP32=False)
     elif name == "dy":
-        args = [f32, bf, bf, bf, bf, f32, f32, f32, f32, f32] + tab
+        args = [f32, bf, bf, bf, bf, f32, f32, f32, f32, f32] + tab + ["i32"]
         fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32")
     elif name == "pair":
         args = [bf, bf, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]

@@ -58,7 +58,7 @@ import triton.language as tl
 
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
-from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_triton
+from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_triton, token_rows
 
 SUB = 16
 
@@ -195,6 +195,7 @@ def _scores2_kernel(
     U_ptr,
     scale,
     span_max,
+    VS,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -287,7 +288,8 @@ def _scores2_kernel(
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
     tl.debug_barrier()
     _wu_chunk(
-        k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, H, HV, K, V, C, BKW, BVW, L2, PREC
+        k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, H, HV, K, V, C, BKW, BVW, L2,
+        PREC,
     )
 
 
@@ -360,6 +362,7 @@ def _wu_chunk(
     bos,
     n,
     sc,
+    VS,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -371,7 +374,8 @@ def _wu_chunk(
     PREC: tl.constexpr,
 ):
     """``W = T (beta K exp(G))`` and ``U = T (beta V)`` of one chunk as [64, 64] x [64, B*] dots, K tile by K tile,
-    then V tile by V tile (T fp32 read back from ``T_ptr``; tf32 for 16-bit inputs, ``ieee`` for fp32)."""
+    then V tile by V tile (T fp32 read back from ``T_ptr``; tf32 for 16-bit inputs, ``ieee`` for fp32). v's rows
+    are ``VS`` elements apart (:func:`token_rows`)."""
     i_h = i_hv // (HV // H)
     rows = tl.arange(0, C)
     rm = rows < n
@@ -390,7 +394,7 @@ def _wu_chunk(
     for v0 in range(0, V, BVW):
         cv = v0 + tl.arange(0, BVW)
         cm = (cv < V)[None, :]
-        y = tl.load(v_ptr + (bos + rows)[:, None] * (HV * V) + i_hv * V + cv[None, :], mask=rm[:, None] & cm, other=0.0)
+        y = tl.load(v_ptr + (bos + rows)[:, None] * VS + i_hv * V + cv[None, :], mask=rm[:, None] & cm, other=0.0)
         y = y.to(tl.float32) * b[:, None]
         off = sc * (C * V) + rows[:, None] * V + cv[None, :]
         tl.store(U_ptr + off, tl.dot(Tm, y, input_precision=PREC).to(U_ptr.dtype.element_ty), mask=cm)
@@ -583,7 +587,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
     fp32 = q.dtype == torch.float32 or v.dtype == torch.float32
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    q, k, g, beta = (x.contiguous() for x in (q, k, g, beta))
+    v, vs = token_rows(v)
     nch, (cbos, clen), (s0, snc) = _tables(T, B, cu_seqlens, dev)
     N = s0.numel() if cu_seqlens is not None else B
     BK, BV = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
@@ -648,6 +653,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             W_ptr=W,
             U_ptr=U,
             scale=scale,
+            VS=vs,
             H=H,
             HV=HV,
             K=K,

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels.kda.chunk_bwd_torch import KDAGrads
+from kernels.kda.prep_triton import token_rows
 
 BWD_STATE_BV = 32  # value columns per program of the reverse state pass
 
@@ -137,6 +138,7 @@ def _bwd_dy_kernel(
     dAk_ptr,
     cbos_ptr,
     clen_ptr,
+    VS,
     HV: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
@@ -168,7 +170,7 @@ def _bwd_dy_kernel(
         dvn = tl.load(dy_ptr + coff, mask=vmask[None, :], other=0.0)
         vn = tl.load(vn_ptr + coff, mask=vmask[None, :], other=0.0)
         do = tl.load(do_ptr + toff, mask=tmask, other=0.0).to(vn_ptr.dtype.element_ty)
-        vv = tl.load(v_ptr + toff, mask=tmask, other=0.0).to(tl.float32)
+        vv = tl.load(v_ptr + (bos + rows)[:, None] * VS + i_hv * V + cv[None, :], mask=tmask, other=0.0).to(tl.float32)
         dy = _fdot(tl.trans(Tm), dvn, PREC)
         tl.store(dy_ptr + coff, dy, mask=vmask[None, :])
         tl.store(dv_ptr + toff, dy * beta[:, None], mask=tmask)
@@ -538,7 +540,8 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
     dev = q.device
     fp32 = st.qg.dtype == torch.float32
     prec = "ieee" if fp32 else "tf32"
-    q, k, v, g, beta, do = (x.contiguous() for x in (q, k, v, g, beta, do))
+    q, k, g, beta, do = (x.contiguous() for x in (q, k, g, beta, do))
+    v, vs = token_rows(v)
     bk_pair = min(BWD_PAIR_BK, max(16, triton.next_power_of_2(K)))
     bk_inter = min(BWD_INTER_BK, max(16, triton.next_power_of_2(K)))
     BV = min(BWD_INTER_BV, max(16, triton.next_power_of_2(V)))
@@ -564,6 +567,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         dAk,
         st.cbos,
         st.clen,
+        vs,
         HV=HV,
         V=V,
         BV=min(BWD_DY_BV, BV),

@@ -8,7 +8,8 @@ chains of PyTorch fp32 elementwise ops (about ten passes over ``[B, T, H, K]``);
 and one backward:
 
 - ``_l2_fwd_kernel`` / ``_l2_bwd_kernel``, rows of ``[M, D]``: y = x r with r = 1 / sqrt(sum x^2 + eps) saved
-  (fp32 ``[M]``); ``dx = r (dy - y sum(dy y))`` with y recomputed in fp32 from x and r.
+  (fp32 ``[M]``); ``dx = r (dy - y sum(dy y))`` with y recomputed in fp32 from x and r. x is read in place with
+  a token stride (:func:`token_rows`: q and k are views of the layer's q|k|v tensor), y and dx are contiguous.
 - ``_gate_fwd_kernel`` / ``_gate_bwd_kernel``, per (block of BT tokens, value head): the gate, and its backward
   ``d g_raw = dg dG/dx``; ``dA_log`` and ``d dt_bias`` are per-program partial sums over the block's tokens
   (``[NB, HV]``, ``[NB, HV, K]`` fp32) reduced afterwards by ``torch.sum`` (deterministic, no atomics).
@@ -37,28 +38,40 @@ def _gate(x, a_log, lb, LOWER: tl.constexpr):
 
 
 @triton.jit
-def _l2_fwd_kernel(x_ptr, y_ptr, r_ptr, M, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, eps):
+def _l2_fwd_kernel(x_ptr, y_ptr, r_ptr, M, XS, HX, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, eps):
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     cols = tl.arange(0, BD)
     m = (rows < M)[:, None] & (cols < D)[None, :]
     off = rows[:, None] * D + cols[None, :]
-    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    x_off = ((rows // HX) * XS + (rows % HX) * D)[:, None] + cols[None, :]
+    x = tl.load(x_ptr + x_off, mask=m, other=0.0).to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(x * x, 1) + eps)
     tl.store(y_ptr + off, (x * r[:, None]).to(y_ptr.dtype.element_ty), mask=m)
     tl.store(r_ptr + rows, r, mask=rows < M)
 
 
 @triton.jit
-def _l2_bwd_kernel(x_ptr, r_ptr, dy_ptr, dx_ptr, M, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+def _l2_bwd_kernel(x_ptr, r_ptr, dy_ptr, dx_ptr, M, XS, HX, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     cols = tl.arange(0, BD)
     m = (rows < M)[:, None] & (cols < D)[None, :]
     off = rows[:, None] * D + cols[None, :]
+    x_off = ((rows // HX) * XS + (rows % HX) * D)[:, None] + cols[None, :]
     r = tl.load(r_ptr + rows, mask=rows < M, other=0.0)
-    y = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32) * r[:, None]
+    y = tl.load(x_ptr + x_off, mask=m, other=0.0).to(tl.float32) * r[:, None]
     dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
     dx = r[:, None] * (dy - y * tl.sum(dy * y, 1)[:, None])
     tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
+
+
+def token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x [B, T, H, D]`` and its token stride: read in place when each token's ``H x D`` block is contiguous and B, T
+    merge into one stride (q, k, v as views of the KDA layer's ``[B, T, 3 H D]`` q|k|v conv output), else a
+    contiguous copy with stride ``H D``."""
+    H, D = x.shape[-2], x.shape[-1]
+    if x.stride(-1) == 1 and x.stride(-2) == D and (x.shape[0] == 1 or x.stride(0) == x.shape[1] * x.stride(1)):
+        return x, x.stride(1)
+    return x.contiguous(), H * D
 
 
 def _rows(D: int) -> tuple[int, int]:
@@ -72,14 +85,19 @@ class L2NormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         D = x.shape[-1]
-        xc = x.contiguous()
-        M = xc.numel() // max(D, 1)
-        y = torch.empty_like(xc)
+        if x.dim() == 4:  # [B, T, H, D], possibly a view with a wider token stride: read in place
+            xc, xs = token_rows(x)
+            hx = x.shape[2]
+        else:
+            xc, xs, hx = x.contiguous(), D, 1
+        M = x.numel() // max(D, 1)
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         r = torch.empty(M, dtype=torch.float32, device=x.device)
         BD, BM = _rows(D)
         if M:
-            _l2_fwd_kernel[(triton.cdiv(M, BM),)](xc, y, r, M, D=D, BD=BD, BM=BM, eps=EPS, num_warps=4)
+            _l2_fwd_kernel[(triton.cdiv(M, BM),)](xc, y, r, M, xs, hx, D=D, BD=BD, BM=BM, eps=EPS, num_warps=4)
         ctx.save_for_backward(xc, r)
+        ctx.rows = (xs, hx)
         return y
 
     @staticmethod
@@ -87,10 +105,11 @@ class L2NormFunction(torch.autograd.Function):
         xc, r = ctx.saved_tensors
         D = xc.shape[-1]
         M = r.numel()
-        dx = torch.empty_like(xc)
+        dx = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device)
         BD, BM = _rows(D)
         if M:
-            _l2_bwd_kernel[(triton.cdiv(M, BM),)](xc, r, dy.contiguous(), dx, M, D=D, BD=BD, BM=BM, num_warps=4)
+            _l2_bwd_kernel[(triton.cdiv(M, BM),)](xc, r, dy.contiguous(), dx, M, *ctx.rows, D=D, BD=BD, BM=BM,
+                                                  num_warps=4)
         return dx
 
 

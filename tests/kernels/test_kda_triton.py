@@ -297,3 +297,29 @@ def test_gpu_fwd_intermediates_full_width():
     bad = {n: e for n, e in errs.items() if e > tol.get(n, 3e-5)}
     assert not bad, f"relative RMS above tolerance: {bad}"
     assert (st.Aqk.triu(1) == 0).all()
+
+
+@pytest.mark.parametrize("B,T,cu", [(2, 37, None), (1, 70, [0, 1, 40, 70])])
+def test_triton_qkv_views_read_in_place_equal_contiguous(B, T, cu):
+    """q, k, v as views of one [B, T, 3 H K] tensor (the KDA layer's conv output) give exactly the results and
+    gradients of contiguous copies: the L2-norm and v-reading kernels take the token stride (``token_rows``)."""
+    H, K = 2, 16
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    q, k, v, raw, beta, _ = make_inputs(B, T, H, H, K, K)
+    A_log = torch.log(torch.empty(H, dtype=torch.float64).uniform_(1, 16)).float()
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, cu_seqlens=cu)
+    qkv = torch.cat([q, k, v], dim=-1).reshape(B, T, 3 * H * K).float().requires_grad_()
+    raw, beta = _to([raw, beta])
+    beta.requires_grad_()
+    views = [t.reshape(B, T, H, K) for t in qkv.to(_dev()).chunk(3, dim=-1)]
+    assert not views[0].is_contiguous()
+    o, _ = chunk_kda(*views, raw, beta, **kw)
+    (o * torch.linspace(-1, 1, o.numel(), device=o.device).view_as(o)).sum().backward()
+    qkv2 = qkv.detach().clone().requires_grad_()
+    copies = [t.reshape(B, T, H, K).contiguous() for t in qkv2.to(_dev()).chunk(3, dim=-1)]
+    beta2 = beta.detach().clone().requires_grad_()
+    o2, _ = chunk_kda(*copies, raw, beta2, **kw)
+    (o2 * torch.linspace(-1, 1, o2.numel(), device=o2.device).view_as(o2)).sum().backward()
+    assert torch.equal(o, o2)
+    assert torch.equal(qkv.grad, qkv2.grad)
+    assert torch.equal(beta.grad, beta2.grad)  # dbeta's V part reads v through the stride
