@@ -10,24 +10,38 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   the sources once with an online softmax: per source, RMS and score in fp32, then ``acc = acc * e^(m - m') +
   e^(s - m') x``. Writes ``h [M, D]``, fp32 ``rstd [N, M]``, scores ``s [N, M]`` and ``lse [M]``; the
   wrapper turns ``s`` into ``alpha = exp(s - lse)`` in place (saved for backward, returned for diagnostics).
-- Backward: grid-stride over token tiles. Pass A reads every source once to rebuild ``h = sum_n alpha_n x_n`` in
-  fp32; pass B re-reads each source (mostly from L2: a tile is small), recomputes its key and score and writes
-  ``dx_n = alpha_n dh + ds_n rstd_n (u - n_n (u . n_n) / D)`` with ``ds_n = alpha_n dh . (x_n - h)`` (equal to
-  ``alpha_n (dh . x_n - sum_j alpha_j dh . x_j)`` without that form's cancellation of large dot products); the
-  query gradient ``du = sum ds_n n_n`` is accumulated per program in fp32 and summed afterwards (no atomics,
-  deterministic).
+- Backward: grid-stride over token tiles of ``BLOCK_T`` rows; a row is ``CH`` column chunks of ``CHUNK`` (one
+  warp's width of 16-byte vectors or more, ``CH <= BWD_MAX_CHUNKS``), so each warp owns whole rows: the per-token
+  dot products are warp shuffles (no shared memory, no barrier inside the loop) and ``D = 768`` is 3 x 256 with
+  no padding. Per token ``g_n = dh . x_n``, ``q_n = u . x_n`` (pass A, one read of each source) give
+  ``ds_n = alpha_n (g_n - sum_j alpha_j g_j)``, the score ``s_n = q_n rstd_n`` and, in pass B (a second read of
+  each source, mostly from L2, no reductions), ``dx_n = alpha_n dh + ds_n rstd_n (u - x_n rstd_n s_n / D)``; the
+  query gradient ``du = sum ds_n rstd_n x_n`` is accumulated per program in fp32 registers and the per-program
+  rows are summed afterwards (no atomics, deterministic). The pointer-argument kernel is compiled per ``N``
+  (straight-line code; the next source's tile is loaded before the current one is used). ``h`` is not rebuilt:
+  the ``dh . (x_n - h)`` form of the first kernels avoided no error that matters (on sources sharing a component
+  100x their spread both forms, and the PyTorch function, lose comparable digits of the query gradient in fp32:
+  ``test_triton_common_offset_sources``).
+  The first backward (h rebuilt in pass A, runtime branches per source, three cross-warp reductions per source
+  and tile, ``BLOCK_D = 1024`` for ``D = 768``) compiled for sm_90 (Triton 3.9, ``cuobjdump -res-usage``) to 161
+  registers a thread at 8 warps: one program (8 warps) per SM at a time. This one (bf16, ``D = 768``, same
+  compile) takes 128 registers at ``N = 1``, 175 at ``N = 2`` and 255 with a few spilled bytes from ``N = 4``
+  (ptxas issues the sources' loads early). GPU timing: pending (``python -m kimi_vl.benchmarks.bench_attnres
+  --bwd-sweep`` times it and alternatives of its configuration).
 
 Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
 
 - ``args`` (default for ``N <= MAX_ARGS``): each source is its own pointer argument (``MAX_ARGS`` slots, unused
-  ones repeat ``sources[0]`` and are skipped by a runtime ``n < N`` branch), so a launch copies nothing to the
-  device and never synchronises; one compiled kernel per dtype serves every ``N <= MAX_ARGS``, and Triton's
-  own 16-byte alignment specialisation of pointer arguments vectorises the loads.
+  ones repeat ``sources[0]`` and are never read), so a launch copies nothing to the device and never
+  synchronises; Triton's own 16-byte alignment specialisation of pointer arguments vectorises the loads. The
+  forward skips unused slots by a runtime ``n < N`` branch (one compiled kernel per dtype for every ``N``); the
+  backward takes ``N`` as a compile-time constant (one compiled kernel per dtype and ``N``).
 - ``table`` (always used for ``N > MAX_ARGS``, e.g. full AttnRes): the addresses go to the device as an
   ``int64 [N]`` table through pinned memory (the first version of these kernels; kept for many sources and
   so that the benchmark can time it).
 
-Fixed launch configurations (no autotuning): ``BLOCK_T * BLOCK_D = TILE_ELEMS``, ``NUM_WARPS`` warps.
+Fixed launch configurations (no autotuning): forward ``BLOCK_T * BLOCK_D = TILE_ELEMS``, ``NUM_WARPS`` warps;
+backward the ``BWD_*`` constants (``bench_attnres --bwd-sweep`` times alternatives of them).
 """
 
 from __future__ import annotations
@@ -39,8 +53,13 @@ import torch
 import triton
 import triton.language as tl
 
-TILE_ELEMS = 4096
+TILE_ELEMS = 4096  # forward (and the two-phase kernels): BLOCK_T * BLOCK_D per program
 NUM_WARPS = 8
+BWD_NUM_WARPS = 8
+BWD_MAX_CHUNKS = 4  # backward: a row is at most this many column chunks (unrolled)
+BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets BLOCK_T)
+BWD_PROGRAMS_PER_SM = 8  # backward grid: at most this many programs per SM, each strides over token tiles
+BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ARGS = 8
@@ -84,45 +103,121 @@ def _attn_res_fwd_kernel(
 
 
 @triton.jit
+def _load_row(base, rows, t_ok, D, CH: tl.constexpr, CHUNK: tl.constexpr):
+    """A tile ``[BLOCK_T, CH * CHUNK]`` as a tuple of ``CH`` column chunks ``[BLOCK_T, CHUNK]`` (``rows``: ``[BLOCK_T,
+    1]`` int64 row offsets), in the memory dtype."""
+    out = ()
+    for c in tl.static_range(CH):
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        out = out + (tl.load(base + rows + cols[None, :], mask=t_ok[:, None] & (cols < D)[None, :], other=0.0),)
+    return out
+
+
+@triton.jit
+def _load_vec(base, D, CH: tl.constexpr, CHUNK: tl.constexpr):
+    out = ()
+    for c in tl.static_range(CH):
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        out = out + (tl.load(base + cols, mask=cols < D, other=0.0),)
+    return out
+
+
+@triton.jit
+def _dots(dh, x, u, CH: tl.constexpr):
+    """Per token ``(dh . x, u . x)``: products summed over the chunks in registers, then one reduction each."""
+    xf = x[0].to(tl.float32)
+    pg = dh[0] * xf
+    pq = xf * u[0][None, :]
+    for c in tl.static_range(1, CH):
+        xf = x[c].to(tl.float32)
+        pg += dh[c] * xf
+        pq += xf * u[c][None, :]
+    return tl.sum(pg, axis=1), tl.sum(pq, axis=1)
+
+
+@triton.jit
+def _write_grad(x, dh, u, du, dsrc, rows, t_ok, acc_on, a, r, g, q, big_g, D,
+                CH: tl.constexpr, CHUNK: tl.constexpr):
+    """``dx`` of one source, stored (added to the buffer's content where ``acc_on``), and ``du`` updated.
+
+    ``a`` alpha, ``r`` rstd, ``g = dh . x``, ``q = u . x`` (score ``s = q r``), ``big_g = sum_j alpha_j g_j``:
+    ``ds = a (g - big_g)``, ``dx = a dh + ds r (u - x r s / D) = a dh + k u - (k r s / D) x`` with ``k = ds r``,
+    and ``du += ds key = k x``."""
+    k = a * (g - big_g) * r
+    e = k * q * r * r / D
+    du_new = ()
+    for c in tl.static_range(CH):
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        ok = t_ok[:, None] & (cols < D)[None, :]
+        xf = x[c].to(tl.float32)
+        dx = a[:, None] * dh[c] + k[:, None] * u[c][None, :] - e[:, None] * xf
+        dx += tl.load(dsrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False), other=0.0).to(tl.float32)
+        tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
+        du_new = du_new + (du[c] + k[:, None] * xf,)
+    return du_new
+
+
+@triton.jit
+def _store_du(du_ptr, du, D, CH: tl.constexpr, CHUNK: tl.constexpr):
+    for c in tl.static_range(CH):
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        tl.store(du_ptr + cols, tl.sum(du[c], axis=0), mask=cols < D)
+
+
+@triton.jit
+def _zeros_row(BLOCK_T: tl.constexpr, CH: tl.constexpr, CHUNK: tl.constexpr):
+    out = ()
+    for _c in tl.static_range(CH):
+        out = out + (tl.zeros([BLOCK_T, CHUNK], dtype=tl.float32),)
+    return out
+
+
+@triton.jit
+def _to_f32(t, CH: tl.constexpr):
+    out = ()
+    for c in tl.static_range(CH):
+        out = out + (t[c].to(tl.float32),)
+    return out
+
+
+@triton.jit
 def _attn_res_bwd_kernel(
-    src_tab, dsrc_tab, u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N, M, D, num_tiles,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr,
+    src_tab, dsrc_tab, u_ptr, dh_ptr, rstd_ptr, alpha_ptr, gq_ptr, du_ptr, N, M, D, num_tiles,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, ALIGNED: tl.constexpr,
 ):
+    """Address-table backward (any ``N``, runtime loop over the sources): pass A keeps ``g_n, q_n`` per token in
+    ``gq [2, N, M]`` (read back by the same program after a barrier), pass B writes ``dx_n``."""
     pid = tl.program_id(0)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    u = tl.load(u_ptr + offs_d, mask=d_ok, other=0.0)
-    du = tl.zeros([BLOCK_D], dtype=tl.float32)
+    u = _load_vec(u_ptr, D, CH, CHUNK)
+    du = _zeros_row(BLOCK_T, CH, CHUNK)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = offs_t < M
-        tile_ok = t_ok[:, None] & d_ok[None, :]
-        offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
-        dh = tl.load(dh_ptr + offs, mask=tile_ok, other=0.0).to(tl.float32)
-        h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        rows = offs_t.to(tl.int64)[:, None] * D
+        dh = _to_f32(_load_row(dh_ptr, rows, t_ok, D, CH, CHUNK), CH)
+        big_g = tl.zeros([BLOCK_T], dtype=tl.float32)
         for n in range(N):
             src = tl.load(src_tab + n).to(dh_ptr.dtype)
             if ALIGNED:
                 src = tl.multiple_of(src, 16)
-            x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
-            a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
-            h += a[:, None] * x
+            g, q = _dots(dh, _load_row(src, rows, t_ok, D, CH, CHUNK), u, CH)
+            big_g += tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0) * g
+            tl.store(gq_ptr + n * M + offs_t, g, mask=t_ok)
+            tl.store(gq_ptr + (N + n) * M + offs_t, q, mask=t_ok)
+        tl.debug_barrier()  # pass A's g, q stores are visible to every thread of the program
         for n in range(N):
             src = tl.load(src_tab + n).to(dh_ptr.dtype)
             dsrc = tl.load(dsrc_tab + n).to(dh_ptr.dtype)
             if ALIGNED:
                 src = tl.multiple_of(src, 16)
                 dsrc = tl.multiple_of(dsrc, 16)
-            x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
-            a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
-            r = tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0)
-            ds = a * tl.sum(dh * (x - h), axis=1)
-            key = x * r[:, None]
-            s = tl.sum(key * u[None, :], axis=1)
-            dx = a[:, None] * dh + (ds * r)[:, None] * (u[None, :] - key * (s / D)[:, None])
-            tl.store(dsrc + offs, dx.to(dh_ptr.dtype.element_ty), mask=tile_ok)
-            du += tl.sum(ds[:, None] * key, axis=0)
-    tl.store(du_ptr + pid * D + offs_d, du, mask=d_ok)
+            du = _write_grad(
+                _load_row(src, rows, t_ok, D, CH, CHUNK), dh, u, du, dsrc, rows, t_ok, False,
+                tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0),
+                tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0),
+                tl.load(gq_ptr + n * M + offs_t, mask=t_ok, other=0.0),
+                tl.load(gq_ptr + (N + n) * M + offs_t, mask=t_ok, other=0.0), big_g, D, CH, CHUNK)
+    _store_du(du_ptr + pid * D, du, D, CH, CHUNK)
 
 
 @triton.jit
@@ -185,49 +280,60 @@ def _attn_res_fwd_args_kernel(
 @triton.jit(do_not_specialize=["acc_mask"])
 def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N, M, D, num_tiles, acc_mask,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NMAX: tl.constexpr,
+    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr,
 ):
+    """Pointer-argument backward, ``N`` a compile-time constant: straight-line code over the sources, the next
+    source's tile loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
+    stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content."""
     pid = tl.program_id(0)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    u = tl.load(u_ptr + offs_d, mask=d_ok, other=0.0)
-    du = tl.zeros([BLOCK_D], dtype=tl.float32)
+    u = _load_vec(u_ptr, D, CH, CHUNK)
+    du = _zeros_row(BLOCK_T, CH, CHUNK)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = offs_t < M
-        tile_ok = t_ok[:, None] & d_ok[None, :]
-        offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
-        dh = tl.load(dh_ptr + offs, mask=tile_ok, other=0.0).to(tl.float32)
-        h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        for n in tl.static_range(NMAX):
-            if N > n:  # N a runtime scalar tensor, n a constant: the tensor on the left
-                src = _pick(n, x0, x1, x2, x3, x4, x5, x6, x7)
-                x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
-                a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
-                h += a[:, None] * x
-        for n in tl.static_range(NMAX):
-            if N > n:  # N a runtime scalar tensor, n a constant: the tensor on the left
-                src = _pick(n, x0, x1, x2, x3, x4, x5, x6, x7)
-                dsrc = _pick(n, g0, g1, g2, g3, g4, g5, g6, g7)
-                x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
-                a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
-                r = tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0)
-                ds = a * tl.sum(dh * (x - h), axis=1)
-                key = x * r[:, None]
-                s = tl.sum(key * u[None, :], axis=1)
-                dx = a[:, None] * dh + (ds * r)[:, None] * (u[None, :] - key * (s / D)[:, None])
-                if ((acc_mask >> n) & 1) != 0:  # a shared gradient buffer: add to what later mixes wrote
-                    dx += tl.load(dsrc + offs, mask=tile_ok, other=0.0).to(tl.float32)
-                tl.store(dsrc + offs, dx.to(dh_ptr.dtype.element_ty), mask=tile_ok)
-                du += tl.sum(ds[:, None] * key, axis=0)
-    tl.store(du_ptr + pid * D + offs_d, du, mask=d_ok)
+        rows = offs_t.to(tl.int64)[:, None] * D
+        x_next = _load_row(x0, rows, t_ok, D, CH, CHUNK)
+        dh = _to_f32(_load_row(dh_ptr, rows, t_ok, D, CH, CHUNK), CH)
+        big_g = tl.zeros([BLOCK_T], dtype=tl.float32)
+        gs, qs, alphas, rstds = (), (), (), ()
+        for n in tl.static_range(N):  # pass A: per-token dot products
+            x = x_next
+            if n + 1 < N:
+                x_next = _load_row(_pick(n + 1, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+            a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
+            g, q = _dots(dh, x, u, CH)
+            big_g += a * g
+            gs, qs = gs + (g,), qs + (q,)
+            alphas = alphas + (a,)
+            rstds = rstds + (tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0),)
+        x_next = _load_row(x0, rows, t_ok, D, CH, CHUNK)  # mostly an L2 hit: read a moment ago
+        for n in tl.static_range(N):  # pass B: gradients, no reductions
+            x = x_next
+            if n + 1 < N:
+                x_next = _load_row(_pick(n + 1, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+            du = _write_grad(x, dh, u, du, _pick(n, g0, g1, g2, g3, g4, g5, g6, g7), rows, t_ok,
+                             ((acc_mask >> n) & 1) != 0, alphas[n], rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK)
+    _store_du(du_ptr + pid * D, du, D, CH, CHUNK)
 
 
 @functools.lru_cache(maxsize=64)
 def _blocks(d: int) -> tuple[int, int]:
     block_d = triton.next_power_of_2(d)
     return max(1, TILE_ELEMS // block_d), block_d
+
+
+@functools.lru_cache(maxsize=64)
+def _bwd_blocks(d: int, elem_bytes: int, num_warps: int, max_chunks: int, thread_elems: int
+                ) -> tuple[int, int, int]:
+    """``(BLOCK_T, CHUNK, CH)`` of the backward: a row is ``CH`` chunks of ``CHUNK`` columns, ``CHUNK`` at least one
+    warp's width of 16-byte vectors (so that a warp owns whole rows: the per-token dot products are warp shuffles,
+    and ``D = 768`` is 3 x 256 with no padding), ``CH <= max_chunks``; ``BLOCK_T`` rows (a power of two) give each
+    thread about ``thread_elems`` elements of a tile."""
+    chunk = max(32 * 16 // elem_bytes, triton.next_power_of_2(triton.cdiv(d, max_chunks)))
+    ch = triton.cdiv(d, chunk)
+    rows = max(1, thread_elems * 32 * num_warps // (ch * chunk))
+    return 1 << (rows.bit_length() - 1), chunk, ch
 
 
 def _address_table(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -264,7 +370,17 @@ def _aligned(tensors: list[torch.Tensor]) -> bool:
 def _num_bwd_programs(num_tiles: int, device: torch.device) -> int:
     if device.type != "cuda":
         return min(num_tiles, 4)
-    return min(num_tiles, 8 * torch.cuda.get_device_properties(device).multi_processor_count)
+    return min(num_tiles, BWD_PROGRAMS_PER_SM * _sm_count(device.index))
+
+
+def _maxnreg() -> dict[str, int]:
+    return {} if BWD_MAXNREG is None else {"maxnreg": BWD_MAXNREG}
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
+                                            ).multi_processor_count
 
 
 class GradSink:
@@ -332,22 +448,23 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
         else:
             dxs.append(sink.buf)
             acc_mask |= 1 << i
-    block_t, block_d = _blocks(d)
+    block_t, chunk, ch = _bwd_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, BWD_THREAD_ELEMS)
     num_tiles = triton.cdiv(m, block_t)
     programs = _num_bwd_programs(num_tiles, x0.device)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
     if use_args(n):
         _attn_res_bwd_args_kernel[(programs,)](
             *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles, acc_mask,
-            BLOCK_T=block_t, BLOCK_D=block_d, NMAX=MAX_ARGS, num_warps=NUM_WARPS)
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=BWD_NUM_WARPS, **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "
                              f"(N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
+        gq = torch.empty(2, n, m, device=x0.device, dtype=torch.float32)
         _attn_res_bwd_kernel[(programs,)](
-            _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, du_partial,
-            n, m, d, num_tiles, BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources + dxs),
-            num_warps=NUM_WARPS)
+            _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, gq, du_partial,
+            n, m, d, num_tiles, BLOCK_T=block_t, CHUNK=chunk, CH=ch, ALIGNED=_aligned(sources + dxs),
+            num_warps=BWD_NUM_WARPS, **_maxnreg())
     return dxs, du_partial.sum(0)
 
 

@@ -8,9 +8,12 @@ Measured in one run, bf16, CUDA events after warm-up:
 - ``mix``: the AttnRes mix alone at the flavor's width over ``batch x seq`` tokens for ``N`` sources:
   stacked reference (``naive``), the PyTorch autograd function (``function``), the fused Triton kernel with the
   sources as pointer arguments (``triton``, the default for ``N <= 8``) and with the first version's pinned
-  address table (``triton_table``, ``KVL_ATTNRES_ADDRESSING=table``), forward and forward+backward, with the
-  Triton kernel's effective bandwidth (ideal bytes: the forward reads N sources and writes h; the backward
-  reads N sources and dh and writes N gradients).
+  address table (``triton_table``, ``KVL_ATTNRES_ADDRESSING=table``): forward, backward alone (``autograd.grad``
+  over a retained graph) and forward+backward, with the Triton kernel's effective bandwidth (ideal bytes: the
+  forward reads N sources and writes h; the backward reads N sources and dh and writes N gradients) and its
+  backward / forward time ratio. N = 1 2 4 7 9 by default (9 takes the address table).
+- ``bwd_sweep`` (with ``--bwd-sweep``): the Triton backward kernel alone under each configuration of
+  ``BWD_SWEEP`` (warps, rows per tile, register cap, programs per SM), with its error against the default.
 - ``train``: forward + backward (no optimizer step) of the flavor at ``seq`` with ``standard`` vs
   ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
   (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes through the
@@ -87,34 +90,97 @@ def time_per_iter(fn: Callable[[], None], warmup: int, iters: int, device: torch
 
 
 def _mix_times(impl: Callable, xs: list[torch.Tensor], w: torch.Tensor, g: torch.Tensor, dh: torch.Tensor,
-               device: torch.device, iters: int) -> tuple[float, float]:
-    """Milliseconds of one forward, and of one forward + backward, of the mix ``impl``."""
+               device: torch.device, iters: int) -> tuple[float, float, float]:
+    """Milliseconds of one forward, of one forward + backward, and of one backward alone (``autograd.grad`` over a
+    retained graph: the kernel, the query-gradient sum and autograd's own work) of the mix ``impl``."""
+    inputs = [*xs, w, g]
     fwd = time_per_iter(lambda: impl(xs, w, g), 2, iters, device)
-    fwd_bwd = time_per_iter(lambda: torch.autograd.grad(impl(xs, w, g)[0], [*xs, w, g], dh), 2, iters, device)
-    return 1e3 * fwd, 1e3 * fwd_bwd
+    fwd_bwd = time_per_iter(lambda: torch.autograd.grad(impl(xs, w, g)[0], inputs, dh), 2, iters, device)
+    h = impl(xs, w, g)[0]
+    bwd = time_per_iter(lambda: torch.autograd.grad(h, inputs, dh, retain_graph=True), 2, iters, device)
+    return 1e3 * fwd, 1e3 * fwd_bwd, 1e3 * bwd
+
+
+def _mix_inputs(tokens: int, d: int, n: int, device: torch.device, dtype: torch.dtype):
+    xs = [torch.randn(tokens, d, device=device, dtype=dtype, requires_grad=True) for _ in range(n)]
+    w = (0.05 * torch.randn(1, d, device=device)).to(dtype).requires_grad_()
+    g = torch.ones(d, device=device, dtype=dtype, requires_grad=True)
+    return xs, w, g, torch.randn(tokens, d, device=device, dtype=dtype)
 
 
 def bench_mix(tokens: int, d: int, ns: list[int], device: torch.device, dtype: torch.dtype, iters: int) -> list[dict]:
     rows = []
     for n in ns:
-        xs = [torch.randn(tokens, d, device=device, dtype=dtype, requires_grad=True) for _ in range(n)]
-        w = (0.05 * torch.randn(1, d, device=device)).to(dtype).requires_grad_()
-        g = torch.ones(d, device=device, dtype=dtype, requires_grad=True)
-        dh = torch.randn(tokens, d, device=device, dtype=dtype)
+        xs, w, g, dh = _mix_inputs(tokens, d, n, device, dtype)
         elem = xs[0].element_size() * tokens * d
         row = {"n": n, "tokens": tokens, "d": d, "ideal_fwd_bytes": (n + 1) * elem,
                "ideal_bwd_bytes": (2 * n + 1) * elem}
         for name, impl in MIX_IMPLS.items():
             try:
-                row[f"{name}_fwd_ms"], row[f"{name}_fwd_bwd_ms"] = _mix_times(impl, xs, w, g, dh, device, iters)
+                row[f"{name}_fwd_ms"], row[f"{name}_fwd_bwd_ms"], row[f"{name}_bwd_ms"] = _mix_times(
+                    impl, xs, w, g, dh, device, iters)
             except Exception as err:  # keep the other rows: one failing implementation is itself a result
-                row[f"{name}_fwd_ms"] = row[f"{name}_fwd_bwd_ms"] = float("nan")
+                row[f"{name}_fwd_ms"] = row[f"{name}_fwd_bwd_ms"] = row[f"{name}_bwd_ms"] = float("nan")
                 row[f"{name}_error"] = f"{type(err).__name__}: {err}"[:2000]
-        bwd_ms = row["triton_fwd_bwd_ms"] - row["triton_fwd_ms"]
+        bwd_ms = row["triton_bwd_ms"]
         row["triton_fwd_gbps"] = row["ideal_fwd_bytes"] / row["triton_fwd_ms"] / 1e6
         row["triton_bwd_gbps"] = row["ideal_bwd_bytes"] / bwd_ms / 1e6 if bwd_ms > 0 else float("nan")
+        row["triton_bwd_over_fwd"] = bwd_ms / row["triton_fwd_ms"]
         rows.append(row)
         del xs, dh
+    return rows
+
+
+# Backward kernel configurations timed by --bwd-sweep (module constants of kernels/attn_res/mix_triton.py; the
+# first is the module's default). Each entry sets the named constants for its timing only.
+BWD_SWEEP: list[dict[str, int | None]] = [
+    {},
+    {"BWD_NUM_WARPS": 4},
+    {"BWD_THREAD_ELEMS": 48},
+    {"BWD_MAXNREG": 128},
+    {"BWD_NUM_WARPS": 4, "BWD_MAXNREG": 128},
+    {"BWD_PROGRAMS_PER_SM": 4},
+    {"BWD_PROGRAMS_PER_SM": 16},
+]
+
+
+def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dtype: torch.dtype,
+                    iters: int) -> list[dict]:
+    """The Triton backward kernel alone (``mix_bwd_triton``: kernel + query-gradient sum) under each entry of
+    :data:`BWD_SWEEP`, with its error against the default configuration (relative RMS over all outputs)."""
+    from kernels.attn_res import mix_triton as mt
+
+    rows = []
+    for n in ns:
+        xs, w, g, dh = _mix_inputs(tokens, d, n, device, dtype)
+        srcs = [x.detach() for x in xs]
+        u = (w.float().reshape(-1) * g.float()).contiguous()
+        _, rstd, alpha = mt.mix_fwd_triton(srcs, u, 1e-5)
+        ref = None
+        for cfg in BWD_SWEEP:
+            old = {k: getattr(mt, k) for k in cfg}
+            row = {"n": n, "tokens": tokens, "d": d, "config": dict(cfg) or "default"}
+            try:
+                for k, v in cfg.items():
+                    setattr(mt, k, v)
+                mt._bwd_blocks.cache_clear()
+                out = mt.mix_bwd_triton(srcs, u, dh, rstd, alpha)
+                flat = torch.cat([t.float().reshape(-1) for t in (*out[0], out[1])])
+                ref = flat if ref is None else ref
+                row["rel_err_vs_default"] = ((flat - ref).norm() / ref.norm()).item()
+                ms = 1e3 * time_per_iter(partial(mt.mix_bwd_triton, srcs, u, dh, rstd, alpha), 2, iters, device)
+                row["ms"] = ms
+                row["gbps"] = (2 * n + 1) * srcs[0].element_size() * tokens * d / ms / 1e6
+                row["block_t_chunk_ch"] = mt._bwd_blocks(d, srcs[0].element_size(), mt.BWD_NUM_WARPS,
+                                                         mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
+            except Exception as err:  # a configuration that fails to compile or run is itself a result
+                row["error"] = f"{type(err).__name__}: {err}"[:2000]
+            finally:
+                for k, v in old.items():
+                    setattr(mt, k, v)
+                mt._bwd_blocks.cache_clear()
+            rows.append(row)
+        del xs, dh, srcs
     return rows
 
 
@@ -275,7 +341,7 @@ def main() -> None:
     p.add_argument("--flavor", default="small")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--sources", type=int, nargs="+", default=[1, 2, 4, 6, 9])
+    p.add_argument("--sources", type=int, nargs="+", default=[1, 2, 4, 7, 9])
     p.add_argument("--mix-iters", type=int, default=10)
     p.add_argument("--iters", type=int, default=5, help="timed steps per round, all-MLA model")
     p.add_argument("--hybrid-iters", type=int, default=2, help="timed steps per round, hybrid model")
@@ -284,6 +350,8 @@ def main() -> None:
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--no-hybrid", action="store_true")
     p.add_argument("--budget-s", type=float, default=50.0, help="skip the hybrid when the run is past this")
+    p.add_argument("--bwd-sweep", action="store_true",
+                   help="also time the Triton backward kernel alone under each configuration of BWD_SWEEP")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (debug flavor), checks the script")
     args = p.parse_args()
     t0 = time.perf_counter()
@@ -299,6 +367,10 @@ def main() -> None:
                "flavor": args.flavor, "dtype": str(dtype), "date": time.strftime("%Y-%m-%d"), "args": vars(args)}
     results["mix"] = bench_mix(args.batch * args.seq, d, args.sources, device, dtype, args.mix_iters)
     _save(results)
+    if args.bwd_sweep:
+        ns = [n for n in args.sources if 1 < n <= 8]
+        results["bwd_sweep"] = bench_bwd_sweep(args.batch * args.seq, d, ns, device, dtype, args.mix_iters)
+        _save(results)
     results["train"] = {"mla": _guarded(bench_train_group, args.flavor, "mla", args, device, dtype)}
     _save(results)
     elapsed = time.perf_counter() - t0
@@ -314,12 +386,22 @@ def main() -> None:
 def table(results: dict) -> str:
     lines = [f"{results['device']}, flavor {results['flavor']}, {results['dtype']}, torch {results['torch']}, "
              f"{results['date']}, {results['wall_s']:.0f} s", "",
-             "| N | naive fwd / fwd+bwd ms | function fwd / fwd+bwd ms | triton fwd / fwd+bwd ms "
-             "| triton_table fwd / fwd+bwd ms | triton fwd / bwd GB/s |", "| --- | --- | --- | --- | --- | --- |"]
+             "| N | naive fwd / bwd / fwd+bwd ms | function fwd / bwd / fwd+bwd ms | triton fwd / bwd / fwd+bwd ms "
+             "| triton_table fwd / bwd / fwd+bwd ms | triton fwd / bwd GB/s | triton bwd / fwd |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in results["mix"]:
-        cells = [f"{r[f'{i}_fwd_ms']:.3f} / {r[f'{i}_fwd_bwd_ms']:.3f}" for i in MIX_IMPLS]
+        cells = [f"{r[f'{i}_fwd_ms']:.3f} / {r[f'{i}_bwd_ms']:.3f} / {r[f'{i}_fwd_bwd_ms']:.3f}" for i in MIX_IMPLS]
         gbps = f"{r['triton_fwd_gbps']:,.0f} / {r['triton_bwd_gbps']:,.0f}"
-        lines.append(f"| {r['n']} | " + " | ".join(cells) + f" | {gbps} |")
+        lines.append(f"| {r['n']} | " + " | ".join(cells) + f" | {gbps} | {r['triton_bwd_over_fwd']:.2f} |")
+    if "bwd_sweep" in results:
+        lines += ["", "| N | backward kernel config | ms | GB/s | rel. err. vs default |",
+                  "| --- | --- | --- | --- | --- |"]
+        for r in results["bwd_sweep"]:
+            if "error" in r:
+                lines.append(f"| {r['n']} | {r['config']} | error: {r['error'][:80]} | | |")
+            else:
+                lines.append(f"| {r['n']} | {r['config']} | {r['ms']:.3f} | {r['gbps']:,.0f} | "
+                             f"{r['rel_err_vs_default']:.1e} |")
     lines += ["", "| layers | variant | step ms | tokens/s | overhead | step peak GiB | peak overhead |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for layers, group in results["train"].items():
