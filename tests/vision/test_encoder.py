@@ -188,3 +188,26 @@ def test_timm_registration() -> None:
     assert isinstance(model, MoonViT) and model.config.out_hidden_size == 16
     with pytest.raises(ValueError, match="no pretrained"):
         timm.create_model("moonvit_debug", pretrained=True)
+
+
+@pytest.mark.parametrize("hw", [(5, 11), (8, 8), (13, 3), (1, 1)])
+def test_position_table_resize_equals_bicubic_interpolate(hw):
+    """The matrix form of the table resize (two matmuls, fp32 even under autocast) == ``F.interpolate`` bicubic:
+    values and the table's gradient."""
+    import torch.nn.functional as F
+
+    model = MoonViT(MoonViTConfig(**TINY))
+    with torch.no_grad():
+        model.pos_emb.table.normal_()
+    h, w = hw
+    table = model.pos_emb.table
+    ref = F.interpolate(table.permute(2, 0, 1)[None], size=(h, w), mode="bicubic", align_corners=False)
+    ref = ref[0].permute(1, 2, 0).reshape(h * w, -1)
+    dy = torch.randn_like(ref)
+    (g_ref,) = torch.autograd.grad((ref * dy).sum(), table)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = model.pos_emb.spatial(h, w)
+    assert got.dtype == torch.float32
+    (g,) = torch.autograd.grad((got * dy).sum(), table)
+    assert_rel_rms(got, ref, 1e-6, "table")
+    assert_rel_rms(g, g_ref, 1e-6, "table gradient")
