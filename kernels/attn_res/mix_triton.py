@@ -26,8 +26,10 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   and tile, ``BLOCK_D = 1024`` for ``D = 768``) compiled for sm_90 (Triton 3.9, ``cuobjdump -res-usage``) to 161
   registers a thread at 8 warps: one program (8 warps) per SM at a time. This one (bf16, ``D = 768``, same
   compile) takes 128 registers at ``N = 1``, 175 at ``N = 2`` and 255 with a few spilled bytes from ``N = 4``
-  (ptxas issues the sources' loads early). GPU timing: pending (``python -m kimi_vl.benchmarks.bench_attnres
-  --bwd-sweep`` times it and alternatives of its configuration).
+  (ptxas issues the sources' loads early; those counts are at 8 warps). Measured on an H100 (session 6 call5,
+  ``python -m kimi_vl.benchmarks.bench_attnres --budget-s 60 --bwd-sweep``, M = 32768, D = 768, bf16): backward
+  kernel 0.174 / 0.244 / 0.380 ms at N = 2 / 4 / 7 with 8 warps, 0.130 / 0.206 / 0.359 ms with 4 warps (now the
+  default); in the small model's step the 24 backward mixes took 6.54 ms (the first kernel: 17.27 ms, call1).
 
 Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
 
@@ -55,7 +57,7 @@ import triton.language as tl
 
 TILE_ELEMS = 4096  # forward (and the two-phase kernels): BLOCK_T * BLOCK_D per program
 NUM_WARPS = 8
-BWD_NUM_WARPS = 8
+BWD_NUM_WARPS = 4
 BWD_MAX_CHUNKS = 4  # backward: a row is at most this many column chunks (unrolled)
 BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets BLOCK_T)
 BWD_PROGRAMS_PER_SM = 8  # backward grid: at most this many programs per SM, each strides over token tiles
