@@ -9,10 +9,12 @@ achieved bytes/s (minimum traffic: forward reads x and writes y; backward reads 
 next to the measured device-copy bandwidth. Also the one-token decode step at N = 64, D = 12288.
 The backward alone at the model's shape (``8x4096x2304``: 32768 tokens of the ``small`` model's 2304 q/k/v
 channels, bf16, W = 4, SiLU, no bias, no states): through autograd for both backends (the forward's graph
-kept) and the Triton backward launch alone (``conv_triton._backward``: kernel + dweight partial sum), with its
-correctness against the PyTorch path in fp32; then the same launch at a few backward tile configurations
-(rows, channels, warps; ``--no-sweep`` skips them) with the result's deviation from the default one.
-Writes ``$OUT/bench_short_conv.json`` (or ``--out``) and prints a table; about 30-40 s on an H100.
+kept) and the Triton backward launch alone (``conv_triton._backward``: the dpre kernel, the dx kernel and the
+dweight partial sum) and each of its two kernels alone, with the error against the same launch on fp32 inputs;
+the same with dpre stored in bf16 (``DPRE_IN_X_DTYPE``); then each kernel alone at the tile configurations of
+``DPRE_SWEEP`` / ``DX_SWEEP`` (``--no-sweep`` skips them) with the result's deviation from the default's, and the
+whole launch at the fastest configuration of each (``best``). Writes ``$OUT/bench_short_conv.json`` (or
+``--out``) and prints a table; about 40-60 s on an H100.
 
     python kernels/benchmarks/bench_short_conv.py
 """
@@ -20,10 +22,12 @@ Writes ``$OUT/bench_short_conv.json`` (or ``--out``) and prints a table; about 3
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import sys
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -36,7 +40,12 @@ from kernels.short_conv import causal_conv1d, causal_conv1d_update, conv_triton 
 NT, D, W = 32768, 4096, 4
 DEC_N, DEC_D = 64, 3 * 32 * 128
 MODEL = (8, 4096, 2304)  # B, T, D of the backward-alone timing
-BWD_SWEEP = [(32, 128, 8), (32, 128, 16), (16, 128, 4), (16, 128, 8), (16, 64, 4), (32, 64, 4), (64, 64, 8)]
+# backward kernel 1 (dpre): rows, channels, warps, row tiles per program, deferred dweight row sums
+DPRE_SWEEP = [(8, 128, 4, 32, True), (16, 128, 4, 16, True), (16, 128, 4, 16, False), (8, 128, 4, 64, True),
+              (8, 128, 4, 16, True), (16, 64, 4, 16, True), (32, 64, 4, 8, False), (32, 128, 8, 8, False),
+              (32, 128, 8, 8, True), (8, 256, 8, 32, True), (4, 128, 4, 64, True), (64, 64, 8, 4, False)]
+DX_SWEEP = [(32, 128, 8), (16, 128, 4), (32, 128, 4), (64, 128, 8), (16, 256, 4), (32, 256, 8), (8, 128, 4),
+            (64, 64, 4)]  # backward kernel 2 (dx): rows, channels, warps
 
 
 def bench(fn) -> float:
@@ -131,8 +140,26 @@ def timings(layout: str, copy_gbps: float) -> dict:
     return res
 
 
+DPRE_NAMES = ("DPRE_BT", "DPRE_BD", "DPRE_WARPS", "DPRE_TILES", "DPRE_DEFER")
+DX_NAMES = ("DX_BT", "DX_BD", "DX_WARPS")
+
+
+@contextlib.contextmanager
+def patched(names: tuple[str, ...], values: tuple) -> Iterator[None]:
+    """``conv_triton``'s launch constants ``names`` set to ``values`` inside the block."""
+    old = tuple(getattr(conv_triton, n) for n in names)
+    try:
+        for n, v in zip(names, values):
+            setattr(conv_triton, n, v)
+        yield
+    finally:
+        for n, v in zip(names, old):
+            setattr(conv_triton, n, v)
+
+
 def backward_alone(copy_gbps: float, sweep: bool) -> dict:
-    """The backward at the model's shape: autograd (both backends) and the Triton launch alone, + tile sweep."""
+    """The backward at the model's shape: autograd (both backends), the Triton launch alone (both kernels + the
+    dweight partial sum) and each kernel alone, the bf16-dpre variant; + the per-kernel tile sweeps."""
     layout = "x".join(map(str, MODEL))
     inp = make(layout)
     x, w, dy = inp["x"].requires_grad_(), inp["w"].requires_grad_(), inp["dy"]
@@ -145,41 +172,67 @@ def backward_alone(copy_gbps: float, sweep: bool) -> dict:
         del y
     x_TD, dy_TD, wd = x.detach().reshape(-1, MODEL[2]), dy.reshape(-1, MODEL[2]), w.detach()
     lay = conv_triton._layout(*MODEL, W, None, x.device)
+    dx_ref, dw_ref, _, _ = conv_triton._backward(x_TD.float(), wd.float(), None, None, dy_TD.float(), None, lay, True)
 
     def launch():
         return conv_triton._backward(x_TD, wd, None, None, dy_TD, None, lay, True)
 
-    ms = bench(launch)
-    res["triton_launch_ms"] = round(ms, 4)
-    res["triton_launch_GBps"] = round(3 * nbytes / ms / 1e6, 1)
-    res["triton_launch_frac_of_copy"] = round(3 * nbytes / ms / 1e6 / copy_gbps, 3)
+    def k1():
+        return conv_triton._bwd_dpre(x_TD, wd, None, None, dy_TD, lay, True)
+
+    def timed(prefix: str) -> dict:
+        """The whole launch and each kernel at the current constants; the error vs the fp32-input launch."""
+        dx, dw, _, dpre = launch()
+        ms, ms1 = bench(launch), bench(k1)
+        ms2 = bench(lambda: conv_triton._bwd_dx(dpre, wd, None, lay, x_TD.dtype))
+        dp = dpre.element_size() / x.element_size()  # dpre bytes per x byte
+        return {f"{prefix}launch_ms": round(ms, 4), f"{prefix}launch_GBps": round(3 * nbytes / ms / 1e6, 1),
+                f"{prefix}launch_frac_of_copy": round(3 * nbytes / ms / 1e6 / copy_gbps, 3),
+                f"{prefix}dpre_kernel_ms": round(ms1, 4), f"{prefix}dpre_kernel_GBps": round((2 + dp) * nbytes / ms1 / 1e6, 1),
+                f"{prefix}dx_kernel_ms": round(ms2, 4), f"{prefix}dx_kernel_GBps": round((1 + dp) * nbytes / ms2 / 1e6, 1),
+                f"{prefix}dx_rel_vs_fp32": rel_rms(dx, dx_ref), f"{prefix}dweight_rel_vs_fp32": rel_rms(dw, dw_ref)}
+
+    res.update(timed("triton_"))
     res["speedup_autograd"] = round(res["torch_autograd_ms"] / res["triton_autograd_ms"], 2)
+    with patched(("DPRE_IN_X_DTYPE",), (True,)):
+        res["dpre_in_x_dtype"] = timed("")
     if sweep:
-        res["tile_sweep"] = tile_sweep(launch, 3 * nbytes)
+        res["dpre_sweep"], res["dx_sweep"] = tile_sweeps(k1, wd, lay, x_TD.dtype, nbytes)
+        best1 = min(res["dpre_sweep"], key=lambda r: r["ms"])
+        best2 = min(res["dx_sweep"], key=lambda r: r["ms"])
+        cfg1, cfg2 = tuple(best1[k] for k in ("BT", "BD", "warps", "tiles", "defer")), tuple(best2[k] for k in ("BT", "BD", "warps"))
+        with patched(DPRE_NAMES + DX_NAMES, cfg1 + cfg2):
+            res["best"] = {"dpre": cfg1, "dx": cfg2, **timed("")}
     return res
 
 
-def tile_sweep(launch, nbytes: int) -> list[dict]:
-    """The Triton backward launch at each (rows, channels, warps) of ``BWD_SWEEP``; dx / dweight deviation from
-    the default configuration's (dx is expected identical; dweight's row-group sums round differently)."""
-    names = ("BWD_BT", "BWD_BD", "BWD_WARPS")
-    default = tuple(getattr(conv_triton, n) for n in names)
-    dx0, dw0, _ = launch()
-    rows = []
-    try:
-        for cfg in BWD_SWEEP:
-            for n, v in zip(names, cfg):
-                setattr(conv_triton, n, v)
-            dx, dw, _ = launch()
-            ms = bench(launch)
-            rows.append({"BT": cfg[0], "BD": cfg[1], "warps": cfg[2], "ms": round(ms, 4),
-                         "GBps": round(nbytes / ms / 1e6, 1), "dx_equal": bool(torch.equal(dx, dx0)), "dx_rel": rel_rms(dx, dx0),
-                         "dweight_rel": rel_rms(dw, dw0), "default": cfg == default})
-            print(f"bwd tiles {cfg}: {json.dumps(rows[-1])}", flush=True)
-    finally:
-        for n, v in zip(names, default):
-            setattr(conv_triton, n, v)
-    return rows
+def tile_sweeps(k1, wd, lay, dt, nbytes: int) -> tuple[list[dict], list[dict]]:
+    """Kernel 1 (dpre) alone at each (rows, channels, warps, tiles per program, deferred dweight sums) of
+    ``DPRE_SWEEP``: time and dpre / dweight deviation from the default's (dpre is expected identical; dweight's
+    row-group sums round differently); kernel 2 (dx) alone at each (rows, channels, warps) of ``DX_SWEEP``, on
+    the default's dpre."""
+    dpre0, dw0, _ = k1()
+    dx0 = conv_triton._bwd_dx(dpre0, wd, None, lay, dt)
+    default1 = tuple(getattr(conv_triton, n) for n in DPRE_NAMES)
+    default2 = tuple(getattr(conv_triton, n) for n in DX_NAMES)
+    rows1, rows2 = [], []
+    for cfg in DPRE_SWEEP:
+        with patched(DPRE_NAMES, cfg):
+            dpre, dw, _ = k1()
+            ms = bench(k1)
+        rows1.append({"BT": cfg[0], "BD": cfg[1], "warps": cfg[2], "tiles": cfg[3], "defer": cfg[4], "ms": round(ms, 4),
+                      "GBps": round(4 * nbytes / ms / 1e6, 1), "dpre_equal": bool(torch.equal(dpre, dpre0)),
+                      "dweight_rel": rel_rms(dw.sum(0), dw0.sum(0)), "default": cfg == default1})
+        print(f"dpre kernel {cfg}: {json.dumps(rows1[-1])}", flush=True)
+    for cfg in DX_SWEEP:
+        with patched(DX_NAMES, cfg):
+            dx = conv_triton._bwd_dx(dpre0, wd, None, lay, dt)
+            ms = bench(lambda: conv_triton._bwd_dx(dpre0, wd, None, lay, dt))
+        rows2.append({"BT": cfg[0], "BD": cfg[1], "warps": cfg[2], "ms": round(ms, 4),
+                      "GBps": round(3 * nbytes / ms / 1e6, 1), "dx_equal": bool(torch.equal(dx, dx0)),
+                      "default": cfg == default2})
+        print(f"dx kernel {cfg}: {json.dumps(rows2[-1])}", flush=True)
+    return rows1, rows2
 
 
 def decode(copy_gbps: float) -> dict:
@@ -199,7 +252,7 @@ def decode(copy_gbps: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_short_conv.json"))
-    ap.add_argument("--no-sweep", action="store_true", help="skip the backward tile sweep")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the backward kernels' tile sweeps")
     args = ap.parse_args()
     res: dict = {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -222,7 +275,7 @@ def main() -> None:
             print(f"{layout:>7} {backend:>6}: {json.dumps(res[layout][backend])}")
     res["bwd_" + "x".join(map(str, MODEL))] = bwd = backward_alone(copy_gbps, not args.no_sweep)
     save()
-    print(f"backward alone {json.dumps({k: v for k, v in bwd.items() if k != 'tile_sweep'})}")
+    print(f"backward alone {json.dumps({k: v for k, v in bwd.items() if not k.endswith('_sweep')})}")
     res["decode_N64_D12288"] = decode(copy_gbps)
     save()
     print(f"copy {res['copy_GBps']} GB/s; decode {json.dumps(res['decode_N64_D12288'])}")

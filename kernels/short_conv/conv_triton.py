@@ -13,16 +13,18 @@ Kernels (all fixed configurations, so they run under ``TRITON_INTERPRET=1``; no 
 - ``_fwd_kernel``, grid (row tiles, channel tiles): the W taps as W shifted ``[BT, BD]`` loads (the
   shifted rows come from L1/L2), bias, SiLU; one pass over x and y.
 - ``_final_state_kernel``, grid (sequence, channel tiles): the last W-1 inputs of each sequence.
-- ``_bwd_kernel``, grid (row groups, channel tiles): each program walks its group in [BT, BD] row tiles;
-  per tile it recomputes ``pre`` once per row (W tap loads, no activation is saved) and
-  ``dpre = dy * silu'(pre)`` (one exp), plus ``dpre`` on the W-1 rows after the tile (the halo, recomputed).
-  The shifted ``dpre[t+k]`` (same sequence only) come from register gathers of the tile and its halo, not
-  from reloads: ``dx[t] = sum_k weight[W-1-k] * dpre[t+k]`` plus the final-state gradient on each sequence's
-  last W-1 rows, and ``dweight[W-1-k] += sum_t x[t] * dpre[t+k]`` (the initial-state taps of dweight only in
-  tiles where a sequence starts). ``dweight``/``dbias`` partial sums per (row group, channel) are written to a
-  buffer and summed by ``torch.sum``: deterministic, no atomics.
-- ``_dstate_kernel``, grid (sequence, channel tiles): ``d initial_state`` (the same row formula at the
-  W-1 positions before each sequence's start).
+- backward, two kernels (no gather, no recomputed halo):
+  ``_dpre_kernel``, grid (row groups, channel tiles): each program walks its group in [BT, BD] row tiles; per
+  tile the W shifted taps as the forward loads them (kept in registers; initial-state values before a sequence
+  start), ``pre`` (the forward's order of sums), ``dpre = dy * silu'(pre)`` (one exp) stored to an fp32 buffer
+  (fp64 for fp64 inputs; x's dtype with ``DPRE_IN_X_DTYPE``), and ``dweight[w] += tap_w * dpre``, ``dbias +=
+  dpre`` from the same taps. Per (row group, channel) partial sums go to ``[P, D, W]`` / ``[P, D]`` buffers
+  summed by ``torch.sum``: deterministic, no atomics.
+  ``_dx_kernel``, grid (row tiles, channel tiles): ``dx[t] = sum_k weight[W-1-k] * dpre[t+k]`` over ``t+k``
+  inside t's sequence (W shifted loads of the dpre buffer), plus the final-state gradient on each sequence's
+  last W-1 rows.
+- ``_dstate_kernel``, grid (sequence, channel tiles): ``d initial_state``, the dx formula at the W-1 positions
+  before each sequence's start, from the dpre buffer.
 - ``_update_kernel``, grid (sequence, channel tiles): one decode token per sequence, state in and a new
   state out (the input state is not modified), matching ``causal_conv1d_update``.
 
@@ -40,7 +42,12 @@ import triton
 import triton.language as tl
 
 FWD_BT, FWD_BD = 16, 128
-BWD_BT, BWD_BD, BWD_TILES, BWD_WARPS = 32, 128, 16, 8  # one backward program: up to BWD_BT * BWD_TILES rows
+# backward kernel 1 (dpre, dweight/dbias partials): one program walks DPRE_TILES row tiles of DPRE_BT rows
+# (256 rows: 128 partial sums at 32768 rows); DPRE_DEFER: per-tap [BT, BD] dweight accumulators reduced over
+# rows once per program (else once per tile). sm_90a, bf16, W = 4: 155 registers, no spills (8 x 128 x 4 warps).
+DPRE_BT, DPRE_BD, DPRE_WARPS, DPRE_TILES, DPRE_DEFER = 8, 128, 4, 32, True
+DPRE_IN_X_DTYPE = False  # store dpre in x's dtype (bf16: 2 B less traffic per element each way) instead of fp32
+DX_BT, DX_BD, DX_WARPS = 32, 128, 8  # backward kernel 2 (dx): 80 registers, no shared-memory layout change
 STATE_BD = 128
 DEC_BD = 256
 NUM_WARPS = 4
@@ -111,40 +118,6 @@ def _silu(pre):
 
 
 @triton.jit
-def _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, q, qmin, rmask, cols, cmask, D, W: tl.constexpr,
-          BR: tl.constexpr, BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
-          ACC: tl.constexpr):
-    """Gradient of the pre-activation at sequence positions ``q`` (zero outside ``0 <= q < L``)."""
-    valid = rmask & (q >= 0) & (q < L)
-    m = valid[:, None] & cmask[None, :]
-    g = tl.load(dy_ptr + (bos + q)[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
-    if ACT:
-        pre = _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, q, qmin, valid, cols, cmask, D, W, BR, BD, HAS_BIAS,
-                   HAS_STATE, ACC)
-        sig = 1.0 / (1.0 + tl.exp(-pre))
-        g = g * sig * (1.0 + pre * (1.0 - sig))
-    return g
-
-
-@triton.jit
-def _drow(acc, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, pos, pmin, rmask, cols, cmask, D,
-          W: tl.constexpr, K0: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, ACT: tl.constexpr,
-          HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_DFS: tl.constexpr, ACC: tl.constexpr):
-    """Gradient of the input at sequence positions ``pos`` (x rows, or initial-state columns when pos < 0):
-    ``acc + sum_{K0 <= k < W} weight[W-1-k] * dpre[pos + k]`` plus the final-state gradient of that input."""
-    for k in tl.static_range(K0, W):
-        wt = tl.load(w_ptr + cols * W + (W - 1 - k), mask=cmask, other=0.0).to(ACC)
-        g = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, L, pos + k, pmin + k, rmask, cols, cmask, D, W, BR,
-                  BD, ACT, HAS_BIAS, HAS_STATE, ACC)
-        acc += wt[None, :] * g
-    if HAS_DFS:
-        c = pos - L + (W - 1)  # final-state column that holds this input
-        m = (rmask & (c >= 0))[:, None] & cmask[None, :]
-        acc += tl.load(dfs_ptr + (seq * (W - 1) + c)[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
-    return acc
-
-
-@triton.jit
 def _fwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, seq_ptr, cu_ptr, NT, T, D, W: tl.constexpr, BT: tl.constexpr,
                 BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
                 VARLEN: tl.constexpr, ACC: tl.constexpr):
@@ -175,78 +148,64 @@ def _final_state_kernel(x_ptr, s_ptr, fs_ptr, cu_ptr, T, D, W: tl.constexpr, BJ:
 
 
 @triton.jit
-def _shifted(cur, halo, k: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr):
-    """Rows ``i + k`` of the tile ``cur`` ([BT, BD]) continued by ``halo`` ([BH, BD], the rows after it), for
-    ``i < BT`` and ``0 < k <= BH``: two register gathers along the rows (through shared memory), no reload."""
-    idx = tl.broadcast_to(tl.arange(0, BT)[:, None] + k, (BT, BD))
-    inside = tl.gather(cur, tl.minimum(idx, BT - 1), 0)
-    after = tl.gather(halo, tl.minimum(tl.maximum(idx - BT, 0), BH - 1), 0)
-    return tl.where(idx < BT, inside, after)
-
-
-@triton.jit
-def _bwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_ptr, seq_ptr, cu_ptr, NT, T, D,
-                W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr,
-                TILES: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
-                HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
-    """One program: TILES consecutive [BT, BD] row tiles. Per tile, ``dpre`` once per row (W tap loads, one exp)
-    and on the BH rows after the tile (the halo, recomputed); ``dx`` and ``dweight`` from row-shifted copies of
-    ``dpre`` (register gathers) times the weights and the tile's own x."""
+def _dpre_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dpre_ptr, dw_ptr, db_ptr, seq_ptr, cu_ptr, NT, T, D,
+                 W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, TILES: tl.constexpr,
+                 DEFER: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+                 VARLEN: tl.constexpr, ACC: tl.constexpr):
+    """Backward kernel 1, one program: TILES consecutive [BT, BD] row tiles. Per tile the W shifted taps (as the
+    forward loads them, kept in registers), ``pre`` (same order of sums as the forward), ``dpre = dy * silu'(pre)``
+    (stored), and the dweight / dbias terms ``tap_w * dpre`` from the same taps. DEFER: per-tap [BT, BD]
+    accumulators reduced over rows once per program, else one row reduction per tap and tile. The program's
+    partial sums go to ``dw_ptr[program, d, w]`` / ``db_ptr[program, d]``."""
     i_p = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     wc = tl.arange(0, BW)
     dw = tl.zeros([BW, BD], dtype=ACC)  # dw[w, d]: transposed, so that its rows are the tile's column vectors
     db = tl.zeros([BD], dtype=ACC)
+    wts = ()  # the weights, loaded once per program
+    acc = ()  # DEFER: per-tap partial sums of tap * dpre, [BT, BD] each
+    for w in tl.static_range(W):
+        wts = wts + (tl.load(w_ptr + cols * W + w, mask=cmask, other=0.0),)
+        acc = acc + (tl.zeros([BT if DEFER else 1, BD], dtype=ACC),)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    gsum = tl.zeros([BT if DEFER else 1, BD], dtype=ACC)
     for it in range(TILES):
-        r0 = (i_p * TILES + it) * BT
-        rows = r0 + tl.arange(0, BT)
+        rows = (i_p * TILES + it) * BT + tl.arange(0, BT)
         rmask = rows < NT
         seq, bos, L = _rows_seq(rows, rmask, seq_ptr, cu_ptr, T, VARLEN)
         pos = rows - bos
         pmin = tl.min(pos, axis=0)
         m = rmask[:, None] & cmask[None, :]
-        pre = tl.zeros([BT, BD], dtype=ACC)  # as ``_pre`` (same order of sums), keeping the unshifted tap x
-        for w in tl.static_range(W - 1):
-            wt = tl.load(w_ptr + cols * W + w, mask=cmask, other=0.0).to(ACC)
-            pre += wt[None, :] * _tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, pmin - (W - 1) + w, rmask, cols,
-                                      cmask, D, W, HAS_STATE, ACC)
-        xv = tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
-        w_last = tl.load(w_ptr + cols * W + (W - 1), mask=cmask, other=0.0).to(ACC)
-        pre += w_last[None, :] * xv
-        if HAS_BIAS:
-            pre += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)[None, :]
-        g0 = tl.load(dy_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
+        g = tl.load(dy_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
+        taps = ()  # in x's dtype (exact), converted where used: fewer registers
+        for w in tl.static_range(W):
+            taps = taps + (_tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, pmin - (W - 1) + w, rmask, cols, cmask,
+                                D, W, HAS_STATE, x_ptr.dtype.element_ty),)
         if ACT:
+            pre = tl.zeros([BT, BD], dtype=ACC)
+            for w in tl.static_range(W):
+                pre += wts[w].to(ACC)[None, :] * taps[w].to(ACC)
+            if HAS_BIAS:
+                pre += bias[None, :]
             sig = 1.0 / (1.0 + tl.exp(-pre))
-            g0 = g0 * sig * (1.0 + pre * (1.0 - sig))
-        db += tl.sum(g0, axis=0)
-        dw += tl.where(wc[:, None] == W - 1, tl.sum(g0 * xv, axis=0)[None, :], 0.0)
-        if HAS_STATE:
-            if pmin < W - 1:  # a sequence starts in this tile: the initial-state taps of dweight
-                for w in tl.static_range(W - 1):
-                    p = pos - (W - 1) + w
-                    st = _tap(x_ptr, s_ptr, seq, bos, p, pmin - (W - 1) + w, rmask & (p < 0), cols, cmask, D, W,
-                              HAS_STATE, ACC)  # state values only (x rows masked off)
-                    dw += tl.where(wc[:, None] == w, tl.sum(g0 * st, axis=0)[None, :], 0.0)
-        dx = w_last[None, :] * g0
-        if W > 1:
-            hrows = r0 + BT + tl.arange(0, BH)
-            hmask = (hrows < NT) & (tl.arange(0, BH) < W - 1)
-            hseq, hbos, hL = _rows_seq(hrows, hmask, seq_ptr, cu_ptr, T, VARLEN)
-            hpos = hrows - hbos
-            gh = _dpre(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, hseq, hbos, hL, hpos, tl.min(hpos, axis=0), hmask, cols,
-                       cmask, D, W, BH, BD, ACT, HAS_BIAS, HAS_STATE, ACC)
-            for k in tl.static_range(1, W):  # dpre[t+k] within t's sequence: dx[t] and dweight[W-1-k] terms
-                wt = tl.load(w_ptr + cols * W + (W - 1 - k), mask=cmask, other=0.0).to(ACC)
-                g = tl.where((pos + k < L)[:, None], _shifted(g0, gh, k, BT, BD, BH), 0.0)
-                dx += wt[None, :] * g
-                dw += tl.where(wc[:, None] == W - 1 - k, tl.sum(g * xv, axis=0)[None, :], 0.0)
-        if HAS_DFS:
-            c = pos - L + (W - 1)  # final-state column that holds this input
-            mf = (rmask & (c >= 0))[:, None] & cmask[None, :]
-            dx += tl.load(dfs_ptr + (seq * (W - 1) + c)[:, None] * D + cols[None, :], mask=mf, other=0.0).to(ACC)
-        tl.store(dx_ptr + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=m)
+            g = g * sig * (1.0 + pre * (1.0 - sig))
+        tl.store(dpre_ptr + rows[:, None] * D + cols[None, :], g.to(dpre_ptr.dtype.element_ty), mask=m)
+        if DEFER:
+            nxt = ()
+            for w in tl.static_range(W):
+                nxt = nxt + (acc[w] + taps[w].to(ACC) * g,)
+            acc = nxt
+            gsum += g
+        else:
+            for w in tl.static_range(W):
+                dw += tl.where(wc[:, None] == w, tl.sum(taps[w].to(ACC) * g, axis=0)[None, :], 0.0)
+            db += tl.sum(g, axis=0)
+    if DEFER:
+        for w in tl.static_range(W):
+            dw += tl.where(wc[:, None] == w, tl.sum(acc[w], axis=0)[None, :], 0.0)
+        db = tl.sum(gsum, axis=0)
     w_off = i_p * D * W + cols[None, :] * W + wc[:, None]
     tl.store(dw_ptr + w_off, dw, mask=(wc < W)[:, None] & cmask[None, :])
     if HAS_BIAS:
@@ -254,18 +213,53 @@ def _bwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_
 
 
 @triton.jit
-def _dstate_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, ds_ptr, cu_ptr, T, D, W: tl.constexpr,
-                   BJ: tl.constexpr, BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
+def _dx_kernel(dpre_ptr, w_ptr, dfs_ptr, dx_ptr, seq_ptr, cu_ptr, NT, T, D, W: tl.constexpr, BT: tl.constexpr,
+               BD: tl.constexpr, HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
+    """Backward kernel 2: ``dx[t] = sum_k weight[W-1-k] * dpre[t+k]`` over t+k inside t's sequence (W shifted
+    [BT, BD] loads of dpre), plus the final-state gradient on each sequence's last W-1 rows."""
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    rmask, cmask = rows < NT, cols < D
+    seq, bos, L = _rows_seq(rows, rmask, seq_ptr, cu_ptr, T, VARLEN)
+    pos = rows - bos
+    dx = tl.zeros([BT, BD], dtype=ACC)
+    for k in tl.static_range(W):
+        wt = tl.load(w_ptr + cols * W + (W - 1 - k), mask=cmask, other=0.0).to(ACC)
+        mk = (rmask & (pos + k < L))[:, None] & cmask[None, :]
+        dx += wt[None, :] * tl.load(dpre_ptr + (rows + k)[:, None] * D + cols[None, :], mask=mk, other=0.0).to(ACC)
+    if HAS_DFS:
+        dx += _dfs_rows(dfs_ptr, seq, pos, L, rmask, cols, cmask, D, W, ACC)
+    tl.store(dx_ptr + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
+             mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _dfs_rows(dfs_ptr, seq, pos, L, rmask, cols, cmask, D, W: tl.constexpr, ACC: tl.constexpr):
+    """Final-state gradient of the inputs at sequence positions ``pos`` (zero outside the last W-1)."""
+    c = pos - L + (W - 1)  # final-state column that holds this input
+    m = (rmask & (c >= 0))[:, None] & cmask[None, :]
+    return tl.load(dfs_ptr + (seq * (W - 1) + c)[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
+
+
+@triton.jit
+def _dstate_kernel(dpre_ptr, w_ptr, dfs_ptr, ds_ptr, cu_ptr, T, D, W: tl.constexpr, BJ: tl.constexpr,
+                   BD: tl.constexpr, HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
+    """``d initial_state``: the dx formula at the W-1 positions before each sequence's start, from dpre."""
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
     j = tl.arange(0, BJ).to(tl.int64)
     jm = j < W - 1
     seq, bos, L = _seq_span(n, j, cu_ptr, T, VARLEN)
+    p = j - (W - 1)  # sequence position of state column j
     acc = tl.zeros([BJ, BD], dtype=ACC)
-    acc = _drow(acc, x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, seq, bos, L, j - (W - 1), -(W - 1), jm, cols,
-                cmask, D, W, 0, BJ, BD, ACT, HAS_BIAS, True, HAS_DFS, ACC)
+    for k in tl.static_range(1, W):
+        wt = tl.load(w_ptr + cols * W + (W - 1 - k), mask=cmask, other=0.0).to(ACC)
+        mk = (jm & (p + k >= 0) & (p + k < L))[:, None] & cmask[None, :]
+        acc += wt[None, :] * tl.load(dpre_ptr + (bos + p + k)[:, None] * D + cols[None, :], mask=mk,
+                                     other=0.0).to(ACC)
+    if HAS_DFS:
+        acc += _dfs_rows(dfs_ptr, seq, p, L, jm, cols, cmask, D, W, ACC)
     off = n * D * (W - 1) + cols[None, :] * (W - 1) + j[:, None]
     tl.store(ds_ptr + off, acc.to(ds_ptr.dtype.element_ty), mask=jm[:, None] & cmask[None, :])
 
@@ -351,33 +345,53 @@ def _final_state(x_TD, s, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
     return fs
 
 
-def _backward(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
-    """dx ``[NT, D]``, dweight ``[D, W]`` and dbias ``[D]`` (fp32/fp64 sums; dbias None without bias)."""
+def _bwd_dpre(x_TD, w, b, s, dy_TD, lay: _Layout, silu: bool):
+    """Kernel 1: dpre ``[NT, D]`` (fp32/fp64, or x's dtype with ``DPRE_IN_X_DTYPE``) and the dweight
+    ``[P, D, W]`` / dbias ``[P, D]`` partial sums of its P row-group programs (dbias None without bias)."""
     acc_dt = torch.float64 if x_TD.dtype == torch.float64 else torch.float32
-    dx = torch.empty_like(x_TD)
-    tiles = max(1, min(BWD_TILES, triton.cdiv(lay.NT, BWD_BT)))
-    n_prog = triton.cdiv(lay.NT, BWD_BT * tiles)
+    dpre = torch.empty(lay.NT, lay.D, dtype=x_TD.dtype if DPRE_IN_X_DTYPE else acc_dt, device=x_TD.device)
+    tiles = max(1, min(DPRE_TILES, triton.cdiv(lay.NT, DPRE_BT)))
+    n_prog = triton.cdiv(lay.NT, DPRE_BT * tiles)
     dw_part = torch.zeros(n_prog, lay.D, lay.W, dtype=acc_dt, device=x_TD.device)
     db_part = torch.zeros(n_prog, lay.D, dtype=acc_dt, device=x_TD.device) if b is not None else None
     if n_prog and lay.D:
-        _bwd_kernel[(n_prog, triton.cdiv(lay.D, BWD_BD))](
-            x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dfs if dfs is not None else dy_TD,
-            dx, dw_part, db_part if db_part is not None else dw_part, lay.seq, lay.cu, lay.NT, lay.T, lay.D,
-            W=lay.W, BW=max(2, triton.next_power_of_2(lay.W)), BT=BWD_BT, BD=BWD_BD, BH=_bj(lay.W), TILES=tiles,
-            ACT=silu, HAS_BIAS=b is not None, HAS_STATE=s is not None, HAS_DFS=dfs is not None, VARLEN=lay.varlen,
-            ACC=_acc(x_TD.dtype), num_warps=BWD_WARPS,
+        _dpre_kernel[(n_prog, triton.cdiv(lay.D, DPRE_BD))](
+            x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dpre, dw_part,
+            db_part if db_part is not None else dw_part, lay.seq, lay.cu, lay.NT, lay.T, lay.D, W=lay.W,
+            BW=max(2, triton.next_power_of_2(lay.W)), BT=DPRE_BT, BD=DPRE_BD, TILES=tiles, DEFER=DPRE_DEFER,
+            ACT=silu, HAS_BIAS=b is not None, HAS_STATE=s is not None, VARLEN=lay.varlen, ACC=_acc(x_TD.dtype),
+            num_warps=DPRE_WARPS,
         )
-    return dx, dw_part.sum(0), (db_part.sum(0) if db_part is not None else None)
+    return dpre, dw_part, db_part
 
 
-def _dstate(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool, out_dt: torch.dtype) -> torch.Tensor:
-    ds = torch.zeros(lay.N, lay.D, lay.W - 1, dtype=out_dt, device=s.device)
+def _bwd_dx(dpre, w, dfs, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
+    """Kernel 2: dx ``[NT, D]`` in ``out_dt`` from dpre and the final-state gradient ``[N, W-1, D]`` (or None)."""
+    dx = torch.empty(lay.NT, lay.D, dtype=out_dt, device=dpre.device)
+    if lay.NT and lay.D:
+        _dx_kernel[(triton.cdiv(lay.NT, DX_BT), triton.cdiv(lay.D, DX_BD))](
+            dpre, w, dfs if dfs is not None else dpre, dx, lay.seq, lay.cu, lay.NT, lay.T, lay.D, W=lay.W, BT=DX_BT,
+            BD=DX_BD, HAS_DFS=dfs is not None, VARLEN=lay.varlen, ACC=_acc(out_dt), num_warps=DX_WARPS,
+        )
+    return dx
+
+
+def _backward(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
+    """dx ``[NT, D]``, dweight ``[D, W]`` and dbias ``[D]`` (fp32/fp64 sums; dbias None without bias), and dpre
+    (for ``_dstate``)."""
+    dpre, dw_part, db_part = _bwd_dpre(x_TD, w, b, s, dy_TD, lay, silu)
+    dx = _bwd_dx(dpre, w, dfs, lay, x_TD.dtype)
+    return dx, dw_part.sum(0), (db_part.sum(0) if db_part is not None else None), dpre
+
+
+def _dstate(dpre, w, dfs, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
+    ds = torch.zeros(lay.N, lay.D, lay.W - 1, dtype=out_dt, device=dpre.device)
     if ds.numel() == 0:
         return ds
     _dstate_kernel[(lay.N, triton.cdiv(lay.D, STATE_BD))](
-        x_TD, w, b if b is not None else w, s, dy_TD, dfs if dfs is not None else s, ds, lay.cu, lay.T, lay.D,
-        W=lay.W, BJ=_bj(lay.W), BD=STATE_BD, ACT=silu, HAS_BIAS=b is not None, HAS_DFS=dfs is not None,
-        VARLEN=lay.varlen, ACC=_acc(x_TD.dtype), num_warps=NUM_WARPS,
+        dpre, w, dfs if dfs is not None else dpre, ds, lay.cu, lay.T, lay.D, W=lay.W, BJ=_bj(lay.W), BD=STATE_BD,
+        HAS_DFS=dfs is not None, VARLEN=lay.varlen, ACC=_acc(dpre.dtype),
+        num_warps=NUM_WARPS,
     )
     return ds
 
@@ -408,11 +422,11 @@ class CausalConv1dFunction(torch.autograd.Function):
         lay, silu = ctx.lay, ctx.silu
         dy_TD = dy.reshape(lay.NT, lay.D).contiguous() if dy is not None else torch.zeros_like(x_TD)
         dfs = dfs.transpose(1, 2).contiguous() if dfs is not None and dfs.numel() else None
-        dx, dw, db = _backward(x_TD, w, b, s, dy_TD, dfs, lay, silu)
+        dx, dw, db, dpre = _backward(x_TD, w, b, s, dy_TD, dfs, lay, silu)
         ds = None
         if ctx.needs_input_grad[3]:
             if s is not None:
-                ds = _dstate(x_TD, w, b, s, dy_TD, dfs, lay, silu, ctx.state_dtype)
+                ds = _dstate(dpre, w, dfs, lay, ctx.state_dtype)
             else:  # W = 1: the state is empty
                 ds = torch.zeros(lay.N, lay.D, 0, dtype=ctx.state_dtype, device=x_TD.device)
         db = db.to(b.dtype) if db is not None else None
