@@ -12,7 +12,9 @@ part() {  # title limit_s command...
   local title=$1 limit=$2
   shift 2
   echo "== $title ($(date +%T), limit ${limit}s)" | tee -a "$LOG"
-  timeout "$limit" "$@" 2>&1 | grep -v -i "warn\|^\s*$" | tail -n "${PART_TAIL:-40}" | tee -a "$LOG"
+  # drop Python warning lines and blank lines, but keep pytest's "N passed, M warnings" summary
+  timeout "$limit" "$@" 2>&1 | grep -v -i -E "^\s*$|[a-z]*warning:|warnings\.warn|_warn_once" \
+    | tail -n "${PART_TAIL:-40}" | tee -a "$LOG"
 }
 
 gpu_header() {
