@@ -56,6 +56,9 @@ def build_mask(q_len: int, kv_len: int, attention_mask_BS: torch.Tensor | None, 
     return MaskSpec(dense_B1TS=visible, key_padding_mask_BS=key_padding)
 
 
+FLEX_BLOCK = 128  # flex attention's default block size
+
+
 def _flex_block_mask(docs_T: torch.Tensor):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -63,4 +66,33 @@ def _flex_block_mask(docs_T: torch.Tensor):
         return (docs_T[q] == docs_T[kv]) & (q >= kv)
 
     n = docs_T.shape[0]
+    if n % FLEX_BLOCK == 0:
+        return doc_causal_block_mask(docs_T, mask_mod)
     return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device=docs_T.device)
+
+
+def doc_causal_block_mask(docs_T: torch.Tensor, mask_mod, block: int = FLEX_BLOCK):
+    """The document-causal ``BlockMask`` built from the documents' block structure (``[T/block]^2`` work) instead
+    of evaluating ``mask_mod`` on all ``T^2`` pairs as ``create_block_mask`` does (20 ms per step at T = 32768 in
+    the training app's H100 profile). ``docs_T`` is non-decreasing, ``T`` a multiple of ``block``.
+
+    Block (i, j) holds a visible pair iff ``j == i`` (the diagonal) or ``j < i`` and kv block j's last document
+    is q block i's first; it is full (no ``mask_mod`` needed) iff ``j < i`` and both blocks lie in one document
+    (kv block j's first document is q block i's last)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    n = docs_T.shape[0]
+    nb = n // block
+    starts = torch.arange(nb, device=docs_T.device) * block
+    first, last = docs_T[starts], docs_T[starts + block - 1]
+    below = starts[None, :] < starts[:, None]  # [i, j]: j < i
+    visible = (below & (last[None, :] == first[:, None])) | torch.eye(nb, dtype=torch.bool, device=docs_T.device)
+    full = below & (first[None, :] == last[:, None])
+    partial = visible & ~full
+
+    def blocks(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        order = torch.argsort((~m).to(torch.int8), dim=-1, stable=True)  # the kept blocks first, ascending
+        return m.sum(-1).to(torch.int32)[None, None], order.to(torch.int32)[None, None]
+
+    return BlockMask.from_kv_blocks(*blocks(partial), *blocks(full), BLOCK_SIZE=block, mask_mod=mask_mod,
+                                    seq_lengths=(n, n))
