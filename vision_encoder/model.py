@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from kernels.host_ints import remember
 from vision_encoder.attention import AttentionLayout, MoonViTAttention, block_diagonal_mask, resolve_backend
 from vision_encoder.config import MoonViTConfig
 from vision_encoder.merger import MoonViTProjector, temporal_merge
@@ -216,7 +217,9 @@ class MoonViT(nn.Module):
 def packed_layout(grid_thw: torch.Tensor, x: torch.Tensor, requested: str, masked_max_len: int) -> AttentionLayout:
     """``cu_seqlens`` over whole chunks (a video chunk attends across its frames) and the backend."""
     lengths = grid_thw.prod(-1)
-    cu = F.pad(lengths.cumsum(0), (1, 0)).to(device=x.device, dtype=torch.int32)
+    cu_host = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    cu = cu_host.to(x.device)
+    remember(cu, cu_host.tolist())  # later host reads of these bounds (QK max pass) need no synchronisation
     total = int(lengths.sum())
     backend = resolve_backend(requested, x, total, masked_max_len)
     mask = block_diagonal_mask(cu, total) if backend == "masked" else None

@@ -172,10 +172,10 @@ def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
     """One step of ``Trainer.train_step`` (grad_accum micro-batches) with phase timers; returns its tokens
     (``attention_mask`` sum of this process, as the app counts them)."""
     from kimi_vl.train.loop import MODALITIES, _qk_and_optim_stats, model_inputs
-    from kimi_vl.train.loss import breakdown, mean_loss, token_losses
+    from kimi_vl.train.loss import breakdown_sums, breakdown_values, mean_loss, token_losses
 
     cfg, model, acc = trainer.cfg, trainer.model, trainer.acc
-    n_tokens = 0
+    n_tokens, pending = 0, []
     for micro in range(cfg.grad_accum):
         with timer.phase("data"):
             batch = next(batches)
@@ -192,8 +192,10 @@ def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
                 if acc.num_processes > 1:
                     count = acc.reduce(mask_BL.sum().float(), reduction="sum")
                     loss = (loss_BL * mask_BL).sum() * acc.num_processes / count.clamp(min=1)
-                breakdown(loss_BL, mask_BL, batch["modality_ids"].to(acc.device), MODALITIES, "loss")
-                breakdown(loss_BL, mask_BL, batch["source_ids"].to(acc.device), batch["sources"], "loss/src")
+                pending += [(breakdown_sums(loss_BL, mask_BL, batch["modality_ids"].to(acc.device), len(MODALITIES)),
+                          MODALITIES),
+                         (breakdown_sums(loss_BL, mask_BL, batch["source_ids"].to(acc.device),
+                                         len(batch["sources"])), batch["sources"])]
             with timer.phase("backward"):
                 acc.backward(loss / cfg.grad_accum)
         n_tokens += int(batch["attention_mask"].sum())
@@ -207,8 +209,10 @@ def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
         trainer.optimizer.zero_grad(set_to_none=True)
     with timer.phase("moe_bias"):
         trainer._update_moe_bias()
-    with timer.phase("stats"):
+    with timer.phase("stats"):  # the app reads the step's values after the optimizer step is queued
         json.dumps(_qk_and_optim_stats(trainer.optimizer))
+        for sums, names in pending:
+            breakdown_values(sums, names, "loss")
     return n_tokens
 
 

@@ -28,7 +28,7 @@ from kimi_vl.train import build
 from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve_resume, save_checkpoint
 from kimi_vl.train.config import TrainConfig
 from kimi_vl.train.faults import GracefulStop, NonFiniteGuard
-from kimi_vl.train.loss import breakdown, mean_loss, token_losses
+from kimi_vl.train.loss import breakdown_sums, breakdown_values, mean_loss, token_losses
 
 MODEL_KEYS = ("input_ids", "attention_mask", "cu_seqlens", "position_ids", "pixel_values", "image_grid_thw",
               "pixel_values_videos", "video_grid_thw")
@@ -50,7 +50,8 @@ class LoaderPosition:
 
 def model_inputs(batch: dict[str, Any], device: torch.device, multimodal: bool) -> dict[str, Any]:
     keys = MODEL_KEYS if multimodal else MODEL_KEYS[:4]
-    inputs = {k: batch[k].to(device) for k in keys if k in batch}
+    # the grids stay on the host: the vision tower reads them there (a device copy would cost two synchronisations)
+    inputs = {k: batch[k] if k.endswith("grid_thw") else batch[k].to(device) for k in keys if k in batch}
     cu = batch.get("cu_seqlens")
     if cu is not None and cu.device.type == "cpu" and inputs["cu_seqlens"].device.type != "cpu":
         remember(inputs["cu_seqlens"], [int(x) for x in cu.tolist()])  # the layers' host reads need no sync
@@ -59,12 +60,13 @@ def model_inputs(batch: dict[str, Any], device: torch.device, multimodal: bool) 
 
 def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.device, multimodal: bool,
                  autocast: contextlib.AbstractContextManager,
-                 accelerator: Accelerator | None = None) -> tuple[torch.Tensor, dict[str, float], int]:
-    """Next-token loss of a packed batch, its breakdown, and its number of target tokens.
+                 accelerator: Accelerator | None = None) -> tuple[torch.Tensor, LossParts, torch.Tensor]:
+    """Next-token loss of a packed batch, its breakdown (still on the device: read it with ``.values()`` once the
+    step's backward is queued), and its number of target tokens (a device scalar).
 
     With ``accelerator`` over several processes the loss is ``local sum * world / global count`` so
     that DDP's gradient average weighs every target token of the global batch equally (and equals
-    one process running the concatenated batch).
+    one process running the concatenated batch). Nothing here synchronises the host with the device.
     """
     with autocast:
         out = model(**model_inputs(batch, device, multimodal), use_cache=False)
@@ -74,9 +76,22 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.de
     if accelerator is not None and accelerator.num_processes > 1:
         count = accelerator.reduce(mask_BL.sum().float(), reduction="sum")
         loss = (loss_BL * mask_BL).sum() * accelerator.num_processes / count.clamp(min=1)
-    parts = breakdown(loss_BL, mask_BL, batch["modality_ids"].to(device), MODALITIES, "loss")
-    parts.update(breakdown(loss_BL, mask_BL, batch["source_ids"].to(device), batch["sources"], "loss/src"))
-    return loss, parts, int(mask_BL.sum())
+    parts = LossParts([
+        (breakdown_sums(loss_BL, mask_BL, batch["modality_ids"].to(device), len(MODALITIES)), MODALITIES, "loss"),
+        (breakdown_sums(loss_BL, mask_BL, batch["source_ids"].to(device), len(batch["sources"])), batch["sources"],
+         "loss/src"),
+    ])
+    return loss, parts, mask_BL.sum()
+
+
+class LossParts(list):
+    """The loss breakdown of one micro-batch as device sums (:func:`breakdown_sums`), its names and prefixes."""
+
+    def values(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for sums_2K, names, prefix in self:
+            out.update(breakdown_values(sums_2K, names, prefix))
+        return out
 
 
 @torch.no_grad()
@@ -202,25 +217,30 @@ class Trainer:
     def train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, Any]:
         cfg, model = self.cfg, self.model
         t0 = time.perf_counter()
-        total, parts_sum, n_tokens, flops = 0.0, {}, 0, 0.0
+        losses, pending, n_tokens, flops = [], [], 0, 0.0
         skipped = {"data/corrupt": 0, "data/dropped": 0}
         for micro in range(cfg.grad_accum):
             batch = next(batches)
             sync = micro == cfg.grad_accum - 1
             with contextlib.nullcontext() if sync else self.acc.no_sync(model):
-                loss, parts, n = compute_loss(model, batch, self.acc.device, self.multimodal, self.autocast, self.acc)
+                loss, parts, _ = compute_loss(model, batch, self.acc.device, self.multimodal, self.autocast, self.acc)
                 self.acc.backward(loss / cfg.grad_accum)
-            total += float(loss.detach()) / cfg.grad_accum
-            n_tokens += int(batch["attention_mask"].sum())
+            losses.append(loss.detach())
+            pending.append(parts)
+            n_tokens += int(batch["attention_mask"].sum())  # a host tensor: no synchronisation
             flops += _batch_flops(self.flop_model, batch)
-            for k, v in parts.items():
-                parts_sum[k] = parts_sum.get(k, 0.0) + v / cfg.grad_accum
             state = batch.get("loader_state", {})
             skipped = {"data/corrupt": state.get("corrupt", 0), "data/dropped": state.get("dropped", 0)}
         grad_norm = self.acc.clip_grad_norm_(model.parameters(), cfg.grad_clip) if cfg.grad_clip > 0 else None
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        # the host reads the step's values only now, with the whole step queued on the device
+        total = sum(float(x) / cfg.grad_accum for x in losses)
+        parts_sum: dict[str, float] = {}
+        for parts in pending:
+            for k, v in parts.values().items():
+                parts_sum[k] = parts_sum.get(k, 0.0) + v / cfg.grad_accum
         moe = self._update_moe_bias()
         n_tokens *= self.acc.num_processes
         self.tokens += n_tokens

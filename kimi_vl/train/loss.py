@@ -48,18 +48,31 @@ def mean_loss(loss_BL: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
     return (loss_BL * mask_BL).sum() / n.clamp(min=1)
 
 
+def breakdown_sums(loss_BL: torch.Tensor, mask_BL: torch.Tensor, ids_BL: torch.Tensor | None,
+                   num_ids: int) -> torch.Tensor | None:
+    """fp64 ``[2, num_ids]`` on the loss's device: per id, the summed loss and the count of unmasked targets.
+
+    One pass (a ``[B*L, num_ids]`` one-hot) and no host synchronisation, so a training step can read it after
+    its backward and optimizer step are queued; ids outside ``range(num_ids)`` are ignored. ``None`` without ids.
+    """
+    if ids_BL is None or not num_ids:
+        return None
+    ids_N = ids_BL.reshape(-1).to(mask_BL.device)
+    onehot_NK = (ids_N[:, None] == torch.arange(num_ids, device=ids_N.device)) & mask_BL.reshape(-1, 1)
+    sums_K = (onehot_NK * loss_BL.detach().reshape(-1, 1).double()).sum(0)
+    return torch.stack([sums_K, onehot_NK.sum(0).double()])
+
+
+def breakdown_values(sums_2K: torch.Tensor | None, names: Sequence[str], prefix: str) -> dict[str, float]:
+    """``{f"{prefix}/{name}": mean loss}`` from :func:`breakdown_sums` (one host transfer)."""
+    if sums_2K is None:
+        return {}
+    sums, counts = sums_2K.tolist()
+    return {f"{prefix}/{name}": s / c for name, s, c in zip(names, sums, counts) if c > 0}
+
+
 def breakdown(loss_BL: torch.Tensor, mask_BL: torch.Tensor, ids_BL: torch.Tensor | None,
               names: Sequence[str], prefix: str) -> dict[str, float]:
-    """``{f"{prefix}/{name}": mean loss}`` for every id present among the unmasked targets.
-
-    One pass on the device (a ``[B*L, len(names)]`` one-hot, sums in fp64) and one host transfer, instead of
-    two synchronisations per name; ids outside ``range(len(names))`` are ignored.
-    """
-    if ids_BL is None or not names:
-        return {}
-    n = len(names)
-    ids_N = ids_BL.reshape(-1).to(mask_BL.device)
-    onehot_NK = (ids_N[:, None] == torch.arange(n, device=ids_N.device)) & mask_BL.reshape(-1, 1)
-    sums_K = (onehot_NK * loss_BL.detach().reshape(-1, 1).double()).sum(0)
-    sums, counts = torch.stack([sums_K, onehot_NK.sum(0).double()]).tolist()
-    return {f"{prefix}/{name}": s / c for name, s, c in zip(names, sums, counts) if c > 0}
+    """``{f"{prefix}/{name}": mean loss}`` for every id present among the unmasked targets (one device pass, one
+    host transfer, instead of two synchronisations per name)."""
+    return breakdown_values(breakdown_sums(loss_BL, mask_BL, ids_BL, len(names)), names, prefix)
