@@ -248,8 +248,9 @@ class ResumableLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self.dataset.restore = dict(self.reader_states)
         self.dataset.worker_offset = self.next_reader
+        # pinned batches on a CUDA machine: the trainer's non-blocking copies then never wait for the device
         loader = torch.utils.data.DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers,
-                                             persistent_workers=False)
+                                             persistent_workers=False, pin_memory=torch.cuda.is_available())
         readers = max(1, self.num_workers)
         for batch in loader:
             info = batch.pop("loader_state")

@@ -51,7 +51,8 @@ class LoaderPosition:
 def model_inputs(batch: dict[str, Any], device: torch.device, multimodal: bool) -> dict[str, Any]:
     keys = MODEL_KEYS if multimodal else MODEL_KEYS[:4]
     # the grids stay on the host: the vision tower reads them there (a device copy would cost two synchronisations)
-    inputs = {k: batch[k] if k.endswith("grid_thw") else batch[k].to(device) for k in keys if k in batch}
+    inputs = {k: batch[k] if k.endswith("grid_thw") else batch[k].to(device, non_blocking=True)
+              for k in keys if k in batch}
     cu = batch.get("cu_seqlens")
     if cu is not None and cu.device.type == "cpu" and inputs["cu_seqlens"].device.type != "cpu":
         remember(inputs["cu_seqlens"], [int(x) for x in cu.tolist()])  # the layers' host reads need no sync
@@ -70,17 +71,17 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.de
     """
     with autocast:
         out = model(**model_inputs(batch, device, multimodal), use_cache=False)
-    labels = batch["labels"].to(device)
-    loss_BL, mask_BL = token_losses(out.logits, labels, batch["position_ids"].to(device))
+    labels = batch["labels"].to(device, non_blocking=True)
+    loss_BL, mask_BL = token_losses(out.logits, labels, batch["position_ids"].to(device, non_blocking=True))
     loss = mean_loss(loss_BL, mask_BL)
     if accelerator is not None and accelerator.num_processes > 1:
         count = accelerator.reduce(mask_BL.sum().float(), reduction="sum")
         loss = (loss_BL * mask_BL).sum() * accelerator.num_processes / count.clamp(min=1)
-    parts = LossParts([
-        (breakdown_sums(loss_BL, mask_BL, batch["modality_ids"].to(device), len(MODALITIES)), MODALITIES, "loss"),
-        (breakdown_sums(loss_BL, mask_BL, batch["source_ids"].to(device), len(batch["sources"])), batch["sources"],
-         "loss/src"),
-    ])
+    def sums(key: str, n: int) -> torch.Tensor | None:
+        return breakdown_sums(loss_BL, mask_BL, batch[key].to(device, non_blocking=True), n)
+
+    parts = LossParts([(sums("modality_ids", len(MODALITIES)), MODALITIES, "loss"),
+                       (sums("source_ids", len(batch["sources"])), batch["sources"], "loss/src")])
     return loss, parts, mask_BL.sum()
 
 
