@@ -218,7 +218,7 @@ def packed_layout(grid_thw: torch.Tensor, x: torch.Tensor, requested: str, maske
     """``cu_seqlens`` over whole chunks (a video chunk attends across its frames) and the backend."""
     lengths = grid_thw.prod(-1)
     cu_host = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    cu = cu_host.to(x.device)
+    cu = cu_host.pin_memory().to(x.device, non_blocking=True) if x.is_cuda else cu_host  # pageable would sync
     remember(cu, cu_host.tolist())  # later host reads of these bounds (QK max pass) need no synchronisation
     total = int(lengths.sum())
     backend = resolve_backend(requested, x, total, masked_max_len)

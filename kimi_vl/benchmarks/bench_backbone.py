@@ -140,6 +140,9 @@ def bench_decode(model, cfg, context: int, batch: int, steps: int) -> dict:
         cache = model(ids[:, s: s + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1).past_key_values
     nbytes = cache.nbytes()
     tok = ids[:, -1:]
+    for _ in range(2):  # warm-up steps on a copy-free path: the decode kernels' first launches compile them
+        out = model(tok, past_key_values=cache, use_cache=True)
+        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -154,7 +157,7 @@ def bench_decode(model, cfg, context: int, batch: int, steps: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--flavor", default="small")
-    p.add_argument("--train-seqs", type=int, nargs="+", default=[4096, 32768])
+    p.add_argument("--train-seqs", type=int, nargs="*", default=[4096, 32768], help="none: no training runs")
     p.add_argument("--train-tokens", type=int, default=32768, help="tokens per training step (batch = this / seq)")
     p.add_argument("--decode-contexts", type=int, nargs="*", default=[32768, 131072], help="none: no decode runs")
     p.add_argument("--decode-batch", type=int, default=1)
@@ -177,7 +180,7 @@ def main() -> None:
         model = KimiVLForCausalLM(cfg).to("cuda", torch.bfloat16)
         results["train"][variant] = [bench_train(model, cfg, s, max(1, args.train_tokens // s), args.peak_tflops,
                                                  args.iters) for s in args.train_seqs]
-        if args.profile:
+        if args.profile and args.train_seqs:
             seq = args.train_seqs[0]
             batch = max(1, args.train_tokens // seq)
             results.setdefault("profile", {})[variant] = profile_train(model, cfg, seq, batch)
