@@ -115,12 +115,14 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], sourc
 
 
 def export_pretrained(model: Any, out_dir: str | os.PathLike, tokenizer: Any = None, processor: Any = None,
-                      extra_files: Mapping[str, str] | None = None) -> Path:
-    """Write a ``from_pretrained``-loadable folder atomically (tmp folder, then rename)."""
+                      extra_files: Mapping[str, str] | None = None,
+                      state_dict: Mapping[str, Any] | None = None) -> Path:
+    """Write a ``from_pretrained``-loadable folder atomically (tmp folder, then rename). ``state_dict``: the
+    weights to write instead of the model's own (a full state dict gathered from FSDP2-sharded parameters)."""
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, **({"state_dict": dict(state_dict)} if state_dict is not None else {}))
     for obj in (tokenizer, processor):
         if obj is not None:
             obj.save_pretrained(tmp)

@@ -278,8 +278,11 @@ class Trainer:
 
     def export(self) -> Path:
         final = self.out / "final"
+        # FSDP2 shards the parameters (save_pretrained cannot read them): every rank joins the gather of a full
+        # state dict, which rank 0 writes
+        state_dict = self.acc.get_state_dict(self.model) if getattr(self.acc, "is_fsdp2", False) else None
         if self.acc.is_main_process:
-            export_pretrained(self.unwrapped, final, self.tokenizer)
+            export_pretrained(self.unwrapped, final, self.tokenizer, state_dict=state_dict)
         self.acc.wait_for_everyone()
         return final
 

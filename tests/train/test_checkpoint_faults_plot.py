@@ -138,3 +138,16 @@ def test_plot_panels_split_eval_losses_from_rl_rewards():
     panels = panel_keys(pre)
     assert panels["held-out loss"] == ["eval/text/loss", "eval/vision/loss"]
     assert "held-out reward (RL)" not in panels and "generated tokens / s" not in panels
+
+
+def test_export_with_a_given_state_dict_round_trips(tmp_path):
+    """``export_pretrained(state_dict=...)`` (the FSDP2 path: rank 0 writes a gathered full state dict) writes
+    those weights, and ``from_pretrained`` loads them back exactly."""
+    from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+    from kimi_vl.train.checkpoint import export_pretrained
+
+    model = KimiVLForCausalLM(KimiVLConfig.from_flavor("debug"))
+    gathered = {k: v.detach().clone() + 1.0 for k, v in model.state_dict().items()}  # differs from the model's own
+    out = export_pretrained(model, tmp_path / "final", state_dict=gathered)
+    loaded = KimiVLForCausalLM.from_pretrained(out).state_dict()
+    assert all(torch.equal(loaded[k], gathered[k]) for k in loaded)
