@@ -27,7 +27,6 @@ import triton.language as tl
 NORM_TILE_ELEMS = 4096  # BLOCK_M * BLOCK_D per program
 NORM_BWD_TILES = 8  # row tiles per backward program
 NORM_WARPS = 4
-MAX_D = 16384
 ACT_BLOCK_M, ACT_BLOCK_I, ACT_WARPS = 4, 1024, 4
 
 

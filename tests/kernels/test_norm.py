@@ -108,6 +108,8 @@ def test_backend_choice_and_errors(monkeypatch):
         gated_rms_norm(x, x[:2], w)
     with pytest.raises(ValueError, match=r"\[\.\.\., 2I\]"):
         silu_mul(torch.randn(2, 3))
+    wide, w_wide = torch.randn(2, 16385), torch.ones(16385)  # above MAX_D: the PyTorch path, same result
+    assert torch.equal(rms_norm(wide, w_wide, backend="triton"), rms_norm_torch(wide, w_wide, 1e-6))
 
 
 @pytest.mark.gpu
