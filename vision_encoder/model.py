@@ -214,6 +214,7 @@ class MoonViT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+@torch.compiler.disable  # host-side set-up (a pinned copy and the host_ints cache), not traceable by dynamo
 def packed_layout(grid_thw: torch.Tensor, x: torch.Tensor, requested: str, masked_max_len: int) -> AttentionLayout:
     """``cu_seqlens`` over whole chunks (a video chunk attends across its frames) and the backend."""
     lengths = grid_thw.prod(-1)
