@@ -14,6 +14,7 @@ its first row's ``lo`` and its last row's ``hi``, so the work is the sum over do
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 import triton
@@ -73,6 +74,24 @@ def _qk_max_kernel(
     tl.store(out_ptr + pid_bh * n_mblocks + pid_m, tl.max(row_max, axis=0))
 
 
+_WINDOWS: list[tuple[weakref.ref, int, int, int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+
+
+def cached_segment_windows(cu_seqlens: torch.Tensor, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`segment_windows`, computed once per ``cu_seqlens`` tensor (identity and in-place version) and shape:
+    every layer of one forward passes the same bounds, and the windows cost ~10 small kernels each time."""
+    try:
+        version = cu_seqlens._version
+    except RuntimeError:  # an inference-mode tensor has no version counter: never cached
+        return segment_windows(cu_seqlens, B, T)
+    for ref, ver, b, t, windows in _WINDOWS:
+        if ref() is cu_seqlens and ver == version and (b, t) == (B, T):
+            return windows
+    windows = segment_windows(cu_seqlens, B, T)
+    _WINDOWS[:] = [e for e in _WINDOWS if e[0]() is not None][-3:] + [(weakref.ref(cu_seqlens), version, B, T, windows)]
+    return windows
+
+
 def segment_windows(cu_seqlens: torch.Tensor, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per token of the flattened ``[B*T]`` axis: its segment index and its segment's key window ``[lo, hi)``
     clipped to its own batch row, in row coordinates (int32 ``[B*T]`` each; no host synchronisation)."""
@@ -101,7 +120,8 @@ def max_logits_per_head_triton(
     S = k.shape[1]
     seg = lo = hi = None
     if cu_seqlens is not None:
-        seg, lo, hi = segment_windows(cu_seqlens.to(q.device), B, T)
+        cu = cu_seqlens if cu_seqlens.device == q.device else cu_seqlens.to(q.device)
+        seg, lo, hi = cached_segment_windows(cu, B, T)
     kmask = key_padding_mask.to(device=q.device, dtype=torch.int32).contiguous() if key_padding_mask is not None else None
     # the interpreter's 16-bit tl.dot returns garbage (triton 3.x on CPU): it takes the fp32 path
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"

@@ -46,3 +46,18 @@ def test_triton_segments_match_specification() -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", _CASES], capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-4000:]
+
+
+def test_segment_windows_cached_per_bounds_tensor() -> None:
+    """The windows are computed once per ``cu_seqlens`` tensor and shape (every layer passes the same bounds), and
+    recomputed after an in-place write to it or for another shape."""
+    from kernels.qk_max.triton_max import cached_segment_windows, segment_windows
+
+    cu = torch.tensor([0, 3, 7, 10])
+    first = cached_segment_windows(cu, 1, 10)
+    assert cached_segment_windows(cu, 1, 10) is first
+    assert all(torch.equal(a, b) for a, b in zip(first, segment_windows(cu, 1, 10)))
+    assert cached_segment_windows(cu, 2, 5) is not first
+    cu[2] = 6
+    again = cached_segment_windows(cu, 1, 10)
+    assert again is not first and all(torch.equal(a, b) for a, b in zip(again, segment_windows(cu, 1, 10)))
