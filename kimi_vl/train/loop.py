@@ -67,7 +67,7 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.de
 
     With ``accelerator`` over several processes the loss is ``local sum * world / global count`` so
     that DDP's gradient average weighs every target token of the global batch equally (and equals
-    one process running the concatenated batch). Nothing here synchronises the host with the device.
+    one process running the concatenated batch). Nothing here reads a device value on the host.
     """
     with autocast:
         out = model(**model_inputs(batch, device, multimodal), use_cache=False)
@@ -77,6 +77,7 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.de
     if accelerator is not None and accelerator.num_processes > 1:
         count = accelerator.reduce(mask_BL.sum().float(), reduction="sum")
         loss = (loss_BL * mask_BL).sum() * accelerator.num_processes / count.clamp(min=1)
+
     def sums(key: str, n: int) -> torch.Tensor | None:
         return breakdown_sums(loss_BL, mask_BL, batch[key].to(device, non_blocking=True), n)
 
