@@ -8,11 +8,10 @@ else Triton on CUDA and PyTorch elsewhere.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-BACKENDS = ("triton", "torch")
+from kernels.backend import choose_backend
+
 REDUCTIONS = ("none", "mean", "sum")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # computed in fp32 either way
 
@@ -23,14 +22,7 @@ def fail(fn: str, msg: str) -> None:
 
 def resolve_backend(backend: str | None, device: torch.device, fn: str) -> str:
     """Explicit argument, else ``KVL_CE_BACKEND``, else Triton on CUDA and PyTorch elsewhere."""
-    choice = backend if backend is not None else os.environ.get("KVL_CE_BACKEND") or None
-    if choice is None:
-        return "triton" if device.type == "cuda" else "torch"
-    if choice not in BACKENDS:
-        fail(fn, f"backend must be one of {BACKENDS} (argument or KVL_CE_BACKEND), got {choice!r}")
-    if choice == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        fail(fn, f"backend 'triton' on device {device} needs CUDA or TRITON_INTERPRET=1")
-    return choice
+    return choose_backend(backend, device, fn, "kernels/cross_entropy", "KVL_CE_BACKEND")
 
 
 def check_inputs(fn: str, logits: torch.Tensor, target: torch.Tensor, reduction: str) -> None:

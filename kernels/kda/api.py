@@ -7,15 +7,13 @@ states ``[N, HV, K, V]`` fp32; ``cu_seqlens [N + 1]`` int with B = 1.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from kernels.backend import choose_backend
 from kernels.host_ints import host_ints
 from kernels.kda.naive import kda_gate_ref, l2norm_ref
-
-BACKENDS = ("triton", "torch")
 
 
 @dataclass(frozen=True)
@@ -35,14 +33,7 @@ def _fail(fn: str, msg: str) -> None:
 
 def resolve_backend(backend: str | None, device: torch.device, fn: str) -> str:
     """Explicit argument, else ``KVL_KDA_BACKEND``, else Triton on CUDA and PyTorch elsewhere."""
-    choice = backend if backend is not None else os.environ.get("KVL_KDA_BACKEND") or None
-    if choice is None:
-        return "triton" if device.type == "cuda" else "torch"
-    if choice not in BACKENDS:
-        _fail(fn, f"backend must be one of {BACKENDS} (argument or KVL_KDA_BACKEND), got {choice!r}")
-    if choice == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        _fail(fn, f"backend 'triton' on device {device} needs CUDA or TRITON_INTERPRET=1")
-    return choice
+    return choose_backend(backend, device, fn, "kernels/kda", "KVL_KDA_BACKEND")
 
 
 def validate(

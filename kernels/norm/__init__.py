@@ -15,15 +15,13 @@ Shapes: x, gate ``[..., D]``; weight ``[D]``; gate_up ``[..., 2I]`` -> ``[..., I
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from kernels.backend import choose_backend
 from kernels.norm.norm_torch import gated_rms_norm_torch, rms_norm_torch, silu_mul_torch
 
 __all__ = ["rms_norm", "gated_rms_norm", "silu_mul", "rms_norm_torch", "gated_rms_norm_torch", "silu_mul_torch"]
 
-BACKENDS = ("triton", "torch")
 MAX_D = 16384  # the fused kernels hold a whole row of D in registers; wider rows take the PyTorch path
 
 
@@ -33,14 +31,7 @@ def _fail(fn: str, msg: str) -> None:
 
 def resolve_backend(backend: str | None, device: torch.device, fn: str) -> str:
     """Explicit argument, else ``KVL_NORM_BACKEND``, else Triton on CUDA and PyTorch elsewhere."""
-    choice = backend if backend is not None else os.environ.get("KVL_NORM_BACKEND") or None
-    if choice is None:
-        return "triton" if device.type == "cuda" else "torch"
-    if choice not in BACKENDS:
-        _fail(fn, f"backend must be one of {BACKENDS} (argument or KVL_NORM_BACKEND), got {choice!r}")
-    if choice == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        _fail(fn, f"backend 'triton' on device {device} needs CUDA or TRITON_INTERPRET=1")
-    return choice
+    return choose_backend(backend, device, fn, "kernels/norm", "KVL_NORM_BACKEND")
 
 
 def _check_norm(fn: str, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> None:

@@ -79,25 +79,28 @@ def _norm_bwd_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_p
 
 
 @triton.jit
-def _silu_mul_fwd_kernel(gu_ptr, y_ptr, M, I, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr):
+def _gate_up_tile(gu_ptr, M, I, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr):
+    """This program's ``[BLOCK_M, BLOCK_I]`` tile of the gate and up halves of ``gate_up [M, 2I]`` in fp32, with
+    its rows, columns, mask and offsets into ``gate_up``."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     m = (rows < M)[:, None] & (cols < I)[None, :]
     off = rows[:, None] * (2 * I) + cols[None, :]
     g = tl.load(gu_ptr + off, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + off + I, mask=m, other=0.0).to(tl.float32)
+    return rows, cols, m, off, g, u
+
+
+@triton.jit
+def _silu_mul_fwd_kernel(gu_ptr, y_ptr, M, I, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr):
+    rows, cols, m, off, g, u = _gate_up_tile(gu_ptr, M, I, BLOCK_M, BLOCK_I)
     y = g * tl.sigmoid(g) * u
     tl.store(y_ptr + rows[:, None] * I + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _silu_mul_bwd_kernel(gu_ptr, dy_ptr, dgu_ptr, M, I, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    m = (rows < M)[:, None] & (cols < I)[None, :]
-    off = rows[:, None] * (2 * I) + cols[None, :]
-    g = tl.load(gu_ptr + off, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + off + I, mask=m, other=0.0).to(tl.float32)
+    rows, cols, m, off, g, u = _gate_up_tile(gu_ptr, M, I, BLOCK_M, BLOCK_I)
     dy = tl.load(dy_ptr + rows[:, None] * I + cols[None, :], mask=m, other=0.0).to(tl.float32)
     s = tl.sigmoid(g)
     tl.store(dgu_ptr + off, (dy * u * s * (1.0 + g * (1.0 - s))).to(dgu_ptr.dtype.element_ty), mask=m)

@@ -8,13 +8,11 @@ Shapes: x ``[B, T, D]`` (B = 1 with ``cu_seqlens [N + 1]``); weight ``[D, W]``; 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from kernels.backend import choose_backend
 from kernels.host_ints import host_ints
 
-BACKENDS = ("triton", "torch")
 ACTIVATIONS = (None, "silu", "swish", "identity")
 
 
@@ -28,14 +26,7 @@ def uses_silu(activation: str | None) -> bool:
 
 def resolve_backend(backend: str | None, device: torch.device, fn: str) -> str:
     """Explicit argument, else ``KVL_CONV_BACKEND``, else Triton on CUDA and PyTorch elsewhere."""
-    choice = backend if backend is not None else os.environ.get("KVL_CONV_BACKEND") or None
-    if choice is None:
-        return "triton" if device.type == "cuda" else "torch"
-    if choice not in BACKENDS:
-        fail(fn, f"backend must be one of {BACKENDS} (argument or KVL_CONV_BACKEND), got {choice!r}")
-    if choice == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        fail(fn, f"backend 'triton' on device {device} needs CUDA or TRITON_INTERPRET=1")
-    return choice
+    return choose_backend(backend, device, fn, "kernels/short_conv", "KVL_CONV_BACKEND")
 
 
 def check_params(fn: str, x: torch.Tensor, weight: torch.Tensor, bias, activation, state, N: int) -> None:
