@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.profiling import kernel_events
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
 from kimi_vl.modeling.flops import lm_flops_per_token
 
@@ -106,11 +107,10 @@ def profile_train(model, cfg, seq: int, batch: int, top: int = 30) -> dict:
         step()
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels.setdefault(ev.name, [0.0, 0])
-            k[0] += ev.device_time_total / 1000
-            k[1] += 1
+    for ev in kernel_events(prof):
+        k = kernels.setdefault(ev.name, [0.0, 0])
+        k[0] += ev.device_time_total / 1000
+        k[1] += 1
     cats: dict[str, float] = {}
     for name, (ms, _) in kernels.items():
         cats[categorise(name)] = cats.get(categorise(name), 0.0) + ms

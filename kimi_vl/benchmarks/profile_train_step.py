@@ -345,6 +345,8 @@ def torch_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
     device was (the sum of kernel time over the step's wall time: well under 1 means launch/host bound)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from kernels.profiling import kernel_ms
+
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if timer.cuda else [])
     t0 = timer.now()
     with profile(activities=acts, record_shapes=False) as prof:
@@ -353,8 +355,7 @@ def torch_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
     events = prof.key_averages()
     tables = {key: events.table(sort_by=key, row_limit=40)
               for key in (("self_device_time_total",) if timer.cuda else ()) + ("self_cpu_time_total",)}
-    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]  # kernel events only
-    busy_s = sum(e.self_device_time_total for e in kernels) / 1e6
+    busy_s = kernel_ms(prof) / 1000 if timer.cuda else 0.0  # kernels only: annotations span kernels counted
     if trainer.acc.is_main_process:
         text = "\n\n".join(f"sorted by {k}\n{t}" for k, t in tables.items())
         (out_dir / "profile_train_step_ops.txt").write_text(text)

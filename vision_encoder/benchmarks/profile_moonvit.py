@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.profiling import kernel_events
 from vision_encoder.config import moonvit_config
 from vision_encoder.model import MoonViT
 
@@ -57,7 +58,7 @@ def measure(model: MoonViT, px, grid, backward: bool, iters: int, top: int) -> d
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run(model, px, grid, backward)
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = kernel_events(prof)
     gpu_ms = sum(e.device_time_total for e in kernels) / 1000
     avg = prof.key_averages()
     by_cpu = sorted(avg, key=lambda e: -e.self_cpu_time_total)[:top]
