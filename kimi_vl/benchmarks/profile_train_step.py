@@ -20,7 +20,8 @@ One command, CPU or GPU; JSON to ``$OUT/profile_train_step.json`` (or ``--out``)
         data.num_workers=0 precision=fp32 --steps 3 --warmup 1
 
 Under ``accelerate launch`` it runs on every process (DDP collectives included) and rank 0 writes its own
-per-process numbers. ``--torch-profile`` also writes the top operators of one step (``torch.profiler``).
+per-process numbers. ``--torch-profile`` also writes the top operators of one step (``torch.profiler``);
+``--host-profile`` cProfiles three more steps run as the app runs them (no phase syncs): host time per function.
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ class PhaseTimer:
         self.cpu_totals: dict[str, float] = {}
         self.stack: list[str] = []  # the phases now open, innermost last
         self.enabled = True
+        self.sync = True  # False: no device synchronisation at phase boundaries (host profiling)
 
     def now(self) -> float:
-        if self.cuda:
+        if self.cuda and self.sync:
             torch.cuda.synchronize()
         return time.perf_counter()
 
@@ -166,6 +168,57 @@ def count_ops(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer
     finally:
         timer.enabled = enabled
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def host_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, out_dir: Path,
+                 steps: int = 3) -> dict[str, Any]:
+    """cProfile of ``steps`` more steps run as the app runs them (no synchronisation at phase boundaries), so the
+    host's own time per Python function shows where a launch-bound step goes. Writes the top functions by
+    cumulative and by own time to ``host_cprofile.txt``; returns the host seconds per step by source file (own
+    time, the 25 largest) and the step's wall time under the profiler."""
+    import cProfile
+    import io
+    import pstats
+
+    quiet = PhaseTimer(trainer.acc.device)
+    quiet.sync = quiet.enabled = False
+    timer.sync, enabled, timer.enabled = False, timer.enabled, False
+    prof = cProfile.Profile()
+    try:
+        if timer.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(steps):
+            profiled_step(trainer, batches, quiet)
+        prof.disable()
+        if timer.cuda:
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps
+    finally:
+        timer.sync, timer.enabled = True, enabled
+    stats = pstats.Stats(prof)
+    by_file: dict[str, float] = {}
+    for (path, _, _), (_, _, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        key = _short_path(path)
+        by_file[key] = by_file.get(key, 0.0) + own / steps
+    text = io.StringIO()
+    for key in ("cumulative", "tottime"):
+        text.write(f"== sorted by {key} (seconds over {steps} steps)\n")
+        pstats.Stats(prof, stream=text).sort_stats(key).print_stats(60)
+    if trainer.acc.is_main_process:
+        (out_dir / "host_cprofile.txt").write_text(text.getvalue())
+    top = dict(sorted(by_file.items(), key=lambda kv: -kv[1])[:25])
+    return {"steps": steps, "wall_s_per_step_profiled": wall, "own_s_per_step_by_file": top}
+
+
+def _short_path(path: str) -> str:
+    """A source path relative to the repository or to ``site-packages`` (built-ins keep their ``~`` name)."""
+    for marker in ("site-packages/", "/kimi_vl/", "/kernels/", "/vision_encoder/", "/data_pipelines/"):
+        if marker in path:
+            head = "" if marker == "site-packages/" else marker.strip("/") + "/"
+            return head + path.split(marker, 1)[1]
+    return path
 
 
 def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> int:
@@ -373,6 +426,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--count-ops", action=argparse.BooleanOptionalAction, default=None,
                    help="count ATen ops per phase in one extra step (default: on CPU only)")
     p.add_argument("--torch-profile", action="store_true", help="also write the top ops of one more step")
+    p.add_argument("--host-profile", action="store_true",
+                   help="also cProfile 3 more steps run without phase syncs (host time per function)")
     p.add_argument("--out", default=None, help="output folder (default $OUT, else the current folder)")
     p.add_argument("overrides", nargs="*", help="key=value run-config overrides")
     return p.parse_args(argv)
@@ -436,6 +491,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("module_fwd_s", args.module_steps > 0, lambda: module_forward_times(trainer, batches, args.module_steps)),
             ("syncs_per_step", timer.cuda, lambda: count_syncs(trainer, batches, timer)),
             ("torch_profile", args.torch_profile, lambda: torch_profile(trainer, batches, timer, out_dir)),
+            ("host_profile", args.host_profile, lambda: host_profile(trainer, batches, timer, out_dir)),
         ]
         for key, wanted, fn in extras:
             if wanted:
