@@ -8,6 +8,7 @@ ratio (well under 1: the host is the bottleneck), the number of kernels, and the
 GPU time. JSON to ``$OUT/profile_moonvit.json`` and a short table on stdout; about 30 s on an H100.
 
     python -m vision_encoder.benchmarks.profile_moonvit
+    python -m vision_encoder.benchmarks.profile_moonvit --chunks 40,4  # 40 images (sides 2..24 patches), 4 video chunks
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 from pathlib import Path
@@ -34,6 +36,26 @@ def parse_grids(text: str) -> torch.Tensor:
         spec, _, times = part.partition("*")
         rows += [[int(v) for v in spec.split("x")]] * int(times or 1)
     return torch.tensor(rows)
+
+
+def chunk_mix(images: int, video_chunks: int, max_side: int, seed: int = 0) -> torch.Tensor:
+    """``[images + video_chunks, 3]``: ``images`` single frames with even ``h, w`` drawn from ``[2, max_side]``
+    patches, then the chunks of one video clip (its own ``h x w``; 4 frames each, the last one 2), the way the
+    training app's packed batch mixes many images with the chunks of a video."""
+    rng = random.Random(seed)
+    sides = range(2, max_side + 1, 2)
+    rows = [[1, rng.choice(sides), rng.choice(sides)] for _ in range(images)]
+    h, w = rng.choice(sides), rng.choice(sides)
+    rows += [[4 if i < video_chunks - 1 else 2, h, w] for i in range(video_chunks)]
+    return torch.tensor(rows)
+
+
+def batch_grids(grids: str, chunks: str | None, max_side: int) -> torch.Tensor:
+    """``--chunks IMAGES,VIDEO_CHUNKS`` (a :func:`chunk_mix`) when given, else the explicit ``--grids``."""
+    if chunks is None:
+        return parse_grids(grids)
+    images, _, videos = chunks.partition(",")
+    return chunk_mix(int(images), int(videos or 0), max_side)
 
 
 def run(model: MoonViT, px: torch.Tensor, grid: torch.Tensor, backward: bool) -> None:
@@ -73,12 +95,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flavor", default="small")
     ap.add_argument("--grids", default=APP_GRIDS, help="TxHxW[*count],... in patches")
+    ap.add_argument("--chunks", default=None, help="IMAGES,VIDEO_CHUNKS: a seeded many-chunk mix (replaces --grids)")
+    ap.add_argument("--max-side", type=int, default=24, help="largest image side in patches for --chunks")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
     torch.manual_seed(0)
     model = MoonViT(moonvit_config(args.flavor, out_hidden_size=768)).cuda()
-    grid = parse_grids(args.grids)
+    grid = batch_grids(args.grids, args.chunks, args.max_side)
     px = torch.randn(int(grid.prod(-1).sum()), 3, 14, 14, device="cuda")
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "flavor": args.flavor,
            "patches": px.shape[0], "chunks": grid.shape[0], "variants": {}}

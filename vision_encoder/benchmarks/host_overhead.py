@@ -1,0 +1,125 @@
+"""Host overhead of one MoonViT forward and forward + backward on a many-chunk packed batch (CPU).
+
+The GPU profile (``profile_moonvit``) shows the encoder host-bound: its wall time is the Python and dispatcher
+cost of hundreds of small launches, not GPU work. That cost can be measured without a GPU: a *narrow* encoder
+(``--width`` 48, 6 heads, 12 layers like ``small``; image sides of 2 or 4 patches, ``--max-side``) keeps the CPU
+arithmetic small, so the host time below is dominated by the per-op overhead that the GPU run pays too. Counted per
+call: ATen operators dispatched (all, and those that are not views: views launch no kernel) with a
+``TorchDispatchMode``, and the host wall time (median and minimum of ``--iters``, without the counting mode). bf16
+autocast like the training app; masked attention (one SDPA call per layer, as varlen is on the GPU). The CPU's masked
+SDPA itself is not cheap (it scores all P^2 pairs), so the wall time is also taken with only that call replaced by a
+one-op stand-in (``stub``: same shapes, same autograd graph around it): the host overhead without the attention
+arithmetic.
+
+    python -m vision_encoder.benchmarks.host_overhead                 # 40 images + 4 video chunks
+    python -m vision_encoder.benchmarks.host_overhead --chunks 40,4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vision_encoder.attention import MoonViTAttention
+from vision_encoder.benchmarks.profile_moonvit import chunk_mix
+from vision_encoder.config import moonvit_config
+from vision_encoder.model import MoonViT
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the ATen operators dispatched while active, by name; ``views`` counts the aliasing ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.views = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket.__name__)] += 1
+        self.views += bool(func.is_view)
+        return func(*args, **(kwargs or {}))
+
+
+def stub_sdpa(q_THD: torch.Tensor, k_THD: torch.Tensor, v_THD: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``MoonViTAttention._sdpa`` with the SDPA call replaced by one ``addcmul`` (timing only: not attention)."""
+    q, k, v = (t.transpose(0, 1)[None] for t in (q_THD, k_THD, v_THD))
+    return torch.addcmul(v, q, k, value=1e-3)[0].transpose(0, 1)
+
+
+def step(model: MoonViT, px: torch.Tensor, grid: torch.Tensor, backward: bool) -> None:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(px, grid).projected
+    if backward:
+        out.float().square().mean().backward()
+
+
+def count_ops(model: MoonViT, px: torch.Tensor, grid: torch.Tensor, backward: bool) -> dict:
+    with OpCounter() as counter:
+        step(model, px, grid, backward)
+    total = sum(counter.ops.values())
+    return {"aten_ops": total, "non_view_ops": total - counter.views, "top_ops": counter.ops.most_common(12)}
+
+
+def host_ms(model: MoonViT, px: torch.Tensor, grid: torch.Tensor, backward: bool, iters: int) -> tuple[float, float]:
+    """(median, min) wall ms per call; the minimum is the steadier figure on a shared machine."""
+    for _ in range(2):
+        step(model, px, grid, backward)
+    walls = []
+    for _ in range(iters):
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        step(model, px, grid, backward)
+        walls.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(walls), 1000 * min(walls)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunks", default="40,4", help="IMAGES,VIDEO_CHUNKS (profile_moonvit.chunk_mix)")
+    ap.add_argument("--max-side", type=int, default=4)
+    ap.add_argument("--width", type=int, default=48)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = moonvit_config("small", hidden_size=args.width, intermediate_size=2 * args.width, out_hidden_size=64,
+                         attention_backend="masked")
+    model = MoonViT(cfg).train()
+    images, _, videos = args.chunks.partition(",")
+    grid = chunk_mix(int(images), int(videos or 0), args.max_side)
+    px = torch.randn(int(grid.prod(-1).sum()), 3, 14, 14)
+    res = {"torch": torch.__version__, "threads": args.threads, "width": args.width, "layers": cfg.num_layers,
+           "patches": px.shape[0], "chunks": grid.shape[0], "variants": {}}
+    sdpa = MoonViTAttention.__dict__["_sdpa"]
+    for backward in (False, True):
+        name = "fwd+bwd" if backward else "fwd"
+        res["variants"][name] = count_ops(model, px, grid, backward)
+        res["variants"][name]["host_ms"] = host_ms(model, px, grid, backward, args.iters)
+        MoonViTAttention._sdpa = staticmethod(stub_sdpa)
+        try:
+            res["variants"][name]["host_ms_stub_attention"] = host_ms(model, px, grid, backward, args.iters)
+        finally:
+            MoonViTAttention._sdpa = sdpa
+    print(f"MoonViT width {args.width}, {cfg.num_layers} layers, {res['patches']} patches in {res['chunks']} chunks, "
+          f"{args.threads} thread(s)")
+    print("| call | ATen ops | non-view ops | host ms (median / min) | same, stub attention |\n"
+          "| --- | --- | --- | --- | --- |")
+    for name, r in res["variants"].items():
+        (med, low), (smed, slow) = r["host_ms"], r["host_ms_stub_attention"]
+        print(f"| {name} | {r['aten_ops']} | {r['non_view_ops']} | {med:.1f} / {low:.1f} | {smed:.1f} / {slow:.1f} |")
+    print("most frequent (fwd+bwd):", res["variants"]["fwd+bwd"]["top_ops"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
