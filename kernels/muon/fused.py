@@ -12,6 +12,11 @@ Per step, an fp32 ~1.2B-parameter Muon set moves ~100 GB through separate PyTorc
   ``K = cdiv(A*B, BLOCK)``.
 - :func:`apply_update`: ``p <- p (1 - lr wd) - lr * scale * O`` reading the bf16 ``O`` directly (no cast copy).
 
+Both also come grouped (:class:`MomentumGroup`, :func:`apply_update_group`): one launch for every parameter of a
+step, the per-parameter addresses, sizes and factors read from an int64 / fp32 table (one pinned copy per step),
+the same arithmetic per element. On a GPU the step is bound by host time per launch (~30 us in Triton's launcher,
+two launches per parameter), not by its bytes.
+
 The references (:func:`momentum_to_batch_reference`, :func:`apply_update_reference`) are the specification;
 the Triton versions differ only by rounding order (fp32 FMA), far below bf16 Newton-Schulz tolerance.
 Under ``TRITON_INTERPRET=1`` the kernels also run on CPU tensors (the tests use that).
@@ -69,6 +74,104 @@ if triton is not None:
         o = tl.load(o_ptr + offs, mask=mask).to(tl.float32)
         p = (p * decay).to(p_ptr.dtype.element_ty).to(tl.float32)
         tl.store(p_ptr + offs, (p + alpha * o).to(p_ptr.dtype.element_ty), mask=mask)
+
+
+    @triton.jit
+    def _momentum_group_kernel(table_ptr, g_like, buf_like, out_like, mu, NESTEROV: tl.constexpr,
+                               BLOCK_SIZE: tl.constexpr):
+        """One matrix per ``program_id(1)``: table row ``[g, buf, out, partial addresses, numel, n_blocks]``;
+        element types from the ``*_like`` tensors. Programs past the matrix's last block store nothing."""
+        blk = tl.program_id(0)
+        row = table_ptr + tl.program_id(1).to(tl.int64) * 6
+        g_ptr = tl.load(row).to(tl.pointer_type(g_like.dtype.element_ty))
+        buf_ptr = tl.load(row + 1).to(tl.pointer_type(buf_like.dtype.element_ty))
+        out_ptr = tl.load(row + 2).to(tl.pointer_type(out_like.dtype.element_ty))
+        part_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+        numel, n_blocks = tl.load(row + 4), tl.load(row + 5)
+        offs = blk * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offs < numel
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(buf_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        b_st = (b * mu + g).to(buf_like.dtype.element_ty)
+        tl.store(buf_ptr + offs, b_st, mask=mask)
+        if NESTEROV:
+            u = g + mu * b_st.to(tl.float32)
+        else:
+            u = b_st.to(tl.float32)
+        tl.store(out_ptr + offs, u.to(out_like.dtype.element_ty), mask=mask)
+        tl.store(part_ptr + blk, tl.sum(u * u, axis=0), mask=blk < n_blocks)
+
+    @triton.jit
+    def _apply_group_kernel(table_ptr, factor_ptr, p_like, o_like, BLOCK_SIZE: tl.constexpr):
+        """One parameter per ``program_id(1)``: table row ``[p address, O address, numel]``, factors
+        ``[decay, alpha]`` (fp32) in ``factor_ptr``."""
+        j = tl.program_id(1).to(tl.int64)
+        p_ptr = tl.load(table_ptr + j * 3).to(tl.pointer_type(p_like.dtype.element_ty))
+        o_ptr = tl.load(table_ptr + j * 3 + 1).to(tl.pointer_type(o_like.dtype.element_ty))
+        numel = tl.load(table_ptr + j * 3 + 2)
+        decay, alpha = tl.load(factor_ptr + j * 2), tl.load(factor_ptr + j * 2 + 1)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offs < numel
+        p = tl.load(p_ptr + offs, mask=mask).to(tl.float32)
+        o = tl.load(o_ptr + offs, mask=mask).to(tl.float32)
+        p = (p * decay).to(p_like.dtype.element_ty).to(tl.float32)
+        tl.store(p_ptr + offs, (p + alpha * o).to(p_like.dtype.element_ty), mask=mask)
+
+
+def _device_table(rows: list[list], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small per-step table on ``device``: built on the host, one (pinned, non-blocking on CUDA) copy."""
+    host = torch.tensor(rows, dtype=dtype)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+class MomentumGroup:
+    """:func:`momentum_to_batch` for many parameters in one launch.
+
+    ``add`` takes the arguments of one :func:`momentum_launch` (validated once by the caller's cached plan:
+    contiguous, ``g`` and ``buf`` of one shape ``[E, A, B]``, ``out`` ``E`` matrices of ``A * B``, ``partial``
+    ``[E, K]`` fp32); :meth:`launch` runs them all. Parameters are grouped by the dtypes of ``g``, ``buf`` and
+    ``out`` (one launch per combination). The tensors must stay alive until the launch is queued.
+    """
+
+    def __init__(self, mu: float, nesterov: bool) -> None:
+        self.mu, self.nesterov = float(mu), bool(nesterov)
+        self.groups: dict[tuple, tuple[list[list[int]], list[torch.Tensor]]] = {}
+
+    def add(self, g: torch.Tensor, buf: torch.Tensor, out: torch.Tensor, partial: torch.Tensor, E: int, K: int) -> None:
+        rows, like = self.groups.setdefault((g.dtype, buf.dtype, out.dtype, g.device), ([], [g, buf, out]))
+        numel = buf.numel() // E
+        for e in range(E):
+            rows.append([g.data_ptr() + e * numel * g.element_size(), buf.data_ptr() + e * numel * buf.element_size(),
+                         out.data_ptr() + e * numel * out.element_size(),
+                         partial.data_ptr() + e * K * partial.element_size(), numel, K])
+
+    def launch(self) -> None:
+        for (_, _, _, device), (rows, like) in self.groups.items():
+            table = _device_table(rows, torch.int64, device)
+            _momentum_group_kernel[(max(r[5] for r in rows), len(rows))](
+                table, *like, self.mu, NESTEROV=self.nesterov, BLOCK_SIZE=BLOCK, num_warps=8)
+        self.groups = {}
+
+
+def apply_update_group(updates: list[tuple[torch.Tensor, torch.Tensor, float, float, float]]) -> None:
+    """:func:`apply_update` for every ``(p, O, lr, weight_decay, scale)`` in one launch per (device, dtypes); the
+    factors are rounded to fp32 as the per-parameter kernel's scalar arguments are. ``p`` and ``O`` contiguous,
+    of equal numel (checked)."""
+    groups: dict[tuple, tuple[list[list[int]], list[list[float]], list[torch.Tensor]]] = {}
+    for p, O, lr, wd, scale in updates:
+        if p.numel() != O.numel():
+            raise ValueError(f"{_WHERE} apply_update_group: p {tuple(p.shape)} and O {tuple(O.shape)} differ in size")
+        _check_contiguous("apply_update_group", p=p, O=O)
+        rows, factors, _ = groups.setdefault((p.dtype, O.dtype, p.device), ([], [], [p, O]))
+        rows.append([p.data_ptr(), O.data_ptr(), p.numel()])
+        factors.append([1.0 - lr * wd, -lr * scale])
+    for (_, _, device), (rows, factors, like) in groups.items():
+        table = _device_table(rows, torch.int64, device)
+        factor = _device_table(factors, torch.float32, device)
+        grid = (triton.cdiv(max(r[2] for r in rows), BLOCK), len(rows))
+        _apply_group_kernel[grid](table, factor, *like, BLOCK_SIZE=BLOCK, num_warps=8)
 
 
 def _check_contiguous(where: str, **tensors: torch.Tensor) -> None:

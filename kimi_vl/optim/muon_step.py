@@ -7,10 +7,10 @@ Each Muon parameter ``[A, B]`` or expert stack ``[E, A, B]`` is cut into row blo
 momentum pass writes each block's Nesterov direction straight into its batch (no per-step ``torch.cat``),
 so one step is:
 
-1. momentum (per parameter; with the fused path one Triton kernel that also writes the batch in bf16 and
-   partial sums of squares), 2. normalise (fused path only: one in-place pass per batch from the partial
-   sums), 3. Newton-Schulz per batch (owner ranks under DDP/FSDP2), 4. apply (per parameter; fused path one
-   Triton kernel ``p <- p (1 - lr wd) - lr s O`` reading bf16 ``O``).
+1. momentum (per parameter; with the fused path one grouped Triton launch for all parameters that also writes
+   the batch in bf16 and partial sums of squares), 2. normalise (fused path only: one in-place pass per batch
+   from the partial sums), 3. Newton-Schulz per batch (owner ranks under DDP/FSDP2), 4. apply (per parameter;
+   fused path one grouped Triton launch of ``p <- p (1 - lr wd) - lr s O`` reading bf16 ``O``).
 
 Two paths, one maths:
 - exact (``fused=False``, the CPU default): the same PyTorch ops and roundings as writing each update
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kernels.muon.fused import apply_update, momentum_launch, partial_blocks
+from kernels.muon.fused import MomentumGroup, apply_update_group, partial_blocks
 from kimi_vl.optim.distributed import check_fsdp_param, gather_full, is_dtensor, local_view, shard_like
 from kimi_vl.optim.muon import NS_EPS, apply_muon_update_, rms_match_scale
 
@@ -131,13 +131,17 @@ def momentum_phase(items: list[MuonItem], state: Any, counts: dict[Key, int], ns
         batches = {k: torch.empty(n, k[0], k[1], dtype=k[3], device=dev) for k, n in counts.items()}
         partials, launches = {}, {}
     comm = 0
+    grouped: dict[tuple[float, bool], MomentumGroup] = {}  # one launch per (mu, nesterov) for all fused items
     for i, it in enumerate(items):
         mu, nesterov = it.group["momentum"], it.group["nesterov"]
         launch, g = launches.get(i), it.grad
         if launch is not None and g is not None and g.dtype == launch.buf.dtype and g.is_contiguous():
-            momentum_launch(g, launch.buf, launch.out, launch.partial, launch.E, launch.K, mu, nesterov)
+            group = grouped.setdefault((mu, nesterov), MomentumGroup(mu, nesterov))
+            group.add(g, launch.buf, launch.out, launch.partial, launch.E, launch.K)
             continue
         comm += _momentum_torch(it, momentum_buffer(state[it.p], it.p), batches, partials, mu, nesterov)
+    for group in grouped.values():
+        group.launch()
     return batches, partials, comm
 
 
@@ -181,7 +185,9 @@ def normalise_(batches: dict[Key, torch.Tensor], partials: dict[Key, torch.Tenso
 
 
 def apply_phase(items: list[MuonItem], ortho: dict[Key, torch.Tensor], fused: bool, measured: bool) -> None:
-    """``W <- W (1 - lr wd) - lr * 0.2 sqrt(max(a, B)) * O`` per row block (decay once per parameter)."""
+    """``W <- W (1 - lr wd) - lr * 0.2 sqrt(max(a, B)) * O`` per row block (decay once per parameter); the fused
+    path's single-block parameters in one grouped launch."""
+    grouped = []
     for it in items:
         lr, wd = it.group["lr"], it.group["weight_decay"]
         E, A, B = it.shape3
@@ -191,7 +197,7 @@ def apply_phase(items: list[MuonItem], ortho: dict[Key, torch.Tensor], fused: bo
         b0 = it.blocks[0]
         O0 = ortho[b0.key][b0.index:b0.index + E]
         if fused and not measured and len(it.blocks) == 1 and it.p.is_contiguous() and O0.is_contiguous():
-            apply_update(it.p, O0, lr, wd, rms_match_scale(b0.rows, B))
+            grouped.append((it.p, O0, lr, wd, rms_match_scale(b0.rows, B)))
             continue
         p3 = it.p.view(E, A, B)
         if wd != 0:
@@ -199,6 +205,8 @@ def apply_phase(items: list[MuonItem], ortho: dict[Key, torch.Tensor], fused: bo
         for b in it.blocks:
             O = ortho[b.key][b.index:b.index + E]
             p3[:, b.start:b.start + b.rows].add_(O, alpha=-lr * rms_match_scale(b.rows, B))
+    if grouped:
+        apply_update_group(grouped)
 
 
 def _apply_dtensor(it: MuonItem, ortho: dict[Key, torch.Tensor]) -> None:

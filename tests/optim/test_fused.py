@@ -36,8 +36,8 @@ import copy, sys, torch
 sys.path.insert(0, "tests/optim")
 from optim_tiny_models import TinyLM
 from kimi_vl.optim import MuonClip
-from kernels.muon.fused import (apply_update, apply_update_reference, momentum_to_batch,
-                                 momentum_to_batch_reference, partial_blocks)
+from kernels.muon.fused import (MomentumGroup, apply_update, apply_update_group, apply_update_reference,
+                                 momentum_launch, momentum_to_batch, momentum_to_batch_reference, partial_blocks)
 torch.manual_seed(0)
 
 # kernels vs references: E = 2 matrices of 37 x 61 (not a multiple of the block), fp32 state, bf16/fp32 batch
@@ -59,6 +59,30 @@ p1, p2 = p.clone(), p.clone()
 apply_update(p1, O, 0.02, 0.1, 1.7)
 apply_update_reference(p2, O, 0.02, 0.1, 1.7)
 torch.testing.assert_close(p1, p2, rtol=1e-6, atol=1e-7)
+
+# grouped launches == one launch per parameter, bit for bit (matrices of different sizes, E = 1 and E = 3)
+for nesterov in (True, False):
+    shapes = [(1, 37, 61), (3, 8, 300), (1, 64, 64)]
+    gs = [torch.randn(s) for s in shapes]
+    runs = []
+    for grouped in (False, True):
+        bufs = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
+        outs = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+        parts = [torch.full((s[0], partial_blocks(s[1] * s[2])), float("nan")) for s in shapes]
+        group = MomentumGroup(0.95, nesterov)
+        for g, b, o, pt in zip(gs, bufs, outs, parts):
+            args = (g, b, o, pt, pt.shape[0], pt.shape[1])
+            group.add(*args) if grouped else momentum_launch(*args, 0.95, nesterov)
+        group.launch()
+        runs.append(bufs + [o.float() for o in outs] + parts)
+    assert all(torch.equal(a, b) for a, b in zip(*runs)), "grouped momentum differs"
+ps = [torch.randn(4, 50), torch.randn(3000), torch.randn(7, 7)]
+Os = [torch.randn(p.shape).bfloat16() for p in ps]
+one, grp = [p.clone() for p in ps], [p.clone() for p in ps]
+for p, O, s in zip(one, Os, (1.0, 0.5, 2.0)):
+    apply_update(p, O, 0.02, 0.1, s)
+apply_update_group([(p, O, 0.02, 0.1, s) for p, O, s in zip(grp, Os, (1.0, 0.5, 2.0))])
+assert all(torch.equal(a, b) for a, b in zip(one, grp)), "grouped apply differs"
 
 
 def one_step(fused, ns_dtype, model, grads):
