@@ -46,6 +46,7 @@ def _check_inputs(
         raise ValueError(f"{where}: key_padding_mask must be [B, S]=({B}, {S}), got {tuple(key_padding_mask.shape)}")
 
 
+@torch.compiler.disable  # host-side bounds (host_ints) and per-segment loops: runs eagerly inside compiled regions
 def max_logits_per_head(
     q: torch.Tensor,
     k: torch.Tensor,
