@@ -78,7 +78,8 @@ def resolve_backend(x: torch.Tensor, backend: str | None = None) -> str:
 
 
 def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor, eps: float,
-                 backend: str | None = None, sinks: Sequence | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 backend: str | None = None, sinks: Sequence | None = None, u: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax mix over depth of ``sources``; differentiable in the sources, ``weight`` and ``gain``.
 
     Args:
@@ -91,6 +92,9 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
         sinks: optional, one ``mix_triton.GradSink`` or ``None`` per source: on the Triton pointer-argument path
             the gradients of a source shared by several mixes are accumulated in place in its sink (see
             ``GradSink``); ignored elsewhere (plain autograd accumulation, same values).
+        u: optional ``weight * gain`` as fp32 ``[D]``, already computed (differentiable) by the caller, e.g. one
+            row of a product taken once for many queries; the Triton path then skips its own product (the
+            PyTorch path uses ``weight`` and ``gain``).
 
     Returns:
         ``h [*, D]`` in the dtype of ``sources[0]`` and ``alpha [N, *]`` fp32 (not differentiable).
@@ -103,5 +107,9 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
 
     lead, d = x0.shape[:-1], x0.shape[-1]
     flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
-    h, alpha = AttnResMixTriton.apply(weight, gain, eps, None if sinks is None else tuple(sinks), *flat)
+    if u is None:
+        u = weight.float().reshape(-1) * gain.float()
+    elif u.shape != (d,) or u.dtype != torch.float32:
+        raise ValueError(f"{_WHERE}: u must be fp32 [D={d}], got {u.dtype} {tuple(u.shape)}")
+    h, alpha = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), *flat)
     return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)

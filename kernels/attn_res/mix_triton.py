@@ -471,17 +471,18 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
 
 
 class AttnResMixTriton(torch.autograd.Function):
-    """``apply(weight [1, D] or [D], gain [D], eps, sinks, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32)``.
+    """``apply(u [D] fp32, eps, sinks, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32)``, ``u = w * gain``.
 
     Sources must be contiguous, of one dtype in :data:`DTYPES` and on one device (the public wrapper
-    ``kernels.attn_res.attn_res_mix`` checks, casts and flattens). ``sinks``: ``None`` or one
-    :class:`GradSink` or ``None`` per source (used only on the pointer-argument path)."""
+    ``kernels.attn_res.attn_res_mix`` checks, casts and flattens). ``u`` is differentiable: its product with the
+    weight and gain stays outside (one product for all of a forward's queries in the model's stream), so a mix
+    costs no per-call launches for it. ``sinks``: ``None`` or one :class:`GradSink` or ``None`` per source (used
+    only on the pointer-argument path)."""
 
     @staticmethod
-    def forward(ctx, weight: torch.Tensor, gain: torch.Tensor, eps: float, sinks, *sources: torch.Tensor):
-        u = (weight.float().reshape(-1) * gain.float()).contiguous()
+    def forward(ctx, u: torch.Tensor, eps: float, sinks, *sources: torch.Tensor):
         h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
-        ctx.save_for_backward(weight, gain, rstd, alpha, *sources)
+        ctx.save_for_backward(u, rstd, alpha, *sources)
         ctx.mark_non_differentiable(alpha)
         ctx.sinks, ctx.returns = None, None
         if sinks is not None and any(s is not None for s in sinks) and use_args(len(sources)):
@@ -494,12 +495,10 @@ class AttnResMixTriton(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
-        weight, gain, rstd, alpha, *sources = ctx.saved_tensors
-        u = (weight.float().reshape(-1) * gain.float()).contiguous()
-        dh = dh.to(sources[0].dtype).contiguous()
+        u, rstd, alpha, *sources = ctx.saved_tensors
+        if dh.dtype != sources[0].dtype or not dh.is_contiguous():
+            dh = dh.to(sources[0].dtype).contiguous()
         dxs, du = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks)
-        dweight = (du * gain.float()).reshape(weight.shape).to(weight.dtype)
-        dgain = (du * weight.float().reshape(-1)).to(gain.dtype)
         grads = []
         for i, dx in enumerate(dxs):
             sink = None if ctx.sinks is None else ctx.sinks[i]
@@ -507,5 +506,5 @@ class AttnResMixTriton(torch.autograd.Function):
                 dx = dx if ctx.returns[i] else None
                 if ctx.returns[i]:
                     sink.buf = None  # released: the next backward pass starts a new buffer
-            grads.append(dx if ctx.needs_input_grad[4 + i] else None)
-        return dweight, dgain, None, None, *grads
+            grads.append(dx if ctx.needs_input_grad[3 + i] else None)
+        return du if ctx.needs_input_grad[0] else None, None, None, *grads

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
+from kernels.attn_res import resolve_backend as resolve_mix_backend
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
            "StandardStream", "alpha_stats", "grad_sinks_enabled", "mix", "mix_naive", "phase1", "phase2",
@@ -111,12 +112,13 @@ def mix_naive(sources: Sequence[torch.Tensor], query: ResQuery) -> tuple[torch.T
     return attn_res_mix_naive(sources, query.weight, query.gain, query.eps)
 
 
-def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = None, sinks: Sequence | None = None
-        ) -> tuple[torch.Tensor, torch.Tensor]:
+def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = None, sinks: Sequence | None = None,
+        u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The training path (same values as :func:`mix_naive`): the fused Triton kernel on CUDA, the
     :class:`AttnResMix` autograd function on CPU; ``backend`` or ``KVL_ATTNRES_BACKEND`` (``triton`` | ``torch``)
-    forces one; ``sinks``: in-place gradient accumulation of shared sources (``kernels.attn_res.attn_res_mix``)."""
-    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks)
+    forces one; ``sinks``: in-place gradient accumulation of shared sources; ``u``: the query's ``w * gain``
+    precomputed (``kernels.attn_res.attn_res_mix``)."""
+    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u)
 
 
 def grad_sinks_enabled() -> bool:
@@ -232,6 +234,7 @@ class AttnResStream:
         self._buffered = BufferedTwoPhase(embeddings, self.queries, block_size) \
             if impl == "two_phase" and record is None and two_phase_backend(embeddings) == "triton" else None
         self.sinks: list | None = None  # one GradSink per completed state (fused training path)
+        self._u_rows: tuple[torch.Tensor, ...] | None = None  # every query's w * gain, one product per forward
         if impl == "fused" and torch.is_grad_enabled() and grad_sinks_enabled():
             from kernels.attn_res.mix_triton import GradSink
 
@@ -250,7 +253,9 @@ class AttnResStream:
             h, alpha = mix_naive(sources, self.queries[i])
         else:
             sinks = None if self.sinks is None else self.sinks + [None] * (len(sources) - len(self.sinks))
-            h, alpha = mix(sources, self.queries[i], sinks=sinks)
+            if self._u_rows is None and resolve_mix_backend(sources[0]) == "triton":
+                self._u_rows = stacked_u(self.queries).unbind(0)  # autograd: one stack of the grads, not Q products
+            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=self._u_rows[i] if self._u_rows else None)
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
         return h
