@@ -55,6 +55,9 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     activation_checkpointing: bool = False
     compile: bool = False
+    # torch.compile of each MoonViT block alone (dynamic shapes: one graph for every packed patch count); the
+    # tower is launch-bound in eager mode. Needs a vision tower; not with compile (the whole model) or FSDP2.
+    compile_vision: bool = False
     checkpoint_every: int = 0  # 0: only at the end
     keep_last: int = 2
     log_every: int = 1
@@ -68,6 +71,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.compile and self.compile_vision:
+            raise ValueError("compile_vision: the whole model is already compiled (compile: true); set one of them")
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if not 0.0 <= self.data.vision_ratio <= 1.0:

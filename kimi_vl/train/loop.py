@@ -153,6 +153,20 @@ def _peak_flops(device: torch.device) -> float | None:
     return 989e12 if "H100" in name or "H200" in name else None
 
 
+def compile_vision_blocks(model: torch.nn.Module, fsdp2: bool = False) -> int:
+    """``compile_vision``: ``torch.compile(dynamic=True)`` of every MoonViT block in place (regional compilation:
+    the encoder's own layout code and the QK max-logit pass stay eager); returns the number of blocks."""
+    tower = getattr(model, "vision_tower", None)
+    if tower is None:
+        raise ValueError("compile_vision: the model has no vision tower (a text-only flavor); set it to false")
+    if fsdp2:
+        raise ValueError("compile_vision: not supported with FSDP2 (the sharding hooks would be traced); "
+                         "use DDP or set it to false")
+    for block in tower.blocks:
+        block.compile(dynamic=True)
+    return len(tower.blocks)
+
+
 class Trainer:
     """Holds the state of one run; :meth:`run` trains until ``max_steps`` or a stop request."""
 
@@ -184,6 +198,8 @@ class Trainer:
         self.model, self.optimizer, self.scheduler = self.acc.prepare(model, optimizer, scheduler)
         if cfg.compile:
             self.model = torch.compile(self.model)
+        if cfg.compile_vision:
+            compile_vision_blocks(self.unwrapped, fsdp2=bool(getattr(self.acc, "is_fsdp2", False)))
         self.position = LoaderPosition(self.loader)
         self.acc.register_for_checkpointing(self.position)
         self.autocast = _autocast(self.acc, cfg.precision)

@@ -117,3 +117,20 @@ def test_incompatible_init_from_is_refused(tiny_data, tmp_path):
     with pytest.raises(CheckpointError, match="hidden_size"):
         Trainer(config(tiny_data, tmp_path / "b", "max_steps=1", f"init_from={final}",
                        "model.overrides={hidden_size: 96}"))
+
+
+def test_compile_vision_matches_eager(tiny_data, tmp_path):
+    """``compile_vision``: the MoonViT blocks compiled (dynamic shapes) train like eager, without a recompile per
+    batch; the option is refused where it cannot work."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    media = ["max_steps=3", "data.seq_len=512", "data.vision_ratio=0.5"]  # images in every step
+    train(config(tiny_data, tmp_path / "eager", *media))
+    train(config(tiny_data, tmp_path / "compiled", *media, "compile_vision=true"))
+    assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), rel=1e-4)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    assert not torch._dynamo.utils.counters["recompiles"], "a new batch shape recompiled the blocks"
+    with pytest.raises(ValueError, match="compile_vision"):
+        config(tiny_data, tmp_path / "x", "max_steps=1", "compile=true", "compile_vision=true")
