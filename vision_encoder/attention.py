@@ -40,11 +40,9 @@ class AttentionLayout:
     key_padding_mask_NL: torch.Tensor | None = None  # bool [N, L], True = real token (padded; cu_seqlens too)
 
 
-def block_diagonal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """bool ``[P, P]``: True where query and key belong to the same segment."""
-    seg = torch.repeat_interleave(torch.arange(cu_seqlens.numel() - 1, device=cu_seqlens.device),
-                                  (cu_seqlens[1:] - cu_seqlens[:-1]).long(), output_size=total)
-    return seg[:, None] == seg[None, :]
+def block_diagonal_mask(segment_P: torch.Tensor) -> torch.Tensor:
+    """bool ``[P, P]``: True where query and key belong to the same segment (``segment_P``: segment id per token)."""
+    return segment_P[:, None] == segment_P[None, :]
 
 
 def resolve_backend(requested: str, x: torch.Tensor, total: int, masked_max_len: int) -> str:

@@ -15,12 +15,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vision_encoder.packed_tables import PackedTables, packed_tables
+
 
 def merge_index(grid_thw: torch.Tensor, merge: int, device: torch.device | None = None) -> torch.Tensor:
     """``[N, t, K]`` long: for each merged token, the packed indices of its ``t x K`` source patches.
 
-    All chunks in one call must share ``t`` (the gather needs a rectangular index); ``temporal_merge``
-    splits by ``t``.
+    The readable per-chunk reference of the merge tables in ``packed_tables`` (tested equal). All chunks in one
+    call must share ``t`` (the gather needs a rectangular index).
     """
     rows, start = [], 0
     for t, h, w in grid_thw.tolist():
@@ -32,16 +34,22 @@ def merge_index(grid_thw: torch.Tensor, merge: int, device: torch.device | None 
     return torch.cat(rows)
 
 
-def temporal_merge(hidden_PD: torch.Tensor, grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
-    """Mean over time then group 2x2 neighbours: ``[P, D] -> [N, K, D]`` in chunk order."""
-    ts = grid_thw[:, 0].tolist()
-    if len(set(ts)) <= 1:
-        return hidden_PD[merge_index(grid_thw, merge, hidden_PD.device)].mean(dim=1)
-    sizes = grid_thw.prod(-1).tolist()
-    out = []
-    for piece, g in zip(torch.split(hidden_PD, sizes), grid_thw):
-        out.append(piece[merge_index(g[None], merge, piece.device)].mean(dim=1))
-    return torch.cat(out)
+def temporal_merge(hidden_PD: torch.Tensor, grid_thw: torch.Tensor, merge: int,
+                   tables: PackedTables | None = None) -> torch.Tensor:
+    """Mean over time then group 2x2 neighbours: ``[P, D] -> [N, K, D]`` in chunk order.
+
+    One gather (and one mean) per distinct ``t`` with the host-built indices of ``tables`` (built here when not
+    given), then, when the chunks have more than one ``t``, one gather back into chunk order."""
+    if tables is None:
+        tables = packed_tables(grid_thw, merge, None, hidden_PD.device)
+    K, D = merge * merge, hidden_PD.shape[-1]
+    groups = []
+    for t, index in tables.merge_groups:
+        picked = hidden_PD.index_select(0, index)
+        groups.append(picked.view(-1, K, D) if t == 1 else picked.view(-1, t, K, D).mean(dim=1))
+    if tables.merge_order_N is None:
+        return groups[0]
+    return torch.cat(groups).index_select(0, tables.merge_order_N)
 
 
 class MoonViTProjector(nn.Module):

@@ -14,7 +14,6 @@ Shapes: ``P`` packed patches, ``n`` chunks (images are t = 1), ``N`` merged toke
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +25,8 @@ from kernels.host_ints import remember
 from vision_encoder.attention import AttentionLayout, MoonViTAttention, block_diagonal_mask, resolve_backend
 from vision_encoder.config import MoonViTConfig
 from vision_encoder.merger import MoonViTProjector, temporal_merge
-from vision_encoder.rope_2d import patch_positions, rope_cos_sin, rope_inv_freq
+from vision_encoder.packed_tables import Grid, PackedTables, bicubic_matrix, grid_key, packed_tables
+from vision_encoder.rope_2d import rope_cos_sin_colrow, rope_inv_freq
 
 
 @dataclass
@@ -44,59 +44,63 @@ def sincos_time_table(num_frames: int, width: int) -> torch.Tensor:
     return torch.cat([torch.zeros(1, width), torch.cat([freqs.sin(), freqs.cos()], dim=1)])
 
 
-@functools.lru_cache(maxsize=256)
-def bicubic_matrix(n_in: int, n_out: int) -> torch.Tensor:
-    """fp64 ``[n_out, n_in]``: 1-D bicubic resampling exactly as ``F.interpolate(mode="bicubic",
-    align_corners=False)`` weighs the inputs along one axis (read off by resampling the identity; the other axis
-    stays at size 1, where bicubic is the identity). The 2-D resize is separable: ``A_h T A_w^T`` per channel."""
-    eye = torch.eye(n_in, dtype=torch.float64)[None, :, :, None]  # [1, C = n_in, H = n_in, W = 1]
-    return F.interpolate(eye, size=(n_out, 1), mode="bicubic", align_corners=False)[0, :, :, 0].T.contiguous()
-
-
 class MoonViTPositionEmbedding(nn.Module):
-    """Learned ``[Hp, Wp, W]`` table, bicubic-interpolated per chunk, plus the fixed time table.
+    """Learned ``[Hp, Wp, W]`` table, bicubic-interpolated per chunk size, plus the fixed time table.
 
-    The resize runs as two matmuls with the bicubic weight matrices (:func:`bicubic_matrix`), in fp32 even under
-    autocast: the same function as ``F.interpolate`` on the table (tested), whose CUDA kernel took ~1.5 ms forward
-    and ~0.65 ms backward per chunk size in the training app's H100 profile (session 6, call3)."""
+    The resize runs as matmuls with the bicubic weight matrices (``packed_tables.bicubic_matrix``), in fp32 even
+    under autocast: the same function as ``F.interpolate`` on the table (tested), whose CUDA kernel took ~1.5 ms
+    forward and ~0.65 ms backward per chunk size in the training app's H100 profile (session 6, call3). For a packed
+    batch: one resample per distinct ``(h, w)`` (the rows ``A_h T`` once per distinct height), then the ``[P, W]``
+    term is one gather over the concatenated resampled tables plus, when the batch holds video chunks, one gather
+    of the time table: ops per distinct size, none per chunk (the indices come from
+    :mod:`vision_encoder.packed_tables`). Stacking all heights into one matmul would save more launches but changes
+    the fp32 rounding (a GEMM's result depends on its M), so it is not done."""
 
     def __init__(self, cfg: MoonViTConfig) -> None:
         super().__init__()
         self.table = nn.Parameter(torch.zeros(cfg.pos_emb_height, cfg.pos_emb_width, cfg.hidden_size))
         self.max_frames = cfg.pos_emb_time
+        self.merge = cfg.merge_size
         self.register_buffer("time_table", sincos_time_table(cfg.pos_emb_time, cfg.hidden_size), persistent=False)
-        self._matrices: dict[tuple, torch.Tensor] = {}
-
-    def _matrix(self, n_in: int, n_out: int) -> torch.Tensor:
-        key = (n_in, n_out, self.table.device, self.table.dtype)
-        if key not in self._matrices:
-            self._matrices[key] = bicubic_matrix(n_in, n_out).to(self.table.device, self.table.dtype)
-        return self._matrices[key]
 
     def spatial(self, h: int, w: int) -> torch.Tensor:
         """``[h * w, W]`` table resampled to an ``h x w`` grid (identity at the table's own size)."""
         table = self.table
         hp, wp, width = table.shape
-        if (h, w) != (hp, wp):
-            with torch.autocast(table.device.type, enabled=False):
-                rows = (self._matrix(hp, h) @ table.reshape(hp, wp * width)).view(h, wp, width)  # A_h T
-                table = self._matrix(wp, w) @ rows  # A_w (A_h T) per output row: [h, w, W]
-        return table.reshape(h * w, -1)
+        if (h, w) == (hp, wp):
+            return table.reshape(h * w, width)
+        a_h, a_w = (bicubic_matrix(n_in, n_out).to(table.device, table.dtype) for n_in, n_out in ((hp, h), (wp, w)))
+        with torch.autocast(table.device.type, enabled=False):
+            rows = (a_h @ table.reshape(hp, wp * width)).view(h, wp, width)  # A_h T
+            return (a_w @ rows).reshape(h * w, width)  # A_w (A_h T) per output row
 
-    def forward(self, grid_thw: torch.Tensor) -> torch.Tensor:
-        """``[P, W]`` position term for the packed patches of ``grid_thw [n, 3]``."""
-        cache: dict[tuple[int, int], torch.Tensor] = {}
-        parts = []
-        for t, h, w in grid_thw.tolist():
-            if t > self.max_frames:
-                raise ValueError(f"chunk with t={t} frames exceeds pos_emb_time={self.max_frames}")
-            if (h, w) not in cache:
-                cache[(h, w)] = self.spatial(h, w)
-            pos = cache[(h, w)]
-            if t > 1:
-                pos = pos[None] + self.time_table[1:t + 1, None, :].to(pos.dtype)
-            parts.append(pos.reshape(t * h * w, -1))
-        return torch.cat(parts)
+    def resampled(self, tables: PackedTables) -> torch.Tensor:
+        """``[sum over tables' distinct sizes of h * w, W]``: the table resampled to each size, concatenated.
+        Each distinct height's rows ``A_h T`` are computed once; the matmuls have the shapes of :meth:`spatial`,
+        so the values are bit-identical to it."""
+        table = self.table
+        hp, wp, width = table.shape
+        host = tables.host
+        with torch.autocast(table.device.type, enabled=False):
+            a_h, a_w = tables.resample_h.to(table.dtype), tables.resample_w.to(table.dtype)
+            flat = table.reshape(hp, wp * width)
+            rows = [(a @ flat).view(-1, wp, width) for a in a_h.split(host.heights)]
+            cols = a_w.split(host.widths)
+            parts = [(cols[wi] @ rows[hi]).view(-1, width) for hi, wi in host.size_pieces]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def forward(self, grid_thw: torch.Tensor, tables: PackedTables | None = None) -> torch.Tensor:
+        """``[P, W]`` position term for the packed patches of ``grid_thw [n, 3]`` (``tables``: its packed tables,
+        built here when not given)."""
+        if tables is None:
+            tables = packed_tables(grid_thw, self.merge, self.table.shape[:2], self.table.device)
+        longest = max(t for t, _, _ in tables.grid)
+        if longest > self.max_frames:
+            raise ValueError(f"chunk with t={longest} frames exceeds pos_emb_time={self.max_frames}")
+        pos = F.embedding(tables.spatial_P, self.resampled(tables))
+        if tables.time_P is not None:
+            pos = pos + F.embedding(tables.time_P, self.time_table).to(pos.dtype)
+        return pos
 
 
 class MoonViTBlock(nn.Module):
@@ -115,16 +119,19 @@ class MoonViTBlock(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
 
 
-def validate_inputs(pixel_values: torch.Tensor, grid_thw: torch.Tensor, cfg: MoonViTConfig) -> None:
+def validate_inputs(pixel_values: torch.Tensor, grid_thw: torch.Tensor, cfg: MoonViTConfig) -> Grid:
+    """Check the shapes; returns ``grid_thw`` as Python ints (its one host read)."""
     p = cfg.patch_size
     if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != (cfg.in_channels, p, p):
         raise ValueError(f"pixel_values must be [P, {cfg.in_channels}, {p}, {p}], got {tuple(pixel_values.shape)}")
     if grid_thw.dim() != 2 or grid_thw.shape[-1] != 3 or grid_thw.shape[0] == 0:
         raise ValueError(f"grid_thw must be [n >= 1, 3], got {tuple(grid_thw.shape)}")
-    total = int(grid_thw.prod(-1).sum())
+    grid = grid_key(grid_thw)
+    total = sum(t * h * w for t, h, w in grid)
     if total != pixel_values.shape[0]:
-        raise ValueError(f"grid_thw {grid_thw.tolist()} implies {total} patches, pixel_values has "
+        raise ValueError(f"grid_thw {[list(g) for g in grid]} implies {total} patches, pixel_values has "
                          f"{pixel_values.shape[0]}")
+    return grid
 
 
 class MoonViT(nn.Module):
@@ -164,10 +171,16 @@ class MoonViT(nn.Module):
         self.pos_emb.time_table.copy_(sincos_time_table(self.config.pos_emb_time, self.config.hidden_size))
         self.rope_inv_freq.copy_(rope_inv_freq(self.config.head_dim, self.config.rope_theta))
 
-    def embed(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    def tables(self, grid: Grid) -> PackedTables:
+        """The packed batch's index tables on the model's device (one host-to-device copy)."""
+        return packed_tables(grid, self.config.merge_size, tuple(self.pos_emb.table.shape[:2]),
+                             self.pos_emb.table.device)
+
+    def embed(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
+              tables: PackedTables | None = None) -> torch.Tensor:
         """``[P, W]`` patch embeddings plus the spatial (and temporal) position term."""
         x = self.patch_embed(pixel_values.to(self.patch_embed.weight.dtype)).flatten(1)
-        return x + self.pos_emb(grid_thw).to(x.dtype)
+        return x + self.pos_emb(grid_thw, tables).to(x.dtype)
 
     def _run_blocks(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: AttentionLayout):
         for block in self.blocks:
@@ -177,51 +190,44 @@ class MoonViT(nn.Module):
                 x = block(x, cos, sin, layout)
         return x
 
-    def _finish(self, hidden_PD: torch.Tensor, grid_thw: torch.Tensor) -> MoonViTOutput:
+    def _finish(self, hidden_PD: torch.Tensor, grid_thw: torch.Tensor, tables: PackedTables) -> MoonViTOutput:
         hidden_PD = self.norm(hidden_PD)
-        merged = temporal_merge(hidden_PD, grid_thw, self.config.merge_size)
+        merged = temporal_merge(hidden_PD, grid_thw, self.config.merge_size, tables)
         projected = self.projector(merged) if self.projector is not None else None
         return MoonViTOutput(hidden_PD, merged, projected)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, backend: str | None = None) -> MoonViTOutput:
         """Packed forward: ``pixel_values [P, 3, 14, 14]``, ``grid_thw [n, 3]`` -> ``MoonViTOutput``."""
         cfg = self.config
-        validate_inputs(pixel_values, grid_thw, cfg)
-        grid_thw = grid_thw.to("cpu", torch.long)
-        x = self.embed(pixel_values, grid_thw)
-        cos, sin = rope_cos_sin(patch_positions(grid_thw, x.device), self.rope_inv_freq)
-        layout = packed_layout(grid_thw, x, backend or cfg.attention_backend, cfg.masked_attention_max_len)
-        return self._finish(self._run_blocks(x, cos, sin, layout), grid_thw)
+        tables = self.tables(validate_inputs(pixel_values, grid_thw, cfg))
+        x = self.embed(pixel_values, grid_thw, tables)
+        cos, sin = rope_cos_sin_colrow(tables.colrow_P2, self.rope_inv_freq)
+        layout = packed_layout(tables, x, backend or cfg.attention_backend, cfg.masked_attention_max_len)
+        return self._finish(self._run_blocks(x, cos, sin, layout), grid_thw, tables)
 
     def forward_padded(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> MoonViTOutput:
         """Same function, but every chunk is padded to the longest one (``[n, L, W]`` batch with a key
         mask) - the NaFlexViT-style baseline that the packed path is measured against."""
-        validate_inputs(pixel_values, grid_thw, self.config)
-        grid_thw = grid_thw.to("cpu", torch.long)
-        x = self.embed(pixel_values, grid_thw)
-        cos, sin = rope_cos_sin(patch_positions(grid_thw, x.device), self.rope_inv_freq)
-        lengths = grid_thw.prod(-1)
-        keep_NL = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
-        keep_NL = keep_NL.to(x.device)
-        cu = F.pad(lengths.cumsum(0), (1, 0)).to(device=x.device, dtype=torch.int32)
-        layout = AttentionLayout(cu_seqlens=cu, max_seqlen=int(lengths.max()), backend="padded",
+        tables = self.tables(validate_inputs(pixel_values, grid_thw, self.config))
+        x = self.embed(pixel_values, grid_thw, tables)
+        cos, sin = rope_cos_sin_colrow(tables.colrow_P2, self.rope_inv_freq)
+        lengths = torch.tensor([t * h * w for t, h, w in tables.grid])
+        keep_NL = (torch.arange(tables.max_seqlen)[None, :] < lengths[:, None]).to(x.device)
+        layout = AttentionLayout(cu_seqlens=tables.cu_seqlens, max_seqlen=tables.max_seqlen, backend="padded",
                                  key_padding_mask_NL=keep_NL)
         pad = (lambda t: t.new_zeros(keep_NL.shape + t.shape[-1:]).masked_scatter(keep_NL[..., None], t))
         hidden = self._run_blocks(pad(x), pad(cos), pad(sin), layout)
-        return self._finish(hidden[keep_NL], grid_thw)
+        return self._finish(hidden[keep_NL], grid_thw, tables)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
 
-@torch.compiler.disable  # host-side set-up (a pinned copy and the host_ints cache), not traceable by dynamo
-def packed_layout(grid_thw: torch.Tensor, x: torch.Tensor, requested: str, masked_max_len: int) -> AttentionLayout:
+@torch.compiler.disable  # host-side set-up (the host_ints cache), not traceable by dynamo
+def packed_layout(tables: PackedTables, x: torch.Tensor, requested: str, masked_max_len: int) -> AttentionLayout:
     """``cu_seqlens`` over whole chunks (a video chunk attends across its frames) and the backend."""
-    lengths = grid_thw.prod(-1)
-    cu_host = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    cu = cu_host.pin_memory().to(x.device, non_blocking=True) if x.is_cuda else cu_host  # pageable would sync
-    remember(cu, cu_host.tolist())  # later host reads of these bounds (QK max pass) need no synchronisation
-    total = int(lengths.sum())
-    backend = resolve_backend(requested, x, total, masked_max_len)
-    mask = block_diagonal_mask(cu, total) if backend == "masked" else None
-    return AttentionLayout(cu_seqlens=cu, max_seqlen=int(lengths.max()), backend=backend, block_mask_PP=mask)
+    remember(tables.cu_seqlens, tables.cu_seqlens_host())  # later host reads (QK max pass) need no sync
+    backend = resolve_backend(requested, x, tables.total, masked_max_len)
+    mask = block_diagonal_mask(tables.segment_P) if backend == "masked" else None
+    return AttentionLayout(cu_seqlens=tables.cu_seqlens, max_seqlen=tables.max_seqlen, backend=backend,
+                           block_mask_PP=mask)

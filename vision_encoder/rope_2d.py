@@ -20,7 +20,10 @@ def rope_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
 
 
 def patch_positions(grid_thw: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
-    """``[P, 2]`` long (row, col) of every packed patch: row-major per frame, repeated over ``t``."""
+    """``[P, 2]`` long (row, col) of every packed patch: row-major per frame, repeated over ``t``.
+
+    The readable per-chunk reference; the model takes the same positions, as (col, row), from the host-built
+    ``packed_tables`` (tested equal)."""
     parts = []
     for t, h, w in grid_thw.tolist():
         rows = torch.arange(h, device=device).repeat_interleave(w)
@@ -36,6 +39,16 @@ def rope_cos_sin(positions_P2: torch.Tensor, inv_freq: torch.Tensor) -> tuple[to
     freqs = positions_P2[:, :, None].float() * inv_freq.to(positions_P2.device)[None, None, :]  # [P, 2, D/4]
     angles = freqs.flip(1).transpose(1, 2).reshape(positions_P2.shape[0], -1)  # [P, D/2]: col, row, col, row...
     angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rope_cos_sin_colrow(colrow_P2: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope_cos_sin` of (col, row) positions of any integer dtype, in three ops (multiply, cos, sin): the
+    ``[P, 2, D/4, 2]`` angle grid (both halves; col and row interleaved) is one broadcast product, and
+    ``int * fp32`` rounds exactly like ``positions.float() * inv_freq``."""
+    P, J = colrow_P2.shape[0], inv_freq.numel()
+    freq = inv_freq.to(colrow_P2.device).view(1, 1, J, 1).expand(1, 2, J, 2)
+    angles = (colrow_P2.view(P, 1, 1, 2) * freq).reshape(P, 4 * J)
     return angles.cos(), angles.sin()
 
 

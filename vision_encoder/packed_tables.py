@@ -1,0 +1,224 @@
+"""The integer tables of a packed MoonViT batch, built on the host and moved to the device in one copy.
+
+Every index the encoder needs for a batch ``grid_thw`` (patch positions for RoPE, the position-embedding gather,
+the attention segments, the temporal 2x2 merge) is a function of the chunk sizes alone. Built per chunk with
+device ops they cost several small kernel launches per chunk, and an app batch has dozens of chunks. Here they
+are built from the Python ints of ``grid_thw`` with a fixed number of vectorised CPU ops (whatever the number of
+chunks), packed into one int32 buffer together with the fp32 bicubic resampling matrices of the position table
+(which travel as their bits and are viewed back as fp32), and moved with ONE pinned non-blocking copy: a pageable
+copy would synchronise the host with the device. The host tables are cached by grid (``_SLOTS`` entries).
+
+Device tables (:class:`PackedTables`), int32 unless stated:
+
+- ``cu_seqlens [n + 1]`` chunk boundaries; ``segment_P [P]`` chunk id of each patch (the masked-attention mask);
+- ``colrow_P2 [P, 2]`` (col, row) of each patch in its frame (the RoPE angle order, ``rope_2d``);
+- ``spatial_P [P]`` row of each patch in the concatenation, over ``sizes`` (the distinct ``(h, w)`` in order of
+  first appearance), of the position table resampled to each size; ``time_P [P]`` row of the time table (frame
+  + 1 in a video chunk, 0 = the zero row for ``t = 1``), ``None`` when every chunk has ``t = 1``;
+- ``resample_h [sum of distinct h, Hp]`` and ``resample_w [sum of distinct w, Wp]`` fp32: the 1-D bicubic matrices
+  of the distinct heights and widths, stacked (``heights`` / ``widths`` give the split);
+- ``merge_groups``: per distinct ``t``, ``(t, index [N_t * t * K])``: the packed indices of the ``t x K`` source
+  patches of each merged token of the chunks with that ``t``; ``merge_order_N [N]``: where each token (in chunk
+  order) sits in the concatenation of the groups, ``None`` when there is one group.
+
+Shapes: ``P`` packed patches, ``n`` chunks, ``N`` merged tokens, ``K = merge**2``, ``Hp x Wp`` the learned table.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+Grid = tuple[tuple[int, int, int], ...]
+
+_SLOTS = 32
+
+
+@functools.lru_cache(maxsize=256)
+def bicubic_matrix(n_in: int, n_out: int) -> torch.Tensor:
+    """fp64 ``[n_out, n_in]``: 1-D bicubic resampling exactly as ``F.interpolate(mode="bicubic",
+    align_corners=False)`` weighs the inputs along one axis (read off by resampling the identity; the other axis
+    stays at size 1, where bicubic is the identity). The 2-D resize is separable: ``A_h T A_w^T`` per channel."""
+    eye = torch.eye(n_in, dtype=torch.float64)[None, :, :, None]  # [1, C = n_in, H = n_in, W = 1]
+    return F.interpolate(eye, size=(n_out, 1), mode="bicubic", align_corners=False)[0, :, :, 0].T.contiguous()
+
+
+def grid_key(grid_thw: torch.Tensor) -> Grid:
+    """``grid_thw [n, 3]`` as a tuple of Python int triples (one host read; the cache key)."""
+    return tuple((int(t), int(h), int(w)) for t, h, w in grid_thw.tolist())
+
+
+@dataclass
+class HostTables:
+    """The cached host side: one int32 buffer, how to cut it, and the Python facts the model needs."""
+
+    grid: Grid
+    flat: torch.Tensor  # int32 [total]: every table back to back
+    layout: list[tuple[str, tuple[int, ...], bool]]  # (name, shape, is fp32 bits) in buffer order
+    sizes: list[tuple[int, int]]  # distinct (h, w), first appearance
+    heights: list[int]  # distinct h (rows of resample_h per piece)
+    widths: list[int]  # distinct w
+    size_pieces: list[tuple[int, int]]  # per size: (index into heights, index into widths)
+    merge_ts: list[int]  # distinct t of the merge groups, in group order
+    has_video: bool
+    pinned: torch.Tensor | None = field(default=None, repr=False)
+
+
+@dataclass
+class PackedTables:
+    """Device views of one :class:`HostTables` buffer (see the module docstring for each field)."""
+
+    grid: Grid
+    cu_seqlens: torch.Tensor
+    segment_P: torch.Tensor
+    colrow_P2: torch.Tensor
+    spatial_P: torch.Tensor
+    time_P: torch.Tensor | None
+    resample_h: torch.Tensor | None
+    resample_w: torch.Tensor | None
+    merge_groups: list[tuple[int, torch.Tensor]]
+    merge_order_N: torch.Tensor | None
+    host: HostTables
+
+    @property
+    def total(self) -> int:
+        return sum(t * h * w for t, h, w in self.grid)
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(t * h * w for t, h, w in self.grid)
+
+    def cu_seqlens_host(self) -> list[int]:
+        out = [0]
+        for t, h, w in self.grid:
+            out.append(out[-1] + t * h * w)
+        return out
+
+
+def _patch_tables(t: torch.Tensor, h: torch.Tensor, w: torch.Tensor, size_id: torch.Tensor,
+                  size_offset: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-patch tables (long, host) from the per-chunk ``t, h, w [n]``."""
+    n = t.numel()
+    hw = h * w
+    lengths = t * hw
+    start = lengths.cumsum(0) - lengths
+    chunk = torch.repeat_interleave(torch.arange(n), lengths)  # [P]
+    local = torch.arange(int(lengths.sum())) - start[chunk]
+    in_frame = local % hw[chunk]
+    row = in_frame // w[chunk]
+    col = in_frame - row * w[chunk]
+    return {"cu_seqlens": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+            "segment_P": chunk, "colrow_P2": torch.stack([col, row], dim=-1),
+            "spatial_P": size_offset[size_id[chunk]] + in_frame,
+            "time_P": torch.where(t[chunk] > 1, local // hw[chunk] + 1, 0)}
+
+
+def _merge_tables(t: torch.Tensor, h: torch.Tensor, w: torch.Tensor, merge: int) -> tuple[dict, list[int]]:
+    """``merge_group_<i> [N_t, t, K]`` per distinct ``t`` and ``merge_order_N`` (when more than one group)."""
+    lengths = t * h * w
+    start = lengths.cumsum(0) - lengths
+    per_row = w // merge
+    tokens = (h // merge) * per_row
+    chunk = torch.repeat_interleave(torch.arange(t.numel()), tokens)  # [N]
+    j = torch.arange(int(tokens.sum())) - (tokens.cumsum(0) - tokens)[chunk]
+    block_row, block_col = j // per_row[chunk], j % per_row[chunk]
+    wc = w[chunk]
+    base = start[chunk] + block_row * merge * wc + block_col * merge  # top-left source patch of each token
+    steps = torch.arange(merge)
+    k_offset = (steps[None, :, None] * wc[:, None, None] + steps[None, None, :]).reshape(-1, merge * merge)
+    frame_size = (h * w)[chunk]
+    tc = t[chunk]
+    out, ts, members = {}, [], []
+    for i, tv in enumerate(sorted(set(t.tolist()))):
+        sel = torch.nonzero(tc == tv).flatten()
+        frames = torch.arange(tv)[None, :, None] * frame_size[sel, None, None]
+        out[f"merge_group_{i}"] = base[sel, None, None] + frames + k_offset[sel, None, :]
+        ts.append(tv)
+        members.append(sel)
+    if len(members) > 1:
+        order = torch.empty(chunk.numel(), dtype=torch.long)
+        order[torch.cat(members)] = torch.arange(chunk.numel())
+        out["merge_order_N"] = order
+    return out, ts
+
+
+def _check_grid(grid: Grid, merge: int) -> None:
+    if not grid:
+        raise ValueError("grid_thw must hold at least one chunk, got none")
+    for t, h, w in grid:
+        if min(t, h, w) < 1:
+            raise ValueError(f"grid (t={t}, h={h}, w={w}) has an empty dimension")
+        if h % merge or w % merge:
+            raise ValueError(f"grid (t={t}, h={h}, w={w}) is not divisible by merge size {merge}")
+
+
+@functools.lru_cache(maxsize=_SLOTS)
+def host_tables(grid: Grid, merge: int, table_hw: tuple[int, int] | None) -> HostTables:
+    """Build (and cache) the tables of ``grid`` for merge size ``merge`` and a learned table of ``table_hw``
+    (``None``: no resampling matrices)."""
+    _check_grid(grid, merge)
+    sizes = list(dict.fromkeys((h, w) for _, h, w in grid))
+    heights, widths = list(dict.fromkeys(h for h, _ in sizes)), list(dict.fromkeys(w for _, w in sizes))
+    t, h, w = (torch.tensor(col) for col in zip(*grid))
+    size_id = torch.tensor([sizes.index((hh, ww)) for _, hh, ww in grid])
+    size_area = torch.tensor([hh * ww for hh, ww in sizes])
+    tables = _patch_tables(t, h, w, size_id, size_area.cumsum(0) - size_area)
+    has_video = bool((t > 1).any())
+    if not has_video:
+        del tables["time_P"]
+    merged, merge_ts = _merge_tables(t, h, w, merge)
+    tables |= merged
+    if table_hw is not None:
+        hp, wp = table_hw
+        tables["resample_h"] = torch.cat([bicubic_matrix(hp, x) for x in heights]).float()
+        tables["resample_w"] = torch.cat([bicubic_matrix(wp, x) for x in widths]).float()
+    layout, pieces = [], []
+    for name, value in tables.items():
+        is_float = value.is_floating_point()
+        layout.append((name, tuple(value.shape), is_float))
+        pieces.append((value.view(torch.int32) if is_float else value.to(torch.int32)).reshape(-1))
+    return HostTables(grid=grid, flat=torch.cat(pieces), layout=layout, sizes=sizes, heights=heights,
+                      widths=widths, size_pieces=[(heights.index(hh), widths.index(ww)) for hh, ww in sizes],
+                      merge_ts=merge_ts, has_video=has_video)
+
+
+def _to_device(host: HostTables, device: torch.device) -> torch.Tensor:
+    """The flat buffer on ``device``: one pinned, non-blocking copy on CUDA (pinned once per cached grid)."""
+    if device.type == "cpu":
+        return host.flat
+    if device.type == "cuda":
+        if host.pinned is None:
+            host.pinned = host.flat.pin_memory()
+        return host.pinned.to(device, non_blocking=True)
+    return host.flat.to(device)
+
+
+@torch.compiler.disable  # host-side set-up (lru cache, pinned copy), not traceable by dynamo
+def packed_tables(grid_thw: torch.Tensor | Grid, merge: int, table_hw: tuple[int, int] | None,
+                  device: torch.device | str) -> PackedTables:
+    """The device tables of a packed batch ``grid_thw [n, 3]`` (a tensor on any device, or a :data:`Grid`) for
+    merge size ``merge`` and a learned position table of ``table_hw = (Hp, Wp)`` (``None``: no resampling
+    matrices, for callers that only merge)."""
+    grid = grid_thw if isinstance(grid_thw, tuple) else grid_key(grid_thw)
+    host = host_tables(grid, merge, None if table_hw is None else tuple(table_hw))
+    flat = _to_device(host, torch.device(device))
+    numels = [_numel(shape) for _, shape, _ in host.layout]
+    views = {}
+    for (name, shape, is_float), piece in zip(host.layout, flat.split(numels)):
+        views[name] = (piece.view(torch.float32) if is_float else piece).view(shape)
+    return PackedTables(
+        grid=grid, cu_seqlens=views["cu_seqlens"], segment_P=views["segment_P"], colrow_P2=views["colrow_P2"],
+        spatial_P=views["spatial_P"], time_P=views.get("time_P"), resample_h=views.get("resample_h"),
+        resample_w=views.get("resample_w"),
+        merge_groups=[(tv, views[f"merge_group_{i}"].view(-1)) for i, tv in enumerate(host.merge_ts)],
+        merge_order_N=views.get("merge_order_N"), host=host)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
