@@ -63,7 +63,8 @@ def _varlen_available() -> bool:
 
 
 class MoonViTAttention(nn.Module):
-    """Pre-projected q/k/v with bias, 2-D RoPE on q and k, non-causal attention, output projection."""
+    """q/k/v projections with bias (one fused matmul), 2-D RoPE on q and k, non-causal attention, output
+    projection."""
 
     def __init__(self, width: int, num_heads: int) -> None:
         super().__init__()
@@ -80,10 +81,8 @@ class MoonViTAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
         """``x [P, W]`` (packed) or ``[N, L, W]`` (padded); ``cos/sin`` fp32 ``[..., D]`` matching ``x``."""
-        shape = x.shape[:-1] + (self.num_heads, self.head_dim)
-        q = apply_rope_2d(self.q_proj(x).view(shape), cos, sin)
-        k = apply_rope_2d(self.k_proj(x).view(shape), cos, sin)
-        v = self.v_proj(x).view(shape)
+        q, k, v = self._qkv(x)
+        q, k = apply_rope_2d(q, cos, sin), apply_rope_2d(k, cos, sin)
         if self.track_max_logits:
             self._record_max_logits(q, k, layout)
         if layout.backend == "padded":
@@ -97,6 +96,15 @@ class MoonViTAttention(nn.Module):
         else:
             raise ValueError(f"unknown attention backend {layout.backend!r}")
         return self.out_proj(out.reshape(x.shape))
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q, k, v [..., H, D]`` from ONE matmul with the three projections' weights and biases concatenated
+        (the parameters stay separate: checkpoints, the kimi_k25 key map, Muon and QK-Clip see three matrices).
+        The three are strided views of the ``[..., 3, H, D]`` product; their gradients meet in one buffer."""
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        qkv = F.linear(x, weight, bias).view(*x.shape[:-1], 3, self.num_heads, self.head_dim)
+        return qkv.unbind(-3)
 
     @staticmethod
     def _sdpa(q_THD: torch.Tensor, k_THD: torch.Tensor, v_THD: torch.Tensor,
