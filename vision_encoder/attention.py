@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from kernels.host_ints import host_ints
 from kernels.qk_max import max_logits_per_head
-from vision_encoder.rope_2d import apply_rope_2d
+from kernels.rope2d import rope_2d
 
 
 @dataclass
@@ -63,8 +63,8 @@ def _varlen_available() -> bool:
 
 
 class MoonViTAttention(nn.Module):
-    """q/k/v projections with bias (one fused matmul), 2-D RoPE on q and k, non-causal attention, output
-    projection."""
+    """q/k/v projections with bias (one fused matmul), 2-D RoPE on q and k (one fused kernel on CUDA), non-causal
+    attention, output projection."""
 
     def __init__(self, width: int, num_heads: int) -> None:
         super().__init__()
@@ -82,7 +82,7 @@ class MoonViTAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
         """``x [P, W]`` (packed) or ``[N, L, W]`` (padded); ``cos/sin`` fp32 ``[..., D]`` matching ``x``."""
         q, k, v = self._qkv(x)
-        q, k = apply_rope_2d(q, cos, sin), apply_rope_2d(k, cos, sin)
+        q, k = rope_2d(q, k, cos, sin)  # one fused launch on CUDA (kernels/rope2d), apply_rope_2d's maths
         if self.track_max_logits:
             self._record_max_logits(q, k, layout)
         if layout.backend == "padded":

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.rope2d.rope_torch import rope_torch
+
 
 def rope_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
     """``[D/4]`` fp32 inverse frequencies."""
@@ -52,13 +54,9 @@ def rope_cos_sin_colrow(colrow_P2: torch.Tensor, inv_freq: torch.Tensor) -> tupl
     return angles.cos(), angles.sin()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 def apply_rope_2d(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [..., H, D]`` with ``cos/sin [..., D]`` (computed in fp32, cast back to ``x.dtype``)."""
-    xf = x.float()
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    return (xf * c + _rotate_half(xf) * s).to(x.dtype)
+    """Rotate ``x [..., H, D]`` with ``cos/sin [..., D]`` (computed in fp32, cast back to ``x.dtype``).
+
+    The reference and the CPU path (``kernels.rope2d.rope_torch``); the encoder rotates q and k together with
+    ``kernels.rope2d.rope_2d``, whose Triton kernel is bit-identical to this."""
+    return rope_torch(x, cos, sin)

@@ -16,18 +16,21 @@ arithmetic.
 
     python -m vision_encoder.benchmarks.host_overhead                 # 40 images + 4 video chunks
     python -m vision_encoder.benchmarks.host_overhead --chunks 40,4 --json out.json
+    KVL_ROPE_BACKEND=triton TRITON_INTERPRET=1 python -m vision_encoder.benchmarks.host_overhead   # op counts of
+        # the fused RoPE path, each (interpreted) Triton launch counted as one op; no timings
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections import Counter
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from vision_encoder.attention import MoonViTAttention
 from vision_encoder.benchmarks.profile_moonvit import chunk_mix
@@ -47,6 +50,35 @@ class OpCounter(TorchDispatchMode):
         self.ops[str(func.overloadpacket.__name__)] += 1
         self.views += bool(func.is_view)
         return func(*args, **(kwargs or {}))
+
+
+class CountedLaunch:
+    """Stands in for a Triton kernel under ``TRITON_INTERPRET=1``: each launch counts as ONE op of the active
+    :class:`OpCounter` (as it is one kernel on a GPU) and the interpreter's own tensor traffic is not counted."""
+
+    def __init__(self, kernel, counter_box: list) -> None:
+        self.kernel, self.counter_box = kernel, counter_box
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            if self.counter_box:
+                self.counter_box[0].ops[f"triton:{self.kernel.__name__}"] += 1
+            with _disable_current_modes():
+                return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+COUNTERS: list[OpCounter] = []  # the active counter, seen by CountedLaunch
+
+
+def count_triton_launches() -> bool:
+    """With ``KVL_ROPE_BACKEND=triton`` (interpreted on this CPU) wrap the RoPE kernel in :class:`CountedLaunch`."""
+    if os.environ.get("KVL_ROPE_BACKEND") != "triton":
+        return False
+    from kernels.rope2d import rope_triton
+
+    rope_triton._rope_kernel = CountedLaunch(rope_triton._rope_kernel, COUNTERS)
+    return True
 
 
 def stub_sdpa(q_THD: torch.Tensor, k_THD: torch.Tensor, v_THD: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -80,7 +112,9 @@ def count_ops(model: MoonViT, px: torch.Tensor, grid: torch.Tensor, backward: bo
     for cold in (True, False):
         step(model, px, grid, backward, cold=cold)  # warms the cache for the warm count
         with OpCounter() as counter:
+            COUNTERS[:] = [counter]
             step(model, px, grid, backward, cold=cold)
+        COUNTERS.clear()
         total = sum(counter.ops.values())
         key = "" if cold else "_warm"
         res |= {f"aten_ops{key}": total, f"non_view_ops{key}": total - counter.views}
@@ -105,6 +139,18 @@ def host_ms(model: MoonViT, px: torch.Tensor, grid: torch.Tensor, backward: bool
             "cpu_ms": [1000 * statistics.median(cpus), 1000 * min(cpus)]}
 
 
+def timings(model: MoonViT, px: torch.Tensor, grid: torch.Tensor, backward: bool, iters: int) -> dict:
+    """:func:`host_ms` with the real masked SDPA and with :func:`stub_sdpa` in its place."""
+    res = {"host_ms": host_ms(model, px, grid, backward, iters)}
+    sdpa = MoonViTAttention.__dict__["_sdpa"]
+    MoonViTAttention._sdpa = staticmethod(stub_sdpa)
+    try:
+        res["host_ms_stub_attention"] = host_ms(model, px, grid, backward, iters)
+    finally:
+        MoonViTAttention._sdpa = sdpa
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", default="40,4", help="IMAGES,VIDEO_CHUNKS (profile_moonvit.chunk_mix)")
@@ -124,23 +170,23 @@ def main() -> None:
     px = torch.randn(int(grid.prod(-1).sum()), 3, 14, 14)
     res = {"torch": torch.__version__, "threads": args.threads, "width": args.width, "layers": cfg.num_layers,
            "patches": px.shape[0], "chunks": grid.shape[0], "variants": {}}
-    sdpa = MoonViTAttention.__dict__["_sdpa"]
+    interpreted = count_triton_launches()  # ops only: interpreted kernels take no meaningful time
+    res["rope_backend"] = "triton (interpreted: op counts only)" if interpreted else "torch"
     for backward in (False, True):
         name = "fwd+bwd" if backward else "fwd"
         res["variants"][name] = count_ops(model, px, grid, backward)
-        res["variants"][name]["host_ms"] = host_ms(model, px, grid, backward, args.iters)
-        MoonViTAttention._sdpa = staticmethod(stub_sdpa)
-        try:
-            res["variants"][name]["host_ms_stub_attention"] = host_ms(model, px, grid, backward, args.iters)
-        finally:
-            MoonViTAttention._sdpa = sdpa
+        if not interpreted:
+            res["variants"][name] |= timings(model, px, grid, backward, args.iters)
     print(f"MoonViT width {args.width}, {cfg.num_layers} layers, {res['patches']} patches in {res['chunks']} chunks, "
           f"{args.threads} thread(s)")
     print("| call | ATen ops (cached tables) | non-view ops (cached tables) | CPU ms (median / min) | same, stub "
           "attention | wall ms, stub attention |\n| --- | --- | --- | --- | --- | --- |")
     for name, r in res["variants"].items():
-        times = [r["host_ms"]["cpu_ms"], r["host_ms_stub_attention"]["cpu_ms"], r["host_ms_stub_attention"]["wall_ms"]]
-        cells = " | ".join(f"{med:.1f} / {low:.1f}" for med, low in times)
+        cells = "n/a | n/a | n/a"
+        if "host_ms" in r:
+            times = [r["host_ms"]["cpu_ms"], r["host_ms_stub_attention"]["cpu_ms"],
+                     r["host_ms_stub_attention"]["wall_ms"]]
+            cells = " | ".join(f"{med:.1f} / {low:.1f}" for med, low in times)
         print(f"| {name} | {r['aten_ops']} ({r['aten_ops_warm']}) | {r['non_view_ops']} ({r['non_view_ops_warm']}) | "
               f"{cells} |")
     print("most frequent (fwd+bwd):", res["variants"]["fwd+bwd"]["top_ops"])
