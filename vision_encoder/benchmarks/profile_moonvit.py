@@ -5,7 +5,7 @@ images and one 2-frame video chunk, ~4.3k patches), fp32 weights under bf16 auto
 times per variant (QK max-logit tracking on / off; forward / forward + backward): the wall time per call (CUDA
 synchronised, median of ``--iters``), the GPU time of the same call (the sum of its kernels, ``torch.profiler``), their
 ratio (well under 1: the host is the bottleneck), the number of kernels, and the top operators by host time and by
-GPU time. JSON to ``$OUT/profile_moonvit.json`` and a short table on stdout; about 30 s on an H100.
+GPU time. JSON to ``$OUT/profile_moonvit.json`` (``--json``) and a short table on stdout; about 30 s on an H100.
 
     python -m vision_encoder.benchmarks.profile_moonvit
     python -m vision_encoder.benchmarks.profile_moonvit --chunks 40,4  # 40 images (sides 2..24 patches), 4 video chunks
@@ -97,6 +97,7 @@ def main() -> None:
     ap.add_argument("--grids", default=APP_GRIDS, help="TxHxW[*count],... in patches")
     ap.add_argument("--chunks", default=None, help="IMAGES,VIDEO_CHUNKS: a seeded many-chunk mix (replaces --grids)")
     ap.add_argument("--max-side", type=int, default=24, help="largest image side in patches for --chunks")
+    ap.add_argument("--json", default="profile_moonvit.json", help="file name under $OUT")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
@@ -105,7 +106,8 @@ def main() -> None:
     grid = batch_grids(args.grids, args.chunks, args.max_side)
     px = torch.randn(int(grid.prod(-1).sum()), 3, 14, 14, device="cuda")
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "flavor": args.flavor,
-           "patches": px.shape[0], "chunks": grid.shape[0], "variants": {}}
+           "patches": px.shape[0], "chunks": grid.shape[0], "grids": args.chunks or args.grids,
+           "rope_backend": os.environ.get("KVL_ROPE_BACKEND", "default"), "variants": {}}
     for track in (False, True):
         for mod in model.modules():
             if hasattr(mod, "track_max_logits"):
@@ -113,7 +115,7 @@ def main() -> None:
         for backward in (False, True):
             name = f"{'fwd+bwd' if backward else 'fwd'}, qk max {'on' if track else 'off'}"
             res["variants"][name] = measure(model, px, grid, backward, args.iters, args.top)
-    out = Path(os.environ.get("OUT", ".")) / "profile_moonvit.json"
+    out = Path(os.environ.get("OUT", ".")) / args.json
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
     print(f"{res['device']}, MoonViT-{args.flavor}, {res['patches']} patches in {res['chunks']} chunks")
