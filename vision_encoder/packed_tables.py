@@ -5,8 +5,9 @@ the attention segments, the temporal 2x2 merge) is a function of the chunk sizes
 device ops they cost several small kernel launches per chunk, and an app batch has dozens of chunks. Here they
 are built from the Python ints of ``grid_thw`` with a fixed number of vectorised CPU ops (whatever the number of
 chunks), packed into one int32 buffer together with the fp32 bicubic resampling matrices of the position table
-(which travel as their bits and are viewed back as fp32), and moved with ONE pinned non-blocking copy: a pageable
-copy would synchronise the host with the device. The host tables are cached by grid (``_SLOTS`` entries).
+(which travel as their bits and are viewed back as fp32; every table starts 16-byte aligned), and moved with ONE
+pinned non-blocking copy: a pageable copy would synchronise the host with the device. The host tables are cached
+by grid (``_SLOTS`` entries).
 
 Device tables (:class:`PackedTables`), int32 unless stated:
 
@@ -35,6 +36,8 @@ import torch.nn.functional as F
 Grid = tuple[tuple[int, int, int], ...]
 
 _SLOTS = 32
+_ALIGN = 4  # int32 elements: 16 bytes
+_PAD = torch.zeros(_ALIGN, dtype=torch.int32)
 
 
 @functools.lru_cache(maxsize=256)
@@ -179,7 +182,8 @@ def host_tables(grid: Grid, merge: int, table_hw: tuple[int, int] | None) -> Hos
     for name, value in tables.items():
         is_float = value.is_floating_point()
         layout.append((name, tuple(value.shape), is_float))
-        pieces.append((value.view(torch.int32) if is_float else value.to(torch.int32)).reshape(-1))
+        piece = (value.view(torch.int32) if is_float else value.to(torch.int32)).reshape(-1)
+        pieces += [piece, _PAD[:_padded(piece.numel()) - piece.numel()]]
     return HostTables(grid=grid, flat=torch.cat(pieces), layout=layout, sizes=sizes, heights=heights,
                       widths=widths, size_pieces=[(heights.index(hh), widths.index(ww)) for hh, ww in sizes],
                       merge_ts=merge_ts, has_video=has_video)
@@ -205,9 +209,11 @@ def packed_tables(grid_thw: torch.Tensor | Grid, merge: int, table_hw: tuple[int
     grid = grid_thw if isinstance(grid_thw, tuple) else grid_key(grid_thw)
     host = host_tables(grid, merge, None if table_hw is None else tuple(table_hw))
     flat = _to_device(host, torch.device(device))
-    numels = [_numel(shape) for _, shape, _ in host.layout]
+    sizes = []
+    for _, shape, _ in host.layout:
+        sizes += [_numel(shape), _padded(_numel(shape)) - _numel(shape)]
     views = {}
-    for (name, shape, is_float), piece in zip(host.layout, flat.split(numels)):
+    for (name, shape, is_float), piece in zip(host.layout, flat.split(sizes)[::2]):  # [table, padding] pairs
         views[name] = (piece.view(torch.float32) if is_float else piece).view(shape)
     return PackedTables(
         grid=grid, cu_seqlens=views["cu_seqlens"], segment_P=views["segment_P"], colrow_P2=views["colrow_P2"],
@@ -215,6 +221,11 @@ def packed_tables(grid_thw: torch.Tensor | Grid, merge: int, table_hw: tuple[int
         resample_w=views.get("resample_w"),
         merge_groups=[(tv, views[f"merge_group_{i}"].view(-1)) for i, tv in enumerate(host.merge_ts)],
         merge_order_N=views.get("merge_order_N"), host=host)
+
+
+def _padded(numel: int) -> int:
+    """Each table starts on a 16-byte boundary of the buffer (vectorised kernels and cuBLAS prefer it)."""
+    return -(-numel // _ALIGN) * _ALIGN
 
 
 def _numel(shape: tuple[int, ...]) -> int:
