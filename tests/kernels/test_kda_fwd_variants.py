@@ -49,10 +49,8 @@ def _mixed_gate(T: int, HV: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("span_max", [60.0, -1.0])
 def test_fwd_variants_intermediates(monkeypatch, span_max):
-    """o, ht of each variant match the fp64 oracle to 1e-5 and every ``KDAFwdState`` tensor the two-kernel path's to
-    3e-5 (bit-identical under the interpreter; on a GPU rounding may differ, and with sharp gates T and what is built
-    from it amplify it, see ``test_kda_triton.test_gpu_fwd_intermediates_full_width``): varlen (5 and 70 tokens: a
-    ragged last chunk), HV = 2 H, h0, K = 48 in three tiles."""
+    """Every ``KDAFwdState`` tensor of each variant equals the two-kernel path's to 1e-6 and o, ht match the fp64
+    oracle to 1e-5: varlen (5 and 70 tokens: a ragged last chunk), HV = 2 H, h0, K = 48 in three tiles."""
     monkeypatch.setattr(ct, "INTRA_SPAN_MAX", span_max)
     cu = torch.tensor([0, 5, 75], dtype=torch.int32)
     q, k, v, _, beta, s0 = make_inputs(1, 75, 1, 2, 48, 12, h0=True, N=2)
@@ -68,7 +66,7 @@ def test_fwd_variants_intermediates(monkeypatch, span_max):
     base = runs["two kernels"]
     for name, st in runs.items():
         for f in FIELDS:
-            assert_rel_rms(getattr(st, f), getattr(base, f), 3e-5, f"{name} {f}")
+            assert_rel_rms(getattr(st, f), getattr(base, f), 1e-6, f"{name} {f}")
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
