@@ -135,9 +135,10 @@ def _gated_g(
     m = rm[:, None] & cm[None, :]
     g = tl.load(g_ptr + g_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
     if GATE:
+        dtb = tl.zeros([ck.shape[0]], dtype=tl.float32)
         if HAS_DTB:
-            g += tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)[None, :]
-        g = tl.where(m, _gate(g, a_log, lb, LOWER), 0.0)
+            dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
+        g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
     return g
 
 
