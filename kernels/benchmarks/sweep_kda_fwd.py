@@ -30,7 +30,6 @@ SETTINGS = [
     ("default", {}),
     ("two-kernel prep", {"FUSED_PREP": False}),
     ("offdiag masked", {"OFFDIAG_ROWS": False}),
-    ("gate kernel first", {"TRAIN_GATE_IN_KERNEL": False}),
     ("diag ieee", {"INTRA_DIAG_PREC16": "ieee"}),
     ("diag tf32", {"INTRA_DIAG_PREC16": "tf32"}),
     ("scores nreg255", {"SCORES2_MAXNREG": 255}),

@@ -44,11 +44,10 @@ fp32. All varlen bookkeeping is a host-side table of chunks (token start, length
 (first chunk, number of chunks); dense batches are treated as B equal-length sequences. Offsets that
 can exceed 2^31 are int64.
 
-Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the L2 norm is applied outside the Function as
-a Triton autograd function (``prep_triton.py``), the gate inside its forward kernel (``TRAIN_GATE_IN_KERNEL``; the
-backward recomputes the log-decay with ``prep_triton.kda_gate_triton`` and goes through that function's backward);
-the Function's forward keeps the per-chunk intermediates (those of ``chunk_kda_fwd_intermediates``) and its backward
-is ``chunk_triton_bwd.chunk_kda_bwd_triton`` (Triton reverse state pass; see that file for what else is Triton).
+Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the L2 norm and the gate are applied
+outside the Function as Triton autograd functions (``prep_triton.py``); the Function's forward keeps the per-chunk
+intermediates (``chunk_kda_fwd_intermediates``) and its backward is ``chunk_triton_bwd.chunk_kda_bwd_triton``
+(Triton reverse state pass; see that file for what else is Triton).
 """
 
 from __future__ import annotations
@@ -970,59 +969,38 @@ _SAVED = ("G", "Gl", "Aqk", "T", "W", "qg", "kg", "h", "vn", "cbos", "clen", "s0
 
 
 class ChunkKDAFunction(torch.autograd.Function):
-    """Core op (q, k already normalised), Triton forward keeping its per-chunk intermediates (about 11
-    [B, T, HV, 128]-sized bf16 tensors' worth at K = V = 128), manual backward ``chunk_triton_bwd``. g is the
-    log-decay, or with ``A_log`` (``dt_bias`` [HV K] or None, ``lower_bound`` or None) the raw gate, gated inside the
-    forward kernel: the Function then saves the raw g, and its backward recomputes the log-decay (the backward's
-    suffix sums read it) with ``kda_gate_triton``, whose own backward turns dg into the gradients of g, A_log and
-    dt_bias."""
+    """Core op (q, k already normalised, g the log-decay): Triton forward keeping its per-chunk intermediates
+    (about 11 [B, T, HV, 128]-sized bf16 tensors' worth at K = V = 128), manual backward ``chunk_kda_bwd_triton``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, cu_seqlens, A_log=None, dt_bias=None, lower_bound=None):
-        flags = (False, A_log is not None, A_log, dt_bias, lower_bound)
-        st = _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
-        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, *(getattr(st, f) for f in _SAVED))
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, cu_seqlens):
+        st = chunk_kda_fwd_intermediates(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, beta, *(getattr(st, f) for f in _SAVED))
         ctx.scale = scale
-        ctx.lower_bound = lower_bound
         ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
         return st.o, st.ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, A_log, dt_bias, *saved = ctx.saved_tensors
-        st = KDAFwdState(o=None, ht=None, U=None, **dict(zip(_SAVED, saved)))
-        if A_log is None:
-            gr = chunk_kda_bwd_triton(q, k, v, g, beta, ctx.scale, st, do, dht)
-            dg, dA, ddtb = gr.dg.to(g.dtype), None, None
-        else:
-            raw = [None if x is None else x.detach().requires_grad_() for x in (g, A_log, dt_bias)]
-            with torch.enable_grad():
-                gated = kda_gate_triton(raw[0], raw[1], raw[2], ctx.lower_bound)
-            gr = chunk_kda_bwd_triton(q, k, v, gated.detach(), beta, ctx.scale, st, do, dht)
-            grads = torch.autograd.grad(gated, [x for x in raw if x is not None], gr.dg)
-            dg, dA, ddtb = grads[0], grads[1], grads[2] if dt_bias is not None else None
+        q, k, v, g, beta, *saved = ctx.saved_tensors
+        kept = dict(zip(_SAVED, saved))
+        st = KDAFwdState(o=None, ht=None, U=None, **kept)
+        gr = chunk_kda_bwd_triton(q, k, v, g, beta, ctx.scale, st, do, dht)
         dh0 = gr.dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None
-        cast = (gr.dq.to(q.dtype), gr.dk.to(k.dtype), gr.dv.to(v.dtype), dg, gr.dbeta.to(beta.dtype))
-        return (*cast, dh0, None, None, dA, ddtb, None)
-
-
-# True: on the training path the gate runs inside the forward kernel (ChunkKDAFunction gets the raw g); False: as
-# kda_gate_triton before the Function (kept only so the GPU sweep can time both in one run).
-TRAIN_GATE_IN_KERNEL = True
+        cast = (gr.dq.to(q.dtype), gr.dk.to(k.dtype), gr.dv.to(v.dtype), gr.dg.to(g.dtype), gr.dbeta.to(beta.dtype))
+        return (*cast, dh0, None, None)
 
 
 def chunk_kda_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
     """Forward only (in-kernel L2 norm / gate) when no gradient is needed; otherwise the L2 norm (fp32, cast back to
-    q's dtype) as a Triton autograd function (``prep_triton.py``), then :class:`ChunkKDAFunction` on the core op with
-    the gate inside its forward kernel (``TRAIN_GATE_IN_KERNEL``; else the gate's autograd function first)."""
+    q's dtype) and the gate as Triton autograd functions (``prep_triton.py``), then :class:`ChunkKDAFunction` on the
+    core op."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
     ins = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ins)):
         return chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
     if use_l2:
         q, k = l2norm_triton(q), l2norm_triton(k)
-    if use_gate and TRAIN_GATE_IN_KERNEL:
-        return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, cu_seqlens, A_log, dt_bias, lower_bound)
     if use_gate:
         g = kda_gate_triton(g, A_log, dt_bias, lower_bound)
     return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, cu_seqlens)

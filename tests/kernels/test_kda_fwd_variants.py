@@ -1,11 +1,10 @@
 """The KDA Triton forward's kernel variants that ``chunk_triton`` keeps for the GPU sweep (module constants:
 ``FUSED_PREP``, the prep work inside the scores kernel or a kernel of its own; ``OFFDIAG_ROWS``, the fused
-kernel's off-diagonal blocks as [16, BKS] x [BKS, 64] dots per row block or as masked [64, BKS] ones;
-``TRAIN_GATE_IN_KERNEL``, the training path's gate inside the forward kernel or as its own autograd function),
-each against the fp64 oracle at 1e-5 (fp32) and against the two-kernel path, on cases that reach every branch:
-varlen with ragged chunks, K tiles with sharp gates (the pairwise fallback of the diagonal blocks) beside mild ones,
-every tile pairwise, the in-kernel L2 norm and gate over several K tiles, and the training path's gradients (A_log
-and dt_bias included). On a CPU under the Triton interpreter."""
+kernel's off-diagonal blocks as [16, BKS] x [BKS, 64] dots per row block or as masked [64, BKS] ones), each against
+the fp64 oracle at 1e-5 (fp32) and against the two-kernel path, on cases that reach every branch: varlen with
+ragged chunks, K tiles with sharp gates (the pairwise fallback of the diagonal blocks) beside mild ones, every tile
+pairwise, the in-kernel L2 norm and gate over several K tiles, and the training path's gradients. On a CPU under
+the Triton interpreter."""
 
 from __future__ import annotations
 
@@ -89,35 +88,23 @@ def test_fwd_variants_l2_gate_in_kernel(monkeypatch, variant):
     assert_rel_rms(S, S_ref, 1e-5, "state")
 
 
-@pytest.mark.parametrize(
-    "variant,gate_in_kernel,lower_bound",
-    [
-        ("two kernels", True, None),
-        ("fused, masked off-diagonal", True, -3.0),
-        ("fused, row-block off-diagonal", True, None),
-        ("fused, row-block off-diagonal", False, -3.0),
-    ],
-)
-def test_fwd_variants_training_grads(monkeypatch, variant, gate_in_kernel, lower_bound):
-    """The training path (L2 norm outside the core op; the gate inside its forward kernel, ``TRAIN_GATE_IN_KERNEL``,
-    or as its own autograd function first) under each variant, sharp gates, varlen with a ragged chunk: o against the
-    fp64 oracle and every gradient (A_log and dt_bias included) against the PyTorch backend's autograd, 1e-5."""
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_fwd_variants_training_grads(monkeypatch, variant):
+    """The training path (L2 norm and gate outside the core op, sharp gates) under each variant: o against the fp64
+    oracle, every gradient against the PyTorch backend's autograd, 1e-5; varlen with a ragged chunk."""
     _set(monkeypatch, variant)
-    monkeypatch.setattr(ct, "TRAIN_GATE_IN_KERNEL", gate_in_kernel)
     cu = torch.tensor([0, 9, 79], dtype=torch.int32)
     q, k, v, raw, beta, s0 = make_inputs(1, 79, 1, 2, 32, 16, gate="logsig_sharp", h0=True, N=2)
     A_log = torch.log(torch.empty(2, dtype=torch.float64).uniform_(1, 16))
-    dtb = torch.randn(2 * 32, dtype=torch.float64)
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True, cu_seqlens=cu)
-    kw["lower_bound"] = lower_bound
-    x = [t.to(_dev(), torch.float32).requires_grad_() for t in (q * 2, k, v, raw, beta, s0, A_log, dtb)]
-    o, S = chunk_kda(*x[:5], initial_state=x[5], A_log=x[6], dt_bias=x[7], **kw)
-    g = kda_gate_ref(raw, A_log, dtb, lower_bound)
+    x = [t.to(_dev(), torch.float32).requires_grad_() for t in (q * 2, k, v, raw, beta, s0)]
+    o, S = chunk_kda(*x[:5], initial_state=x[5], A_log=A_log.float().to(_dev()), **kw)
+    g = kda_gate_ref(raw, A_log, None)
     o_ref, _ = naive_recurrent_kda(F.normalize(q * 2, dim=-1, eps=0), k, v, g, beta, initial_state=s0, cu_seqlens=cu)
     assert_rel_rms(o, o_ref, 1e-5, "o")
     (o.square().sum() + S.sum()).backward()
     y = [t.detach().clone().requires_grad_() for t in x]
-    o2, S2 = chunk_kda(*y[:5], initial_state=y[5], A_log=y[6], dt_bias=y[7], backend="torch", **kw)
+    o2, S2 = chunk_kda(*y[:5], initial_state=y[5], A_log=A_log.float().to(_dev()), backend="torch", **kw)
     (o2.square().sum() + S2.sum()).backward()
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_log", "ddt_bias"), x, y):
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), x, y):
         assert_rel_rms(a.grad, b.grad, 1e-5, name)
