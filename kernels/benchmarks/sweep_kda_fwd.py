@@ -29,7 +29,6 @@ from kernels.kda import chunk_triton as ct  # noqa: E402
 SETTINGS = [
     ("default", {}),
     ("two-kernel prep", {"FUSED_PREP": False}),
-    ("offdiag masked", {"OFFDIAG_ROWS": False}),
     ("diag ieee", {"INTRA_DIAG_PREC16": "ieee"}),
     ("diag tf32", {"INTRA_DIAG_PREC16": "tf32"}),
     ("scores nreg255", {"SCORES2_MAXNREG": 255}),

@@ -13,9 +13,7 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
    can time both) a separate ``_prep_kernel`` does this work and stores it for ``_scores2_kernel``.
 2. ``_scores2_kernel`` (the scores part of 1.), per (chunk, value head): ``Akk`` / ``Aqk`` over K tiles of 16:
    the six off-diagonal 16 x 16 blocks as three masked [64, 16] x [16, 64] tensor-core dots (one per reference row
-   ``16 I``, I = 1..3) into one [64, 64] accumulator (in the fused kernel with ``OFFDIAG_ROWS = True``, the
-   default: one [16, 16] x [16, 64] dot per row block I and matrix, the left operand the rows of I only, into six
-   [16, 64] accumulators), the decays factored through the reference
+   ``16 I``, I = 1..3) into one [64, 64] accumulator, the decays factored through the reference
    (``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both exponents <= 0 where kept; tf32 for bf16/fp16 inputs,
    ``ieee`` fp32 for fp32 inputs); the four diagonal blocks in fp32 (tf32x3 or ``ieee``), each through its own
    first row, as one batched [4, 16, 16] dot in every K tile whose largest ``|G_i - G_ref|`` inside a block is
@@ -344,31 +342,6 @@ def _ref_operand(kf, G, Gb, I: tl.constexpr, NB: tl.constexpr):
 
 
 @triton.jit
-def _sub_block(x3, I: tl.constexpr, NB: tl.constexpr):
-    """Sub-block I ([S, BKS]) of a tile held as [NB, S, BKS]."""
-    return tl.sum(tl.where((tl.arange(0, NB) == I)[:, None, None], x3, 0.0), 0)
-
-
-@triton.jit
-def _sub_row(x2, I: tl.constexpr, NB: tl.constexpr):
-    """Row I ([S]) of an [NB, S] tensor."""
-    return tl.sum(tl.where((tl.arange(0, NB) == I)[:, None], x2, 0.0), 0)
-
-
-@triton.jit
-def _store_row_block(Akk_ptr, Aqk_ptr, akk, aqk, bI, I: tl.constexpr, a_base, scale, C: tl.constexpr, S: tl.constexpr):
-    """Rows of sub-block I from [S, C] accumulators: Akk times beta (``bI`` [S]) and Aqk times scale in the columns
-    of earlier sub-blocks; Aqk also gets zeros after the diagonal block (which :func:`_store_diag` writes)."""
-    r = I * S + tl.arange(0, S)
-    cols = tl.arange(0, C)
-    before = (cols // S < I)[None, :]
-    off = a_base + r[:, None] * C + cols[None, :]
-    tl.store(Akk_ptr + off, akk * bI[:, None], mask=before)
-    aqk = tl.where(before, aqk * scale, 0.0)
-    tl.store(Aqk_ptr + off, aqk.to(Aqk_ptr.dtype.element_ty), mask=(cols // S != I)[None, :])
-
-
-@triton.jit
 def _prep_scores_kernel(
     q_ptr,
     k_ptr,
@@ -408,7 +381,6 @@ def _prep_scores_kernel(
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
-    ROWS: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
 ):
@@ -417,13 +389,9 @@ def _prep_scores_kernel(
     With L2, a first pass over K (BKN columns per step) for the inverse row norms (stored, kept in registers). Then per
     K tile of BKS columns: g (through the gate when GATE), ``G = cumsum(g)`` (fp32), G_last, ``qg = scale q exp(G)``
     and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g) stored as the prep kernel stores them; G at each
-    sub-block's first row taken from the tile in registers (no re-read); then Akk / Aqk as :func:`_scores2_kernel`,
-    the solve and W / U. What a program reads back from its own stores (G and the norms in the pairwise fallback and
-    in W / U) is read after a barrier.
-
-    ``ROWS`` (``OFFDIAG_ROWS``): the off-diagonal blocks of row block I (I = 1..3) as one [S, BKS] x [BKS, C] dot per
-    matrix (the left operand = the rows of I only, taken from the tile in registers) into [S, C] accumulators, instead
-    of a [C, BKS] x [BKS, C] dot whose left operand is zero outside the rows of I (a quarter of the multiply-adds)."""
+    sub-block's first row taken from the tile in registers (no re-read); then Akk / Aqk exactly as
+    :func:`_scores2_kernel`, the solve and W / U. What a program reads back from its own stores (G and the norms in
+    the pairwise fallback and in W / U) is read after a barrier."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -450,12 +418,6 @@ def _prep_scores_kernel(
         a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
     akk = tl.zeros([C, C], dtype=tl.float32)
     aqk = tl.zeros([C, C], dtype=tl.float32)
-    k1 = tl.zeros([S, C], dtype=tl.float32)  # ROWS: the rows of sub-blocks 1-3 of Akk (k*) and Aqk (q*)
-    k2 = tl.zeros([S, C], dtype=tl.float32)
-    k3 = tl.zeros([S, C], dtype=tl.float32)
-    q1 = tl.zeros([S, C], dtype=tl.float32)
-    q2 = tl.zeros([S, C], dtype=tl.float32)
-    q3 = tl.zeros([S, C], dtype=tl.float32)
     NB: tl.constexpr = C // S
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
@@ -482,24 +444,11 @@ def _prep_scores_kernel(
         e = tl.exp(Gd)
         kl = kf * e
         ql = qf * e
-        if ROWS:
-            kl3 = tl.reshape(kl, (NB, S, BKS))
-            ql3 = tl.reshape(ql, (NB, S, BKS))
-            R = _ref_operand(kf, Gf, Gb, 1, NB)
-            k1 = tl.dot(_sub_block(kl3, 1, NB), R, k1, input_precision=PREC)
-            q1 = tl.dot(_sub_block(ql3, 1, NB), R, q1, input_precision=PREC)
-            R = _ref_operand(kf, Gf, Gb, 2, NB)
-            k2 = tl.dot(_sub_block(kl3, 2, NB), R, k2, input_precision=PREC)
-            q2 = tl.dot(_sub_block(ql3, 2, NB), R, q2, input_precision=PREC)
-            R = _ref_operand(kf, Gf, Gb, 3, NB)
-            k3 = tl.dot(_sub_block(kl3, 3, NB), R, k3, input_precision=PREC)
-            q3 = tl.dot(_sub_block(ql3, 3, NB), R, q3, input_precision=PREC)
-        else:
-            for I in tl.static_range(1, NB):
-                R = _ref_operand(kf, Gf, Gb, I, NB)
-                inI = (blk == I)[:, None]
-                akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
-                aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
+        for I in tl.static_range(1, NB):
+            R = _ref_operand(kf, Gf, Gb, I, NB)
+            inI = (blk == I)[:, None]
+            akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
+            aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
         if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
             R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
             dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
@@ -516,18 +465,12 @@ def _prep_scores_kernel(
                 dqk = tl.where(at, dqk + tl.reshape(tl.sum(qf * kc, 1), (NB, S))[:, :, None], dqk)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rm, other=0.0).to(tl.float32)[:, None]
-    if ROWS:
-        b3 = tl.reshape(b, (NB, S))
-        a_base = sc * (C * C)
-        _store_row_block(Akk_ptr, Aqk_ptr, k1, k1, tl.zeros([S], dtype=tl.float32), 0, a_base, scale, C, S)  # zeros
-        _store_row_block(Akk_ptr, Aqk_ptr, k1, q1, _sub_row(b3, 1, NB), 1, a_base, scale, C, S)
-        _store_row_block(Akk_ptr, Aqk_ptr, k2, q2, _sub_row(b3, 2, NB), 2, a_base, scale, C, S)
-        _store_row_block(Akk_ptr, Aqk_ptr, k3, q3, _sub_row(b3, 3, NB), 3, a_base, scale, C, S)
-    else:
-        before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
-        tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
-        aqk = tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty)
-        tl.store(Aqk_ptr + a_off + rows[None, :], aqk, mask=blk[None, :] != blk[:, None])
+    before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
+    tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
+    outside = blk[None, :] != blk[:, None]
+    tl.store(
+        Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
+    )
     _store_diag(Akk_ptr, Aqk_ptr, a_off, dkk, dqk, b, scale, first, loc, C, S)
     tl.debug_barrier()
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
@@ -770,9 +713,6 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 # True: one kernel computes the norms, gate, G, qg, kg and then the scores, solve and W / U (_prep_scores_kernel);
 # False: the separate _prep_kernel, then _scores2_kernel (kept only so the GPU sweep can time both in one run).
 FUSED_PREP = True
-# True: the fused kernel computes the off-diagonal blocks of each row block I as [16, BKS] x [BKS, 64] dots; False:
-# as [64, BKS] x [BKS, 64] dots whose left operand is zero outside the rows of I (as _scores2_kernel does).
-OFFDIAG_ROWS = True
 PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel, and of the fused kernel's L2-norm pass
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages of _prep_kernel (FUSED_PREP = False)
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
@@ -823,7 +763,7 @@ def _launch_scores(args: dict, grid: tuple, BK: int, BV: int, fp32: bool) -> Non
     args |= dict(PREC="ieee" if fp32 else INTRA_PREC16, DPREC="ieee" if fp32 else INTRA_DIAG_PREC16)
     launch = dict(num_warps=SCORES2_LAUNCH[0], num_stages=SCORES2_LAUNCH[1], **_maxnreg(SCORES2_MAXNREG))
     if FUSED_PREP:
-        _run(_prep_scores_kernel, grid, args | dict(BKN=min(BK, PREP_BK), ROWS=OFFDIAG_ROWS), launch)
+        _run(_prep_scores_kernel, grid, args | dict(BKN=min(BK, PREP_BK)), launch)
         return
     prep_launch = dict(num_warps=PREP_LAUNCH[0], num_stages=PREP_LAUNCH[1])
     _run(_prep_kernel, grid, args | dict(BKP=min(BK, PREP_BK)), prep_launch)

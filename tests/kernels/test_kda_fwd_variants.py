@@ -1,10 +1,8 @@
 """The KDA Triton forward's kernel variants that ``chunk_triton`` keeps for the GPU sweep (module constants:
-``FUSED_PREP``, the prep work inside the scores kernel or a kernel of its own; ``OFFDIAG_ROWS``, the fused
-kernel's off-diagonal blocks as [16, BKS] x [BKS, 64] dots per row block or as masked [64, BKS] ones), each against
-the fp64 oracle at 1e-5 (fp32) and against the two-kernel path, on cases that reach every branch: varlen with
-ragged chunks, K tiles with sharp gates (the pairwise fallback of the diagonal blocks) beside mild ones, every tile
-pairwise, the in-kernel L2 norm and gate over several K tiles, and the training path's gradients. On a CPU under
-the Triton interpreter."""
+``FUSED_PREP``, the prep work inside the scores kernel or a kernel of its own), each against the fp64 oracle at
+1e-5 (fp32) and against the two-kernel path, on cases that reach every branch: varlen with ragged chunks, K tiles
+with sharp gates (the pairwise fallback of the diagonal blocks) beside mild ones, every tile pairwise, the in-kernel
+L2 norm and gate over several K tiles, and the training path's gradients. On a CPU under the Triton interpreter."""
 
 from __future__ import annotations
 
@@ -17,11 +15,7 @@ from kvl_testing import assert_rel_rms
 from kernels.kda import chunk_kda, kda_gate_ref, naive_recurrent_kda
 from kernels.kda import chunk_triton as ct
 
-VARIANTS = {
-    "two kernels": {"FUSED_PREP": False},
-    "fused, masked off-diagonal": {"FUSED_PREP": True, "OFFDIAG_ROWS": False},
-    "fused, row-block off-diagonal": {"FUSED_PREP": True, "OFFDIAG_ROWS": True},
-}
+VARIANTS = {"two kernels": {"FUSED_PREP": False}, "fused": {"FUSED_PREP": True}}
 FIELDS = ("o", "ht", "G", "Gl", "Aqk", "T", "W", "U", "qg", "kg", "h", "vn")
 
 
@@ -69,20 +63,20 @@ def test_fwd_variants_intermediates(monkeypatch, span_max):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_fwd_variants_l2_gate_in_kernel(monkeypatch, variant):
-    """The inference path (no gradient): in-kernel L2 norm (two 32-column steps, the second masked) and softplus
-    gate with dt_bias over K = 48, varlen with a 1-token sequence, against the fp64 oracle on the normalised q, k and
-    gated g (the lower-bound gate on the default variant: ``test_kda_triton.test_triton_l2_gate_several_k_tiles``)."""
+@pytest.mark.parametrize("lower_bound", [None, -3.0])
+def test_fwd_variants_l2_gate_in_kernel(monkeypatch, variant, lower_bound):
+    """The inference path (no gradient): in-kernel L2 norm (two 32-column steps, the second masked) and gate over
+    K = 48, varlen with a 1-token sequence, against the fp64 oracle on the normalised q, k and gated g."""
     _set(monkeypatch, variant)
     cu = torch.tensor([0, 1, 67, 76], dtype=torch.int32)
     q, k, v, raw, beta, s0 = make_inputs(1, 76, 1, 2, 48, 16, h0=True, N=3)
     A_log = torch.log(torch.empty(2, dtype=torch.float64).uniform_(1, 16))
     dtb = torch.randn(2 * 48, dtype=torch.float64)
-    g = kda_gate_ref(raw, A_log, dtb)
+    g = kda_gate_ref(raw, A_log, dtb, lower_bound)
     qn, kn = F.normalize(q * 3, dim=-1, eps=0), F.normalize(k * 2, dim=-1, eps=0)
     o_ref, S_ref = naive_recurrent_kda(qn, kn, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu)
     x = [t.to(_dev(), torch.float32) for t in (q * 3, k * 2, v, raw, beta, s0, A_log, dtb)]
-    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x[6], dt_bias=x[7])
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x[6], dt_bias=x[7], lower_bound=lower_bound)
     o, S = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True, cu_seqlens=cu.to(_dev()), **kw)
     assert_rel_rms(o, o_ref, 1e-5, "o")
     assert_rel_rms(S, S_ref, 1e-5, "state")
