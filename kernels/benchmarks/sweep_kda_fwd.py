@@ -28,7 +28,6 @@ from kernels.kda import chunk_triton as ct  # noqa: E402
 # (name, {chunk_triton constant: value})
 SETTINGS = [
     ("default", {}),
-    ("two-kernel prep", {"FUSED_PREP": False}),
     ("diag ieee", {"INTRA_DIAG_PREC16": "ieee"}),
     ("diag tf32", {"INTRA_DIAG_PREC16": "tf32"}),
     ("scores nreg255", {"SCORES2_MAXNREG": 255}),
@@ -48,9 +47,9 @@ SETTINGS = [
     ("state w2", {"STATE_LAUNCH": (2, 3)}),
     ("state bv64", {"STATE_BV": 64}),
     ("state bv64 w8 s3", {"STATE_BV": 64, "STATE_LAUNCH": (8, 3)}),
-    ("prep s1", {"FUSED_PREP": False, "PREP_LAUNCH": (4, 1)}),
-    ("prep s3", {"FUSED_PREP": False, "PREP_LAUNCH": (4, 3)}),
-    ("prep bk64", {"FUSED_PREP": False, "PREP_BK": 64}),
+    ("prep s1", {"PREP_LAUNCH": (4, 1)}),
+    ("prep s3", {"PREP_LAUNCH": (4, 3)}),
+    ("prep bk64", {"PREP_BK": 64}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]
 
@@ -122,8 +121,7 @@ def main() -> None:
         f"best: {res.get('best')}; fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}, host ms {res.get('fla_fwd_host_ms')}"
     )
     print(f"fla fwd kernels: {json.dumps(res.get('fla_fwd_kernels_ms'))}")
-    short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_prep_scores_kernel": "fused"}
-    short |= {"_state_kernel": "state", "_output_kernel": "out"}
+    short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_state_kernel": "state", "_output_kernel": "out"}
     print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} {'o err':>8} " + " ".join(f"{v:>8}" for v in short.values()))
     for name, r in res["settings"].items():
         if "error" in r:

@@ -3,16 +3,13 @@
 Kernels (all fixed-configuration, so they run under ``TRITON_INTERPRET=1`` on a CPU), chunk C = 64 split
 into four 16-token sub-blocks; each kernel works through K (or V) in tiles so that its registers stay small:
 
-1. ``_prep_scores_kernel`` (``FUSED_PREP = True``, the default) folds the prep work into 2.: per (chunk, value
-   head), optional inverse L2 norms of the q, k rows (a first pass over K; stored, applied by every later consumer,
-   so normalised q, k are never rounded to 16 bits); then in each K tile of the scores loop the gate (softplus
-   "unbounded" or sigmoid lower bound), the chunk-local cumulative sum G (fp32, stored: the backward reads it),
-   G_last, ``qg = scale Q Gamma`` and ``kg = K exp(G_last - G)`` with the exponent as a suffix sum of g (not a
-   difference of two large prefix sums, which lost ~1e-5 of the final state with sharp gates); G at each
-   sub-block's first row comes from the tile in registers. With ``FUSED_PREP = False`` (kept only so the GPU sweep
-   can time both) a separate ``_prep_kernel`` does this work and stores it for ``_scores2_kernel``.
-2. ``_scores2_kernel`` (the scores part of 1.), per (chunk, value head): ``Akk`` / ``Aqk`` over K tiles of 16:
-   the six off-diagonal 16 x 16 blocks as three masked [64, 16] x [16, 64] tensor-core dots (one per reference row
+1. ``_prep_kernel``, per (chunk, value head): optional inverse L2 norms of the q, k rows (stored, applied
+   by every later consumer, so normalised q, k are never rounded to 16 bits); the gate (softplus
+   "unbounded" or sigmoid lower bound) and the chunk-local cumulative sum G (fp32, stored), G_last,
+   ``qg = scale Q Gamma`` and ``kg = K exp(G_last - G)`` with the exponent as a suffix sum of g (not a
+   difference of two large prefix sums, which lost ~1e-5 of the final state with sharp gates).
+2. ``_scores2_kernel``, per (chunk, value head): ``Akk`` / ``Aqk`` over K tiles of 16: the six
+   off-diagonal 16 x 16 blocks as three masked [64, 16] x [16, 64] tensor-core dots (one per reference row
    ``16 I``, I = 1..3) into one [64, 64] accumulator, the decays factored through the reference
    (``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both exponents <= 0 where kept; tf32 for bf16/fp16 inputs,
    ``ieee`` fp32 for fp32 inputs); the four diagonal blocks in fp32 (tf32x3 or ``ieee``), each through its own
@@ -21,11 +18,11 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
    (``where`` before ``exp``); then, in
    the same program, ``T = (I + Akk)^-1`` in place (3.) and W and U (4.). (The earlier split versions of 2.-4.
    were removed; ``README.md`` says where they were measured.)
-3. ``_solve_chunk`` (in the scores kernel): ``T = (I + Akk)^-1`` by blocked
+3. ``_solve_chunk`` (in ``_scores2_kernel``): ``T = (I + Akk)^-1`` by blocked
    forward substitution (the four diagonal 16 x 16 inverses in one interleaved 15-step loop, then
    ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as 16 x 16 dots), T stored fp32; Akk lives in T's buffer (all reads
    precede a barrier before the stores).
-4. ``_wu_chunk`` (in the scores kernel), per (chunk, value head):
+4. ``_wu_chunk`` (in ``_scores2_kernel``), per (chunk, value head):
    ``W = T (beta K Gamma)``, ``U = T (beta V)`` as [64, 64] x [64, 32] dots, tile by tile.
 5. ``_state_kernel``, one program per (sequence, value head, block of value columns): the sequential
    pass over chunks with the fp32 state in registers; writes the state entering each chunk (``h``),
@@ -92,54 +89,6 @@ def _store_rows(ptr, base, x, r, cols, ncol: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
-def _inv_norms(q_ptr, k_ptr, qk_off, rm, rq_ptr, rk_ptr, rb, rows, K: tl.constexpr, C: tl.constexpr, BKN: tl.constexpr):
-    """Inverse L2 norms ``1 / sqrt(sum x^2 + 1e-6)`` (fp32 [C]) of one chunk's q and k rows (``qk_off`` [C, 1]: each
-    row's offset), BKN columns per step; stored at ``r*_ptr + rb``."""
-    sq = tl.zeros([C], dtype=tl.float32)
-    sk = tl.zeros([C], dtype=tl.float32)
-    for k0 in range(0, K, BKN):
-        ck = k0 + tl.arange(0, BKN)
-        m = rm[:, None] & (ck < K)[None, :]
-        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        sq += tl.sum(x * x, 1)
-        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        sk += tl.sum(x * x, 1)
-    rq = 1.0 / tl.sqrt(sq + 1e-6)
-    rk = 1.0 / tl.sqrt(sk + 1e-6)
-    tl.store(rq_ptr + rb + rows, rq)
-    tl.store(rk_ptr + rb + rows, rk)
-    return rq, rk
-
-
-@triton.jit
-def _gated_g(
-    g_ptr,
-    g_off,
-    rm,
-    ck,
-    a_log,
-    dtb_ptr,
-    i_hv,
-    lb,
-    K: tl.constexpr,
-    GATE: tl.constexpr,
-    LOWER: tl.constexpr,
-    HAS_DTB: tl.constexpr,
-):
-    """Log-decays g (fp32 [C, BK*]) of one chunk's rows (``g_off`` [C, 1]: each row's offset) in columns ck, zero in
-    padded rows and columns; through the gate (``A_log``, dt_bias, lower bound) when GATE."""
-    cm = ck < K
-    m = rm[:, None] & cm[None, :]
-    g = tl.load(g_ptr + g_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-    if GATE:
-        dtb = tl.zeros([ck.shape[0]], dtype=tl.float32)
-        if HAS_DTB:
-            dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
-        g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
-    return g
-
-
-@triton.jit
 def _prep_kernel(
     q_ptr,
     k_ptr,
@@ -167,9 +116,7 @@ def _prep_kernel(
     L2: tl.constexpr,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2), the gate, G = cumsum(g) (fp32), G_last,
-    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile.
-    Only with ``FUSED_PREP = False`` (then :func:`_scores2_kernel` follows); :func:`_prep_scores_kernel` does this
-    work itself."""
+    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -182,7 +129,19 @@ def _prep_kernel(
     rq = tl.full([C], 1.0, tl.float32)
     rk = tl.full([C], 1.0, tl.float32)
     if L2:
-        rq, rk = _inv_norms(q_ptr, k_ptr, qk_off, rm, rq_ptr, rk_ptr, sc * C, rows, K, C, BKP)
+        sq = tl.zeros([C], dtype=tl.float32)
+        sk = tl.zeros([C], dtype=tl.float32)
+        for k0 in range(0, K, BKP):
+            ck = k0 + tl.arange(0, BKP)
+            m = rm[:, None] & (ck < K)[None, :]
+            x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+            sq += tl.sum(x * x, 1)
+            x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+            sk += tl.sum(x * x, 1)
+        rq = 1.0 / tl.sqrt(sq + 1e-6)
+        rk = 1.0 / tl.sqrt(sk + 1e-6)
+        tl.store(rq_ptr + sc * C + rows, rq)
+        tl.store(rk_ptr + sc * C + rows, rk)
     a_log = 0.0
     if GATE:
         a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
@@ -332,164 +291,6 @@ def _scores2_kernel(
         k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, H, HV, K, V, C, BKW, BVW, L2,
         PREC,
     )
-
-
-@triton.jit
-def _ref_operand(kf, G, Gb, I: tl.constexpr, NB: tl.constexpr):
-    """Right operand of reference row ``16 I``: ``(k_j exp(min(G_ref - G_j, 0)))^T`` [BKS, C], G_ref = ``Gb[I]``."""
-    ref = tl.sum(tl.where((tl.arange(0, NB) == I)[:, None], Gb, 0.0), 0)
-    return tl.trans(kf * tl.exp(tl.minimum(ref[None, :] - G, 0.0)))
-
-
-@triton.jit
-def _prep_scores_kernel(
-    q_ptr,
-    k_ptr,
-    g_ptr,
-    beta_ptr,
-    alog_ptr,
-    dtb_ptr,
-    lb,
-    cbos_ptr,
-    clen_ptr,
-    G_ptr,
-    gl_ptr,
-    qg_ptr,
-    kg_ptr,
-    rq_ptr,
-    rk_ptr,
-    Aqk_ptr,
-    Akk_ptr,
-    T_ptr,
-    v_ptr,
-    W_ptr,
-    U_ptr,
-    scale,
-    span_max,
-    VS,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    C: tl.constexpr,
-    S: tl.constexpr,
-    BKS: tl.constexpr,
-    BKN: tl.constexpr,
-    BKW: tl.constexpr,
-    BVW: tl.constexpr,
-    GATE: tl.constexpr,
-    LOWER: tl.constexpr,
-    HAS_DTB: tl.constexpr,
-    L2: tl.constexpr,
-    PREC: tl.constexpr,
-    DPREC: tl.constexpr,
-):
-    """:func:`_prep_kernel`'s work folded into :func:`_scores2_kernel` (``FUSED_PREP``), per (chunk, value head).
-
-    With L2, a first pass over K (BKN columns per step) for the inverse row norms (stored, kept in registers). Then per
-    K tile of BKS columns: g (through the gate when GATE), ``G = cumsum(g)`` (fp32), G_last, ``qg = scale q exp(G)``
-    and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g) stored as the prep kernel stores them; G at each
-    sub-block's first row taken from the tile in registers (no re-read); then Akk / Aqk exactly as
-    :func:`_scores2_kernel`, the solve and W / U. What a program reads back from its own stores (G and the norms in
-    the pairwise fallback and in W / U) is read after a barrier."""
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
-    n = tl.load(clen_ptr + i_c)
-    sc = i_c.to(tl.int64) * HV + i_hv
-    rows = tl.arange(0, C)
-    rm = rows < n
-    loc = rows % S
-    blk = rows // S
-    first = rows - loc
-    qk_base = bos * (H * K) + i_h * K
-    qk_off = rows[:, None] * (H * K) + qk_base
-    g_off = (bos + rows)[:, None] * (HV * K) + i_hv * K
-    g_base = sc * (C * K)
-    rb = sc * C
-    rq = tl.full([C], 1.0, tl.float32)
-    rk = tl.full([C], 1.0, tl.float32)
-    if L2:
-        rq, rk = _inv_norms(q_ptr, k_ptr, qk_off, rm, rq_ptr, rk_ptr, rb, rows, K, C, BKN)
-        tl.debug_barrier()  # the pairwise fallback and W / U read the norms back
-    a_log = 0.0
-    if GATE:
-        a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
-    akk = tl.zeros([C, C], dtype=tl.float32)
-    aqk = tl.zeros([C, C], dtype=tl.float32)
-    NB: tl.constexpr = C // S
-    dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
-    dqk = tl.zeros([NB, S, S], dtype=tl.float32)
-    for k0 in range(0, K, BKS):
-        ck = k0 + tl.arange(0, BKS)
-        cm = (ck < K)[None, :]
-        m = rm[:, None] & cm
-        g = _gated_g(g_ptr, g_off, rm, ck, a_log, dtb_ptr, i_hv, lb, K, GATE, LOWER, HAS_DTB)
-        Gf = tl.cumsum(g, 0)
-        tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=ck < K)
-        off = g_base + rows[:, None] * K + ck[None, :]
-        tl.store(G_ptr + off, Gf, mask=cm)
-        kf = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        qf = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        if L2:
-            kf = kf * rk[:, None]
-            qf = qf * rq[:, None]
-        tl.store(qg_ptr + off, (qf * scale * tl.exp(Gf)).to(qg_ptr.dtype.element_ty), mask=cm)
-        E = tl.cumsum(g, 0, reverse=True) - g  # G_last - G as a suffix sum
-        tl.store(kg_ptr + off, (kf * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm)
-        G3 = tl.reshape(Gf, (NB, S, BKS))
-        Gb = tl.sum(tl.where((tl.arange(0, S) == 0)[None, :, None], G3, 0.0), 1)  # [NB, BKS]: first rows' G
-        Gd = tl.reshape(G3 - Gb[:, None, :], (C, BKS))
-        e = tl.exp(Gd)
-        kl = kf * e
-        ql = qf * e
-        for I in tl.static_range(1, NB):
-            R = _ref_operand(kf, Gf, Gb, I, NB)
-            inI = (blk == I)[:, None]
-            akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
-            aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
-        if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
-            R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
-            dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
-            dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
-        else:  # pairwise, column j of every diagonal block at once; G rows of this tile read back
-            tl.debug_barrier()
-            for j in range(0, S):
-                src = first + j
-                kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
-                Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
-                kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
-                at = tl.arange(0, S)[None, None, :] == j
-                dkk = tl.where(at, dkk + tl.reshape(tl.sum(kf * kc, 1), (NB, S))[:, :, None], dkk)
-                dqk = tl.where(at, dqk + tl.reshape(tl.sum(qf * kc, 1), (NB, S))[:, :, None], dqk)
-    a_off = sc * (C * C) + rows[:, None] * C
-    b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rm, other=0.0).to(tl.float32)[:, None]
-    before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
-    tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
-    outside = blk[None, :] != blk[:, None]
-    tl.store(
-        Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
-    )
-    _store_diag(Akk_ptr, Aqk_ptr, a_off, dkk, dqk, b, scale, first, loc, C, S)
-    tl.debug_barrier()
-    _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
-    tl.debug_barrier()
-    _wu_chunk(
-        k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, H, HV, K, V, C, BKW, BVW, L2,
-        PREC,
-    )
-
-
-@triton.jit
-def _store_diag(Akk_ptr, Aqk_ptr, a_off, dkk, dqk, b, scale, first, loc, C: tl.constexpr, S: tl.constexpr):
-    """The four diagonal blocks ([4, 16, 16] accumulators): Akk strictly lower times beta, Aqk lower times scale."""
-    r16 = tl.arange(0, S)
-    d_off = a_off + first[:, None] + r16[None, :]  # diagonal block of row i: columns 16 (i // 16) + r
-    D = tl.reshape(dkk, (C, S))
-    tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], D * b, 0.0))
-    D = tl.reshape(dqk, (C, S))
-    tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], D * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -710,11 +511,8 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
     return cbos.numel(), [at_least_one(cbos), at_least_one(clen)], [at_least_one(s0), at_least_one(snc)]
 
 
-# True: one kernel computes the norms, gate, G, qg, kg and then the scores, solve and W / U (_prep_scores_kernel);
-# False: the separate _prep_kernel, then _scores2_kernel (kept only so the GPU sweep can time both in one run).
-FUSED_PREP = True
-PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel, and of the fused kernel's L2-norm pass
-PREP_LAUNCH = (4, 2)  # num_warps, num_stages of _prep_kernel (FUSED_PREP = False)
+PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
+PREP_LAUNCH = (4, 2)  # num_warps, num_stages
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 SCORES2_LAUNCH = (4, 1)  # num_warps, num_stages of the scores + solve + W / U kernel (sweep: s1 0.745 ms, s2 0.809)
@@ -749,25 +547,6 @@ def _has_maxnreg() -> bool:
 def _maxnreg(n: int | None) -> dict:
     """``maxnreg`` launch option where this Triton's CUDA backend has it (not under the interpreter); None: no cap."""
     return {"maxnreg": n} if n and not _interpreting() and _has_maxnreg() else {}
-
-
-def _run(kernel, grid: tuple, args: dict, launch: dict) -> None:
-    """Launch ``kernel`` with the entries of ``args`` that it takes (matched by argument name)."""
-    kernel[grid](**{n: args[n] for n in kernel.arg_names if n in args}, **launch)
-
-
-def _launch_scores(args: dict, grid: tuple, BK: int, BV: int, fp32: bool) -> None:
-    """The per-(chunk, value head) kernels up to W / U: :func:`_prep_scores_kernel`, or with ``FUSED_PREP = False``
-    :func:`_prep_kernel` then :func:`_scores2_kernel`. ``args``: pointers, scalars and shapes by argument name."""
-    args = args | dict(S=SUB, BKS=SCORES2_BK, BKW=min(BK, WU_B), BVW=min(BV, WU_B), span_max=INTRA_SPAN_MAX)
-    args |= dict(PREC="ieee" if fp32 else INTRA_PREC16, DPREC="ieee" if fp32 else INTRA_DIAG_PREC16)
-    launch = dict(num_warps=SCORES2_LAUNCH[0], num_stages=SCORES2_LAUNCH[1], **_maxnreg(SCORES2_MAXNREG))
-    if FUSED_PREP:
-        _run(_prep_scores_kernel, grid, args | dict(BKN=min(BK, PREP_BK)), launch)
-        return
-    prep_launch = dict(num_warps=PREP_LAUNCH[0], num_stages=PREP_LAUNCH[1])
-    _run(_prep_kernel, grid, args | dict(BKP=min(BK, PREP_BK)), prep_launch)
-    _run(_scores2_kernel, grid, args, launch)
 
 
 class KDAFwdState(NamedTuple):
@@ -825,17 +604,73 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     dummy = torch.zeros(1, dtype=torch.float32, device=dev)
     G = torch.empty(nc1, HV, CHUNK, K, dtype=torch.float32, device=dev)
     Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev)
+    Akk = Tm  # the solve runs in place
     rq, rk = (torch.empty(nc1, HV, CHUNK, dtype=torch.float32, device=dev) if use_l2 else dummy for _ in range(2))
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     if nch:
-        args = dict(q_ptr=q, k_ptr=k, g_ptr=g, beta_ptr=beta, v_ptr=v, cbos_ptr=cbos, clen_ptr=clen, scale=scale, VS=vs)
-        has_dtb = use_gate and dt_bias is not None
-        args |= dict(alog_ptr=A_log if use_gate else dummy, dtb_ptr=dt_bias if has_dtb else dummy, rq_ptr=rq, rk_ptr=rk)
-        args |= dict(lb=float(lower_bound) if lower_bound is not None else 0.0)
-        args |= dict(G_ptr=G, gl_ptr=gl, qg_ptr=qg, kg_ptr=kg, Aqk_ptr=Aqk, Akk_ptr=Tm, T_ptr=Tm, W_ptr=W, U_ptr=U)
-        args |= dict(H=H, HV=HV, K=K, V=V, C=CHUNK, L2=use_l2, GATE=use_gate, LOWER=lower_bound is not None)
-        _launch_scores(args | dict(HAS_DTB=has_dtb), (nch, HV), BK, BV, fp32)  # Akk lives in T's buffer
+        cbc = dict(cbos_ptr=cbos, clen_ptr=clen)
+        _prep_kernel[(nch, HV)](
+            q,
+            k,
+            g,
+            A_log if use_gate else dummy,
+            dt_bias if (use_gate and dt_bias is not None) else dummy,
+            float(lower_bound) if lower_bound is not None else 0.0,
+            **cbc,
+            G_ptr=G,
+            gl_ptr=gl,
+            qg_ptr=qg,
+            kg_ptr=kg,
+            rq_ptr=rq,
+            rk_ptr=rk,
+            scale=scale,
+            H=H,
+            HV=HV,
+            K=K,
+            C=CHUNK,
+            BKP=min(BK, PREP_BK),
+            GATE=use_gate,
+            LOWER=lower_bound is not None,
+            HAS_DTB=dt_bias is not None,
+            L2=use_l2,
+            num_warps=PREP_LAUNCH[0],
+            num_stages=PREP_LAUNCH[1],
+        )
+        prec = "ieee" if fp32 else INTRA_PREC16
+        _scores2_kernel[(nch, HV)](
+            q,
+            k,
+            beta,
+            G,
+            rq,
+            rk,
+            **cbc,
+            Aqk_ptr=Aqk,
+            Akk_ptr=Akk,
+            T_ptr=Tm,
+            v_ptr=v,
+            W_ptr=W,
+            U_ptr=U,
+            scale=scale,
+            VS=vs,
+            H=H,
+            HV=HV,
+            K=K,
+            V=V,
+            C=CHUNK,
+            S=SUB,
+            BKS=SCORES2_BK,
+            BKW=min(BK, WU_B),
+            BVW=min(BV, WU_B),
+            L2=use_l2,
+            PREC=prec,
+            DPREC="ieee" if fp32 else INTRA_DIAG_PREC16,
+            span_max=INTRA_SPAN_MAX,
+            num_warps=SCORES2_LAUNCH[0],
+            num_stages=SCORES2_LAUNCH[1],
+            **_maxnreg(SCORES2_MAXNREG),
+        )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
     bvs = min(BV, STATE_BV)
     _state_kernel[(triton.cdiv(V, bvs), N * HV)](
