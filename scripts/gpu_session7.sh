@@ -17,7 +17,7 @@ kernels)
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
   for shape in 4x4096x32; do
     PART_TAIL=30 part "sweep_kda_fwd $shape" 150 python3 kernels/benchmarks/sweep_kda_fwd.py --shape "$shape" \
-      --only "${KVL_SWEEP:-default,two-kernel prep,offdiag masked,gate kernel first}" --out "$OUT/sweep_kda_fwd_$shape.json"
+      --only "${KVL_SWEEP:-default}" --out "$OUT/sweep_kda_fwd_$shape.json"
   done
   PART_TAIL=30 part bench_kda 200 python3 kernels/benchmarks/bench_kda.py --no-prelude --impls ours,fla --deadline 150 \
     --shapes 4x4096x32,1x8192x32 --out "$OUT/bench_kda.json"
