@@ -1,13 +1,14 @@
 """The integer tables of a packed MoonViT batch, built on the host and moved to the device in one copy.
 
 Every index the encoder needs for a batch ``grid_thw`` (patch positions for RoPE, the position-embedding gather,
-the attention segments, the temporal 2x2 merge) is a function of the chunk sizes alone. Built per chunk with
-device ops they cost several small kernel launches per chunk, and an app batch has dozens of chunks. Here they
-are built from the Python ints of ``grid_thw`` with a fixed number of vectorised CPU ops (whatever the number of
-chunks), packed into one int32 buffer together with the fp32 bicubic resampling matrices of the position table
-(which travel as their bits and are viewed back as fp32; every table starts 16-byte aligned), and moved with ONE
-pinned non-blocking copy: a pageable copy would synchronise the host with the device. The host tables are cached
-by grid (``_SLOTS`` entries).
+the attention segments, the temporal 2x2 merge) is a function of the chunk sizes alone. Built per chunk with device
+ops they cost several small kernel launches per chunk, and an app batch has dozens of chunks. Here they are built
+from the Python ints of ``grid_thw`` with a fixed number of vectorised NumPy ops (whatever the number of chunks;
+NumPy, not torch CPU ops: on the GPU host, where data-loader processes and the pin-memory thread share the cores,
+the same torch ops took ~50 ms a batch, session 7 call3), packed into one int32 buffer together with the fp32
+bicubic resampling matrices of the position table (which travel as their bits and are viewed back as fp32; every
+table starts 16-byte aligned), and moved with ONE pinned non-blocking copy: a pageable copy would synchronise the
+host with the device. The host tables are cached by grid (``_SLOTS`` entries).
 
 Device tables (:class:`PackedTables`), int32 unless stated:
 
@@ -28,8 +29,9 @@ Shapes: ``P`` packed patches, ``n`` chunks, ``N`` merged tokens, ``K = merge**2`
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +39,11 @@ Grid = tuple[tuple[int, int, int], ...]
 
 _SLOTS = 32
 _ALIGN = 4  # int32 elements: 16 bytes
-_PAD = torch.zeros(_ALIGN, dtype=torch.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def _bicubic_f32(n_in: int, n_out: int) -> np.ndarray:
+    return bicubic_matrix(n_in, n_out).float().numpy()
 
 
 @functools.lru_cache(maxsize=256)
@@ -67,7 +73,6 @@ class HostTables:
     size_pieces: list[tuple[int, int]]  # per size: (index into heights, index into widths)
     merge_ts: list[int]  # distinct t of the merge groups, in group order
     has_video: bool
-    pinned: torch.Tensor | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -101,49 +106,49 @@ class PackedTables:
         return out
 
 
-def _patch_tables(t: torch.Tensor, h: torch.Tensor, w: torch.Tensor, size_id: torch.Tensor,
-                  size_offset: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-patch tables (long, host) from the per-chunk ``t, h, w [n]``."""
-    n = t.numel()
+def _patch_tables(t: np.ndarray, h: np.ndarray, w: np.ndarray, size_id: np.ndarray,
+                  size_offset: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-patch tables (int64, host) from the per-chunk ``t, h, w [n]``."""
+    n = t.size
     hw = h * w
     lengths = t * hw
-    start = lengths.cumsum(0) - lengths
-    chunk = torch.repeat_interleave(torch.arange(n), lengths)  # [P]
-    local = torch.arange(int(lengths.sum())) - start[chunk]
+    start = np.cumsum(lengths) - lengths
+    chunk = np.repeat(np.arange(n), lengths)  # [P]
+    local = np.arange(int(lengths.sum())) - start[chunk]
     in_frame = local % hw[chunk]
     row = in_frame // w[chunk]
     col = in_frame - row * w[chunk]
-    return {"cu_seqlens": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
-            "segment_P": chunk, "colrow_P2": torch.stack([col, row], dim=-1),
+    return {"cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]),
+            "segment_P": chunk, "colrow_P2": np.stack([col, row], axis=-1),
             "spatial_P": size_offset[size_id[chunk]] + in_frame,
-            "time_P": torch.where(t[chunk] > 1, local // hw[chunk] + 1, 0)}
+            "time_P": np.where(t[chunk] > 1, local // hw[chunk] + 1, 0)}
 
 
-def _merge_tables(t: torch.Tensor, h: torch.Tensor, w: torch.Tensor, merge: int) -> tuple[dict, list[int]]:
+def _merge_tables(t: np.ndarray, h: np.ndarray, w: np.ndarray, merge: int) -> tuple[dict, list[int]]:
     """``merge_group_<i> [N_t, t, K]`` per distinct ``t`` and ``merge_order_N`` (when more than one group)."""
     lengths = t * h * w
-    start = lengths.cumsum(0) - lengths
+    start = np.cumsum(lengths) - lengths
     per_row = w // merge
     tokens = (h // merge) * per_row
-    chunk = torch.repeat_interleave(torch.arange(t.numel()), tokens)  # [N]
-    j = torch.arange(int(tokens.sum())) - (tokens.cumsum(0) - tokens)[chunk]
+    chunk = np.repeat(np.arange(t.size), tokens)  # [N]
+    j = np.arange(int(tokens.sum())) - (np.cumsum(tokens) - tokens)[chunk]
     block_row, block_col = j // per_row[chunk], j % per_row[chunk]
     wc = w[chunk]
     base = start[chunk] + block_row * merge * wc + block_col * merge  # top-left source patch of each token
-    steps = torch.arange(merge)
+    steps = np.arange(merge)
     k_offset = (steps[None, :, None] * wc[:, None, None] + steps[None, None, :]).reshape(-1, merge * merge)
     frame_size = (h * w)[chunk]
     tc = t[chunk]
     out, ts, members = {}, [], []
     for i, tv in enumerate(sorted(set(t.tolist()))):
-        sel = torch.nonzero(tc == tv).flatten()
-        frames = torch.arange(tv)[None, :, None] * frame_size[sel, None, None]
+        sel = np.flatnonzero(tc == tv)
+        frames = np.arange(tv)[None, :, None] * frame_size[sel, None, None]
         out[f"merge_group_{i}"] = base[sel, None, None] + frames + k_offset[sel, None, :]
         ts.append(tv)
         members.append(sel)
     if len(members) > 1:
-        order = torch.empty(chunk.numel(), dtype=torch.long)
-        order[torch.cat(members)] = torch.arange(chunk.numel())
+        order = np.empty(chunk.size, dtype=np.int64)
+        order[np.concatenate(members)] = np.arange(chunk.size)
         out["merge_order_N"] = order
     return out, ts
 
@@ -165,10 +170,10 @@ def host_tables(grid: Grid, merge: int, table_hw: tuple[int, int] | None) -> Hos
     _check_grid(grid, merge)
     sizes = list(dict.fromkeys((h, w) for _, h, w in grid))
     heights, widths = list(dict.fromkeys(h for h, _ in sizes)), list(dict.fromkeys(w for _, w in sizes))
-    t, h, w = (torch.tensor(col) for col in zip(*grid))
-    size_id = torch.tensor([sizes.index((hh, ww)) for _, hh, ww in grid])
-    size_area = torch.tensor([hh * ww for hh, ww in sizes])
-    tables = _patch_tables(t, h, w, size_id, size_area.cumsum(0) - size_area)
+    t, h, w = (np.array(col, dtype=np.int64) for col in zip(*grid))
+    size_id = np.array([sizes.index((hh, ww)) for _, hh, ww in grid], dtype=np.int64)
+    size_area = np.array([hh * ww for hh, ww in sizes], dtype=np.int64)
+    tables = _patch_tables(t, h, w, size_id, np.cumsum(size_area) - size_area)
     has_video = bool((t > 1).any())
     if not has_video:
         del tables["time_P"]
@@ -176,27 +181,28 @@ def host_tables(grid: Grid, merge: int, table_hw: tuple[int, int] | None) -> Hos
     tables |= merged
     if table_hw is not None:
         hp, wp = table_hw
-        tables["resample_h"] = torch.cat([bicubic_matrix(hp, x) for x in heights]).float()
-        tables["resample_w"] = torch.cat([bicubic_matrix(wp, x) for x in widths]).float()
+        tables["resample_h"] = np.concatenate([_bicubic_f32(hp, x) for x in heights])
+        tables["resample_w"] = np.concatenate([_bicubic_f32(wp, x) for x in widths])
     layout, pieces = [], []
     for name, value in tables.items():
-        is_float = value.is_floating_point()
+        is_float = value.dtype == np.float32
         layout.append((name, tuple(value.shape), is_float))
-        piece = (value.view(torch.int32) if is_float else value.to(torch.int32)).reshape(-1)
-        pieces += [piece, _PAD[:_padded(piece.numel()) - piece.numel()]]
-    return HostTables(grid=grid, flat=torch.cat(pieces), layout=layout, sizes=sizes, heights=heights,
+        piece = (value.view(np.int32) if is_float else value.astype(np.int32)).reshape(-1)
+        pieces += [piece, np.zeros(_padded(piece.size) - piece.size, dtype=np.int32)]
+    flat = torch.from_numpy(np.concatenate(pieces))
+    return HostTables(grid=grid, flat=flat, layout=layout, sizes=sizes, heights=heights,
                       widths=widths, size_pieces=[(heights.index(hh), widths.index(ww)) for hh, ww in sizes],
                       merge_ts=merge_ts, has_video=has_video)
 
 
 def _to_device(host: HostTables, device: torch.device) -> torch.Tensor:
-    """The flat buffer on ``device``: one pinned, non-blocking copy on CUDA (pinned once per cached grid)."""
+    """The flat buffer on ``device``: one pinned, non-blocking copy on CUDA. Pinned per call from the caching
+    host allocator, which reuses a block once its copy has finished (a pinned buffer kept per cached grid
+    cost a ``cudaHostAlloc``, ~1.5 ms, for every new grid: every step of the app)."""
     if device.type == "cpu":
         return host.flat
     if device.type == "cuda":
-        if host.pinned is None:
-            host.pinned = host.flat.pin_memory()
-        return host.pinned.to(device, non_blocking=True)
+        return host.flat.pin_memory().to(device, non_blocking=True)
     return host.flat.to(device)
 
 
