@@ -25,10 +25,10 @@ kernels)
   ;;
 app)
   DATA=${2:?usage: gpu_session7.sh app DATA}
-  part moonvit 60 python3 -m vision_encoder.benchmarks.profile_moonvit --json profile_moonvit_app12.json
-  part "moonvit 44 chunks" 80 python3 -m vision_encoder.benchmarks.profile_moonvit --chunks 40,4 \
+  [ "${KVL_SKIP_MOONVIT:-0}" = 1 ] || part moonvit 60 python3 -m vision_encoder.benchmarks.profile_moonvit --json profile_moonvit_app12.json
+  [ "${KVL_SKIP_MOONVIT:-0}" = 1 ] || part "moonvit 44 chunks" 80 python3 -m vision_encoder.benchmarks.profile_moonvit --chunks 40,4 \
     --json profile_moonvit_chunks44.json
-  for cv in false true; do
+  for cv in ${KVL_COMPILE_VISION:-false true}; do
     PART_TAIL=30 part "profile app compile_vision=$cv" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
       --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=8 data.num_workers=8 \
       compile_vision=$cv --steps 3 --warmup 2 --module-steps 0 --host-profile --out "$OUT/app_cv_$cv"
