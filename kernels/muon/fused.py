@@ -24,6 +24,7 @@ Under ``TRITON_INTERPRET=1`` the kernels also run on CPU tensors (the tests use 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 try:
@@ -77,12 +78,15 @@ if triton is not None:
 
 
     @triton.jit
-    def _momentum_group_kernel(table_ptr, g_like, buf_like, out_like, mu, NESTEROV: tl.constexpr,
+    def _momentum_group_kernel(table_ptr, n_rows, g_like, buf_like, out_like, mu, NESTEROV: tl.constexpr,
                                BLOCK_SIZE: tl.constexpr):
-        """One matrix per ``program_id(1)``: table row ``[g, buf, out, partial addresses, numel, n_blocks]``;
-        element types from the ``*_like`` tensors. Programs past the matrix's last block store nothing."""
-        blk = tl.program_id(0)
-        row = table_ptr + tl.program_id(1).to(tl.int64) * 6
+        """One block of one matrix per program: ``table`` holds one row per matrix ``[g, buf, out, partial
+        addresses, numel, n_blocks, first program]`` then, per program, its row; element types from the ``*_like``
+        tensors."""
+        pid = tl.program_id(0)
+        j = tl.load(table_ptr + n_rows * 7 + pid)
+        row = table_ptr + j * 7
+        blk = pid - tl.load(row + 6)
         g_ptr = tl.load(row).to(tl.pointer_type(g_like.dtype.element_ty))
         buf_ptr = tl.load(row + 1).to(tl.pointer_type(buf_like.dtype.element_ty))
         out_ptr = tl.load(row + 2).to(tl.pointer_type(out_like.dtype.element_ty))
@@ -102,15 +106,17 @@ if triton is not None:
         tl.store(part_ptr + blk, tl.sum(u * u, axis=0), mask=blk < n_blocks)
 
     @triton.jit
-    def _apply_group_kernel(table_ptr, factor_ptr, p_like, o_like, BLOCK_SIZE: tl.constexpr):
-        """One parameter per ``program_id(1)``: table row ``[p address, O address, numel]``, factors
-        ``[decay, alpha]`` (fp32) in ``factor_ptr``."""
-        j = tl.program_id(1).to(tl.int64)
-        p_ptr = tl.load(table_ptr + j * 3).to(tl.pointer_type(p_like.dtype.element_ty))
-        o_ptr = tl.load(table_ptr + j * 3 + 1).to(tl.pointer_type(o_like.dtype.element_ty))
-        numel = tl.load(table_ptr + j * 3 + 2)
+    def _apply_group_kernel(table_ptr, n_rows, factor_ptr, p_like, o_like, BLOCK_SIZE: tl.constexpr):
+        """One block of one parameter per program: ``table`` holds one row per parameter ``[p address, O
+        address, numel, first program]`` then, per program, its row; factors ``[decay, alpha]`` (fp32) in
+        ``factor_ptr``."""
+        pid = tl.program_id(0)
+        j = tl.load(table_ptr + n_rows * 4 + pid)
+        p_ptr = tl.load(table_ptr + j * 4).to(tl.pointer_type(p_like.dtype.element_ty))
+        o_ptr = tl.load(table_ptr + j * 4 + 1).to(tl.pointer_type(o_like.dtype.element_ty))
+        numel = tl.load(table_ptr + j * 4 + 2)
         decay, alpha = tl.load(factor_ptr + j * 2), tl.load(factor_ptr + j * 2 + 1)
-        offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        offs = (pid - tl.load(table_ptr + j * 4 + 3)).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
         mask = offs < numel
         p = tl.load(p_ptr + offs, mask=mask).to(tl.float32)
         o = tl.load(o_ptr + offs, mask=mask).to(tl.float32)
@@ -118,9 +124,18 @@ if triton is not None:
         tl.store(p_ptr + offs, (p + alpha * o).to(p_like.dtype.element_ty), mask=mask)
 
 
-def _device_table(rows: list[list], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small per-step table on ``device``: built on the host, one (pinned, non-blocking on CUDA) copy."""
-    host = torch.tensor(rows, dtype=dtype)
+def _device_table(rows: list[list], dtype: torch.dtype, device: torch.device,
+                  blocks: list[int] | None = None) -> torch.Tensor:
+    """A small per-step table on ``device``: built on the host, one (pinned, non-blocking on CUDA) copy.
+    ``blocks`` (programs per row): each row gets its first program's index as a last column, and the row index of
+    every program follows the rows (a 1-D grid with no idle programs, whatever the spread of sizes)."""
+    if blocks is None:
+        host = torch.tensor(rows, dtype=dtype)
+    else:
+        counts = np.asarray(blocks, dtype=np.int64)
+        first = np.cumsum(counts) - counts
+        table = np.concatenate([np.asarray(rows, dtype=np.int64), first[:, None]], axis=1)
+        host = torch.from_numpy(np.concatenate([table.reshape(-1), np.repeat(np.arange(len(rows)), counts)]))
     if device.type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)
@@ -149,9 +164,10 @@ class MomentumGroup:
 
     def launch(self) -> None:
         for (_, _, _, device), (rows, like) in self.groups.items():
-            table = _device_table(rows, torch.int64, device)
-            _momentum_group_kernel[(max(r[5] for r in rows), len(rows))](
-                table, *like, self.mu, NESTEROV=self.nesterov, BLOCK_SIZE=BLOCK, num_warps=8)
+            blocks = [r[5] for r in rows]
+            table = _device_table(rows, torch.int64, device, blocks)
+            _momentum_group_kernel[(sum(blocks),)](
+                table, len(rows), *like, self.mu, NESTEROV=self.nesterov, BLOCK_SIZE=BLOCK, num_warps=8)
         self.groups = {}
 
 
@@ -168,10 +184,10 @@ def apply_update_group(updates: list[tuple[torch.Tensor, torch.Tensor, float, fl
         rows.append([p.data_ptr(), O.data_ptr(), p.numel()])
         factors.append([1.0 - lr * wd, -lr * scale])
     for (_, _, device), (rows, factors, like) in groups.items():
-        table = _device_table(rows, torch.int64, device)
+        blocks = [triton.cdiv(r[2], BLOCK) for r in rows]
+        table = _device_table(rows, torch.int64, device, blocks)
         factor = _device_table(factors, torch.float32, device)
-        grid = (triton.cdiv(max(r[2] for r in rows), BLOCK), len(rows))
-        _apply_group_kernel[grid](table, factor, *like, BLOCK_SIZE=BLOCK, num_warps=8)
+        _apply_group_kernel[(sum(blocks),)](table, len(rows), factor, *like, BLOCK_SIZE=BLOCK, num_warps=8)
 
 
 def _check_contiguous(where: str, **tensors: torch.Tensor) -> None:
