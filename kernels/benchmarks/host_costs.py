@@ -1,0 +1,113 @@
+"""Host-side cost of one call of the operations a training step is made of, on one GPU.
+
+The app is host-bound (its process CPU time is about its wall time), so what matters for many operations is not
+their GPU time but how long the Python thread spends issuing them. This measures that directly: each case issues
+``--calls`` calls back to back without synchronising (the GPU queue never fills: every case's GPU work is far
+shorter than its host time, which the ``gpu_us`` column confirms), and reports host microseconds per call.
+
+Cases: ``torch.mm`` and ``F.linear`` (bias) at a fixed shape and with the row count ``M`` changing on every call
+(as the packed vision tower's patch count does from batch to batch), under both BLAS back ends; bf16 autocast
+linear; an elementwise op; one of the project's Triton kernels (RMSNorm forward); an empty Triton kernel.
+
+    python3 kernels/benchmarks/host_costs.py --out host_costs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _empty_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def host_us_per_call(fn: Callable[[int], object], calls: int) -> tuple[float, float]:
+    """(host us per call, host + drain us per call) of ``fn(i)`` for ``i`` in ``range(calls)``."""
+    for i in range(5):
+        fn(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def cases(dim: int, rows: int) -> dict[str, Callable[[int], object]]:
+    dev = "cuda"
+    w = torch.randn(3 * dim, dim, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(3 * dim, device=dev, dtype=torch.bfloat16)
+    w32 = torch.randn(3 * dim, dim, device=dev)
+    x = torch.randn(rows + 4096, dim, device=dev, dtype=torch.bfloat16)
+    x32 = x.float()
+    norm_w = torch.ones(dim, device=dev)
+
+    def varying(i: int) -> int:  # a new row count per call, never repeated within a run
+        return rows - 8 * (i % 500) - (i // 500)
+
+    from kernels.norm import rms_norm
+
+    buf = torch.zeros(1024, device=dev)
+    return {
+        "mm fixed M": lambda i: torch.mm(x[:rows], w.t()),
+        "mm varying M": lambda i: torch.mm(x[: varying(i)], w.t()),
+        "linear+bias fixed M": lambda i: F.linear(x[:rows], w, b),
+        "linear+bias varying M": lambda i: F.linear(x[: varying(i)], w, b),
+        "autocast linear+bias fixed M": lambda i: _autocast_linear(x32[:rows], w32, b),
+        "add (elementwise)": lambda i: x[:rows] + 1,
+        "rms_norm (project Triton)": lambda i: rms_norm(x[:rows], norm_w, 1e-6),
+        "empty Triton kernel": lambda i: _empty_kernel[(1,)](buf, 1024, BLOCK=1024),
+    }
+
+
+def _autocast_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return F.linear(x, w, b)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--rows", type=int, default=6144)
+    p.add_argument("--calls", type=int, default=400)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    results = []
+    for blas in ("cublaslt", "cublas"):
+        torch.backends.cuda.preferred_blas_library(blas)
+        for name, fn in cases(args.dim, args.rows).items():
+            if blas == "cublas" and "mm" not in name and "linear" not in name:
+                continue
+            try:
+                host, total = host_us_per_call(fn, args.calls)
+            except Exception as e:  # one failing case should not lose the others' numbers
+                results.append(dict(case=name, blas=blas, error=f"{type(e).__name__}: {e}"[:300]))
+                continue
+            results.append(dict(case=name, blas=blas, host_us=round(host, 1), host_plus_drain_us=round(total, 1)))
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"dim {args.dim}, rows {args.rows}, {args.calls} calls per case")
+    print("| case | BLAS | host us/call | host+drain us/call |\n| --- | --- | --- | --- |")
+    for r in results:
+        print(f"| {r['case']} | {r['blas']} | {r.get('host_us', r.get('error'))} | {r.get('host_plus_drain_us', '')} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, args=vars(args),
+                           results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
