@@ -3,30 +3,46 @@
 #   bash scripts/gpu_session8.sh probe DATA   host cost per call of GEMMs (fixed vs changing row count), Triton
 #                                             launches; the app's 16-step run with and without OMP_NUM_THREADS=1
 #                                             (A, B, A again: the spread of A against A is the call's noise)
+#   bash scripts/gpu_session8.sh vision DATA  GPU test of the row bucketing; app24 of the commit before the GEMM
+#                                             shape bucketing (old/, a git archive) against this one; the
+#                                             synchronised phase profile
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
-app16() {  # name, then extra env assignments and key=value overrides
-  local name=$1
+app16() {  # name, then extra env assignments (APP_DIR: the code's folder, default .; APP_STEPS: default 16)
+  local name=$1 dir=${APP_DIR:-.} steps=${APP_STEPS:-16}
   shift
-  part "app16 $name" 150 env "$@" python3 -m kimi_vl.train --config kimi_vl/configs/small_pretrain.yaml \
-    output_dir=/tmp/runs/app16_$name max_steps=16 data.path="$DATA" data.num_workers=8 eval_every=1000 \
-    checkpoint_every=1000 optim.warmup_steps=2 optim.total_steps=16 ${APP_OVERRIDES:-}
-  cp /tmp/runs/app16_$name/metrics.jsonl "$OUT/app16_${name}_metrics.jsonl" 2>/dev/null
-  python3 -c "import json, statistics as s; r=[json.loads(l) for l in open('$OUT/app16_${name}_metrics.jsonl')]; \
-t=[x['tokens_per_s'] for x in r if 6 <= x['step'] <= 16]; print('app16 $name median steps 6-16:', round(s.median(t)), \
-'tokens/s, range', round(min(t)), '-', round(max(t)))" 2>&1 | tee -a "$LOG"
+  (cd "$dir" && part "app$steps $name" 200 env PYTHONPATH="$PWD:/tmp/site" "$@" python3 -m kimi_vl.train \
+    --config kimi_vl/configs/small_pretrain.yaml output_dir=/tmp/runs/app_$name max_steps=$steps data.path="$DATA" \
+    data.num_workers=8 eval_every=1000 checkpoint_every=1000 optim.warmup_steps=2 optim.total_steps=$steps \
+    ${APP_OVERRIDES:-})
+  cp /tmp/runs/app_$name/metrics.jsonl "$OUT/app${steps}_${name}_metrics.jsonl" 2>/dev/null
+  python3 -c "import json, statistics as s; r=[json.loads(l) for l in open('$OUT/app${steps}_${name}_metrics.jsonl')]; \
+lo=$steps*3//8; t=[x['tokens_per_s'] for x in r if lo <= x['step']]; print('app$steps $name median of steps', lo, '-', \
+$steps, ':', round(s.median(t)), 'tokens/s, range', round(min(t)), '-', round(max(t)))" 2>&1 | tee -a "$LOG"
 }
 
 gpu_header
-case "${1:?usage: gpu_session8.sh probe DATA}" in
+case "${1:?usage: gpu_session8.sh probe|vision DATA}" in
 probe)
   DATA=${2:?usage: gpu_session8.sh probe DATA}
   PART_TAIL=30 part host_costs 90 python3 kernels/benchmarks/host_costs.py --out "$OUT/host_costs.json"
   app16 base_a KVL_NOTHING=1
   app16 omp1 OMP_NUM_THREADS=1
   app16 base_b KVL_NOTHING=1
+  ;;
+vision)  # the GEMM-shape bucketing of the vision tower (row_bucket, SIZE_ALIGN) and cpu_threads against the
+         # commit before them (its archive in old/), 24 steps each
+  DATA=${2:?usage: gpu_session8.sh vision DATA}
+  part gpu_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/vision/test_row_bucket.py
+  APP_STEPS=24 APP_DIR=old app16 old KVL_NOTHING=1
+  APP_STEPS=24 app16 new KVL_NOTHING=1
+  APP_STEPS=24 app16 new_threads16 KVL_NOTHING=1 OMP_NUM_THREADS=16
+  APP_STEPS=24 APP_DIR=old app16 old_b KVL_NOTHING=1
+  PART_TAIL=30 part "profile app new" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=8 data.num_workers=8 \
+    --steps 3 --warmup 2 --module-steps 0 --out "$OUT/app_new"
   ;;
 esac
 ls -la "$OUT"

@@ -38,6 +38,9 @@ class AttentionLayout:
     backend: str = "loop"  # resolved: varlen | masked | loop | padded
     block_mask_PP: torch.Tensor | None = None  # bool [P, P] for "masked"
     key_padding_mask_NL: torch.Tensor | None = None  # bool [N, L], True = real token (padded; cu_seqlens too)
+    # packed with a trailing padding segment (MoonViTConfig.row_bucket): the real chunks' bounds [N] (the rows
+    # past its end are padding, left out of the QK max statistic); None: every row is real
+    score_cu_seqlens: torch.Tensor | None = None
 
 
 def block_diagonal_mask(segment_P: torch.Tensor) -> torch.Tensor:
@@ -134,9 +137,14 @@ class MoonViTAttention(nn.Module):
 
     @torch.no_grad()
     def _record_max_logits(self, q: torch.Tensor, k: torch.Tensor, layout: AttentionLayout) -> None:
+        cu_seqlens = layout.cu_seqlens
         if layout.backend == "padded":  # padded query rows must not count: score the real tokens only
             q, k = q[layout.key_padding_mask_NL], k[layout.key_padding_mask_NL]
-        step = max_logits_per_head(q[None], k[None], self.scale, causal=False, cu_seqlens=layout.cu_seqlens)
+        elif layout.score_cu_seqlens is not None:  # packed with a padding segment at the end: drop it
+            cu_seqlens = layout.score_cu_seqlens
+            rows = host_ints(cu_seqlens)[-1]
+            q, k = q[:rows], k[:rows]
+        step = max_logits_per_head(q[None], k[None], self.scale, causal=False, cu_seqlens=cu_seqlens)
         self.max_logits_H.copy_(torch.maximum(self.max_logits_H, step.to(self.max_logits_H)))
 
     @torch.no_grad()

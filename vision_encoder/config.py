@@ -19,6 +19,12 @@ class MoonViTConfig:
     ``out_hidden_size`` is the language model's width (projector output); ``None`` builds no projector.
     ``attention_backend``: ``auto`` = varlen flash on CUDA in bf16/fp16, else block-diagonal masked SDPA
     (``loop`` over images when the packed sequence is long); see ``model.MoonViTAttention``.
+    ``row_bucket``: on the ``varlen`` and ``loop`` backends the packed rows (and the projector's merged tokens,
+    ``row_bucket / merge_size**2`` of them) are padded up to a multiple of it with one extra attention segment, so
+    that the trunk's GEMMs see a few shapes instead of a new one every batch: cuBLAS(Lt) picks an algorithm per new
+    shape, ~0.55 ms of host time each on an H100 (``kernels/benchmarks/host_costs.py``, session 8), against ~0.03
+    ms for a shape it has seen. The padding rows never reach a real token (own segment, row-wise layers) nor
+    the QK-Clip statistic; ``0`` or ``1`` turns it off.
     """
 
     hidden_size: int = 1152
@@ -38,6 +44,7 @@ class MoonViTConfig:
     attention_backend: str = "auto"
     masked_attention_max_len: int = 8192
     initializer_range: float = 0.02
+    row_bucket: int = 256
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -50,6 +57,10 @@ class MoonViTConfig:
                      "pos_emb_time", "merge_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MoonViTConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+        if self.row_bucket < 0 or (self.row_bucket > 1 and self.row_bucket % self.merge_size**2):
+            raise ValueError(f"MoonViTConfig.row_bucket must be 0, 1 or a positive multiple of merge_size**2="
+                             f"{self.merge_size**2}, got {self.row_bucket}")
 
     @property
     def head_dim(self) -> int:

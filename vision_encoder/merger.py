@@ -62,6 +62,11 @@ class MoonViTProjector(nn.Module):
         self.fc1 = nn.Linear(self.merged, self.merged)
         self.fc2 = nn.Linear(self.merged, out_width)
 
-    def forward(self, merged_NKD: torch.Tensor) -> torch.Tensor:
-        x = self.pre_norm(merged_NKD).reshape(merged_NKD.shape[0], self.merged)
-        return self.fc2(F.gelu(self.fc1(x)))
+    def forward(self, merged_NKD: torch.Tensor, row_bucket: int = 0) -> torch.Tensor:
+        """``row_bucket > 1``: the two matmuls run on the rows padded with zeros up to a multiple of it (a few
+        GEMM shapes instead of a new one per batch: ``MoonViTConfig.row_bucket``); the padding is dropped."""
+        n = merged_NKD.shape[0]
+        x = self.pre_norm(merged_NKD).reshape(n, self.merged)
+        if row_bucket > 1 and n % row_bucket:
+            x = F.pad(x, (0, 0, 0, row_bucket - n % row_bucket))
+        return self.fc2(F.gelu(self.fc1(x)))[:n]

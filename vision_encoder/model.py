@@ -53,8 +53,8 @@ class MoonViTPositionEmbedding(nn.Module):
     batch: one resample per distinct ``(h, w)`` (the rows ``A_h T`` once per distinct height), then the ``[P, W]``
     term is one gather over the concatenated resampled tables plus, when the batch holds video chunks, one gather
     of the time table: ops per distinct size, none per chunk (the indices come from
-    :mod:`vision_encoder.packed_tables`). Stacking all heights into one matmul would save more launches but changes
-    the fp32 rounding (a GEMM's result depends on its M), so it is not done."""
+    :mod:`vision_encoder.packed_tables`), at sizes rounded up to ``packed_tables.SIZE_ALIGN`` so that the GEMMs
+    take a few shapes (cuBLAS picks an algorithm per new shape, ~0.55 ms of host time on an H100)."""
 
     def __init__(self, cfg: MoonViTConfig) -> None:
         super().__init__()
@@ -75,17 +75,19 @@ class MoonViTPositionEmbedding(nn.Module):
             return (a_w @ rows).reshape(h * w, width)  # A_w (A_h T) per output row
 
     def resampled(self, tables: PackedTables) -> torch.Tensor:
-        """``[sum over tables' distinct sizes of h * w, W]``: the table resampled to each size, concatenated.
-        Each distinct height's rows ``A_h T`` are computed once; the matmuls have the shapes of :meth:`spatial`,
-        so the values are bit-identical to it."""
+        """``[sum over tables' distinct sizes of h8 * w8, W]``: the table resampled to each size at ``(h, w)``
+        rounded up to ``packed_tables.SIZE_ALIGN`` (zero rows past ``h``, columns past ``w``: a few GEMM shapes
+        for cuBLAS, see the packed_tables docstring), concatenated; ``tables.spatial_P`` picks the real rows. Each
+        distinct height's rows ``A_h T`` are computed once. The values equal :meth:`spatial`'s to fp32 rounding
+        (a GEMM's result may depend on its shape)."""
         table = self.table
         hp, wp, width = table.shape
         host = tables.host
         with torch.autocast(table.device.type, enabled=False):
             a_h, a_w = tables.resample_h.to(table.dtype), tables.resample_w.to(table.dtype)
             flat = table.reshape(hp, wp * width)
-            rows = [(a @ flat).view(-1, wp, width) for a in a_h.split(host.heights)]
-            cols = a_w.split(host.widths)
+            rows = [(a @ flat).view(-1, wp, width) for a in a_h.split(host.height_rows)]
+            cols = a_w.split(host.width_rows)
             parts = [(cols[wi] @ rows[hi]).view(-1, width) for hi, wi in host.size_pieces]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -171,10 +173,10 @@ class MoonViT(nn.Module):
         self.pos_emb.time_table.copy_(sincos_time_table(self.config.pos_emb_time, self.config.hidden_size))
         self.rope_inv_freq.copy_(rope_inv_freq(self.config.head_dim, self.config.rope_theta))
 
-    def tables(self, grid: Grid) -> PackedTables:
+    def tables(self, grid: Grid, row_bucket: int = 0) -> PackedTables:
         """The packed batch's index tables on the model's device (one host-to-device copy)."""
         return packed_tables(grid, self.config.merge_size, tuple(self.pos_emb.table.shape[:2]),
-                             self.pos_emb.table.device)
+                             self.pos_emb.table.device, row_bucket)
 
     def embed(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
               tables: PackedTables | None = None) -> torch.Tensor:
@@ -190,20 +192,27 @@ class MoonViT(nn.Module):
                 x = block(x, cos, sin, layout)
         return x
 
-    def _finish(self, hidden_PD: torch.Tensor, grid_thw: torch.Tensor, tables: PackedTables) -> MoonViTOutput:
-        hidden_PD = self.norm(hidden_PD)
+    def _finish(self, hidden_PD: torch.Tensor, grid_thw: torch.Tensor, tables: PackedTables,
+                row_bucket: int = 0) -> MoonViTOutput:
+        """Final norm, merge and projector of the ``[P or padded P, W]`` trunk output (padding rows dropped)."""
+        hidden_PD = self.norm(hidden_PD[: tables.total])
         merged = temporal_merge(hidden_PD, grid_thw, self.config.merge_size, tables)
-        projected = self.projector(merged) if self.projector is not None else None
+        projected = None
+        if self.projector is not None:
+            projected = self.projector(merged, row_bucket // self.config.merge_size**2)
         return MoonViTOutput(hidden_PD, merged, projected)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, backend: str | None = None) -> MoonViTOutput:
         """Packed forward: ``pixel_values [P, 3, 14, 14]``, ``grid_thw [n, 3]`` -> ``MoonViTOutput``."""
         cfg = self.config
-        tables = self.tables(validate_inputs(pixel_values, grid_thw, cfg))
+        tables = self.tables(validate_inputs(pixel_values, grid_thw, cfg), cfg.row_bucket)
         x = self.embed(pixel_values, grid_thw, tables)
         cos, sin = rope_cos_sin_colrow(tables.colrow_P2, self.rope_inv_freq)
         layout = packed_layout(tables, x, backend or cfg.attention_backend, cfg.masked_attention_max_len)
-        return self._finish(self._run_blocks(x, cos, sin, layout), grid_thw, tables)
+        padded = layout.score_cu_seqlens is not None
+        if padded:
+            x, cos, sin = (pad_rows(t, tables.padded_total) for t in (x, cos, sin))
+        return self._finish(self._run_blocks(x, cos, sin, layout), grid_thw, tables, cfg.row_bucket if padded else 0)
 
     def forward_padded(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> MoonViTOutput:
         """Same function, but every chunk is padded to the longest one (``[n, L, W]`` batch with a key
@@ -223,11 +232,24 @@ class MoonViT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x [P, ...]`` with zero rows appended up to ``rows`` (``x`` itself when it has them already)."""
+    return x if x.shape[0] == rows else F.pad(x, (0, 0) * (x.dim() - 1) + (0, rows - x.shape[0]))
+
+
 @torch.compiler.disable  # host-side set-up (the host_ints cache), not traceable by dynamo
 def packed_layout(tables: PackedTables, x: torch.Tensor, requested: str, masked_max_len: int) -> AttentionLayout:
-    """``cu_seqlens`` over whole chunks (a video chunk attends across its frames) and the backend."""
+    """``cu_seqlens`` over whole chunks (a video chunk attends across its frames) and the backend. With a
+    padding segment (``tables.cu_seqlens_padded``) attention runs over it too, and the QK max pass over
+    ``score_cu_seqlens`` (the real chunks only); the masked backend ignores the padding (its mask is
+    ``[P, P]``)."""
     remember(tables.cu_seqlens, tables.cu_seqlens_host())  # later host reads (QK max pass) need no sync
     backend = resolve_backend(requested, x, tables.total, masked_max_len)
     mask = block_diagonal_mask(tables.segment_P) if backend == "masked" else None
-    return AttentionLayout(cu_seqlens=tables.cu_seqlens, max_seqlen=tables.max_seqlen, backend=backend,
-                           block_mask_PP=mask)
+    if tables.cu_seqlens_padded is None or backend not in ("varlen", "loop"):
+        return AttentionLayout(cu_seqlens=tables.cu_seqlens, max_seqlen=tables.max_seqlen, backend=backend,
+                               block_mask_PP=mask)
+    cu_host = tables.cu_seqlens_padded_host()
+    remember(tables.cu_seqlens_padded, cu_host)
+    return AttentionLayout(cu_seqlens=tables.cu_seqlens_padded, max_seqlen=max(tables.max_seqlen,
+                           cu_host[-1] - cu_host[-2]), backend=backend, score_cu_seqlens=tables.cu_seqlens)

@@ -13,12 +13,19 @@ host with the device. The host tables are cached by grid (``_SLOTS`` entries).
 Device tables (:class:`PackedTables`), int32 unless stated:
 
 - ``cu_seqlens [n + 1]`` chunk boundaries; ``segment_P [P]`` chunk id of each patch (the masked-attention mask);
+  ``cu_seqlens_padded [n + 2]`` the same plus one padding segment up to the next multiple of ``row_bucket``
+  (``None`` without a bucket or when ``P`` is a multiple already; see ``MoonViTConfig.row_bucket``);
 - ``colrow_P2 [P, 2]`` (col, row) of each patch in its frame (the RoPE angle order, ``rope_2d``);
 - ``spatial_P [P]`` row of each patch in the concatenation, over ``sizes`` (the distinct ``(h, w)`` in order of
-  first appearance), of the position table resampled to each size; ``time_P [P]`` row of the time table (frame
-  + 1 in a video chunk, 0 = the zero row for ``t = 1``), ``None`` when every chunk has ``t = 1``;
-- ``resample_h [sum of distinct h, Hp]`` and ``resample_w [sum of distinct w, Wp]`` fp32: the 1-D bicubic matrices
-  of the distinct heights and widths, stacked (``heights`` / ``widths`` give the split);
+  first appearance), of the position table resampled to each size, computed at ``(h8, w8)`` = ``(h, w)`` rounded
+  up to multiples of ``SIZE_ALIGN`` (the rows past ``h`` and columns past ``w`` are zero and never gathered);
+  ``time_P [P]`` row of the time table (frame + 1 in a video chunk, 0 = the zero row for ``t = 1``), ``None`` when
+  every chunk has ``t = 1``;
+- ``resample_h [sum of distinct h8, Hp]`` and ``resample_w [sum of distinct w8, Wp]`` fp32: the 1-D bicubic
+  matrices of the distinct heights and widths, each with zero rows up to ``h8`` (``w8``), stacked (``height_rows``
+  / ``width_rows`` give the split). The padding keeps the resampling matmuls to a few shapes: cuBLAS picks an
+  algorithm per new shape, ~0.55 ms of host time on an H100 (``kernels/benchmarks/host_costs.py``), and an app
+  batch holds ~8 image sizes, half of them new at step 20 (session 8);
 - ``merge_groups``: per distinct ``t``, ``(t, index [N_t * t * K])``: the packed indices of the ``t x K`` source
   patches of each merged token of the chunks with that ``t``; ``merge_order_N [N]``: where each token (in chunk
   order) sits in the concatenation of the groups, ``None`` when there is one group.
@@ -38,12 +45,24 @@ import torch.nn.functional as F
 Grid = tuple[tuple[int, int, int], ...]
 
 _SLOTS = 32
+SIZE_ALIGN = 8  # resampled position tables are computed at (h, w) rounded up to multiples of this
 _ALIGN = 4  # int32 elements: 16 bytes
 
 
 @functools.lru_cache(maxsize=256)
 def _bicubic_f32(n_in: int, n_out: int) -> np.ndarray:
-    return bicubic_matrix(n_in, n_out).float().numpy()
+    """fp32 ``[n_out rounded up to SIZE_ALIGN, n_in]``: :func:`bicubic_matrix` with zero rows appended."""
+    out = np.zeros((_aligned(n_out), n_in), dtype=np.float32)
+    out[:n_out] = bicubic_matrix(n_in, n_out).float().numpy()
+    return out
+
+
+def _aligned(n: int) -> int:
+    return -(-n // SIZE_ALIGN) * SIZE_ALIGN
+
+
+def _aligned_np(n: np.ndarray) -> np.ndarray:
+    return -(-n // SIZE_ALIGN) * SIZE_ALIGN
 
 
 @functools.lru_cache(maxsize=256)
@@ -68,11 +87,14 @@ class HostTables:
     flat: torch.Tensor  # int32 [total]: every table back to back
     layout: list[tuple[str, tuple[int, ...], bool]]  # (name, shape, is fp32 bits) in buffer order
     sizes: list[tuple[int, int]]  # distinct (h, w), first appearance
-    heights: list[int]  # distinct h (rows of resample_h per piece)
+    heights: list[int]  # distinct h
     widths: list[int]  # distinct w
+    height_rows: list[int]  # rows of resample_h per distinct h (h rounded up to SIZE_ALIGN)
+    width_rows: list[int]  # rows of resample_w per distinct w
     size_pieces: list[tuple[int, int]]  # per size: (index into heights, index into widths)
     merge_ts: list[int]  # distinct t of the merge groups, in group order
     has_video: bool
+    row_bucket: int = 0
 
 
 @dataclass
@@ -81,6 +103,7 @@ class PackedTables:
 
     grid: Grid
     cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor | None
     segment_P: torch.Tensor
     colrow_P2: torch.Tensor
     spatial_P: torch.Tensor
@@ -99,11 +122,21 @@ class PackedTables:
     def max_seqlen(self) -> int:
         return max(t * h * w for t, h, w in self.grid)
 
+    @property
+    def padded_total(self) -> int:
+        """Rows of the padded batch: :attr:`total` rounded up to a multiple of the tables' ``row_bucket``."""
+        return padded_rows(self.total, self.host.row_bucket)
+
     def cu_seqlens_host(self) -> list[int]:
         out = [0]
         for t, h, w in self.grid:
             out.append(out[-1] + t * h * w)
         return out
+
+    def cu_seqlens_padded_host(self) -> list[int]:
+        """The host values of ``cu_seqlens_padded`` (``cu_seqlens_host()`` when there is no padding segment)."""
+        out = self.cu_seqlens_host()
+        return out if self.cu_seqlens_padded is None else out + [padded_rows(out[-1], self.host.row_bucket)]
 
 
 def _patch_tables(t: np.ndarray, h: np.ndarray, w: np.ndarray, size_id: np.ndarray,
@@ -120,7 +153,7 @@ def _patch_tables(t: np.ndarray, h: np.ndarray, w: np.ndarray, size_id: np.ndarr
     col = in_frame - row * w[chunk]
     return {"cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]),
             "segment_P": chunk, "colrow_P2": np.stack([col, row], axis=-1),
-            "spatial_P": size_offset[size_id[chunk]] + in_frame,
+            "spatial_P": size_offset[size_id[chunk]] + row * _aligned_np(w)[chunk] + col,
             "time_P": np.where(t[chunk] > 1, local // hw[chunk] + 1, 0)}
 
 
@@ -163,20 +196,29 @@ def _check_grid(grid: Grid, merge: int) -> None:
             raise ValueError(f"grid (t={t}, h={h}, w={w}) is not divisible by merge size {merge}")
 
 
+def padded_rows(total: int, row_bucket: int) -> int:
+    """``total`` rounded up to a multiple of ``row_bucket`` (``row_bucket <= 1``: ``total``)."""
+    return total if row_bucket <= 1 else -(-total // row_bucket) * row_bucket
+
+
 @functools.lru_cache(maxsize=_SLOTS)
-def host_tables(grid: Grid, merge: int, table_hw: tuple[int, int] | None) -> HostTables:
+def host_tables(grid: Grid, merge: int, table_hw: tuple[int, int] | None, row_bucket: int = 0) -> HostTables:
     """Build (and cache) the tables of ``grid`` for merge size ``merge`` and a learned table of ``table_hw``
-    (``None``: no resampling matrices)."""
+    (``None``: no resampling matrices); with ``row_bucket > 1`` and a patch count ``P`` that is not a multiple of
+    it, also ``cu_seqlens_padded [n + 2]``: the chunks plus one padding segment up to the next multiple."""
     _check_grid(grid, merge)
     sizes = list(dict.fromkeys((h, w) for _, h, w in grid))
     heights, widths = list(dict.fromkeys(h for h, _ in sizes)), list(dict.fromkeys(w for _, w in sizes))
     t, h, w = (np.array(col, dtype=np.int64) for col in zip(*grid))
     size_id = np.array([sizes.index((hh, ww)) for _, hh, ww in grid], dtype=np.int64)
-    size_area = np.array([hh * ww for hh, ww in sizes], dtype=np.int64)
+    size_area = np.array([_aligned(hh) * _aligned(ww) for hh, ww in sizes], dtype=np.int64)
     tables = _patch_tables(t, h, w, size_id, np.cumsum(size_area) - size_area)
     has_video = bool((t > 1).any())
     if not has_video:
         del tables["time_P"]
+    total = int(tables["cu_seqlens"][-1])
+    if padded_rows(total, row_bucket) != total:
+        tables["cu_seqlens_padded"] = np.append(tables["cu_seqlens"], padded_rows(total, row_bucket))
     merged, merge_ts = _merge_tables(t, h, w, merge)
     tables |= merged
     if table_hw is not None:
@@ -190,9 +232,10 @@ def host_tables(grid: Grid, merge: int, table_hw: tuple[int, int] | None) -> Hos
         piece = (value.view(np.int32) if is_float else value.astype(np.int32)).reshape(-1)
         pieces += [piece, np.zeros(_padded(piece.size) - piece.size, dtype=np.int32)]
     flat = torch.from_numpy(np.concatenate(pieces))
-    return HostTables(grid=grid, flat=flat, layout=layout, sizes=sizes, heights=heights,
-                      widths=widths, size_pieces=[(heights.index(hh), widths.index(ww)) for hh, ww in sizes],
-                      merge_ts=merge_ts, has_video=has_video)
+    return HostTables(grid=grid, flat=flat, layout=layout, sizes=sizes, heights=heights, widths=widths,
+                      height_rows=[_aligned(x) for x in heights], width_rows=[_aligned(x) for x in widths],
+                      size_pieces=[(heights.index(hh), widths.index(ww)) for hh, ww in sizes],
+                      merge_ts=merge_ts, has_video=has_video, row_bucket=row_bucket)
 
 
 def _to_device(host: HostTables, device: torch.device) -> torch.Tensor:
@@ -208,12 +251,12 @@ def _to_device(host: HostTables, device: torch.device) -> torch.Tensor:
 
 @torch.compiler.disable  # host-side set-up (lru cache, pinned copy), not traceable by dynamo
 def packed_tables(grid_thw: torch.Tensor | Grid, merge: int, table_hw: tuple[int, int] | None,
-                  device: torch.device | str) -> PackedTables:
+                  device: torch.device | str, row_bucket: int = 0) -> PackedTables:
     """The device tables of a packed batch ``grid_thw [n, 3]`` (a tensor on any device, or a :data:`Grid`) for
     merge size ``merge`` and a learned position table of ``table_hw = (Hp, Wp)`` (``None``: no resampling
-    matrices, for callers that only merge)."""
+    matrices, for callers that only merge); ``row_bucket``: see :func:`host_tables`."""
     grid = grid_thw if isinstance(grid_thw, tuple) else grid_key(grid_thw)
-    host = host_tables(grid, merge, None if table_hw is None else tuple(table_hw))
+    host = host_tables(grid, merge, None if table_hw is None else tuple(table_hw), max(row_bucket, 0))
     flat = _to_device(host, torch.device(device))
     sizes = []
     for _, shape, _ in host.layout:
@@ -222,7 +265,8 @@ def packed_tables(grid_thw: torch.Tensor | Grid, merge: int, table_hw: tuple[int
     for (name, shape, is_float), piece in zip(host.layout, flat.split(sizes)[::2]):  # [table, padding] pairs
         views[name] = (piece.view(torch.float32) if is_float else piece).view(shape)
     return PackedTables(
-        grid=grid, cu_seqlens=views["cu_seqlens"], segment_P=views["segment_P"], colrow_P2=views["colrow_P2"],
+        grid=grid, cu_seqlens=views["cu_seqlens"], cu_seqlens_padded=views.get("cu_seqlens_padded"),
+        segment_P=views["segment_P"], colrow_P2=views["colrow_P2"],
         spatial_P=views["spatial_P"], time_P=views.get("time_P"), resample_h=views.get("resample_h"),
         resample_w=views.get("resample_w"),
         merge_groups=[(tv, views[f"merge_group_{i}"].view(-1)) for i, tv in enumerate(host.merge_ts)],

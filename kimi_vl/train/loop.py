@@ -10,6 +10,7 @@ naming the step, keeping the last good checkpoint. The end of a stage writes ``<
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,6 +168,16 @@ def compile_vision_blocks(model: torch.nn.Module, fsdp2: bool = False) -> int:
     return len(tower.blocks)
 
 
+def set_cpu_threads(requested: int, on_gpu: bool) -> int:
+    """Apply ``TrainConfig.cpu_threads`` (0 = auto: 1 on a GPU unless ``OMP_NUM_THREADS`` is set); returns the
+    thread count in effect."""
+    if requested > 0:
+        torch.set_num_threads(requested)
+    elif on_gpu and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(1)
+    return torch.get_num_threads()
+
+
 class Trainer:
     """Holds the state of one run; :meth:`run` trains until ``max_steps`` or a stop request."""
 
@@ -181,6 +192,7 @@ class Trainer:
             cpu=not torch.cuda.is_available(), log_with="tensorboard" if cfg.tensorboard else None,
             project_dir=str(self.out), kwargs_handlers=[ddp])
         set_seed(cfg.seed)
+        set_cpu_threads(cfg.cpu_threads, self.acc.device.type == "cuda")
         if self.acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")

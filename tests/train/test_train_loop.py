@@ -134,3 +134,21 @@ def test_compile_vision_matches_eager(tiny_data, tmp_path):
     assert not torch._dynamo.utils.counters["recompiles"], "a new batch shape recompiled the blocks"
     with pytest.raises(ValueError, match="compile_vision"):
         config(tiny_data, tmp_path / "x", "max_steps=1", "compile=true", "compile_vision=true")
+
+
+def test_cpu_threads_setting(monkeypatch) -> None:
+    from kimi_vl.train.loop import set_cpu_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert set_cpu_threads(2, on_gpu=False) == 2
+        assert set_cpu_threads(0, on_gpu=False) == 2  # auto on CPU keeps torch's setting
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        assert set_cpu_threads(0, on_gpu=True) == 1  # auto on a GPU: one thread
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert set_cpu_threads(0, on_gpu=True) == 2  # the user's OMP_NUM_THREADS wins
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="cpu_threads"):
+        TrainConfig(output_dir="x", max_steps=1, cpu_threads=-1)

@@ -2,7 +2,8 @@
 
 The encoder used to build positions, the position-embedding assembly and the temporal merge with device ops per
 chunk; the tables replace them, and these tests pin the replacement to the readable per-chunk code: bit-identical
-values (the forward), the learned table's gradient to fp32 rounding (a gather's backward sums in another order).
+indices, the position term and the learned table's gradient to fp32 rounding (the resampling GEMMs run at padded
+shapes, a gather's backward sums in another order).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def test_position_term_equals_per_chunk_assembly(grid) -> None:
     grid = torch.tensor(grid)
     got = model.pos_emb(grid)
     ref = _per_chunk_position_term(model.pos_emb, grid)
-    assert torch.equal(got, ref)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)  # GEMMs of padded shapes: fp32 rounding only
     dy = torch.randn_like(ref)
     (g_got,) = torch.autograd.grad((got * dy).sum(), model.pos_emb.table)
     (g_ref,) = torch.autograd.grad((ref * dy).sum(), model.pos_emb.table)
