@@ -36,6 +36,7 @@ vision)  # the GEMM-shape bucketing of the vision tower (row_bucket, SIZE_ALIGN)
          # commit before them (its archive in old/), 24 steps each
   DATA=${2:?usage: gpu_session8.sh vision DATA}
   part gpu_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/vision/test_row_bucket.py
+  PART_TAIL=30 part host_costs 90 python3 kernels/benchmarks/host_costs.py --out "$OUT/host_costs.json"
   APP_STEPS=24 APP_DIR=old app16 old KVL_NOTHING=1
   APP_STEPS=24 app16 new KVL_NOTHING=1
   APP_STEPS=24 app16 new_threads16 KVL_NOTHING=1 OMP_NUM_THREADS=16

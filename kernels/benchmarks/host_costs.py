@@ -6,8 +6,11 @@ their GPU time but how long the Python thread spends issuing them. This measures
 shorter than its host time, which the ``gpu_us`` column confirms), and reports host microseconds per call.
 
 Cases: ``torch.mm`` and ``F.linear`` (bias) at a fixed shape and with the row count ``M`` changing on every call
-(as the packed vision tower's patch count does from batch to batch), under both BLAS back ends; bf16 autocast
-linear; an elementwise op; one of the project's Triton kernels (RMSNorm forward); an empty Triton kernel.
+(as the packed vision tower's patch count does from batch to batch), ``mm`` cycling over 8 row counts (a shape
+seen before), an fp32 batched matmul of changing shape (the position-table resample), under both BLAS back ends
+(PyTorch's default on CUDA is cuBLAS; ``TORCH_BLAS_PREFER_CUBLASLT=1`` picks cuBLASLt); bf16 autocast linear of
+fp32 weights that do not require grad (so autocast casts them on every call); an elementwise op; one of the
+project's Triton kernels (RMSNorm forward, with its Python wrapper); an empty Triton kernel.
 
     python3 kernels/benchmarks/host_costs.py --out host_costs.json
 """
@@ -54,6 +57,7 @@ def cases(dim: int, rows: int) -> dict[str, Callable[[int], object]]:
     x = torch.randn(rows + 4096, dim, device=dev, dtype=torch.bfloat16)
     x32 = x.float()
     norm_w = torch.ones(dim, device=dev)
+    t_w, t_rows = torch.randn(64, 64, device=dev), torch.randn(64, 64, dim, device=dev)  # a position-table resample
 
     def varying(i: int) -> int:  # a new row count per call, never repeated within a run
         return rows - 8 * (i % 500) - (i // 500)
@@ -64,6 +68,8 @@ def cases(dim: int, rows: int) -> dict[str, Callable[[int], object]]:
     return {
         "mm fixed M": lambda i: torch.mm(x[:rows], w.t()),
         "mm varying M": lambda i: torch.mm(x[: varying(i)], w.t()),
+        "mm cycling 8 M values": lambda i: torch.mm(x[: rows - 256 * (i % 8)], w.t()),
+        "fp32 bmm varying (h, w)": lambda i: torch.matmul(t_w[: 2 + i % 61], t_rows[: 2 + (i // 61) % 61]),
         "linear+bias fixed M": lambda i: F.linear(x[:rows], w, b),
         "linear+bias varying M": lambda i: F.linear(x[: varying(i)], w, b),
         "autocast linear+bias fixed M": lambda i: _autocast_linear(x32[:rows], w32, b),
@@ -86,6 +92,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     results = []
+    default_blas = str(torch.backends.cuda.preferred_blas_library())
     for blas in ("cublaslt", "cublas"):
         torch.backends.cuda.preferred_blas_library(blas)
         for name, fn in cases(args.dim, args.rows).items():
@@ -97,15 +104,16 @@ def main() -> None:
                 results.append(dict(case=name, blas=blas, error=f"{type(e).__name__}: {e}"[:300]))
                 continue
             results.append(dict(case=name, blas=blas, host_us=round(host, 1), host_plus_drain_us=round(total, 1)))
-    torch.backends.cuda.preferred_blas_library("cublaslt")
+    torch.backends.cuda.preferred_blas_library(default_blas.split(".")[-1].lower())
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"dim {args.dim}, rows {args.rows}, {args.calls} calls per case")
+          f"dim {args.dim}, rows {args.rows}, {args.calls} calls per case; default BLAS back end {default_blas}")
     print("| case | BLAS | host us/call | host+drain us/call |\n| --- | --- | --- | --- |")
     for r in results:
         print(f"| {r['case']} | {r['blas']} | {r.get('host_us', r.get('error'))} | {r.get('host_plus_drain_us', '')} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, args=vars(args),
+                           default_blas=default_blas,
                            results=results), f, indent=1)
 
 
