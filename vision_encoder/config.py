@@ -21,10 +21,11 @@ class MoonViTConfig:
     (``loop`` over images when the packed sequence is long); see ``model.MoonViTAttention``.
     ``row_bucket``: on the ``varlen`` and ``loop`` backends the packed rows (and the projector's merged tokens,
     ``row_bucket / merge_size**2`` of them) are padded up to a multiple of it with one extra attention segment, so
-    that the trunk's GEMMs see a few shapes instead of a new one every batch: cuBLAS(Lt) picks an algorithm per new
-    shape, ~0.55 ms of host time each on an H100 (``kernels/benchmarks/host_costs.py``, session 8), against ~0.03
-    ms for a shape it has seen. The padding rows never reach a real token (own segment, row-wise layers) nor
-    the QK-Clip statistic; ``0`` or ``1`` turns it off.
+    that the trunk's GEMMs see a few shapes instead of a new one every batch: cuBLAS picks an algorithm per new
+    shape, and on an H100 a ``torch.mm`` of a new shape took 157 us of host time against 20-29 us for one it has
+    seen (489 against 28 with cuBLASLt; ``kernels/benchmarks/host_costs.py``, session 8 call2). The padding rows
+    never reach a real token (own segment, row-wise layers) nor the QK-Clip statistic; ``0`` or ``1`` turns it
+    off.
     """
 
     hidden_size: int = 1152

@@ -54,7 +54,7 @@ class MoonViTPositionEmbedding(nn.Module):
     term is one gather over the concatenated resampled tables plus, when the batch holds video chunks, one gather
     of the time table: ops per distinct size, none per chunk (the indices come from
     :mod:`vision_encoder.packed_tables`), at sizes rounded up to ``packed_tables.SIZE_ALIGN`` so that the GEMMs
-    take a few shapes (cuBLAS picks an algorithm per new shape, ~0.55 ms of host time on an H100)."""
+    take a few shapes (cuBLAS picks an algorithm per new shape: ``MoonViTConfig.row_bucket``)."""
 
     def __init__(self, cfg: MoonViTConfig) -> None:
         super().__init__()
