@@ -6,6 +6,8 @@
 #   bash scripts/gpu_session8.sh vision DATA  GPU test of the row bucketing; app24 of the commit before the GEMM
 #                                             shape bucketing (old/, a git archive) against this one; the
 #                                             synchronised phase profile
+#   bash scripts/gpu_session8.sh nsgraph DATA GPU tests of the graphed Newton-Schulz; app24 eager, graphed,
+#                                             eager again; phase profiles of both
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -24,7 +26,7 @@ $steps, ':', round(s.median(t)), 'tokens/s, range', round(min(t)), '-', round(ma
 }
 
 gpu_header
-case "${1:?usage: gpu_session8.sh probe|vision DATA}" in
+case "${1:?usage: gpu_session8.sh probe|vision|nsgraph DATA}" in
 probe)
   DATA=${2:?usage: gpu_session8.sh probe DATA}
   PART_TAIL=30 part host_costs 90 python3 kernels/benchmarks/host_costs.py --out "$OUT/host_costs.json"
@@ -44,6 +46,19 @@ vision)  # the GEMM-shape bucketing of the vision tower (row_bucket, SIZE_ALIGN)
   PART_TAIL=30 part "profile app new" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
     --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=8 data.num_workers=8 \
     --steps 3 --warmup 2 --module-steps 0 --out "$OUT/app_new"
+  ;;
+nsgraph)  # Muon's normalise + Newton-Schulz as one CUDA graph (optim.ns_cuda_graph) against eager, 24 steps each
+  DATA=${2:?usage: gpu_session8.sh nsgraph DATA}
+  part gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/optim/test_fused.py \
+    tests/vision/test_row_bucket.py
+  APP_STEPS=24 APP_OVERRIDES=optim.ns_cuda_graph=false app16 eager_a KVL_NOTHING=1
+  APP_STEPS=24 app16 graph KVL_NOTHING=1
+  APP_STEPS=24 APP_OVERRIDES=optim.ns_cuda_graph=false app16 eager_b KVL_NOTHING=1
+  for g in true false; do
+    PART_TAIL=24 part "profile app ns_cuda_graph=$g" 150 python3 -m kimi_vl.benchmarks.profile_train_step \
+      --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=8 data.num_workers=8 \
+      optim.ns_cuda_graph=$g --steps 3 --warmup 4 --module-steps 0 --out "$OUT/app_graph_$g"
+  done
   ;;
 esac
 ls -la "$OUT"

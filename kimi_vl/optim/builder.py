@@ -47,6 +47,8 @@ class OptimConfig:
     qk_clip: bool = True  # False: max logits are still tracked and logged, never clipped
     qk_clip_tau: float = 100.0
     distributed: Literal["auto", "off"] = "auto"
+    # fused Muon path in one process (CUDA): normalise + Newton-Schulz replayed as one CUDA graph (muon_step.GraphedNS)
+    ns_cuda_graph: bool = True
     schedule: Literal["constant", "wsd", "cosine"] = "constant"
     warmup_steps: int = 0
     total_steps: int = 0
@@ -71,7 +73,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, process_group: object = 
         qk_clip_tau=cfg.qk_clip_tau, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
         nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, betas=tuple(cfg.betas), eps=cfg.eps,
         ns_dtype=_DTYPES[cfg.ns_dtype], update_rms=cfg.update_rms, distributed=cfg.distributed,
-        process_group=process_group,
+        process_group=process_group, ns_cuda_graph=cfg.ns_cuda_graph,
     )
 
 

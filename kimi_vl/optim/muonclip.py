@@ -23,7 +23,7 @@ from kimi_vl.optim.adamw import adamw_update_, adamw_update_foreach_, adamw_upda
 from kimi_vl.optim.distributed import DistContext, NSReport, is_dtensor, local_view, owner_newton_schulz
 from kimi_vl.optim.fsdp_owner import fsdp_owner_step
 from kimi_vl.optim.muon import measured_rms_correction, newton_schulz5, ns_iterate
-from kimi_vl.optim.muon_step import MuonItem, apply_phase, momentum_phase, normalise_, plan_batches
+from kimi_vl.optim.muon_step import GraphedNS, MuonItem, apply_phase, momentum_phase, normalise_, plan_batches
 from kimi_vl.optim.qk_clip import QKClipper, QKClipStats, find_qk_clip_modules
 from kimi_vl.optim.routing import ParamRoute, RoutingRules, route_model
 
@@ -92,6 +92,7 @@ class MuonClip(torch.optim.Optimizer):
         foreach: bool | None = None,
         fused: bool | None = None,
         adamw_fused: bool | None = None,
+        ns_cuda_graph: bool = True,
     ) -> None:
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1 or ns_steps < 1:
             raise ValueError(
@@ -120,6 +121,8 @@ class MuonClip(torch.optim.Optimizer):
         self.foreach = foreach
         self.fused = fused
         self.adamw_fused = adamw_fused
+        self.ns_cuda_graph = ns_cuda_graph
+        self._graphed_ns = GraphedNS()
         self.phase_hook: Callable[[str], None] | None = None
         self._batch_cache: dict[str, Any] = {}
         self.routes: list[ParamRoute] = []
@@ -258,9 +261,14 @@ class MuonClip(torch.optim.Optimizer):
         counts = plan_batches(items, self.row_splits)
         batches, partials, comm = momentum_phase(items, self.state, counts, self.ns_dtype, fused, self._batch_cache)
         self._mark("momentum")
-        if fused:
-            normalise_(batches, partials)
-        ortho, report = self._orthogonalise(batches, ctx, fused)
+        if fused and ctx is None and self.ns_cuda_graph and items[0].p.is_cuda:  # normalise + NS: one CUDA graph
+            ortho = self._graphed_ns(batches, partials, self._ns_fn(fused))
+            total = sum(G.shape[0] for G in batches.values())
+            report = NSReport(ids_local=list(range(total)), total=total)
+        else:
+            if fused:
+                normalise_(batches, partials)
+            ortho, report = self._orthogonalise(batches, ctx, fused)
         if measured:
             ortho = {k: O.float() * measured_rms_correction(O) for k, O in ortho.items()}
         self._mark("ns")

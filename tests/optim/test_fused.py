@@ -197,3 +197,30 @@ def test_fused_step_on_cuda_matches_exact() -> None:
         assert ((got - want).norm() / want.norm()).item() < 1e-4
     for got, want in zip(update(torch.bfloat16, True), exact):
         assert ((got - want).norm() / want.norm()).item() < 4e-2
+
+
+@pytest.mark.gpu
+def test_graphed_newton_schulz_equals_eager() -> None:
+    """``ns_cuda_graph``: step 1 eager, step 2 captures, later steps replay; with new gradients every step the
+    parameters' total change equals the eager path's (same ops on the same data; the tolerance only allows cuBLAS
+    to pick other algorithms under capture, a replay of stale data would be off by tens of percent), one graph."""
+    torch.manual_seed(0)
+    shapes = [(256, 256), (704, 256), (256, 704), (3, 64, 128), (256, 256)]
+    base = [torch.randn(s, device="cuda") * 0.02 for s in shapes]
+    grads = [[torch.randn(s, device="cuda") for s in shapes] for _ in range(5)]
+
+    def run(graphed: bool) -> tuple[list[torch.Tensor], MuonClip]:
+        ps = [(f"w{i}" if len(s) == 2 else f"experts_{i}", torch.nn.Parameter(b.clone()))
+              for i, (s, b) in enumerate(zip(shapes, base))]
+        opt = MuonClip([{"params": ps, "use_muon": True}], lr=1e-2, fused=True, ns_cuda_graph=graphed)
+        for step_grads in grads:
+            for (_, p), g in zip(ps, step_grads):
+                p.grad = g.clone()
+            opt.step()
+        return [p.detach() - b for (_, p), b in zip(ps, base)], opt
+
+    eager, _ = run(False)
+    graphed, opt = run(True)
+    assert opt._graphed_ns.captures == 1
+    for got, want in zip(graphed, eager):
+        assert ((got - want).norm() / want.norm()).item() < 1e-2
