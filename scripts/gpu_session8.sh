@@ -8,6 +8,8 @@
 #                                             synchronised phase profile
 #   bash scripts/gpu_session8.sh nsgraph DATA GPU tests of the graphed Newton-Schulz; app24 eager, graphed,
 #                                             eager again; phase profiles of both
+#   bash scripts/gpu_session8.sh joint DATA   app24 of the commit before the joint image+video tower call (old/)
+#                                             against this one; a steady-state profile with the torch profiler
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -26,7 +28,7 @@ $steps, ':', round(s.median(t)), 'tokens/s, range', round(min(t)), '-', round(ma
 }
 
 gpu_header
-case "${1:?usage: gpu_session8.sh probe|vision|nsgraph DATA}" in
+case "${1:?usage: gpu_session8.sh probe|vision|nsgraph|joint DATA}" in
 probe)
   DATA=${2:?usage: gpu_session8.sh probe DATA}
   PART_TAIL=30 part host_costs 90 python3 kernels/benchmarks/host_costs.py --out "$OUT/host_costs.json"
@@ -59,6 +61,16 @@ nsgraph)  # Muon's normalise + Newton-Schulz as one CUDA graph (optim.ns_cuda_gr
       --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=8 data.num_workers=8 \
       optim.ns_cuda_graph=$g --steps 3 --warmup 4 --module-steps 0 --out "$OUT/app_graph_$g"
   done
+  ;;
+joint)  # images and video chunks in one tower call against the commit before (old/), 24 steps each; a steady-state
+        # phase profile with the torch profiler (GPU busy share)
+  DATA=${2:?usage: gpu_session8.sh joint DATA}
+  APP_STEPS=24 APP_DIR=old app16 old KVL_NOTHING=1
+  APP_STEPS=24 app16 joint KVL_NOTHING=1
+  APP_STEPS=24 APP_DIR=old app16 old_b KVL_NOTHING=1
+  PART_TAIL=60 part "profile app joint" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=8 data.num_workers=8 \
+    --steps 3 --warmup 6 --module-steps 0 --torch-profile --out "$OUT/app_joint"
   ;;
 esac
 ls -la "$OUT"

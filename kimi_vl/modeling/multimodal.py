@@ -100,13 +100,29 @@ class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, Generat
         """``[B, L, D]`` token embeddings with every placeholder replaced by its vision token."""
         ids = input_ids.masked_fill((input_ids == self.image_token_id) | (input_ids == self.video_token_id), 0)
         embeds = self.model.embed_tokens(ids)
-        for token_id, pv, grid, name in ((self.image_token_id, pixel_values, image_grid_thw, "image"),
-                                         (self.video_token_id, pixel_values_videos, video_grid_thw, "video")):
-            embeds = self._splice(embeds, input_ids == token_id, pv, grid, name)
+        feats = self._joint_features(pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        for token_id, pv, grid, name, f in ((self.image_token_id, pixel_values, image_grid_thw, "image", feats[0]),
+                                            (self.video_token_id, pixel_values_videos, video_grid_thw, "video",
+                                             feats[1])):
+            embeds = self._splice(embeds, input_ids == token_id, pv, grid, name, f)
         return embeds
 
+    def _joint_features(self, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None,
+                        pixel_values_videos: torch.Tensor | None,
+                        video_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """With images and video chunks both present: their projected tokens from ONE packed tower call (the
+        tower's launches once instead of twice; chunks of any ``t`` share a packed batch and never attend to each
+        other), split at the images' token count; else ``(None, None)`` and each is encoded in :meth:`_splice`."""
+        if any(x is None for x in (pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)):
+            return None, None
+        merge = self.vision_tower.config.merge_size
+        n_image = sum((h // merge) * (w // merge) for _, h, w in image_grid_thw.tolist())
+        feats_ND = self.get_image_features(torch.cat([pixel_values, pixel_values_videos.to(pixel_values.dtype)]),
+                                           torch.cat([image_grid_thw, video_grid_thw.to(image_grid_thw.device)]))
+        return feats_ND[:n_image], feats_ND[n_image:]
+
     def _splice(self, embeds_BLD: torch.Tensor, mask_BL: torch.Tensor, pixel_values: torch.Tensor | None,
-                grid_thw: torch.Tensor | None, name: str) -> torch.Tensor:
+                grid_thw: torch.Tensor | None, name: str, feats_ND: torch.Tensor | None = None) -> torch.Tensor:
         n_slots = int(mask_BL.sum())
         if pixel_values is None:
             if n_slots:
@@ -114,7 +130,9 @@ class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, Generat
             return embeds_BLD
         if grid_thw is None:
             raise ValueError(f"{name} pixel values of shape {tuple(pixel_values.shape)} need a {name} grid_thw")
-        feats_ND = self.get_image_features(pixel_values, grid_thw).to(embeds_BLD.dtype)
+        if feats_ND is None:
+            feats_ND = self.get_image_features(pixel_values, grid_thw)
+        feats_ND = feats_ND.to(embeds_BLD.dtype)
         if feats_ND.shape[0] != n_slots:
             raise ValueError(f"{name} tokens do not match: input_ids has {n_slots} {name} placeholders, the "
                              f"vision encoder produced {feats_ND.shape[0]} tokens for grid_thw {grid_thw.tolist()}")
