@@ -22,6 +22,7 @@ Two paths, one maths:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,13 +194,16 @@ class GraphedNS:
     eagerly, the next one captures the ops into a graph and replays it, later ones only replay (one launch). Other
     buffers (another set of parameters with gradients) drop the graph and start over; ``captures`` counts the graphs
     made. The results live in the graph's memory pool and are overwritten by the next replay: use them before the
-    next step (``apply_phase`` does, on the same stream)."""
+    next step (``apply_phase`` does, on the same stream). Capture uses ``capture_error_mode="thread_local"`` (the
+    data loader's pin-memory thread may allocate pinned memory meanwhile); if capturing fails anyway, a warning
+    says why and every later step runs eagerly (``disabled``)."""
 
     def __init__(self) -> None:
         self.signature: tuple | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: dict[Key, torch.Tensor] = {}
         self.captures = 0
+        self.disabled = ""  # why capturing failed (then every step runs eagerly)
 
     def __call__(self, batches: dict[Key, torch.Tensor], partials: dict[Key, torch.Tensor],
                  ns_fn: Any) -> dict[Key, torch.Tensor]:
@@ -208,10 +212,18 @@ class GraphedNS:
         if sig != self.signature:
             self.signature, self.graph, self.out = sig, None, {}
             return self._run(batches, partials, ns_fn)
+        if self.disabled:
+            return self._run(batches, partials, ns_fn)
         if self.graph is None:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = self._run(batches, partials, ns_fn)
+            try:  # thread_local: the data loader's pin-memory thread may allocate pinned memory meanwhile
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    out = self._run(batches, partials, ns_fn)
+            except RuntimeError as err:  # nothing captured ran: do this step, and the rest of the run, eagerly
+                self.disabled = f"{type(err).__name__}: {err}"
+                warnings.warn(f"MuonClip: capturing Newton-Schulz as a CUDA graph failed ({self.disabled}); "
+                              "running it eagerly from now on", stacklevel=2)
+                return self._run(batches, partials, ns_fn)
             self.graph, self.out = graph, out
             self.captures += 1
         self.graph.replay()

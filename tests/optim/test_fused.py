@@ -221,6 +221,42 @@ def test_graphed_newton_schulz_equals_eager() -> None:
 
     eager, _ = run(False)
     graphed, opt = run(True)
-    assert opt._graphed_ns.captures == 1
+    assert opt._graphed_ns.captures == 1 and not opt._graphed_ns.disabled
     for got, want in zip(graphed, eager):
         assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_graphed_ns_falls_back_to_eager_when_capture_fails(monkeypatch) -> None:
+    """A failed capture warns once and leaves every step eager, with the eager results (CPU: capture is faked)."""
+    from kimi_vl.optim.muon_step import GraphedNS, normalise_
+
+    class _FailingCapture:
+        def __init__(self, graph, capture_error_mode="global"):
+            assert capture_error_mode == "thread_local"
+
+        def __enter__(self):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", _FailingCapture)
+    key = (8, 16, 5, torch.float32)
+    batches = {key: torch.empty(3, 8, 16)}
+    partials = {key: torch.empty(3, 1)}
+    ns_fn = lambda k, G: ns_iterate(G, k[2], natural_layout=True, copy_free=True)  # noqa: E731
+    graphed = GraphedNS()
+    for step in range(3):
+        G = torch.randn(3, 8, 16)
+        batches[key].copy_(G)
+        partials[key].copy_(G.square().sum(dim=(1, 2))[:, None])
+        if step == 1:
+            with pytest.warns(UserWarning, match="capturing Newton-Schulz as a CUDA graph failed"):
+                got = graphed(batches, partials, ns_fn)
+        else:
+            got = graphed(batches, partials, ns_fn)
+        ref_batches, ref_partials = {key: G.clone()}, {key: partials[key].clone()}
+        normalise_(ref_batches, ref_partials)
+        torch.testing.assert_close(got[key], ns_fn(key, ref_batches[key]), rtol=0, atol=0)
+    assert graphed.captures == 0 and "not permitted" in graphed.disabled
