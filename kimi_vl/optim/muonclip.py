@@ -262,9 +262,7 @@ class MuonClip(torch.optim.Optimizer):
         batches, partials, comm = momentum_phase(items, self.state, counts, self.ns_dtype, fused, self._batch_cache)
         self._mark("momentum")
         if fused and ctx is None and self.ns_cuda_graph and items[0].p.is_cuda:  # normalise + NS: one CUDA graph
-            ortho = self._graphed_ns(batches, partials, self._ns_fn(fused))
-            total = sum(G.shape[0] for G in batches.values())
-            report = NSReport(ids_local=list(range(total)), total=total)
+            ortho, report = self._graphed_ns(batches, partials, self._ns_fn(fused)), _local_report(batches)
         else:
             if fused:
                 normalise_(batches, partials)
@@ -299,6 +297,10 @@ class MuonClip(torch.optim.Optimizer):
         ns_fn = self._ns_fn(fused)
         if ctx is not None:
             return owner_newton_schulz(batches, ctx, ns_fn, self.ns_dtype)
-        out = {k: ns_fn(k, G) for k, G in batches.items()}
-        total = sum(G.shape[0] for G in batches.values())
-        return out, NSReport(ids_local=list(range(total)), total=total)
+        return {k: ns_fn(k, G) for k, G in batches.items()}, _local_report(batches)
+
+
+def _local_report(batches: dict[tuple, torch.Tensor]) -> NSReport:
+    """One process orthogonalised every matrix of ``batches`` itself."""
+    total = sum(G.shape[0] for G in batches.values())
+    return NSReport(ids_local=list(range(total)), total=total)
