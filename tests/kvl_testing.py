@@ -27,3 +27,15 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 
 def nan_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, float("nan"))
+
+
+def kernel_device() -> torch.device:
+    """Where the Triton kernel tests run: the GPU when there is one, else the CPU (through the interpreter)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def interpret_without_gpu(monkeypatch) -> None:
+    """Set ``TRITON_INTERPRET=1`` for one test when there is no GPU (conftest sets it for the session; tests that
+    change it get it back; the flag is read at launch)."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvl_testing import assert_rel_rms
+from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 
 from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, mix_triton, resolve_backend
 
@@ -17,22 +17,19 @@ TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 4e-3), torch.bfloat16:
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
     """Run Triton on the CPU through the interpreter when there is no GPU (the flag is read at launch)."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpret_without_gpu(monkeypatch)
     monkeypatch.delenv("KVL_ATTNRES_BACKEND", raising=False)
     monkeypatch.delenv("KVL_ATTNRES_ADDRESSING", raising=False)
 
 
-def _dev() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
 
 def _inputs(n: int, shape: tuple[int, ...], d: int, dtype=torch.float32, q_scale: float = 1.0, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    xs = [(torch.randn(*shape, d, generator=gen) * (1 + i)).to(_dev(), dtype).requires_grad_() for i in range(n)]
+    dev = kernel_device()
+    xs = [(torch.randn(*shape, d, generator=gen) * (1 + i)).to(dev, dtype).requires_grad_() for i in range(n)]
     # scores ~ q_scale * 3: peaked but not saturated (at |s| ~ 30 fp32 score rounding alone moves alpha by 1e-5)
-    w = (torch.randn(1, d, generator=gen) * q_scale * 3 / d**0.5).to(_dev()).requires_grad_()
-    g = (1 + 0.3 * torch.randn(d, generator=gen)).to(_dev()).requires_grad_()
+    w = (torch.randn(1, d, generator=gen) * q_scale * 3 / d**0.5).to(kernel_device()).requires_grad_()
+    g = (1 + 0.3 * torch.randn(d, generator=gen)).to(kernel_device()).requires_grad_()
     return xs, w, g
 
 
@@ -161,7 +158,7 @@ def test_triton_bf16_small_flavor_width_on_gpu(n):
 def test_triton_unaligned_source_address():
     """A source starting 4 bytes into its storage takes the kernels' unaligned path."""
     xs, w, g = _inputs(3, (2, 9), 40, seed=8)
-    flat = torch.zeros(xs[1].numel() + 1, device=_dev())
+    flat = torch.zeros(xs[1].numel() + 1, device=kernel_device())
     flat[1:] = xs[1].detach().reshape(-1)
     xs[1] = flat[1:].view_as(xs[1]).requires_grad_()
     assert not mix_triton._aligned([xs[1]])
@@ -202,9 +199,9 @@ def test_two_phase_kernels_equal_reference(first):
 
     gen = torch.Generator().manual_seed(10)
     k_slots, m, d, eps = 4, 9, 40, 1e-6
-    v = (torch.randn(k_slots, m, d, generator=gen) * torch.arange(1, k_slots + 1)[:, None, None]).to(_dev())
-    u = (torch.randn(5, d, generator=gen)).to(_dev())
-    pend = torch.randn(m, d, generator=gen).to(_dev())
+    v = (torch.randn(k_slots, m, d, generator=gen) * torch.arange(1, k_slots + 1)[:, None, None]).to(kernel_device())
+    u = (torch.randn(5, d, generator=gen)).to(kernel_device())
+    pend = torch.randn(m, d, generator=gen).to(kernel_device())
     expect = v.clone()
     expect[1] = pend if first else expect[1] + pend
     o, mx, l, h0 = phase1_triton(v, 2, u, 1, 3, eps, pend, first)  # queries 1..3 over slots 0, 1
@@ -215,7 +212,7 @@ def test_two_phase_kernels_equal_reference(first):
     assert_rel_rms(o.double() / l.double()[..., None], o_ref / l_ref[..., None], 1e-6, "o / l")
     assert_rel_rms(l.double() * scale, l_ref, 1e-6, "l")
     assert_rel_rms(h0, (o_ref / l_ref[..., None])[0], 1e-6, "h of the first query")
-    pend2 = torch.randn(m, d, generator=gen).to(_dev())
+    pend2 = torch.randn(m, d, generator=gen).to(kernel_device())
     h = phase2_triton(o, mx, l, 2, v, 2, u, 3, eps, pend2, True)  # query 3's partial sum (slot 2) = pend2
     assert_rel_rms(v[2], pend2, 0.0, "slot 2")
     full = _phase_ref(torch.cat([expect[:2], pend2[None]]), u[3:4], eps)
@@ -241,10 +238,10 @@ def test_triton_common_offset_sources():
     PyTorch function, both fp32, were measured at 1e-3 to 3e-3 here too), so they get a looser bound."""
     gen = torch.Generator().manual_seed(12)
     common = 100 * torch.randn(2, 19, 96, generator=gen)
-    xs = [(common + torch.randn(2, 19, 96, generator=gen)).to(_dev()).requires_grad_() for _ in range(4)]
-    w = (torch.randn(1, 96, generator=gen) * 3 / 96**0.5).to(_dev()).requires_grad_()
-    g = torch.ones(96, device=_dev(), requires_grad=True)
-    dh = torch.randn(2, 19, 96, generator=gen).to(_dev())
+    xs = [(common + torch.randn(2, 19, 96, generator=gen)).to(kernel_device()).requires_grad_() for _ in range(4)]
+    w = (torch.randn(1, 96, generator=gen) * 3 / 96**0.5).to(kernel_device()).requires_grad_()
+    g = torch.ones(96, device=kernel_device(), requires_grad=True)
+    dh = torch.randn(2, 19, 96, generator=gen).to(kernel_device())
     h, _ = attn_res_mix(xs, w, g, EPS, backend="triton")
     wide = [t.detach().double().requires_grad_() for t in (*xs, w, g)]
     h_ref, _ = attn_res_mix_naive(wide[:-2], wide[-2], wide[-1], EPS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvl_testing import assert_rel_rms
+from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 
 from kernels.kda import kda_gate_ref
 from kernels.kda.naive import l2norm_ref
@@ -14,17 +14,13 @@ from kernels.kda.prep_triton import kda_gate_triton, l2norm_triton
 
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpret_without_gpu(monkeypatch)
 
-
-def _dev():
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.mark.parametrize("shape", [(1, 5, 2, 16), (2, 37, 3, 20), (1, 3, 1, 130)])
 def test_l2norm_fwd_bwd(shape):
-    x = (torch.randn(shape) * 3).to(_dev()).requires_grad_()
+    x = (torch.randn(shape) * 3).to(kernel_device()).requires_grad_()
     x2 = x.detach().clone().requires_grad_()
     y = l2norm_triton(x)
     y2 = l2norm_ref(x2)
@@ -37,7 +33,7 @@ def test_l2norm_fwd_bwd(shape):
 
 
 def test_l2norm_fp16_storage():
-    x = torch.randn(1, 9, 2, 32).to(_dev(), torch.float16).requires_grad_()
+    x = torch.randn(1, 9, 2, 32).to(kernel_device(), torch.float16).requires_grad_()
     y = l2norm_triton(x)
     assert y.dtype == torch.float16
     assert_rel_rms(y, l2norm_ref(x.detach().float()), 1e-3, "y fp16")
@@ -57,7 +53,7 @@ def test_gate_fwd_bwd(lower_bound, with_dtb):
     raw[0, 0, 0, :4] = torch.tensor([25.0, 21.0, -30.0, 19.5])  # both sides of softplus' threshold
     A_log = torch.log(torch.empty(HV).uniform_(1, 16))
     dtb = torch.randn(HV * K) if with_dtb else None
-    ins = [t.to(_dev()).requires_grad_() for t in (raw, A_log) + ((dtb,) if with_dtb else ())]
+    ins = [t.to(kernel_device()).requires_grad_() for t in (raw, A_log) + ((dtb,) if with_dtb else ())]
     ref = [t.detach().clone().requires_grad_() for t in ins]
     g = kda_gate_triton(ins[0], ins[1], ins[2] if with_dtb else None, lower_bound)
     g2 = kda_gate_ref(ref[0], ref[1], ref[2] if with_dtb else None, lower_bound)
@@ -72,10 +68,10 @@ def test_gate_fwd_bwd(lower_bound, with_dtb):
 
 
 def test_gate_deterministic():
-    raw = torch.randn(1, 500, 2, 16, device=_dev())
-    A_log = torch.zeros(2, device=_dev(), requires_grad=True)
-    dtb = torch.zeros(32, device=_dev(), requires_grad=True)
-    dg = torch.randn(1, 500, 2, 16, device=_dev())
+    raw = torch.randn(1, 500, 2, 16, device=kernel_device())
+    A_log = torch.zeros(2, device=kernel_device(), requires_grad=True)
+    dtb = torch.zeros(32, device=kernel_device(), requires_grad=True)
+    dg = torch.randn(1, 500, 2, 16, device=kernel_device())
     grads = []
     for _ in range(2):
         A_log.grad = dtb.grad = None

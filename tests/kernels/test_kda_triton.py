@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kda_cases import GATES, make_inputs
-from kvl_testing import assert_rel_rms, rel_rms
+from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device, rel_rms
 
 from kernels.kda import chunk_kda, fused_recurrent_kda, kda_gate_ref, naive_recurrent_kda
 
@@ -17,17 +17,13 @@ from kernels.kda import chunk_kda, fused_recurrent_kda, kda_gate_ref, naive_recu
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
     """Run Triton on the CPU through the interpreter when there is no GPU (the flag is read at launch)."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpret_without_gpu(monkeypatch)
     monkeypatch.setenv("KVL_KDA_BACKEND", "triton")
 
 
-def _dev():
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
 
 def _to(xs, dtype=torch.float32):
-    return [None if x is None else x.to(_dev(), dtype) for x in xs]
+    return [None if x is None else x.to(kernel_device(), dtype) for x in xs]
 
 
 @pytest.mark.parametrize(
@@ -117,8 +113,8 @@ def test_triton_no_nan_strong_decay_and_decode_pool():
     assert torch.isfinite(o).all() and torch.isfinite(S).all()
     o_ref, _ = naive_recurrent_kda(*(t.double() for t in (q, k, v, g, beta)), initial_state=s0.double())
     assert_rel_rms(o, o_ref, 1e-5, "o")
-    pool = torch.randn(4, 1, 16, 16, device=_dev())
-    idx = torch.tensor([3, 1], device=_dev())
+    pool = torch.randn(4, 1, 16, 16, device=kernel_device())
+    idx = torch.tensor([3, 1], device=kernel_device())
     xs = _to(make_inputs(2, 1, 1, 1, 16, 16)[:5])
     ref_o, ref_S = fused_recurrent_kda(*xs, initial_state=pool[idx].clone(), output_final_state=True)
     o1, P = fused_recurrent_kda(*xs, initial_state=pool, output_final_state=True, ssm_state_indices=idx)
@@ -188,9 +184,9 @@ def test_triton_16bit_path_fp16():
     """The 16-bit storage / tensor-core-dot path (what bf16 uses on a GPU), exercised with fp16 because the
     interpreter mishandles bf16 loads; compared with the fp32 PyTorch path on the same rounded inputs."""
     q, k, v, g, beta, s0 = make_inputs(1, 80, 1, 2, 32, 16, gate="logsig", h0=True)
-    A_log = torch.log(torch.empty(2).uniform_(1, 16)).to(_dev())
+    A_log = torch.log(torch.empty(2).uniform_(1, 16)).to(kernel_device())
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, output_final_state=True)
-    x = [t.to(_dev(), torch.float16) for t in (q * 3, k, v)] + _to([g, beta, s0])
+    x = [t.to(kernel_device(), torch.float16) for t in (q * 3, k, v)] + _to([g, beta, s0])
     o, S = chunk_kda(*x[:5], initial_state=x[5], **kw)
     assert o.dtype == torch.float16
     o2, S2 = chunk_kda(*(t.float() for t in x[:5]), initial_state=x[5], backend="torch", **kw)
@@ -242,7 +238,7 @@ def test_triton_fwd_intermediates_vs_torch():
     scale = 20**-0.5
     ref = _chunk_intermediates_ref(q, k, v, g, beta, scale, s0, cu)
     x = _to([q, k, v, g, beta, s0])
-    st = chunk_kda_fwd_intermediates(*x[:5], scale, x[5], cu.to(_dev()))
+    st = chunk_kda_fwd_intermediates(*x[:5], scale, x[5], cu.to(kernel_device()))
     assert st.cbos.tolist() == [0, 5, 69] and st.clen.tolist() == [5, 64, 6]
     assert st.s0.tolist() == [0, 1] and st.snc.tolist() == [1, 2]
     assert st.G.dtype == torch.float32 and st.T.dtype == torch.float32
@@ -281,7 +277,7 @@ def test_gpu_fwd_intermediates_full_width():
     scale = 128**-0.5
     ref = _chunk_intermediates_ref(q, k, v, g, beta, scale, s0, cu)
     x = _to([q, k, v, g, beta, s0])
-    st = chunk_kda_fwd_intermediates(*x[:5], scale, x[5], cu.to(_dev()))
+    st = chunk_kda_fwd_intermediates(*x[:5], scale, x[5], cu.to(kernel_device()))
     eye = torch.eye(64, dtype=torch.float64)
     errs = {}
     for name in ["o", "ht", "Aqk", "T", "W", "U", "vn"]:
@@ -311,12 +307,12 @@ def test_triton_qkv_views_read_in_place_equal_contiguous(B, T, cu):
     qkv = torch.cat([q, k, v], dim=-1).reshape(B, T, 3 * H * K).float().requires_grad_()
     raw, beta = _to([raw, beta])
     beta.requires_grad_()
-    views = [t.reshape(B, T, H, K) for t in qkv.to(_dev()).chunk(3, dim=-1)]
+    views = [t.reshape(B, T, H, K) for t in qkv.to(kernel_device()).chunk(3, dim=-1)]
     assert not views[0].is_contiguous()
     o, _ = chunk_kda(*views, raw, beta, **kw)
     (o * torch.linspace(-1, 1, o.numel(), device=o.device).view_as(o)).sum().backward()
     qkv2 = qkv.detach().clone().requires_grad_()
-    copies = [t.reshape(B, T, H, K).contiguous() for t in qkv2.to(_dev()).chunk(3, dim=-1)]
+    copies = [t.reshape(B, T, H, K).contiguous() for t in qkv2.to(kernel_device()).chunk(3, dim=-1)]
     beta2 = beta.detach().clone().requires_grad_()
     o2, _ = chunk_kda(*copies, raw, beta2, **kw)
     (o2 * torch.linspace(-1, 1, o2.numel(), device=o2.device).view_as(o2)).sum().backward()

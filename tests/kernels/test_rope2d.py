@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvl_testing import assert_rel_rms, poison_
+from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device, poison_
 
 from kernels.rope2d import rope_2d, rope_torch, rope_triton
 
 
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpret_without_gpu(monkeypatch)
     monkeypatch.delenv("KVL_ROPE_BACKEND", raising=False)
 
-
-def _dev() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _inputs(lead: tuple[int, ...], H: int, D: int, dtype: torch.dtype, fused: bool, seed: int = 0):
@@ -30,11 +26,11 @@ def _inputs(lead: tuple[int, ...], H: int, D: int, dtype: torch.dtype, fused: bo
     of random angles, and output gradients."""
     g = torch.Generator().manual_seed(seed)
     if fused:
-        q, k, _ = torch.randn(*lead, 3, H, D, generator=g).to(_dev(), dtype).unbind(-3)
+        q, k, _ = torch.randn(*lead, 3, H, D, generator=g).to(kernel_device(), dtype).unbind(-3)
     else:
-        q, k = (torch.randn(*lead, H, D, generator=g).to(_dev(), dtype) for _ in range(2))
-    angles = 50 * torch.randn(*lead, D, generator=g).to(_dev())
-    dq, dk = (torch.randn(*lead, H, D, generator=g).to(_dev(), dtype) for _ in range(2))
+        q, k = (torch.randn(*lead, H, D, generator=g).to(kernel_device(), dtype) for _ in range(2))
+    angles = 50 * torch.randn(*lead, D, generator=g).to(kernel_device())
+    dq, dk = (torch.randn(*lead, H, D, generator=g).to(kernel_device(), dtype) for _ in range(2))
     return q, k, angles.cos(), angles.sin(), dq, dk
 
 
@@ -82,8 +78,8 @@ def test_every_output_element_is_written(monkeypatch) -> None:
 def test_gradient_reaches_the_fused_projection() -> None:
     """Through strided views of one q|k|v tensor: q's and k's gradients land in their slots, v's slot stays 0."""
     g = torch.Generator().manual_seed(1)
-    qkv = torch.randn(9, 3, 2, 8, generator=g, device=_dev()).requires_grad_(True)
-    angles = torch.randn(9, 8, generator=g).to(_dev())
+    qkv = torch.randn(9, 3, 2, 8, generator=g, device=kernel_device()).requires_grad_(True)
+    angles = torch.randn(9, 8, generator=g).to(kernel_device())
     grads = []
     for backend in ("triton", "torch"):
         q, k, _ = qkv.unbind(1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvl_testing import assert_rel_rms
+from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 
 from kernels.short_conv import causal_conv1d, causal_conv1d_update, conv_triton
 
@@ -16,13 +16,9 @@ from kernels.short_conv import causal_conv1d, causal_conv1d_update, conv_triton
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
     """Triton on the CPU through the interpreter when there is no GPU (the flag is read at launch)."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpret_without_gpu(monkeypatch)
     monkeypatch.delenv("KVL_CONV_BACKEND", raising=False)
 
-
-def _dev() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _inputs(lens, B, D, W, bias, state, dtype=torch.float32, seed=0):
@@ -34,8 +30,8 @@ def _inputs(lens, B, D, W, bias, state, dtype=torch.float32, seed=0):
     b = torch.randn(D, generator=g) if bias else None
     s = torch.randn(N, D, W - 1, generator=g) if state else None
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()]) if lens is not None else None
-    to = lambda t: None if t is None else t.to(_dev(), dtype)  # noqa: E731
-    return to(x), to(w), to(b), to(s), (cu.to(_dev()) if cu is not None else None)
+    to = lambda t: None if t is None else t.to(kernel_device(), dtype)  # noqa: E731
+    return to(x), to(w), to(b), to(s), (cu.to(kernel_device()) if cu is not None else None)
 
 
 def _run(backend, x, w, b, s, cu, activation, final, seed=1):
