@@ -233,7 +233,7 @@ def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
         with timer.phase("data"):
             batch = next(batches)
         sync = micro == cfg.grad_accum - 1
-        with contextlib.nullcontext() if sync else acc.no_sync(model):
+        with contextlib.nullcontext() if sync else acc.no_sync(model), trainer.cast_params():
             with timer.phase("h2d"):
                 inputs = model_inputs(batch, acc.device, trainer.multimodal)
                 labels, pos = batch["labels"].to(acc.device), batch["position_ids"].to(acc.device)
@@ -286,7 +286,8 @@ def bare_step(trainer: Any, batch: dict[str, Any], timer: PhaseTimer, variant: s
     ``full``: the whole model on the batch (vision tower, packed documents), as the app's forward;
     ``backbone_packed``: the text backbone + head on the same tokens with ``cu_seqlens`` (no vision);
     ``backbone_unpacked``: the same tokens as ``[B, L]`` causal rows, no ``cu_seqlens`` (what ``bench_backbone``
-    measures, except for its dtype: the app keeps fp32 weights under the run's autocast).
+    measures, except for its dtype: the app keeps fp32 weights under the run's autocast, or bf16 copies of them
+    with ``precision=bf16_params``).
     """
     import torch.nn.functional as F
 
@@ -294,16 +295,18 @@ def bare_step(trainer: Any, batch: dict[str, Any], timer: PhaseTimer, variant: s
 
     acc, model = trainer.acc, trainer.unwrapped
     labels = batch["labels"].to(acc.device)
-    with timer.phase(f"{variant}/forward"), trainer.autocast:
-        if variant == "full":
-            logits = model(**model_inputs(batch, acc.device, trainer.multimodal), use_cache=False).logits
-        else:
-            cu = batch["cu_seqlens"].to(acc.device) if variant == "backbone_packed" else None
-            hidden = model.model(input_ids=_text_ids(trainer, batch), cu_seqlens=cu, use_cache=False)
-            logits = model.lm_head(hidden.last_hidden_state)
-    with timer.phase(f"{variant}/backward"):
-        loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-        loss.backward()
+    with trainer.cast_params():  # precision=bf16_params: the weight copies, as the app makes them
+        with timer.phase(f"{variant}/forward"), trainer.autocast:
+            if variant == "full":
+                logits = model(**model_inputs(batch, acc.device, trainer.multimodal), use_cache=False).logits
+            else:
+                cu = batch["cu_seqlens"].to(acc.device) if variant == "backbone_packed" else None
+                hidden = model.model(input_ids=_text_ids(trainer, batch), cu_seqlens=cu, use_cache=False)
+                logits = model.lm_head(hidden.last_hidden_state)
+        with timer.phase(f"{variant}/backward"):
+            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(),
+                                   ignore_index=-100)
+            loss.backward()
     model.zero_grad(set_to_none=True)
 
 

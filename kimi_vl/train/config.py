@@ -52,7 +52,11 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     grad_accum: int = 1
     grad_clip: float = 1.0
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    # auto: bf16 autocast on CUDA, fp32 on CPU. bf16_params: bf16 autocast and the model computing with bf16 copies
+    # of its fp32 weights, cast once per micro-batch (kimi_vl/train/param_cast.py: bf16 activations and residual
+    # stream; fp32 master weights, gradients and optimizer state); not with compile or FSDP2.
+    precision: Literal["auto", "fp32", "bf16", "bf16_params"] = "auto"
+    keep_fp32_params: list[str] = field(default_factory=lambda: ["A_log", "dt_bias"])  # bf16_params: name suffixes
     activation_checkpointing: bool = False
     compile: bool = False
     # torch.compile of each MoonViT block alone (dynamic shapes: one graph for every packed patch count); the
@@ -78,6 +82,9 @@ class TrainConfig:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.compile and self.compile_vision:
             raise ValueError("compile_vision: the whole model is already compiled (compile: true); set one of them")
+        if self.precision == "bf16_params" and self.compile:
+            raise ValueError("precision=bf16_params swaps bf16 weight copies into the modules every micro-batch, which "
+                             "compile (the whole model) would retrace; use precision=bf16 with compile")
         if self.cpu_threads < 0:
             raise ValueError(f"cpu_threads must be >= 0 (0: auto), got {self.cpu_threads}")
         if self.grad_accum < 1:

@@ -30,6 +30,7 @@ from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve
 from kimi_vl.train.config import TrainConfig
 from kimi_vl.train.faults import GracefulStop, NonFiniteGuard
 from kimi_vl.train.loss import breakdown_sums, breakdown_values, mean_loss, token_losses
+from kimi_vl.train.param_cast import ParamCaster
 
 MODEL_KEYS = ("input_ids", "attention_mask", "cu_seqlens", "position_ids", "pixel_values", "image_grid_thw",
               "pixel_values_videos", "video_grid_thw")
@@ -122,7 +123,7 @@ def evaluate(model: torch.nn.Module, batches: list[dict[str, Any]], device: torc
 
 
 def _autocast(accelerator: Accelerator, precision: str) -> contextlib.AbstractContextManager:
-    use_bf16 = precision == "bf16" or (precision == "auto" and accelerator.device.type == "cuda")
+    use_bf16 = precision in ("bf16", "bf16_params") or (precision == "auto" and accelerator.device.type == "cuda")
     if use_bf16:
         return torch.autocast(accelerator.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -215,6 +216,7 @@ class Trainer:
         self.position = LoaderPosition(self.loader)
         self.acc.register_for_checkpointing(self.position)
         self.autocast = _autocast(self.acc, cfg.precision)
+        self.cast_params = self._param_caster(cfg)
         self.metrics = MetricsWriter(self.out, accelerator=self.acc if cfg.tensorboard else None)
         if cfg.tensorboard:
             self.acc.init_trackers("tb", config={k: str(v) for k, v in to_dict(cfg).items()})
@@ -222,6 +224,15 @@ class Trainer:
         self.tokens = 0
         self.interrupted: str | None = None  # the signal that stopped the run early, if any
         self._eval_batches: list[dict[str, Any]] | None = None
+
+    def _param_caster(self, cfg: TrainConfig):
+        """``precision: bf16_params``: a :class:`ParamCaster` over the unwrapped model, else a no-op context."""
+        if cfg.precision != "bf16_params":
+            return contextlib.nullcontext
+        if getattr(self.acc, "is_fsdp2", False) or self.acc.distributed_type.name == "FSDP":
+            raise ValueError("precision=bf16_params is for one process or DDP; under FSDP set the accelerate "
+                             "config's mixed precision (param dtype bf16) instead")
+        return ParamCaster(self.unwrapped, torch.bfloat16, cfg.keep_fp32_params)
 
     @property
     def unwrapped(self) -> torch.nn.Module:
@@ -252,7 +263,7 @@ class Trainer:
         for micro in range(cfg.grad_accum):
             batch = next(batches)
             sync = micro == cfg.grad_accum - 1
-            with contextlib.nullcontext() if sync else self.acc.no_sync(model):
+            with contextlib.nullcontext() if sync else self.acc.no_sync(model), self.cast_params():
                 loss, parts, _ = compute_loss(model, batch, self.acc.device, self.multimodal, self.autocast, self.acc)
                 self.acc.backward(loss / cfg.grad_accum)
             losses.append(loss.detach())

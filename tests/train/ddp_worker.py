@@ -1,7 +1,9 @@
 """Worker for test_ddp.py: train 2 steps on fixed batches, each rank taking its share of the rows.
 
-Run as ``ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N ddp_worker.py DATA BATCHES OUT [VISION_FLAVOR]``; with a
-vision flavor the model carries a vision tower that the text-only batches never use (DDP must not stop on it).
+Run as ``ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N ddp_worker.py DATA BATCHES OUT [VISION_FLAVOR [PRECISION]]``;
+with a vision flavor the model carries a vision tower that the text-only batches never use (DDP must not stop on
+it); PRECISION is the run config's ``precision`` (default fp32), or ``fp64_params``: fp32 with the ``bf16_params``
+weight copies made in fp64 instead (exact, to test their gradient path under DDP).
 """
 
 import sys
@@ -12,6 +14,7 @@ import torch
 from kimi_vl.runconfig import load_config
 from kimi_vl.train.config import TrainConfig
 from kimi_vl.train.loop import Trainer
+from kimi_vl.train.param_cast import ParamCaster
 
 
 def select_rows(batch: dict, start: int, stop: int) -> dict:
@@ -25,11 +28,16 @@ def select_rows(batch: dict, start: int, stop: int) -> dict:
     return out
 
 
-def main(data: str, batches_file: str, out: str, vision_flavor: str = "null") -> None:
+def main(data: str, batches_file: str, out: str, vision_flavor: str = "null", precision: str = "fp32") -> None:
+    cast64 = precision == "fp64_params"
+    precision = "fp32" if cast64 else precision
     cfg = load_config(TrainConfig, "kimi_vl/configs/debug_pretrain.yaml", [
         f"data.path={data}", f"output_dir={out}", f"model.vision_flavor={vision_flavor}", "data.seq_len=64",
-        "data.batch_size=2", "optim.name=muonclip", "optim.ns_dtype=float32", "eval_batches=1"])
+        "data.batch_size=2", "optim.name=muonclip", "optim.ns_dtype=float32", "eval_batches=1",
+        f"precision={precision}"])
     tr = Trainer(cfg)
+    if cast64:  # the bf16_params mechanism with an exact (fp64) copy: checks its gradient plumbing under DDP
+        tr.cast_params = ParamCaster(tr.unwrapped, torch.float64)
     rank, world = tr.acc.process_index, tr.acc.num_processes
     batches = torch.load(batches_file)
     rows = batches[0]["input_ids"].shape[0] // world
@@ -41,4 +49,4 @@ def main(data: str, batches_file: str, out: str, vision_flavor: str = "null") ->
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

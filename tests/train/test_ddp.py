@@ -23,13 +23,18 @@ def run_worker(nproc: int, data: Path, batches: Path, out: Path, *extra: str) ->
     return torch.load(out / "result.pt")
 
 
-def test_two_process_ddp_equals_one_process_doubled_batch(tiny_data, tmp_path):
-    tok = load_tokenizer(tiny_data / "tokenizer")
-    loader = build_loader(LoaderConfig(text_shards=split_shards(tiny_data, "train", "text"), seq_len=64,
+def text_batches(data: Path, path: Path) -> None:
+    """Two packed text-only batches of 4 rows x 64 tokens from ``data``'s train split, saved to ``path``."""
+    tok = load_tokenizer(data / "tokenizer")
+    loader = build_loader(LoaderConfig(text_shards=split_shards(data, "train", "text"), seq_len=64,
                                        batch_size=4, resampled=False, epochs=1, max_batches=2), tok)
     batches = [{k: v for k, v in b.items() if k != "loader_state"} for b in loader]
     assert len(batches) == 2
-    torch.save(batches, tmp_path / "batches.pt")
+    torch.save(batches, path)
+
+
+def test_two_process_ddp_equals_one_process_doubled_batch(tiny_data, tmp_path):
+    text_batches(tiny_data, tmp_path / "batches.pt")
     one = run_worker(1, tiny_data, tmp_path / "batches.pt", tmp_path / "one")
     two = run_worker(2, tiny_data, tmp_path / "batches.pt", tmp_path / "two")
     for name, w in one["state"].items():
@@ -42,11 +47,7 @@ def test_two_process_ddp_with_an_unused_vision_tower(tiny_data, tmp_path):
     """Text-only batches through a model with a vision tower (as in zero-vision SFT): its parameters get no gradient,
     and DDP (find_unused_parameters, the run config's default) trains on and matches one process. Tolerance 1e-4:
     the unused-parameter search changes DDP's bucket order, so fp32 gradient sums round differently (2.3e-5 seen)."""
-    tok = load_tokenizer(tiny_data / "tokenizer")
-    loader = build_loader(LoaderConfig(text_shards=split_shards(tiny_data, "train", "text"), seq_len=64,
-                                       batch_size=4, resampled=False, epochs=1, max_batches=2), tok)
-    batches = [{k: v for k, v in b.items() if k != "loader_state"} for b in loader]
-    torch.save(batches, tmp_path / "batches.pt")
+    text_batches(tiny_data, tmp_path / "batches.pt")
     one = run_worker(1, tiny_data, tmp_path / "batches.pt", tmp_path / "one", "debug")
     two = run_worker(2, tiny_data, tmp_path / "batches.pt", tmp_path / "two", "debug")
     assert any(name.startswith("vision") or ".vision" in name for name in two["state"]), "no vision tower built"
