@@ -2,6 +2,9 @@
 # gpu_profile_app.sh): sets PYTHONPATH/OUT, LOG=$OUT/all.log, and defines
 #   part TITLE LIMIT_S COMMAND...   run COMMAND under `timeout LIMIT_S`, its last PART_TAIL (40) lines to the log
 #   gpu_header                      the GPU, driver, torch and triton versions to the log
+#   app16 NAME ENV=VALUE...         the training app (small_pretrain on $DATA, APP_STEPS steps, default 16; APP_DIR: the
+#                                   code's folder, default .; APP_OVERRIDES: extra key=value) with its metrics in $OUT
+#   app_compare A B                 per-step step-time ratio B/A (same batches: the data order is seeded), losses
 # and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one;
 # use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache).
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
@@ -33,4 +36,32 @@ use_fla_tuning_cache() {
   export TRITON_CACHE_DIR=/tmp/tcache
   mkdir -p "$TRITON_CACHE_DIR"
   if [ -d .fla_tcache/tcache ]; then cp -r .fla_tcache/tcache/. "$TRITON_CACHE_DIR"/; fi
+}
+
+app16() {  # name, then extra env assignments (APP_DIR: the code's folder, default .; APP_STEPS: default 16)
+  local name=$1 dir=${APP_DIR:-.} steps=${APP_STEPS:-16}
+  shift
+  (cd "$dir" && part "app$steps $name" 200 env PYTHONPATH="$PWD:/tmp/site" "$@" python3 -m kimi_vl.train \
+    --config kimi_vl/configs/small_pretrain.yaml output_dir=/tmp/runs/app_$name max_steps=$steps data.path="$DATA" \
+    data.num_workers=8 eval_every=1000 checkpoint_every=1000 optim.warmup_steps=2 optim.total_steps=$steps \
+    ${APP_OVERRIDES:-})
+  cp /tmp/runs/app_$name/metrics.jsonl "$OUT/app${steps}_${name}_metrics.jsonl" 2>/dev/null
+  python3 -c "import json, statistics as s; r=[json.loads(l) for l in open('$OUT/app${steps}_${name}_metrics.jsonl')]; \
+lo=$steps*3//8; t=[x['tokens_per_s'] for x in r if lo <= x['step']]; print('app$steps $name median of steps', lo, '-', \
+$steps, ':', round(s.median(t)), 'tokens/s, range', round(min(t)), '-', round(max(t)))" 2>&1 | tee -a "$LOG"
+}
+
+app_compare() {  # name_a name_b: median over the steps of the later 5/8 of the per-step time ratio b/a, and losses
+  python3 - "$OUT" "${APP_STEPS:-16}" "$1" "$2" <<'PY' 2>&1 | tee -a "$LOG"
+import json, statistics, sys
+out, steps, a, b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+run = {n: {r["step"]: r for r in map(json.loads, open(f"{out}/app{steps}_{n}_metrics.jsonl"))} for n in (a, b)}
+lo = steps * 3 // 8
+ratios = [run[b][s]["step_time_s"] / run[a][s]["step_time_s"] for s in run[a] if s >= lo and s in run[b]]
+print(f"app{steps} {b} / {a}: step time ratio median {statistics.median(ratios):.3f} over steps {lo}-{steps}; "
+      f"mfu {statistics.median(run[a][s]['mfu'] for s in run[a] if s >= lo):.4f} -> "
+      f"{statistics.median(run[b][s]['mfu'] for s in run[b] if s >= lo):.4f}")
+print("  loss " + ", ".join(f"step {s}: {run[a][s]['loss']:.4f} / {run[b][s]['loss']:.4f}"
+                           for s in (1, steps // 4, steps // 2, steps) if s in run[a] and s in run[b]))
+PY
 }

@@ -14,19 +14,6 @@ set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
-app16() {  # name, then extra env assignments (APP_DIR: the code's folder, default .; APP_STEPS: default 16)
-  local name=$1 dir=${APP_DIR:-.} steps=${APP_STEPS:-16}
-  shift
-  (cd "$dir" && part "app$steps $name" 200 env PYTHONPATH="$PWD:/tmp/site" "$@" python3 -m kimi_vl.train \
-    --config kimi_vl/configs/small_pretrain.yaml output_dir=/tmp/runs/app_$name max_steps=$steps data.path="$DATA" \
-    data.num_workers=8 eval_every=1000 checkpoint_every=1000 optim.warmup_steps=2 optim.total_steps=$steps \
-    ${APP_OVERRIDES:-})
-  cp /tmp/runs/app_$name/metrics.jsonl "$OUT/app${steps}_${name}_metrics.jsonl" 2>/dev/null
-  python3 -c "import json, statistics as s; r=[json.loads(l) for l in open('$OUT/app${steps}_${name}_metrics.jsonl')]; \
-lo=$steps*3//8; t=[x['tokens_per_s'] for x in r if lo <= x['step']]; print('app$steps $name median of steps', lo, '-', \
-$steps, ':', round(s.median(t)), 'tokens/s, range', round(min(t)), '-', round(max(t)))" 2>&1 | tee -a "$LOG"
-}
-
 gpu_header
 case "${1:?usage: gpu_session8.sh probe|vision|nsgraph|joint DATA}" in
 probe)
