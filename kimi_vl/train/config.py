@@ -67,6 +67,10 @@ class TrainConfig:
     # data-loader workers and the launching thread: app16 on one H100 137.4k vs 128.5k / 130.1k tokens/s, session
     # 8), else torch's default. A number sets it.
     cpu_threads: int = 0
+    # Python's garbage collector: frozen after setup, automatic collection off, one full collection after every
+    # gc_every-th step (kimi_vl/train/pygc.py; an automatic full collection stalled random steps for ~0.3 s on the
+    # GPU); 0 keeps Python's automatic collection
+    gc_every: int = 50
     checkpoint_every: int = 0  # 0: only at the end
     keep_last: int = 2
     log_every: int = 1
@@ -87,6 +91,8 @@ class TrainConfig:
                              "compile (the whole model) would retrace; use precision=bf16 with compile")
         if self.cpu_threads < 0:
             raise ValueError(f"cpu_threads must be >= 0 (0: auto), got {self.cpu_threads}")
+        if self.gc_every < 0:
+            raise ValueError(f"gc_every must be >= 0 (0: Python's automatic collection), got {self.gc_every}")
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if not 0.0 <= self.data.vision_ratio <= 1.0:

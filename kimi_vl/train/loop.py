@@ -31,6 +31,7 @@ from kimi_vl.train.config import TrainConfig
 from kimi_vl.train.faults import GracefulStop, NonFiniteGuard
 from kimi_vl.train.loss import breakdown_sums, breakdown_values, mean_loss, token_losses
 from kimi_vl.train.param_cast import ParamCaster
+from kimi_vl.train.pygc import ScheduledGC
 
 MODEL_KEYS = ("input_ids", "attention_mask", "cu_seqlens", "position_ids", "pixel_values", "image_grid_thw",
               "pixel_values_videos", "video_grid_thw")
@@ -334,10 +335,13 @@ class Trainer:
         guard = NonFiniteGuard()
         batches = self._batches()
         bar = progress(total=cfg.max_steps, initial=self.step, desc=f"{cfg.stage} {self.out.name}")
-        with GracefulStop() as stop:
+        with GracefulStop() as stop, ScheduledGC(cfg.gc_every) as pygc:
             while self.step < cfg.max_steps:
                 metrics = self.train_step(batches)
                 self.step += 1
+                gc_s = pygc.after_step(self.step)
+                if gc_s is not None:
+                    metrics["gc_s"] = gc_s
                 guard.check(self.step, metrics["loss"], metrics)
                 last = self.step == cfg.max_steps
                 if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:

@@ -152,3 +152,28 @@ def test_cpu_threads_setting(monkeypatch) -> None:
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="cpu_threads"):
         TrainConfig(output_dir="x", max_steps=1, cpu_threads=-1)
+
+
+def test_scheduled_gc(tiny_data, tmp_path):
+    """``gc_every``: automatic collection is off while training, a timed full collection runs after every N-th step
+    (``gc_s`` in its metrics), and the collector is restored afterwards."""
+    import gc
+
+    from kimi_vl.train.pygc import ScheduledGC
+
+    seen = []
+
+    class Probe(Trainer):
+        def train_step(self, batches):
+            seen.append(gc.isenabled())
+            return super().train_step(batches)
+
+    assert gc.isenabled()
+    Probe(config(tiny_data, tmp_path / "run", "max_steps=4", "gc_every=2")).run()
+    assert seen == [False] * 4 and gc.isenabled()
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "gc_s" in r] == [2, 4]
+    with ScheduledGC(0) as pygc:  # 0: Python's automatic collection, nothing scheduled
+        assert gc.isenabled() and pygc.after_step(50) is None
+    with pytest.raises(ValueError, match="gc_every"):
+        TrainConfig(output_dir="x", max_steps=1, gc_every=-1)
