@@ -68,8 +68,8 @@ class TrainConfig:
     # 8), else torch's default. A number sets it.
     cpu_threads: int = 0
     # Python's garbage collector: frozen after setup, automatic collection off, one full collection after every
-    # gc_every-th step (kimi_vl/train/pygc.py; an automatic full collection stalled random steps for ~0.3 s on the
-    # GPU); 0 keeps Python's automatic collection
+    # gc_every-th step (kimi_vl/train/pygc.py); 0 keeps Python's automatic collection. Either way a step's time in
+    # full collections is logged as gc_s.
     gc_every: int = 50
     checkpoint_every: int = 0  # 0: only at the end
     keep_last: int = 2

@@ -295,6 +295,8 @@ class Trainer:
         peak = _peak_flops(self.acc.device)
         if peak:
             metrics["mfu"] = flops / dt / peak  # this process's FLOPs over its own GPU's peak
+        if self.acc.device.type == "cuda":  # the caching allocator's own counter: no synchronisation
+            metrics["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.acc.device) / 2**30
         return metrics
 
     def _update_moe_bias(self) -> dict[str, float]:

@@ -1,12 +1,13 @@
-"""Python's garbage collector on a schedule during training (``TrainConfig.gc_every``).
+"""Python's garbage collector on a schedule during training (``TrainConfig.gc_every``), and its cost measured.
 
-Left automatic, a full (generation-2) collection starts whenever enough container objects survive, in the
-middle of some step: it walks every object the process holds (modules, tokenizer, loader state), and steps of
-the GPU app that normally take ~0.2 s took 0.45-0.6 s at seemingly random steps (sessions 8 and 9, H100). With
-``gc_every = N > 0`` the objects built before training are frozen (``gc.freeze``: never scanned again), automatic
-collection is off, and one full collection runs after every N-th step, timed into that step's metrics as
-``gc_s``. Leaving the context restores the collector as it was. ``gc_every = 0`` keeps Python's automatic
-collection.
+Left automatic, a full (generation-2) collection starts whenever enough container objects survive, in the middle
+of some step, and walks every object the process holds (modules, tokenizer, loader state). With ``gc_every = N > 0``
+the objects built before training are frozen (``gc.freeze``: never scanned again), automatic collection is off,
+and one full collection runs after every N-th step. ``gc_every = 0`` keeps Python's automatic collection.
+
+Either way the seconds spent in full collections during a step (automatic or scheduled) are measured through
+``gc.callbacks`` and logged as that step's ``gc_s`` (absent when none ran), so a slow step can be checked against
+the collector. Leaving the context restores the collector as it was.
 """
 
 from __future__ import annotations
@@ -23,25 +24,43 @@ class ScheduledGC:
             raise ValueError(f"gc_every must be >= 0 (0: Python's automatic collection), got {every}")
         self.every = every
         self._was_enabled = gc.isenabled()
+        self._started: float | None = None
+        self._full_s = 0.0
+        self._full_n = 0
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self._full_s += time.perf_counter() - self._started
+            self._full_n += 1
+            self._started = None
 
     def __enter__(self) -> ScheduledGC:
+        self._was_enabled = gc.isenabled()
         if self.every:
-            self._was_enabled = gc.isenabled()
             gc.collect()
             gc.freeze()
             gc.disable()
+        gc.callbacks.append(self._on_gc)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         if self.every:
             gc.unfreeze()
             if self._was_enabled:
                 gc.enable()
 
     def after_step(self, step: int) -> float | None:
-        """Seconds spent in the collection run after ``step``, or None when none ran."""
-        if not self.every or step % self.every:
+        """Runs the scheduled collection when ``step`` is due; returns the seconds spent in full collections since
+        the previous call (the scheduled one and any automatic ones), or None when there were none."""
+        if self.every and step % self.every == 0:
+            gc.collect()
+        if not self._full_n:
             return None
-        t0 = time.perf_counter()
-        gc.collect()
-        return time.perf_counter() - t0
+        spent, self._full_s, self._full_n = self._full_s, 0.0, 0
+        return spent

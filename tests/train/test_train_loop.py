@@ -156,7 +156,7 @@ def test_cpu_threads_setting(monkeypatch) -> None:
 
 def test_scheduled_gc(tiny_data, tmp_path):
     """``gc_every``: automatic collection is off while training, a timed full collection runs after every N-th step
-    (``gc_s`` in its metrics), and the collector is restored afterwards."""
+    (``gc_s`` in its metrics), and the collector is restored afterwards; with 0, full collections are still timed."""
     import gc
 
     from kimi_vl.train.pygc import ScheduledGC
@@ -173,7 +173,12 @@ def test_scheduled_gc(tiny_data, tmp_path):
     assert seen == [False] * 4 and gc.isenabled()
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows if "gc_s" in r] == [2, 4]
-    with ScheduledGC(0) as pygc:  # 0: Python's automatic collection, nothing scheduled
-        assert gc.isenabled() and pygc.after_step(50) is None
+    with ScheduledGC(0) as pygc:  # 0: Python's automatic collection, nothing scheduled, full collections still timed
+        assert gc.isenabled()
+        gc.collect()  # stands in for an automatic full collection during a step
+        spent = pygc.after_step(50)
+        assert spent is not None and spent > 0
+        assert pygc.after_step(51) is None  # nothing since the last call
+    assert pygc._on_gc not in gc.callbacks
     with pytest.raises(ValueError, match="gc_every"):
         TrainConfig(output_dir="x", max_steps=1, gc_every=-1)

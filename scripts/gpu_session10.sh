@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Session 10's GPU checks, one H100 call per PART (run from the repo root on the GPU machine):
+#   bash scripts/gpu_session10.sh batch DATA   the app (small_pretrain, 24 steps) in one call: a 6-step warm-up run,
+#       then at batch 8: precision=bf16 (autocast over fp32 weights), bf16_params with the flat cast (this commit),
+#       bf16_params with the per-parameter foreach cast (commit 37ba638 in old/), bf16_params with the collector
+#       frozen (gc_every=50); then batch 16 with bf16_params and with bf16. The app is host-bound at batch 8 (its
+#       CPU time is about its step time), so twice the tokens a step should cost much less than twice the time.
+#       gc_every=0 runs log gc_s for the steps that had an automatic full collection.
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+export TOKENIZERS_PARALLELISM=false
+
+gpu_header
+case "${1:?usage: gpu_session10.sh batch DATA}" in
+batch)
+  DATA=${2:?usage: gpu_session10.sh batch DATA}
+  APP_STEPS=6 APP_OVERRIDES="precision=bf16_params" app16 warmup KVL_NOTHING=1
+  export APP_STEPS=24
+  APP_OVERRIDES="precision=bf16 gc_every=0" app16 bf16_b8 KVL_NOTHING=1
+  APP_OVERRIDES="precision=bf16_params gc_every=0" app16 flat_b8 KVL_NOTHING=1
+  APP_DIR=old APP_OVERRIDES="precision=bf16_params" app16 foreach_b8 KVL_NOTHING=1
+  APP_OVERRIDES="precision=bf16_params" app16 flat_gc50_b8 KVL_NOTHING=1
+  APP_OVERRIDES="precision=bf16_params data.batch_size=16" app16 flat_b16 KVL_NOTHING=1
+  APP_OVERRIDES="precision=bf16 data.batch_size=16" app16 bf16_b16 KVL_NOTHING=1
+  app_compare bf16_b8 flat_b8
+  app_compare foreach_b8 flat_b8
+  app_compare flat_b8 flat_gc50_b8
+  app_compare bf16_b16 flat_b16
+  python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
+import json, statistics, sys
+for name in ("bf16_b8", "flat_b8", "foreach_b8", "flat_gc50_b8", "flat_b16", "bf16_b16"):
+    try:
+        rows = [json.loads(line) for line in open(f"{sys.argv[1]}/app24_{name}_metrics.jsonl")]
+    except OSError:
+        continue
+    late = [r for r in rows if r["step"] >= 9]
+    slow = [(r["step"], round(r["step_time_s"], 3), round(r.get("gc_s", 0), 3)) for r in rows
+            if r["step"] >= 3 and r["step_time_s"] > 1.5 * statistics.median(x["step_time_s"] for x in late)]
+    print(f"{name}: tokens/s {statistics.median(r['tokens_per_s'] for r in late):.0f}, "
+          f"mfu {statistics.median(r['mfu'] for r in late):.4f}, peak {max(r.get('peak_mem_gib', 0) for r in rows):.1f} GiB, "
+          f"full GC in steps {[r['step'] for r in rows if 'gc_s' in r]}, slow steps (step, s, gc_s) {slow}")
+PY
+  ;;
+esac
+ls -la "$OUT"
