@@ -6,12 +6,31 @@
 #       frozen (gc_every=50); then batch 16 with bf16_params and with bf16. The app is host-bound at batch 8 (its
 #       CPU time is about its step time), so twice the tokens a step should cost much less than twice the time.
 #       gc_every=0 runs log gc_s for the steps that had an automatic full collection.
+#   bash scripts/gpu_session10.sh batch2 DATA  bf16_params at batch 24 and 16 (24 steps), then a synchronised
+#       profile of batch 16 (torch profiler: GPU busy time against the step; the bare fwd+bwd variants at batch 16).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
+summarize() {  # run names: median tokens/s and mfu over steps 9-24, peak memory, full collections, slow steps
+  python3 - "$OUT" "$@" <<'PY' 2>&1 | tee -a "$LOG"
+import json, statistics, sys
+for name in sys.argv[2:]:
+    try:
+        rows = [json.loads(line) for line in open(f"{sys.argv[1]}/app24_{name}_metrics.jsonl")]
+    except OSError:
+        continue
+    late = [r for r in rows if r["step"] >= 9]
+    slow = [(r["step"], round(r["step_time_s"], 3), round(r.get("gc_s", 0), 3)) for r in rows
+            if r["step"] >= 3 and r["step_time_s"] > 1.5 * statistics.median(x["step_time_s"] for x in late)]
+    print(f"{name}: tokens/s {statistics.median(r['tokens_per_s'] for r in late):.0f}, "
+          f"mfu {statistics.median(r['mfu'] for r in late):.4f}, peak {max(r.get('peak_mem_gib', 0) for r in rows):.1f} GiB, "
+          f"full GC in steps {[r['step'] for r in rows if 'gc_s' in r]}, slow steps (step, s, gc_s) {slow}")
+PY
+}
+
 gpu_header
-case "${1:?usage: gpu_session10.sh batch DATA}" in
+case "${1:?usage: gpu_session10.sh batch|batch2 DATA}" in
 batch)
   DATA=${2:?usage: gpu_session10.sh batch DATA}
   APP_STEPS=6 APP_OVERRIDES="precision=bf16_params" app16 warmup KVL_NOTHING=1
@@ -26,20 +45,17 @@ batch)
   app_compare foreach_b8 flat_b8
   app_compare flat_b8 flat_gc50_b8
   app_compare bf16_b16 flat_b16
-  python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
-import json, statistics, sys
-for name in ("bf16_b8", "flat_b8", "foreach_b8", "flat_gc50_b8", "flat_b16", "bf16_b16"):
-    try:
-        rows = [json.loads(line) for line in open(f"{sys.argv[1]}/app24_{name}_metrics.jsonl")]
-    except OSError:
-        continue
-    late = [r for r in rows if r["step"] >= 9]
-    slow = [(r["step"], round(r["step_time_s"], 3), round(r.get("gc_s", 0), 3)) for r in rows
-            if r["step"] >= 3 and r["step_time_s"] > 1.5 * statistics.median(x["step_time_s"] for x in late)]
-    print(f"{name}: tokens/s {statistics.median(r['tokens_per_s'] for r in late):.0f}, "
-          f"mfu {statistics.median(r['mfu'] for r in late):.4f}, peak {max(r.get('peak_mem_gib', 0) for r in rows):.1f} GiB, "
-          f"full GC in steps {[r['step'] for r in rows if 'gc_s' in r]}, slow steps (step, s, gc_s) {slow}")
-PY
+  summarize bf16_b8 flat_b8 foreach_b8 flat_gc50_b8 flat_b16 bf16_b16
+  ;;
+batch2)
+  DATA=${2:?usage: gpu_session10.sh batch2 DATA}
+  export APP_STEPS=24
+  APP_OVERRIDES="precision=bf16_params data.batch_size=24" app16 flat_b24 KVL_NOTHING=1
+  APP_OVERRIDES="precision=bf16_params data.batch_size=16" app16 flat_b16 KVL_NOTHING=1
+  summarize flat_b24 flat_b16
+  PART_TAIL=60 part "profile app bf16_params batch 16" 240 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=16 data.num_workers=8 \
+    precision=bf16_params --steps 3 --warmup 8 --module-steps 0 --torch-profile --out "$OUT/app_params_b16"
   ;;
 esac
 ls -la "$OUT"
