@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from data_pipelines.packing import left_pad
+from kimi_vl.modeling.cache import output_cache
 
 MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
@@ -244,7 +245,7 @@ def _sample_batch(
             attn_RS = torch.cat([attn_RS, attn_RS.new_ones(r, 1)], dim=1)
         if cfg.use_cache:
             out = _forward(model, tok[:, None], {}, attn_RS, past, True)
-            past = out.past_key_values
+            past = output_cache(out)
         else:
             out = _forward(model, seq, media, attn_RS, None, False, logits_to_keep=1)
         logits_RV = out.logits[:, -1]
@@ -267,13 +268,13 @@ def _prefill(model: Any, prompts: Sequence[Prompt], k: int, pad_id: int, use_cac
         prompt_PS, attn_PS = left_pad([p.input_ids for p in prompts], pad_id, device)
         media_P = {key: v.to(device) for key, v in batch_media([p.media for p in prompts], 1).items()}
         out = _forward(model, prompt_PS, media_P, attn_PS, None, True, logits_to_keep=1)
-        if hasattr(out.past_key_values, "reorder_cache"):
+        if hasattr(output_cache(out), "reorder_cache"):
             index = torch.arange(len(prompts), device=device).repeat_interleave(k)
-            out.past_key_values.reorder_cache(index)
-            return out.logits[index, -1], out.past_key_values, prompt_RS, attn_RS, {}
+            output_cache(out).reorder_cache(index)
+            return out.logits[index, -1], output_cache(out), prompt_RS, attn_RS, {}
     media = {key: v.to(device) for key, v in batch_media([p.media for p in prompts], k).items()}
     out = _forward(model, prompt_RS, media, attn_RS, None, use_cache, logits_to_keep=1)
-    return out.logits[:, -1], out.past_key_values if use_cache else None, prompt_RS, attn_RS, media
+    return out.logits[:, -1], output_cache(out) if use_cache else None, prompt_RS, attn_RS, media
 
 
 def _finish_group(

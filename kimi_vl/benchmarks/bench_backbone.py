@@ -29,6 +29,7 @@ import torch
 
 from kernels.profiling import kernel_events
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+from kimi_vl.modeling.cache import output_cache
 from kimi_vl.modeling.flops import lm_flops_per_token
 
 
@@ -137,17 +138,18 @@ def bench_decode(model, cfg, context: int, batch: int, steps: int) -> dict:
     ids = torch.randint(0, cfg.vocab_size, (batch, context), device="cuda")
     cache, chunk = None, 8192
     for s in range(0, context, chunk):  # chunked prefill bounds the activation memory at long context
-        cache = model(ids[:, s: s + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1).past_key_values
+        cache = model(ids[:, s: s + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache = output_cache(cache)
     nbytes = cache.nbytes()
     tok = ids[:, -1:]
     for _ in range(2):  # warm-up steps on a copy-free path: the decode kernels' first launches compile them
         out = model(tok, past_key_values=cache, use_cache=True)
-        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, tok = output_cache(out), out.logits[:, -1:].argmax(-1)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
         out = model(tok, past_key_values=cache, use_cache=True)
-        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, tok = output_cache(out), out.logits[:, -1:].argmax(-1)
     torch.cuda.synchronize()
     sec = (time.perf_counter() - t0) / steps
     return {"context": context, "batch": batch, "step_s": sec, "tokens_per_s": batch / sec,

@@ -4,15 +4,36 @@ Per KDA layer: the short-conv state ``[B, 3*H*K, W-1]`` (last W-1 inputs of the 
 and the recurrent state ``[B, H, K, V]`` (fp32). Per MLA layer, by ``config.mla_cache_mode``:
 ``"latent"`` keeps the RMS-normed ``c_kv [B, S, R]`` and the shared ``k_rope [B, S, dr]`` (DeepSeek-V2's
 compressed cache, what Kimi Linear serves with), ``"expanded"`` keeps per-head ``k [B, H, S, dq]`` and
-``v [B, H, S, V]``. The cache is created by the model's forward when ``use_cache`` is on and returned in
-``past_key_values``; ``generate()`` passes it back (the model opts out of transformers' DynamicCache).
+``v [B, H, S, V]``. The cache is created by the model's forward when ``use_cache`` is on and returned in the
+output's cache field; ``generate()`` passes it back (the model opts out of transformers' DynamicCache).
+
+transformers renamed that field and the forward argument from ``past_key_values`` to ``cache`` during 5.x (5.17
+has the old name, 5.24 the new one, keeping the old as a deprecated alias); the models accept both arguments
+(:func:`pick_cache`), build outputs with :data:`CACHE_FIELD` (whichever name the installed output classes
+have) and callers read it back with :func:`output_cache`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def pick_cache(past_key_values: Any, cache: Any) -> Any:
+    """The cache a forward was given under either name (passing two different ones is an error)."""
+    if past_key_values is not None and cache is not None and past_key_values is not cache:
+        raise ValueError("pass the cache once: as cache= or as past_key_values=, not two different objects")
+    return cache if cache is not None else past_key_values
+
+
+def output_cache(out: Any) -> Any:
+    """The cache a model output carries, under whichever name this transformers uses."""
+    return getattr(out, CACHE_FIELD, None)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.modeling.attention import MLAttention
 from kimi_vl.modeling.attn_res import AttnResStream, ModuleResQuery, ResProj, StandardStream, queries_sharded
 from kimi_vl.modeling.block import DecoderLayer, LayerInputs
-from kimi_vl.modeling.cache import KimiVLCache
+from kimi_vl.modeling.cache import CACHE_FIELD, KimiVLCache, output_cache, pick_cache
 from kimi_vl.modeling.kda_layer import KDALayer, kda_init_values
 from kimi_vl.modeling.masks import build_mask
 from kimi_vl.modeling.moe import Experts, Router
@@ -124,7 +124,8 @@ class KimiVLModel(KimiVLPreTrainedModel):
     def forward(self, input_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, past_key_values: KimiVLCache | None = None,
-                use_cache: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+                use_cache: bool | None = None, cache: KimiVLCache | None = None, **kwargs) -> BaseModelOutputWithPast:
+        past_key_values = pick_cache(past_key_values, cache)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("KimiVLModel.forward: pass exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -149,7 +150,7 @@ class KimiVLModel(KimiVLPreTrainedModel):
         if past_key_values is not None:
             past_key_values.advance(x.shape[1])
         hidden = self.norm(stream.final())
-        return BaseModelOutputWithPast(last_hidden_state=hidden.reshape(b, t, d), past_key_values=past_key_values)
+        return BaseModelOutputWithPast(last_hidden_state=hidden.reshape(b, t, d), **{CACHE_FIELD: past_key_values})
 
 
 def _check_packed(cu_seqlens: torch.Tensor, total: int, cache, use_cache: bool | None) -> None:
@@ -189,7 +190,7 @@ class LMHeadMixin:
             hidden = hidden[:, logits_to_keep]
         logits = self.lm_head(hidden)
         loss = None if labels is None else causal_lm_loss(logits, labels, cu_seqlens)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: output_cache(out)})
 
     def update_moe_bias(self, rate: float | None = None) -> dict[str, float]:
         """Aux-loss-free balancing step for every MoE layer (call after ``optimizer.step()``); returns stats to log."""
@@ -217,10 +218,11 @@ class KimiVLForCausalLM(LMHeadMixin, KimiVLPreTrainedModel, GenerationMixin):
                 position_ids: torch.LongTensor | None = None, past_key_values: KimiVLCache | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
-                logits_to_keep: int | torch.Tensor = 0, **kwargs) -> CausalLMOutputWithPast:
+                logits_to_keep: int | torch.Tensor = 0, cache: KimiVLCache | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
         out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                         cu_seqlens=cu_seqlens, position_ids=position_ids, past_key_values=past_key_values,
-                         use_cache=use_cache)
+                         cu_seqlens=cu_seqlens, position_ids=position_ids,
+                         past_key_values=pick_cache(past_key_values, cache), use_cache=use_cache)
         return self._head(out, labels, cu_seqlens, logits_to_keep)
 
 

@@ -9,6 +9,7 @@ from kvl_testing import assert_rel_rms
 from transformers import AutoModelForCausalLM
 
 from kimi_vl import KimiVLCache
+from kimi_vl.modeling.cache import output_cache
 
 MODES = ["standard", "attnres_block"]
 
@@ -62,7 +63,7 @@ def test_cached_decode_equals_full_forward(mode, cache_mode):
             cache, outs, start = None, [], 0
             for n in steps:
                 out = model(ids[:, start: start + n], past_key_values=cache, use_cache=True)
-                cache, start = out.past_key_values, start + n
+                cache, start = output_cache(out), start + n
                 outs.append(out.logits)
             assert isinstance(cache, KimiVLCache) and cache.get_seq_length() == 18
             assert_rel_rms(torch.cat(outs, 1), full, 1e-5, f"steps {steps}")
@@ -162,7 +163,8 @@ def test_cache_is_smaller_with_latent_mla_and_constant_for_kda():
     for mode in ("latent", "expanded"):
         model.config.mla_cache_mode = mode
         with torch.no_grad():
-            cache = model(torch.randint(3, 97, (1, 50)), use_cache=True).past_key_values
+            cache = model(torch.randint(3, 97, (1, 50)), use_cache=True)
+            cache = output_cache(cache)
         sizes[mode] = cache.nbytes()
         kda = [c for c in cache.layers if hasattr(c, "recurrent_state")]
         assert kda and all(c.recurrent_state.dtype == torch.float32 for c in kda)
@@ -175,7 +177,7 @@ def test_gradient_checkpointing_gives_identical_gradients():
     grads = []
     for checkpointing in (False, True):
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
         model.zero_grad()
         model(ids, labels=ids, use_cache=False).loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
