@@ -149,12 +149,11 @@ class MoonViTAttention(nn.Module):
 
     @torch.no_grad()
     def qk_clip_(self, gamma_H: torch.Tensor) -> None:
-        """Scale head h's rows of ``W_q, b_q, W_k, b_k`` by ``sqrt(gamma_H[h])``; heads at 1 stay bit-identical."""
+        """Scale head h's rows of ``W_q, b_q, W_k, b_k`` by ``sqrt(gamma_H[h])``; heads at 1 stay bit-identical
+        (a product with 1.0 is exact). All on the device: no host read of gamma."""
         if gamma_H.shape != (self.num_heads,):
             raise ValueError(f"gamma_H must be [{self.num_heads}], got {tuple(gamma_H.shape)}")
-        root = gamma_H.detach().float().sqrt()
-        for h in torch.nonzero(root < 1).flatten().tolist():
-            rows = slice(h * self.head_dim, (h + 1) * self.head_dim)
-            for lin in (self.q_proj, self.k_proj):
-                lin.weight[rows] *= root[h].to(lin.weight.dtype)
-                lin.bias[rows] *= root[h].to(lin.bias.dtype)
+        root = gamma_H.detach().to(device=self.q_proj.weight.device, dtype=torch.float32).sqrt()
+        for lin in (self.q_proj, self.k_proj):
+            lin.weight.view(self.num_heads, self.head_dim, -1).mul_(root[:, None, None].to(lin.weight.dtype))
+            lin.bias.view(self.num_heads, self.head_dim).mul_(root[:, None].to(lin.bias.dtype))

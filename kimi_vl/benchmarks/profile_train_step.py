@@ -224,7 +224,7 @@ def _short_path(path: str) -> str:
 def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> int:
     """One step of ``Trainer.train_step`` (grad_accum micro-batches) with phase timers; returns its tokens
     (``attention_mask`` sum of this process, as the app counts them)."""
-    from kimi_vl.train.loop import MODALITIES, _qk_and_optim_stats, model_inputs
+    from kimi_vl.train.loop import MODALITIES, model_inputs
     from kimi_vl.train.loss import breakdown_sums, breakdown_values, mean_loss, token_losses
 
     cfg, model, acc = trainer.cfg, trainer.model, trainer.acc
@@ -263,7 +263,8 @@ def profiled_step(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
     with timer.phase("moe_bias"):
         trainer._update_moe_bias()
     with timer.phase("stats"):  # the app reads the step's values after the optimizer step is queued
-        json.dumps(_qk_and_optim_stats(trainer.optimizer))
+        qk = getattr(getattr(trainer.optimizer, "optimizer", trainer.optimizer), "last_qk_stats", None)
+        json.dumps({} if qk is None else qk.to_dict(prefix="qk/"))
         for sums, names in pending:
             breakdown_values(sums, names, "loss")
     return n_tokens

@@ -27,6 +27,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from kimi_vl.configuration import KimiVLConfig
+from kimi_vl.modeling.cache import pick_cache
 from kimi_vl.modeling.model import KimiVLModel, KimiVLPreTrainedModel, LMHeadMixin
 from vision_encoder.config import MoonViTConfig, moonvit_config
 from vision_encoder.model import MoonViT, MoonViTPositionEmbedding, sincos_time_table
@@ -123,20 +124,17 @@ class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, Generat
 
     def _splice(self, embeds_BLD: torch.Tensor, mask_BL: torch.Tensor, pixel_values: torch.Tensor | None,
                 grid_thw: torch.Tensor | None, name: str, feats_ND: torch.Tensor | None = None) -> torch.Tensor:
-        n_slots = int(mask_BL.sum())
         if pixel_values is None:
-            if n_slots:
-                raise ValueError(f"input_ids has {n_slots} {name} placeholder tokens but no {name} pixel values")
+            _check_slots(mask_BL, 0, f"input_ids has {{}} {name} placeholder tokens but no {name} pixel values")
             return embeds_BLD
         if grid_thw is None:
             raise ValueError(f"{name} pixel values of shape {tuple(pixel_values.shape)} need a {name} grid_thw")
         if feats_ND is None:
             feats_ND = self.get_image_features(pixel_values, grid_thw)
-        feats_ND = feats_ND.to(embeds_BLD.dtype)
-        if feats_ND.shape[0] != n_slots:
-            raise ValueError(f"{name} tokens do not match: input_ids has {n_slots} {name} placeholders, the "
-                             f"vision encoder produced {feats_ND.shape[0]} tokens for grid_thw {grid_thw.tolist()}")
-        return embeds_BLD.masked_scatter(mask_BL[..., None].to(embeds_BLD.device), feats_ND)
+        _check_slots(mask_BL, feats_ND.shape[0], f"{name} tokens do not match: input_ids has {{}} {name} "
+                     f"placeholders, the vision encoder produced {feats_ND.shape[0]} tokens for grid_thw "
+                     f"{grid_thw.tolist() if grid_thw.device.type == 'cpu' else tuple(grid_thw.shape)}")
+        return scatter_rows(embeds_BLD, mask_BL.to(embeds_BLD.device), feats_ND.to(embeds_BLD.dtype))
 
     def forward(self, input_ids: torch.LongTensor | None = None, pixel_values: torch.Tensor | None = None,
                 image_grid_thw: torch.LongTensor | None = None, pixel_values_videos: torch.Tensor | None = None,
@@ -144,7 +142,8 @@ class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, Generat
                 cu_seqlens: torch.Tensor | None = None, position_ids: torch.LongTensor | None = None,
                 past_key_values=None, inputs_embeds: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, use_cache: bool | None = None,
-                logits_to_keep: int | torch.Tensor = 0, **kwargs) -> CausalLMOutputWithPast:
+                logits_to_keep: int | torch.Tensor = 0, cache=None, **kwargs) -> CausalLMOutputWithPast:
+        past_key_values = pick_cache(past_key_values, cache)
         if inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("KimiVLForConditionalGeneration.forward: pass input_ids or inputs_embeds")
@@ -159,10 +158,11 @@ class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, Generat
                          position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache)
         return self._head(out, labels, cu_seqlens, logits_to_keep)
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values=None, **kwargs) -> dict:
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs) -> dict:
         """Media enter only on the prefill step; later steps feed one new token against the cache."""
-        inputs = super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
-        if past_key_values is not None and past_key_values.get_seq_length() > 0:
+        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs)
+        cache = pick_cache(inputs.get("past_key_values"), inputs.get("cache"))
+        if cache is not None and cache.get_seq_length() > 0:
             for key in MEDIA_KEYS:
                 inputs[key] = None
         return inputs
@@ -176,3 +176,25 @@ def register() -> None:
 
 
 register()
+
+
+def _check_slots(mask_BL: torch.Tensor, expected: int, message: str) -> None:
+    """``mask_BL`` must have ``expected`` True entries. On the host a ``ValueError`` with ``message`` (``{}``: the
+    count); on a GPU an asynchronous device-side assertion, so a training step never waits for the count."""
+    if mask_BL.device.type == "cpu":
+        n_slots = int(mask_BL.sum())
+        if n_slots != expected:
+            raise ValueError(message.format(n_slots))
+    else:
+        torch._assert_async(mask_BL.sum() == expected, message.format("a different number of"))
+
+
+def scatter_rows(embeds_BLD: torch.Tensor, mask_BL: torch.Tensor, rows_ND: torch.Tensor) -> torch.Tensor:
+    """``embeds_BLD`` with its ``mask_BL`` positions replaced by the rows of ``rows_ND``, in order (the values of
+    ``embeds.masked_scatter(mask[..., None], rows)``). The positions come from ``nonzero_static`` with the known
+    row count and the rows go in with ``index_copy``, whose backward is an ``index_select``: unlike
+    ``masked_scatter`` (whose backward is a ``masked_select`` of data-dependent size), neither direction
+    synchronises the host with the GPU. Assumes exactly N True entries (see :func:`_check_slots`)."""
+    b, length, d = embeds_BLD.shape
+    idx_N = torch.nonzero_static(mask_BL.reshape(-1), size=rows_ND.shape[0]).squeeze(1)
+    return embeds_BLD.reshape(b * length, d).index_copy(0, idx_N, rows_ND).view(b, length, d)

@@ -4,16 +4,18 @@ Source: Kimi K2 technical report, REFERENCE.md section 4; module protocol in doc
 During a step's forward passes each participating attention module keeps ``max_logits_H`` (a running
 max over micro-batches). After the optimizer update :class:`QKClipper` all-reduces MAX of those
 buffers across ranks (one collective for all layers), computes ``gamma_H = min(1, tau / S_max_H)``,
-calls ``module.qk_clip_(gamma_H)`` where some head exceeds tau, and resets the buffers to ``-inf``.
-:meth:`QKClipper.prepare` does the reduction and starts the stats' copy to the host at the start of the
-optimizer step, so the one host read per step does not wait for the optimizer's kernels.
+calls ``module.qk_clip_(gamma_H)`` (heads at or below tau have gamma 1, and a product with 1.0 is exact, so they
+stay bit-identical), and resets the buffers to ``-inf``. Nothing here waits for the GPU: the clip is applied
+on the device whatever the values, and :meth:`QKClipper.prepare` starts a non-blocking copy of the stats to the
+host at the start of the optimizer step; :class:`QKClipStats` reads it only when a field is first used, so a
+training loop can log a step's stats after it has queued the next step.
 It is a feedback controller on the weights, not a hard bound on the next batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.distributed as dist
@@ -34,15 +36,37 @@ def qk_clip_gamma(max_logits_H: torch.Tensor, tau: float) -> torch.Tensor:
     return torch.where(over, tau / torch.where(over, s, torch.ones_like(s)), torch.ones_like(s))
 
 
-@dataclass
 class QKClipStats:
-    """What happened at one step: per-layer max logit (after the all-reduce) and clipped-head count."""
+    """What happened at one step: per-layer max logit (after the all-reduce) and clipped-head count.
 
-    tau: float
-    layer_names: list[str]
-    max_logit: list[float]
-    clipped_heads: list[int]
-    clip_applied: bool
+    Built from the step's ``[2, total heads]`` stats (max logit; 1 where clipped), possibly still being copied
+    to the host: the first use of :attr:`max_logit` or :attr:`clipped_heads` waits for that copy (``ready``)."""
+
+    def __init__(self, tau: float, layer_names: list[str], heads_per_layer: list[int], stats_2H: torch.Tensor,
+                 ready: torch.cuda.Event | None, clip_applied: bool) -> None:
+        self.tau, self.layer_names, self.clip_applied = tau, layer_names, clip_applied
+        self._heads, self._stats_2H, self._ready = heads_per_layer, stats_2H, ready
+
+    @cached_property
+    def _per_layer(self) -> tuple[list[float], list[int]]:
+        if self._ready is not None:
+            self._ready.synchronize()  # the small copy only, not the optimizer's kernels
+        stats = self._stats_2H.tolist()
+        layer_max, clipped, offset = [], [], 0
+        for h in self._heads:
+            seg_max, seg_clip = stats[0][offset:offset + h], stats[1][offset:offset + h]
+            layer_max.append(max(seg_max) if seg_max else float("-inf"))
+            clipped.append(int(sum(seg_clip)))
+            offset += h
+        return layer_max, clipped
+
+    @property
+    def max_logit(self) -> list[float]:
+        return self._per_layer[0]
+
+    @property
+    def clipped_heads(self) -> list[int]:
+        return self._per_layer[1]
 
     def to_dict(self, prefix: str = "qk_clip/", per_layer: bool = True) -> dict[str, float]:
         """Flat metrics for a JSON-lines logger: global max, total clipped heads, and per layer."""
@@ -103,28 +127,19 @@ class QKClipper:
 
     @torch.no_grad()
     def step(self) -> QKClipStats | None:
-        """After the update: clip the layers with a head above tau (if enabled) and return the stats.
-
-        One host read per step, the stats copy started by :meth:`prepare` (called here if it was not).
-        """
+        """After the update: clip (if enabled; every layer, on the device) and return the stats, whose host copy
+        :meth:`prepare` started (called here if it was not). Does not wait for the GPU."""
         if not self.modules:
             return None
         if getattr(self, "_pending", None) is None:
             self.prepare()
         gamma, host, ready = self._pending
         self._pending = None
-        if ready is not None:
-            ready.synchronize()  # waits for the small copy only, not for the optimizer's kernels
-        stats_H = host.tolist()
-        names, layer_max, clipped = [], [], []
-        offset = 0
-        for name, m in self.modules:
+        sizes, offset = [], 0
+        for _, m in self.modules:
             h = m.max_logits_H.numel()
-            seg_max, seg_clip = stats_H[0][offset:offset + h], stats_H[1][offset:offset + h]
-            if self.enabled and any(seg_clip):  # layers with no head above tau are not touched
+            if self.enabled:
                 m.qk_clip_(gamma[offset:offset + h].to(m.max_logits_H.device))
-            names.append(name)
-            layer_max.append(max(seg_max) if seg_max else float("-inf"))
-            clipped.append(int(sum(seg_clip)))
+            sizes.append(h)
             offset += h
-        return QKClipStats(self.tau, names, layer_max, clipped, self.enabled)
+        return QKClipStats(self.tau, [name for name, _ in self.modules], sizes, host, ready, self.enabled)

@@ -70,7 +70,11 @@ class TrainConfig:
     # Python's garbage collector: frozen after setup, automatic collection off, one full collection after every
     # gc_every-th step (kimi_vl/train/pygc.py); 0 keeps Python's automatic collection. Either way a step's time in
     # full collections is logged as gc_s.
-    gc_every: int = 50
+    gc_every: int = 0
+    # Read a step's metrics (loss, grad norm, QK-Clip stats) only once the next step is queued, so the host prepares
+    # the next batch while the GPU finishes the step; a non-finite loss then stops the run one step later (weights
+    # on disk are untouched either way). Steps that evaluate, checkpoint, stop or end are read at once.
+    defer_metrics: bool = True
     checkpoint_every: int = 0  # 0: only at the end
     keep_last: int = 2
     log_every: int = 1

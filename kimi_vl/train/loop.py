@@ -13,6 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,14 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.de
 class LossParts(list):
     """The loss breakdown of one micro-batch as device sums (:func:`breakdown_sums`), its names and prefixes."""
 
+    def tensors(self) -> list[torch.Tensor]:
+        return [sums_2K for sums_2K, _, _ in self if sums_2K is not None]
+
+    def with_tensors(self, tensors: list[torch.Tensor]) -> LossParts:
+        """The same breakdown with :meth:`tensors` replaced, in order (e.g. by their host copies)."""
+        it = iter(tensors)
+        return LossParts([(None if sums is None else next(it), names, prefix) for sums, names, prefix in self])
+
     def values(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for sums_2K, names, prefix in self:
@@ -130,14 +139,35 @@ def _autocast(accelerator: Accelerator, precision: str) -> contextlib.AbstractCo
     return contextlib.nullcontext()
 
 
-def _qk_and_optim_stats(optimizer: Any) -> dict[str, float]:
-    inner = getattr(optimizer, "optimizer", optimizer)
-    stats: dict[str, float] = {}
-    qk = getattr(inner, "last_qk_stats", None)
-    if qk is not None:
-        stats.update(qk.to_dict(prefix="qk/"))
-    stats.update(getattr(inner, "last_muon_stats", {}) or {})
-    return stats
+@dataclass
+class QueuedStep:
+    """A step queued on the device (:meth:`Trainer.queue_step`): its values being copied to the host (``ready``:
+    the copy's CUDA event, None on the CPU) and what the host already knows."""
+
+    t0: float  # when the step started, time.perf_counter()
+    losses: torch.Tensor  # [grad_accum] host copy
+    grad_norm: torch.Tensor | None  # [1] host copy
+    parts: list[LossParts]  # host copies
+    ready: torch.cuda.Event | None
+    n_tokens: int
+    flops: float
+    skipped: dict[str, int]
+    moe: dict[str, float]
+    qk: Any  # QKClipStats (reads its own host copy when used) or None
+    muon: dict[str, float]
+    lr: float
+    tokens_total: int
+
+
+def _start_host_copy(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    """Host copies of small device tensors, started without waiting (pinned, non-blocking) and an event that marks
+    their arrival; on the CPU the tensors themselves."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return [t.detach() for t in tensors], None
+    host = [t.detach().to("cpu", non_blocking=True) for t in tensors]
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
 
 
 def _batch_flops(flops: FlopModel, batch: dict[str, Any]) -> float:
@@ -202,8 +232,8 @@ class Trainer:
         self.processor = build.build_processor(cfg)
         self.multimodal = self.processor is not None
         model = build.build_model(cfg, self.tokenizer)
-        if cfg.activation_checkpointing:
-            model.gradient_checkpointing_enable()
+        if cfg.activation_checkpointing:  # transformers 5.24 renamed gradient_ to activation_checkpointing_enable
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
         self.flop_model = FlopModel.of(model)  # parameter counts read once, before any sharding
         optimizer = build_optimizer(model, cfg.optim)
         scheduler = build_scheduler(optimizer, cfg.optim)
@@ -231,8 +261,8 @@ class Trainer:
         if cfg.precision != "bf16_params":
             return contextlib.nullcontext
         if getattr(self.acc, "is_fsdp2", False) or self.acc.distributed_type.name == "FSDP":
-            raise ValueError("precision=bf16_params is for one process or DDP; under FSDP set the accelerate "
-                             "config's mixed precision (param dtype bf16) instead")
+            raise ValueError("precision=bf16_params (small_pretrain.yaml's default) is for one process or DDP; under "
+                             "FSDP2 pass precision=bf16 (bf16 autocast over the sharded fp32 weights)")
         return ParamCaster(self.unwrapped, torch.bfloat16, cfg.keep_fp32_params)
 
     @property
@@ -257,18 +287,26 @@ class Trainer:
                 raise RuntimeError(f"data.path={self.cfg.data.path!r}: the training loader produced no batch")
 
     def train_step(self, batches: Iterator[dict[str, Any]]) -> dict[str, Any]:
+        """One optimizer step and its metrics (waits for the step to finish on the device)."""
+        queued = self.queue_step(batches)
+        return self.step_metrics(queued, time.perf_counter() - queued.t0)
+
+    def queue_step(self, batches: Iterator[dict[str, Any]]) -> QueuedStep:
+        """One optimizer step, queued on the device without waiting for it: the values to log are being copied to
+        the host (:meth:`step_metrics` reads them). MoE balancing is the exception: it reads the expert load."""
         cfg, model = self.cfg, self.model
         t0 = time.perf_counter()
-        losses, pending, n_tokens, flops = [], [], 0, 0.0
+        losses, parts, n_tokens, flops = [], [], 0, 0.0
         skipped = {"data/corrupt": 0, "data/dropped": 0}
         for micro in range(cfg.grad_accum):
             batch = next(batches)
             sync = micro == cfg.grad_accum - 1
             with contextlib.nullcontext() if sync else self.acc.no_sync(model), self.cast_params():
-                loss, parts, _ = compute_loss(model, batch, self.acc.device, self.multimodal, self.autocast, self.acc)
+                loss, loss_parts, _ = compute_loss(model, batch, self.acc.device, self.multimodal, self.autocast,
+                                                   self.acc)
                 self.acc.backward(loss / cfg.grad_accum)
             losses.append(loss.detach())
-            pending.append(parts)
+            parts.append(loss_parts)
             n_tokens += int(batch["attention_mask"].sum())  # a host tensor: no synchronisation
             flops += _batch_flops(self.flop_model, batch)
             state = batch.get("loader_state", {})
@@ -277,24 +315,43 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        # the host reads the step's values only now, with the whole step queued on the device
-        total = sum(float(x) / cfg.grad_accum for x in losses)
-        parts_sum: dict[str, float] = {}
-        for parts in pending:
-            for k, v in parts.values().items():
-                parts_sum[k] = parts_sum.get(k, 0.0) + v / cfg.grad_accum
         moe = self._update_moe_bias()
         n_tokens *= self.acc.num_processes
         self.tokens += n_tokens
-        dt = time.perf_counter() - t0
-        metrics: dict[str, Any] = {"loss": total, **parts_sum, "lr": self.scheduler.get_last_lr()[0],
-                                   "tokens": self.tokens, "tokens_per_s": n_tokens / dt, "step_time_s": dt,
-                                   **skipped, **moe, **_qk_and_optim_stats(self.optimizer)}
-        if grad_norm is not None:
-            metrics["grad_norm"] = float(grad_norm)
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+            grad_norm = grad_norm.full_tensor()
+        scalars = [torch.stack(losses)] + ([grad_norm.detach().reshape(1)] if grad_norm is not None else [])
+        host, ready = _start_host_copy(scalars + [t for p in parts for t in p.tensors()])
+        host_parts, offset = [], len(scalars)
+        for p in parts:
+            host_parts.append(p.with_tensors(host[offset:offset + len(p.tensors())]))
+            offset += len(p.tensors())
+        return QueuedStep(t0, host[0], host[1] if grad_norm is not None else None, host_parts, ready, n_tokens,
+                          flops, skipped, moe, getattr(inner, "last_qk_stats", None),
+                          dict(getattr(inner, "last_muon_stats", {}) or {}), self.scheduler.get_last_lr()[0],
+                          self.tokens)
+
+    def step_metrics(self, queued: QueuedStep, dt: float) -> dict[str, Any]:
+        """The metrics of a queued step, ``dt`` its wall time; waits for its values' copy only (the device may be
+        running a later step)."""
+        cfg = self.cfg
+        if queued.ready is not None:
+            queued.ready.synchronize()
+        total = sum(x / cfg.grad_accum for x in queued.losses.tolist())
+        parts_sum: dict[str, float] = {}
+        for parts in queued.parts:
+            for k, v in parts.values().items():
+                parts_sum[k] = parts_sum.get(k, 0.0) + v / cfg.grad_accum
+        qk = {} if queued.qk is None else queued.qk.to_dict(prefix="qk/")
+        metrics: dict[str, Any] = {"loss": total, **parts_sum, "lr": queued.lr, "tokens": queued.tokens_total,
+                                   "tokens_per_s": queued.n_tokens / dt, "step_time_s": dt, **queued.skipped,
+                                   **queued.moe, **qk, **queued.muon}
+        if queued.grad_norm is not None:
+            metrics["grad_norm"] = float(queued.grad_norm)
         peak = _peak_flops(self.acc.device)
         if peak:
-            metrics["mfu"] = flops / dt / peak  # this process's FLOPs over its own GPU's peak
+            metrics["mfu"] = queued.flops / dt / peak  # this process's FLOPs over its own GPU's peak
         if self.acc.device.type == "cuda":  # the caching allocator's own counter: no synchronisation
             metrics["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.acc.device) / 2**30
         return metrics
@@ -329,6 +386,21 @@ class Trainer:
         self.acc.wait_for_everyone()
         return final
 
+    def _record(self, guard: NonFiniteGuard, bar: Any, queued: QueuedStep, step: int, gc_s: float | None,
+                dt: float, evaluate: bool = False) -> dict[str, Any]:
+        """Read step ``step``'s metrics, stop on a non-finite loss, add the held-out ones, log, advance the bar."""
+        metrics = self.step_metrics(queued, dt)
+        if gc_s is not None:
+            metrics["gc_s"] = gc_s
+        guard.check(step, metrics["loss"], metrics)
+        if evaluate:
+            metrics.update(self.eval_metrics())
+        if step % self.cfg.log_every == 0 or step == self.cfg.max_steps:
+            self.metrics.log(step, metrics)
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+        return metrics
+
     def run(self) -> Path:
         """Train to ``max_steps``; return the export folder. After SIGTERM/SIGINT: the checkpoint written,
         with :attr:`interrupted` set to the signal's name."""
@@ -337,22 +409,27 @@ class Trainer:
         guard = NonFiniteGuard()
         batches = self._batches()
         bar = progress(total=cfg.max_steps, initial=self.step, desc=f"{cfg.stage} {self.out.name}")
+        # With defer_metrics, step N's values are read once step N+1 is queued, so the host prepares the next batch
+        # (data, vision tower layout, launches) while the device still runs step N. Steps that evaluate, checkpoint,
+        # stop or end are read at once.
+        pending: tuple[QueuedStep, int, float | None] | None = None
         with GracefulStop() as stop, ScheduledGC(cfg.gc_every) as pygc:
             while self.step < cfg.max_steps:
-                metrics = self.train_step(batches)
+                queued = self.queue_step(batches)
                 self.step += 1
                 gc_s = pygc.after_step(self.step)
-                if gc_s is not None:
-                    metrics["gc_s"] = gc_s
-                guard.check(self.step, metrics["loss"], metrics)
+                if pending is not None:
+                    self._record(guard, bar, *pending, dt=queued.t0 - pending[0].t0)
+                    pending = None
                 last = self.step == cfg.max_steps
-                if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
-                    metrics.update(self.eval_metrics())
-                if self.step % cfg.log_every == 0 or last:
-                    self.metrics.log(self.step, metrics)
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}")
-                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
+                evaluate_now = bool(cfg.eval_every and self.step % cfg.eval_every == 0) or last
+                checkpoint_now = bool(cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) and not last
+                if cfg.defer_metrics and not (evaluate_now or checkpoint_now or last or stop.requested):
+                    pending = (queued, self.step, gc_s)
+                    continue
+                self._record(guard, bar, queued, self.step, gc_s, dt=time.perf_counter() - queued.t0,
+                             evaluate=evaluate_now)
+                if checkpoint_now:
                     self.checkpoint()
                 if stop.requested:
                     print0(f"[train] {stop.requested} at step {self.step}: checkpointing and exiting "

@@ -63,18 +63,18 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tiny_data, tmp_pat
     full = tmp_path / "full"
     train(config(tiny_data, full, "max_steps=5"))
     part = tmp_path / "part"
-    original = Trainer.train_step
+    original = Trainer.queue_step
 
     def step_then_sigterm(self, batches):
-        metrics = original(self, batches)
+        queued = original(self, batches)
         if self.step == 2:  # during step 3: the loop must finish it, checkpoint and stop
             os.kill(os.getpid(), signal.SIGTERM)
-        return metrics
+        return queued
 
-    monkeypatch.setattr(Trainer, "train_step", step_then_sigterm)
+    monkeypatch.setattr(Trainer, "queue_step", step_then_sigterm)
     stopped = train(config(tiny_data, part, "max_steps=5"))
     assert stopped.name == "step_00000003" and not (part / "final").exists()
-    monkeypatch.setattr(Trainer, "train_step", original)
+    monkeypatch.setattr(Trainer, "queue_step", original)
     train(config(tiny_data, part, "max_steps=5"))  # resume=auto
     assert losses(part) == losses(full), "resumed run must follow the uninterrupted trajectory exactly"
     from safetensors.torch import load_file
@@ -83,17 +83,20 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tiny_data, tmp_pat
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
-    original = Trainer.train_step
+@pytest.mark.parametrize("bad_step", [3, 4])
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch, bad_step):
+    """Step 3's metrics are read after step 4 is queued (defer_metrics), step 4's at once (a checkpoint step):
+    either way the run stops naming the bad step, before step 4's checkpoint."""
+    original = Trainer.queue_step
 
     def poisoned(self, batches):
-        metrics = original(self, batches)
-        if self.step == 3:
-            metrics["loss"] = float("nan")
-        return metrics
+        queued = original(self, batches)
+        if self.step == bad_step - 1:
+            queued.losses = torch.full_like(queued.losses, float("nan"))
+        return queued
 
-    monkeypatch.setattr(Trainer, "train_step", poisoned)
-    with pytest.raises(NonFiniteLossError, match="at step 4"):
+    monkeypatch.setattr(Trainer, "queue_step", poisoned)
+    with pytest.raises(NonFiniteLossError, match=f"at step {bad_step}"):
         train(config(tiny_data, tmp_path / "r", "max_steps=6", "checkpoint_every=2"))
     assert [p.name for p in list_checkpoints(tmp_path / "r")] == ["step_00000002"]
 
@@ -164,9 +167,9 @@ def test_scheduled_gc(tiny_data, tmp_path):
     seen = []
 
     class Probe(Trainer):
-        def train_step(self, batches):
+        def queue_step(self, batches):
             seen.append(gc.isenabled())
-            return super().train_step(batches)
+            return super().queue_step(batches)
 
     assert gc.isenabled()
     Probe(config(tiny_data, tmp_path / "run", "max_steps=4", "gc_every=2")).run()

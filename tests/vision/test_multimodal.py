@@ -7,6 +7,7 @@ import torch
 from kvl_testing import assert_rel_rms
 
 from kimi_vl.configuration import KimiVLConfig
+from kimi_vl.modeling.cache import output_cache
 from kimi_vl.modeling.multimodal import KimiVLForConditionalGeneration, vision_config_dict
 
 IMG, VID = 500, 501
@@ -68,7 +69,7 @@ def test_generated_placeholder_token_decodes_as_text(model) -> None:
     with torch.no_grad():
         out = model(ids, pixel_values=pv, image_grid_thw=grid, pixel_values_videos=pvv, video_grid_thw=vgrid,
                     use_cache=True)
-        step = model(torch.tensor([[IMG]]), past_key_values=out.past_key_values, use_cache=True)
+        step = model(torch.tensor([[IMG]]), past_key_values=output_cache(out), use_cache=True)
     assert torch.isfinite(step.logits).all()
     with pytest.raises(ValueError, match="no image pixel values"):  # without a cache it is still an error
         model(torch.tensor([[1, IMG]]))
@@ -157,3 +158,47 @@ def test_full_vlm_parity_with_kimi_k25(tmp_path) -> None:
     theirs = ref.state_dict()
     back = state_dict_to_kimi_k25(state_dict_from_kimi_k25(theirs))
     assert back.keys() == theirs.keys() and all(torch.equal(back[k], theirs[k]) for k in theirs)
+
+
+def _scatter_case(device: str, dtype: torch.dtype = torch.float32):
+    gen = torch.Generator().manual_seed(3)
+    mask_BL = torch.rand(3, 17, generator=gen) < 0.4
+    embeds = torch.randn(3, 17, 8, generator=gen).to(device, dtype).requires_grad_()
+    rows = torch.randn(int(mask_BL.sum()), 8, generator=gen).to(device, dtype).requires_grad_()
+    return embeds, mask_BL.to(device), rows
+
+
+def test_scatter_rows_equals_masked_scatter() -> None:
+    """The splice's sync-free ``scatter_rows`` gives masked_scatter's values and both gradients, bit for bit."""
+    from kimi_vl.modeling.multimodal import scatter_rows
+
+    embeds, mask_BL, rows = _scatter_case("cpu")
+    grad_out = torch.randn(embeds.shape, generator=torch.Generator().manual_seed(4))
+    got = scatter_rows(embeds, mask_BL, rows)
+    want = embeds.masked_scatter(mask_BL[..., None], rows)
+    assert torch.equal(got, want)
+    g_got = torch.autograd.grad(got, (embeds, rows), grad_out)
+    g_want = torch.autograd.grad(want, (embeds, rows), grad_out)
+    assert all(torch.equal(a, b) for a, b in zip(g_got, g_want))
+    assert torch.equal(g_got[0][mask_BL], torch.zeros_like(rows))  # spliced positions pass no gradient back
+
+
+@pytest.mark.gpu
+def test_scatter_rows_never_synchronises_on_gpu() -> None:
+    """Forward and backward of the splice queue work without a host-device synchronisation (the count check is a
+    device-side assertion), so a training step's host can run ahead of the GPU."""
+    from kimi_vl.modeling.multimodal import _check_slots, scatter_rows
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    embeds, mask_BL, rows = _scatter_case("cuda", torch.bfloat16)
+    n = rows.shape[0]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _check_slots(mask_BL, n, "count {}")
+        out = scatter_rows(embeds, mask_BL, rows)
+        out.float().square().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(out, embeds.masked_scatter(mask_BL[..., None], rows))
