@@ -15,12 +15,13 @@ mkdir -p "$OUT" runs/dist
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 
 launch() {  # mode tag max_steps limit_s
-  local mode=$1 tag=$2 steps=$3 limit=$4
+  local mode=$1 tag=$2 steps=$3 limit=$4 precision=()
+  [ "$mode" = fsdp2 ] && precision=(precision=bf16)  # bf16_params (small_pretrain's default) is for 1 process or DDP
   echo "== $mode $tag: max_steps=$steps"
   timeout "$limit" accelerate launch --config_file "configs/accelerate/$mode.yaml" -m kimi_vl.train \
     --config kimi_vl/configs/small_pretrain.yaml output_dir="runs/dist/$mode" max_steps="$steps" \
     data.path="$DATA" data.batch_size=4 data.num_workers=4 checkpoint_every=$((STEPS / 2)) eval_every=1000 \
-    optim.warmup_steps=5 optim.total_steps=$((STEPS * 3 / 2)) > "runs/dist/${mode}_${tag}.log" 2>&1
+    optim.warmup_steps=5 optim.total_steps=$((STEPS * 3 / 2)) "${precision[@]}" > "runs/dist/${mode}_${tag}.log" 2>&1
   echo "$mode $tag exit $?" | tee -a "$OUT/dist_status.txt"
   {  # the first error with its traceback (rank-prefixed lines), then the end of the log
     grep -v "^\s*$" "runs/dist/${mode}_${tag}.log" | grep -m1 -B2 -A40 "Traceback" | grep -v "\^\^\^"
