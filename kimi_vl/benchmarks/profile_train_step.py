@@ -340,16 +340,15 @@ def bare_summary(rounds: list[dict[str, dict[str, float]]], tokens: list[int]) -
     return out
 
 
-def count_syncs(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> dict[str, Any]:
-    """CUDA only: host-device synchronisations in one step (``torch.cuda.set_sync_debug_mode('warn')``)."""
+def _sync_sites(fn: Callable[[], object]) -> dict[str, int]:
+    """Call sites of the host-device synchronisations while ``fn`` runs (``torch.cuda.set_sync_debug_mode``)."""
     import warnings
 
-    timer.enabled = False
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            profiled_step(trainer, batches, timer)
+            fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
     sites: dict[str, int] = {}
@@ -357,8 +356,19 @@ def count_syncs(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTim
         if "synchroniz" in str(w.message):
             key = f"{Path(w.filename).name}:{w.lineno}"
             sites[key] = sites.get(key, 0) + 1
+    return dict(sorted(sites.items(), key=lambda kv: -kv[1])[:30])
+
+
+def count_syncs(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> dict[str, Any]:
+    """CUDA only: host-device synchronisations in one step of this profiler (which reads the step's values at its
+    end, as a synchronised timer must) and in one ``Trainer.queue_step`` (the app's own step, whose values are read
+    later, after the next step is queued)."""
+    timer.enabled = False
+    sites = _sync_sites(lambda: profiled_step(trainer, batches, timer))
+    app_sites = _sync_sites(lambda: trainer.queue_step(batches))
     timer.enabled = True
-    return {"total": sum(sites.values()), "sites": dict(sorted(sites.items(), key=lambda kv: -kv[1])[:30])}
+    return {"total": sum(sites.values()), "sites": sites,
+            "queue_step_total": sum(app_sites.values()), "queue_step_sites": app_sites}
 
 
 def dynamo_graphs() -> int:
@@ -538,7 +548,9 @@ def report(r: dict[str, Any]) -> str:
         ops = r["ops_per_step"]
         lines.append(f"  ATen ops per step: {sum(ops.values())} = " + ", ".join(f"{k} {v}" for k, v in ops.items()))
     if "syncs_per_step" in r:
-        lines.append(f"  host syncs per step: {r['syncs_per_step']['total']}")
+        syncs = r["syncs_per_step"]
+        lines.append(f"  host syncs per step: {syncs['total']} (this profiler); the app's queue_step: "
+                     f"{syncs.get('queue_step_total')} {syncs.get('queue_step_sites')}")
     for key, err in r.get("errors", {}).items():
         lines.append(f"  {key} failed: {err}")
     return "\n".join(lines)
