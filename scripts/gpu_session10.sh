@@ -63,8 +63,8 @@ batch2)
   ;;
 overlap)
   DATA=${2:?usage: gpu_session10.sh overlap DATA}
-  PART_TAIL=8 part "gpu tests: sync-free splice, QK-Clip" 120 python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/vision/test_multimodal.py tests/optim/test_qk_clip.py tests/optim/test_fused.py
+  [ -n "${SKIP_TESTS:-}" ] || PART_TAIL=8 part "gpu tests: sync-free splice, QK-Clip" 120 python3 -m pytest -q \
+    -p no:cacheprovider -m gpu tests/vision/test_multimodal.py tests/optim/test_qk_clip.py tests/optim/test_fused.py
   export APP_STEPS=24
   base="precision=bf16_params gc_every=0"
   APP_DIR=old APP_OVERRIDES="$base data.batch_size=16" app16 old_b16 KVL_NOTHING=1
