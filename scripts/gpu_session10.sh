@@ -12,6 +12,7 @@
 #       old/ (syncs at the splice, its backward, QK-Clip's decision and the end of the step), bf16_params at batch
 #       16 and 8 (old new new old), the new code with defer_metrics=false, the GPU tests of the sync-free splice,
 #       and the syncs left in the app's queue_step (profile_train_step, batch 16)
+#   bash scripts/gpu_session10.sh overlap2 DATA  the same comparison at batch 16 in one call: old new old new
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -34,7 +35,7 @@ PY
 }
 
 gpu_header
-case "${1:?usage: gpu_session10.sh batch|batch2|overlap DATA}" in
+case "${1:?usage: gpu_session10.sh batch|batch2|overlap|overlap2 DATA}" in
 batch)
   DATA=${2:?usage: gpu_session10.sh batch DATA}
   APP_STEPS=6 APP_OVERRIDES="precision=bf16_params" app16 warmup KVL_NOTHING=1
@@ -80,6 +81,19 @@ overlap)
   PART_TAIL=30 part "profile app bf16_params batch 16 (syncs)" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
     --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=16 data.num_workers=8 \
     --steps 2 --warmup 4 --module-steps 0 --out "$OUT/app_b16"
+  ;;
+overlap2)
+  DATA=${2:?usage: gpu_session10.sh overlap2 DATA}
+  export APP_STEPS=24
+  base="precision=bf16_params gc_every=0 data.batch_size=16"
+  APP_DIR=old APP_OVERRIDES="$base" app16 old_c KVL_NOTHING=1
+  APP_OVERRIDES="$base" app16 new_c KVL_NOTHING=1
+  APP_DIR=old APP_OVERRIDES="$base" app16 old_d KVL_NOTHING=1
+  APP_OVERRIDES="$base" app16 new_d KVL_NOTHING=1
+  app_compare old_c new_c
+  app_compare old_d new_d
+  app_compare old_c old_d
+  summarize old_c new_c old_d new_d
   ;;
 esac
 ls -la "$OUT"
