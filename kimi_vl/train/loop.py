@@ -321,6 +321,8 @@ class Trainer:
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
             grad_norm = grad_norm.full_tensor()
+        elif grad_norm is not None and not isinstance(grad_norm, torch.Tensor):  # some back ends return a float
+            grad_norm = torch.tensor(float(grad_norm))
         scalars = [torch.stack(losses)] + ([grad_norm.detach().reshape(1)] if grad_norm is not None else [])
         host, ready = _start_host_copy(scalars + [t for p in parts for t in p.tensors()])
         host_parts, offset = [], len(scalars)
