@@ -83,6 +83,25 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tiny_data, tmp_pat
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_deferred_metrics_equal_immediate(tiny_data, tmp_path):
+    """defer_metrics only moves when a step's values are read: every logged value but the timings is identical,
+    and so are the final weights (a step with an eval, at 3, is read at once in the middle of deferred ones)."""
+    from safetensors.torch import load_file
+
+    runs = {}
+    for defer in (False, True):
+        out = tmp_path / f"defer_{defer}"
+        train(config(tiny_data, out, "max_steps=5", "eval_every=3", f"defer_metrics={str(defer).lower()}"))
+        runs[defer] = (read_metrics(out / "metrics.jsonl"), load_file(out / "final" / "model.safetensors"))
+    timing = {"time", "step_time_s", "tokens_per_s", "mfu", "gc_s"}
+    (rows_a, w_a), (rows_b, w_b) = runs[False], runs[True]
+    assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b] == [1, 2, 3, 4, 5]
+    for a, b in zip(rows_a, rows_b):
+        assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
+    assert "eval/loss" in rows_b[2] and "qk/max_logit" in rows_b[0] and "grad_norm" in rows_b[0]
+    assert all(torch.equal(w_a[k], w_b[k]) for k in w_a)
+
+
 @pytest.mark.parametrize("bad_step", [3, 4])
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch, bad_step):
     """Step 3's metrics are read after step 4 is queued (defer_metrics), step 4's at once (a checkpoint step):
