@@ -13,6 +13,7 @@
 #       16 and 8 (old new new old), the new code with defer_metrics=false, the GPU tests of the sync-free splice,
 #       and the syncs left in the app's queue_step (profile_train_step, batch 16)
 #   bash scripts/gpu_session10.sh overlap2 DATA  the same comparison at batch 16 in one call: old new old new
+#   bash scripts/gpu_session10.sh batch3 DATA  this commit at batch 24 and 16 (bf16_params, 24 steps)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -35,7 +36,7 @@ PY
 }
 
 gpu_header
-case "${1:?usage: gpu_session10.sh batch|batch2|overlap|overlap2 DATA}" in
+case "${1:?usage: gpu_session10.sh batch|batch2|overlap|overlap2|batch3 DATA}" in
 batch)
   DATA=${2:?usage: gpu_session10.sh batch DATA}
   APP_STEPS=6 APP_OVERRIDES="precision=bf16_params" app16 warmup KVL_NOTHING=1
@@ -94,6 +95,13 @@ overlap2)
   app_compare old_d new_d
   app_compare old_c old_d
   summarize old_c new_c old_d new_d
+  ;;
+batch3)
+  DATA=${2:?usage: gpu_session10.sh batch3 DATA}
+  export APP_STEPS=24
+  APP_OVERRIDES="data.batch_size=24" app16 b24 KVL_NOTHING=1
+  APP_OVERRIDES="data.batch_size=16" app16 b16 KVL_NOTHING=1
+  summarize b24 b16
   ;;
 esac
 ls -la "$OUT"
