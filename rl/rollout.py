@@ -3,9 +3,9 @@ log-probability of every sampled token recorded at sampling time.
 
 The loop is our own (not ``generate()``) so the recorded log-probs are exactly the ones the sampler
 used: one prefill of the prompts (with their images / video), then one-token decode steps through
-``model(input_ids=tok, attention_mask=..., past_key_values=cache, use_cache=True)`` - the KDA recurrent +
-conv state and the MLA latent cache live in whatever cache object the model returns. All prompts of a call
-(K rows each) decode as one batch, or as batches of at most ``SamplingConfig.max_rows`` rows (a prompt's K
+``model(input_ids=tok, attention_mask=..., cache=cache, use_cache=True)`` (``past_key_values=`` before
+transformers 5.2x) - the KDA recurrent + conv state and the MLA latent cache live in whatever cache object the
+model returns. All prompts of a call (K rows each) decode as one batch, or as batches of at most ``SamplingConfig.max_rows`` rows (a prompt's K
 rows stay together; prompts are sorted by length first so a batch holds similar lengths). Prompts of
 different lengths are left-padded with an attention mask (the model zeroes padded positions for KDA and
 masks them for MLA, so a row's outputs equal its unpadded ones); a batch of equal lengths gets no mask. A
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from data_pipelines.packing import left_pad
-from kimi_vl.modeling.cache import output_cache
+from kimi_vl.modeling.cache import CACHE_FIELD, output_cache
 
 MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
@@ -134,7 +134,7 @@ def _forward(
     if logits_to_keep:
         kwargs["logits_to_keep"] = logits_to_keep
     if use_cache:
-        kwargs.update(past_key_values=past, use_cache=True)
+        kwargs.update({CACHE_FIELD: past, "use_cache": True})  # the name this transformers' models take
     else:
         kwargs["use_cache"] = False
     return model(input_ids=input_ids, **kwargs)
