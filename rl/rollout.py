@@ -1,15 +1,15 @@
 """Rollout engine: K sampled responses per prompt through the model's cached generation, with the
 log-probability of every sampled token recorded at sampling time.
 
-The loop is our own (not ``generate()``) so the recorded log-probs are exactly the ones the sampler
-used: one prefill of the prompts (with their images / video), then one-token decode steps through
-``model(input_ids=tok, attention_mask=..., cache=cache, use_cache=True)`` (``past_key_values=`` before
-transformers 5.2x) - the KDA recurrent + conv state and the MLA latent cache live in whatever cache object the
-model returns. All prompts of a call (K rows each) decode as one batch, or as batches of at most ``SamplingConfig.max_rows`` rows (a prompt's K
-rows stay together; prompts are sorted by length first so a batch holds similar lengths). Prompts of
-different lengths are left-padded with an attention mask (the model zeroes padded positions for KDA and
-masks them for MLA, so a row's outputs equal its unpadded ones); a batch of equal lengths gets no mask. A
-finished row keeps decoding a pad token whose outputs are discarded (rows never interact).
+The loop is our own (not ``generate()``) so the recorded log-probs are exactly the ones the sampler used: one
+prefill of the prompts (with their images / video), then one-token decode steps through ``model(input_ids=tok,
+attention_mask=..., cache=cache, use_cache=True)`` (``past_key_values=`` before transformers 5.2x) - the KDA
+recurrent + conv state and the MLA latent cache live in whatever cache object the model returns. All prompts of a
+call (K rows each) decode as one batch, or as batches of at most ``SamplingConfig.max_rows`` rows (a prompt's K rows
+stay together; prompts are sorted by length first so a batch holds similar lengths). Prompts of different lengths
+are left-padded with an attention mask (the model zeroes padded positions for KDA and masks them for MLA, so a row's
+outputs equal its unpadded ones); a batch of equal lengths gets no mask. A finished row keeps decoding a pad token
+whose outputs are discarded (rows never interact).
 
 Random numbers: one ``torch.multinomial`` draw per decode step over the batch's rows, in batch row order.
 The same seed, prompts and ``max_rows`` give the same samples; a different batching (``max_rows``) draws
