@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from kernels.host_ints import host_ints
 from kernels.qk_max import max_logits_per_head
 from kernels.rope2d import rope_2d
+from kernels.rows import scale_rows_
 
 
 @dataclass
@@ -153,7 +154,8 @@ class MoonViTAttention(nn.Module):
         (a product with 1.0 is exact). All on the device: no host read of gamma."""
         if gamma_H.shape != (self.num_heads,):
             raise ValueError(f"gamma_H must be [{self.num_heads}], got {tuple(gamma_H.shape)}")
-        root = gamma_H.detach().to(device=self.q_proj.weight.device, dtype=torch.float32).sqrt()
+        root_R = gamma_H.detach().to(device=self.q_proj.weight.device, dtype=torch.float32).sqrt()
+        root_R = root_R.repeat_interleave(self.head_dim)  # head h's rows are [h * head_dim, (h + 1) * head_dim)
         for lin in (self.q_proj, self.k_proj):
-            lin.weight.view(self.num_heads, self.head_dim, -1).mul_(root[:, None, None].to(lin.weight.dtype))
-            lin.bias.view(self.num_heads, self.head_dim).mul_(root[:, None].to(lin.bias.dtype))
+            scale_rows_(lin.weight, root_R)
+            scale_rows_(lin.bias, root_R)

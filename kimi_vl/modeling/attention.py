@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.rows import scale_rows_
 from kimi_vl.modeling.cache import MLALayerCache
 from kimi_vl.modeling.masks import MaskSpec
 from kimi_vl.modeling.norm import RMSNorm
@@ -137,13 +138,15 @@ class MLAttention(nn.Module):
         if gamma_H.shape != (self.num_heads,):
             raise ValueError(f"MLAttention.qk_clip_: gamma_H must be [{self.num_heads}], got {tuple(gamma_H.shape)}")
         q_lin = self.q_proj if self.q_lora_rank is None else self.q_b_proj
-        g = gamma_H.to(device=q_lin.weight.device, dtype=torch.float32)
-        root = g.sqrt()
-        q_w = q_lin.weight.view(self.num_heads, self.qk_dim, -1)
-        q_w[:, : self.nope_dim].mul_(root[:, None, None].to(q_w.dtype))
-        q_w[:, self.nope_dim:].mul_(g[:, None, None].to(q_w.dtype))
-        kv_w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, -1)
-        kv_w[:, : self.nope_dim].mul_(root[:, None, None].to(kv_w.dtype))
+        g_H1 = gamma_H.detach().to(device=q_lin.weight.device, dtype=torch.float32)[:, None]
+        root_H1 = g_H1.sqrt()
+        rope_dim = self.qk_dim - self.nope_dim
+        # per output row, head-major: q rows [nope | rope] per head, kv_b rows [k_nope | v] per head (v: 1.0, exact)
+        q_R = torch.cat([root_H1.expand(-1, self.nope_dim), g_H1.expand(-1, rope_dim)], dim=1).reshape(-1)
+        kv_R = torch.cat([root_H1.expand(-1, self.nope_dim), torch.ones_like(g_H1).expand(-1, self.v_dim)],
+                         dim=1).reshape(-1)
+        scale_rows_(q_lin.weight, q_R)  # DTensor-aware (FSDP2 shards these rows), no host read
+        scale_rows_(self.kv_b_proj.weight, kv_R)
 
 
 def _eager_attention(q, k, v, dense_B1TS, is_causal: bool, scale: float) -> torch.Tensor:

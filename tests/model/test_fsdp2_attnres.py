@@ -40,3 +40,14 @@ def test_fsdp2_attnres_reshard_after_forward() -> None:
     sublayer outputs: FSDP2 re-gathers a resharded layer for backward from a hook on them)."""
     pytest.importorskip("accelerate")
     _run("lm", "reshard")
+
+
+def test_fsdp2_qk_clip_on_sharded_weights_equals_one_process() -> None:
+    """QK-Clip scales MLA and MoonViT q/k rows in place on FSDP2's DTensor shards (it runs on every optimizer
+    step, on the device), exactly as one process does."""
+    pytest.importorskip("accelerate")
+    worker = Path(__file__).with_name("fsdp2_qk_clip_worker.py")
+    proc = subprocess.run([sys.executable, str(worker)], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert "fsdp2 qk_clip_: 3 modules" in proc.stdout, proc.stdout
