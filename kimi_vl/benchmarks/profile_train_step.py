@@ -22,6 +22,9 @@ One command, CPU or GPU; JSON to ``$OUT/profile_train_step.json`` (or ``--out``)
 Under ``accelerate launch`` it runs on every process (DDP collectives included) and rank 0 writes its own
 per-process numbers. ``--torch-profile`` also writes the top operators of one step (``torch.profiler``);
 ``--host-profile`` cProfiles three more steps run as the app runs them (no phase syncs): host time per function.
+``--pipeline-steps N`` (default 6) runs the app's own loop for N steps (``Trainer.queue_step``, step k's metrics
+read after step k+1 is queued, no phase syncs): its wall time per step, and on CUDA, in N more steps under
+``torch.profiler``, the device's busy fraction (below 1: the GPU waits for the host).
 """
 
 from __future__ import annotations
@@ -430,6 +433,45 @@ def torch_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
             "top": {k: t.splitlines()[:30] for k, t in tables.items()}}
 
 
+def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, steps: int) -> dict[str, Any]:
+    """The app's own loop for ``steps`` steps, unsynchronised (queue step k + 1, then read step k): wall time and
+    tokens per step; on CUDA the same again under ``torch.profiler`` for the device's busy time per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernels.profiling import kernel_ms
+
+    def run() -> tuple[float, int]:
+        tokens, pending = 0, None
+        if timer.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            queued = trainer.queue_step(batches)
+            tokens += queued.n_tokens
+            if pending is not None:
+                trainer.step_metrics(pending, queued.t0 - pending.t0)
+            pending = queued
+        trainer.step_metrics(pending, time.perf_counter() - pending.t0)
+        if timer.cuda:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps, tokens // steps
+
+    enabled, timer.enabled = timer.enabled, False
+    try:
+        wall, tokens = run()
+        out: dict[str, Any] = {"steps": steps, "wall_s_per_step": wall, "tokens_per_step": tokens,
+                               "tokens_per_s": tokens / wall}
+        if timer.cuda:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                wall_p, _ = run()
+            busy = kernel_ms(prof) / 1000 / steps
+            out.update(profiled_wall_s_per_step=wall_p, device_busy_s_per_step=busy,
+                       device_busy_fraction=busy / wall_p)
+    finally:
+        timer.enabled = enabled
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="a run config (path or shipped name)")
@@ -442,6 +484,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--torch-profile", action="store_true", help="also write the top ops of one more step")
     p.add_argument("--host-profile", action="store_true",
                    help="also cProfile 3 more steps run without phase syncs (host time per function)")
+    p.add_argument("--pipeline-steps", type=int, default=6,
+                   help="steps of the app's own unsynchronised loop (as many again under torch.profiler on "
+                        "CUDA); 0: skip")
     p.add_argument("--out", default=None, help="output folder (default $OUT, else the current folder)")
     p.add_argument("overrides", nargs="*", help="key=value run-config overrides")
     return p.parse_args(argv)
@@ -506,6 +551,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("syncs_per_step", timer.cuda, lambda: count_syncs(trainer, batches, timer)),
             ("torch_profile", args.torch_profile, lambda: torch_profile(trainer, batches, timer, out_dir)),
             ("host_profile", args.host_profile, lambda: host_profile(trainer, batches, timer, out_dir)),
+            ("pipeline", args.pipeline_steps > 0, lambda: app_pipeline(trainer, batches, timer, args.pipeline_steps)),
         ]
         for key, wanted, fn in extras:
             if wanted:
@@ -551,6 +597,12 @@ def report(r: dict[str, Any]) -> str:
         syncs = r["syncs_per_step"]
         lines.append(f"  host syncs per step: {syncs['total']} (this profiler); the app's queue_step: "
                      f"{syncs.get('queue_step_total')} {syncs.get('queue_step_sites')}")
+    if "pipeline" in r:
+        pipe = r["pipeline"]
+        busy = pipe.get("device_busy_fraction")
+        lines.append(f"  app loop, unsynchronised ({pipe['steps']} steps): {pipe['wall_s_per_step'] * 1e3:.1f} ms "
+                     f"a step ({pipe['tokens_per_s']:.0f} tok/s)"
+                     + (f"; device busy {busy:.0%} under the profiler" if busy is not None else ""))
     for key, err in r.get("errors", {}).items():
         lines.append(f"  {key} failed: {err}")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ def test_summarise_takes_medians_per_phase():
 
 def test_profile_debug_step_on_cpu(tiny_data, tmp_path):
     result = prof.main(["--config", "debug_pretrain", "--out", str(tmp_path), "--steps", "1", "--warmup", "0",
-                        "--module-steps", "1", f"data.path={tiny_data}", *FAST])
+                        "--module-steps", "1", "--pipeline-steps", "2", f"data.path={tiny_data}", *FAST])
     saved = json.loads((tmp_path / "profile_train_step.json").read_text())
     assert saved["app"]["step_s"] == pytest.approx(result["app"]["step_s"])
     phases = saved["app"]["phase_s"]
@@ -30,6 +30,8 @@ def test_profile_debug_step_on_cpu(tiny_data, tmp_path):
     assert sum(phases[p] for p in prof.PHASES) == pytest.approx(saved["app"]["step_s"])
     assert set(saved["bare"]) == set(prof.BARE_VARIANTS) and all(v["step_s"] > 0 for v in saved["bare"].values())
     assert saved["module_fwd_s"]["fwd/KDALayer"] > 0 and saved["module_fwd_s"]["fwd/MLAttention"] > 0
+    pipe = saved["pipeline"]  # the app's own loop: queue_step k + 1, then read step k
+    assert pipe["steps"] == 2 and pipe["wall_s_per_step"] > 0 and pipe["tokens_per_step"] > 0
     from kimi_vl.modeling import attention, model
 
     assert attention.MLAttention._track.__name__ == "_track" and model.build_mask.__name__ == "build_mask"  # undone
