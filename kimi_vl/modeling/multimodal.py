@@ -187,7 +187,7 @@ def _check_slots(mask_BL: torch.Tensor, expected: int, message: str) -> None:
             raise ValueError(message.format(n_slots))
     else:
         # the device-side message is limited to 254 characters
-        torch._assert_async(mask_BL.sum() == expected, message.format("a different number of")[:250])
+        torch._assert_async(mask_BL.sum() == expected, message.format(f"(a count != {expected})")[:250])
 
 
 def scatter_rows(embeds_BLD: torch.Tensor, mask_BL: torch.Tensor, rows_ND: torch.Tensor) -> torch.Tensor:
