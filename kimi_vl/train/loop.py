@@ -417,7 +417,13 @@ class Trainer:
         pending: tuple[QueuedStep, int, float | None] | None = None
         with GracefulStop() as stop, ScheduledGC(cfg.gc_every) as pygc:
             while self.step < cfg.max_steps:
-                queued = self.queue_step(batches)
+                try:
+                    queued = self.queue_step(batches)
+                except BaseException:  # a failing step (OOM, a data error) must not lose the previous step's row
+                    if pending is not None:
+                        with contextlib.suppress(Exception):
+                            self._record(guard, bar, *pending, dt=time.perf_counter() - pending[0].t0)
+                    raise
                 self.step += 1
                 gc_s = pygc.after_step(self.step)
                 if pending is not None:

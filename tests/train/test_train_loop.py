@@ -102,6 +102,22 @@ def test_deferred_metrics_equal_immediate(tiny_data, tmp_path):
     assert all(torch.equal(w_a[k], w_b[k]) for k in w_a)
 
 
+def test_a_failing_step_keeps_the_deferred_row(tiny_data, tmp_path, monkeypatch):
+    """Step 2's metrics wait for step 3 to be queued (defer_metrics); when queueing step 3 fails, step 2's row is
+    still written before the error propagates."""
+    original = Trainer.queue_step
+
+    def failing(self, batches):
+        if self.step == 2:
+            raise RuntimeError("simulated failure in step 3")
+        return original(self, batches)
+
+    monkeypatch.setattr(Trainer, "queue_step", failing)
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        train(config(tiny_data, tmp_path / "r", "max_steps=5"))
+    assert [r["step"] for r in read_metrics(tmp_path / "r" / "metrics.jsonl")] == [1, 2]
+
+
 @pytest.mark.parametrize("bad_step", [3, 4])
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch, bad_step):
     """Step 3's metrics are read after step 4 is queued (defer_metrics), step 4's at once (a checkpoint step):
