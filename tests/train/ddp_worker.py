@@ -46,6 +46,11 @@ def main(data: str, batches_file: str, out: str, vision_flavor: str = "null", pr
     if rank == 0:
         state = {k: v.detach().clone() for k, v in tr.unwrapped.state_dict().items()}
         torch.save({"state": state, "losses": losses}, Path(out) / "result.pt")
+    # a clean teardown: a rank that exits while the process group's gloo threads still run can abort with
+    # "terminate called without an active exception" (seen once under a loaded 2-core CI box)
+    tr.acc.wait_for_everyone()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
