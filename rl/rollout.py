@@ -268,10 +268,11 @@ def _prefill(model: Any, prompts: Sequence[Prompt], k: int, pad_id: int, use_cac
         prompt_PS, attn_PS = left_pad([p.input_ids for p in prompts], pad_id, device)
         media_P = {key: v.to(device) for key, v in batch_media([p.media for p in prompts], 1).items()}
         out = _forward(model, prompt_PS, media_P, attn_PS, None, True, logits_to_keep=1)
-        if hasattr(output_cache(out), "reorder_cache"):
+        cache = output_cache(out)
+        if hasattr(cache, "reorder_cache"):
             index = torch.arange(len(prompts), device=device).repeat_interleave(k)
-            output_cache(out).reorder_cache(index)
-            return out.logits[index, -1], output_cache(out), prompt_RS, attn_RS, {}
+            cache.reorder_cache(index)
+            return out.logits[index, -1], cache, prompt_RS, attn_RS, {}
     media = {key: v.to(device) for key, v in batch_media([p.media for p in prompts], k).items()}
     out = _forward(model, prompt_RS, media, attn_RS, None, use_cache, logits_to_keep=1)
     return out.logits[:, -1], output_cache(out) if use_cache else None, prompt_RS, attn_RS, media

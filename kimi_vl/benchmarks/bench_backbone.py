@@ -138,8 +138,7 @@ def bench_decode(model, cfg, context: int, batch: int, steps: int) -> dict:
     ids = torch.randint(0, cfg.vocab_size, (batch, context), device="cuda")
     cache, chunk = None, 8192
     for s in range(0, context, chunk):  # chunked prefill bounds the activation memory at long context
-        cache = model(ids[:, s: s + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache = output_cache(cache)
+        cache = output_cache(model(ids[:, s: s + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1))
     nbytes = cache.nbytes()
     tok = ids[:, -1:]
     for _ in range(2):  # warm-up steps on a copy-free path: the decode kernels' first launches compile them

@@ -153,6 +153,12 @@ class KimiVLModel(KimiVLPreTrainedModel):
         return BaseModelOutputWithPast(last_hidden_state=hidden.reshape(b, t, d), **{CACHE_FIELD: past_key_values})
 
 
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """transformers' per-layer activation checkpointing (``activation_checkpointing_enable`` since 5.24, which
+    deprecates the older ``gradient_checkpointing_enable``)."""
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+
+
 def _check_packed(cu_seqlens: torch.Tensor, total: int, cache, use_cache: bool | None) -> None:
     bounds = host_ints(cu_seqlens) if cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2 else None
     if bounds is None or bounds[0] != 0 or bounds[-1] != total:

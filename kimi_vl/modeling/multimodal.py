@@ -18,6 +18,7 @@ Shapes: ``B`` batch, ``L`` tokens, ``D`` text width, ``P`` packed patches, ``N``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 
 import torch
@@ -125,15 +126,16 @@ class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, Generat
     def _splice(self, embeds_BLD: torch.Tensor, mask_BL: torch.Tensor, pixel_values: torch.Tensor | None,
                 grid_thw: torch.Tensor | None, name: str, feats_ND: torch.Tensor | None = None) -> torch.Tensor:
         if pixel_values is None:
-            _check_slots(mask_BL, 0, f"input_ids has {{}} {name} placeholder tokens but no {name} pixel values")
+            _check_slots(mask_BL, 0, name,
+                         lambda n: f"input_ids has {n} {name} placeholder tokens but no {name} pixel values")
             return embeds_BLD
         if grid_thw is None:
             raise ValueError(f"{name} pixel values of shape {tuple(pixel_values.shape)} need a {name} grid_thw")
         if feats_ND is None:
             feats_ND = self.get_image_features(pixel_values, grid_thw)
-        _check_slots(mask_BL, feats_ND.shape[0], f"{name} tokens do not match: input_ids has {{}} {name} "
-                     f"placeholders, the vision encoder produced {feats_ND.shape[0]} tokens for grid_thw "
-                     f"{grid_thw.tolist() if grid_thw.device.type == 'cpu' else tuple(grid_thw.shape)}")
+        _check_slots(mask_BL, feats_ND.shape[0], name,
+                     lambda n: f"{name} tokens do not match: input_ids has {n} {name} placeholders, the vision "
+                               f"encoder produced {feats_ND.shape[0]} tokens for grid_thw {grid_thw.tolist()}")
         return scatter_rows(embeds_BLD, mask_BL.to(embeds_BLD.device), feats_ND.to(embeds_BLD.dtype))
 
     def forward(self, input_ids: torch.LongTensor | None = None, pixel_values: torch.Tensor | None = None,
@@ -178,16 +180,16 @@ def register() -> None:
 register()
 
 
-def _check_slots(mask_BL: torch.Tensor, expected: int, message: str) -> None:
-    """``mask_BL`` must have ``expected`` True entries. On the host a ``ValueError`` with ``message`` (``{}``: the
-    count); on a GPU an asynchronous device-side assertion, so a training step never waits for the count."""
+def _check_slots(mask_BL: torch.Tensor, expected: int, name: str, error: Callable[[int], str]) -> None:
+    """``mask_BL`` must have ``expected`` True entries (``name`` placeholders). On the host a ``ValueError`` with
+    ``error(count)``, built only then; on a GPU an asynchronous device-side assertion with a short fixed message, so
+    a training step never waits for the count."""
     if mask_BL.device.type == "cpu":
         n_slots = int(mask_BL.sum())
         if n_slots != expected:
-            raise ValueError(message.format(n_slots))
+            raise ValueError(error(n_slots))
     else:
-        # the device-side message is limited to 254 characters
-        torch._assert_async(mask_BL.sum() == expected, message.format(f"(a count != {expected})")[:250])
+        torch._assert_async(mask_BL.sum() == expected, f"{name} placeholders in input_ids != {expected} vision tokens")
 
 
 def scatter_rows(embeds_BLD: torch.Tensor, mask_BL: torch.Tensor, rows_ND: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,9 @@ from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from kernels.host_ints import remember
 from kimi_vl.logs import MetricsWriter, print0, progress
 from kimi_vl.modeling.flops import FlopModel
+from kimi_vl.modeling.model import enable_activation_checkpointing
 from kimi_vl.optim.builder import build_optimizer, build_scheduler
+from kimi_vl.optim.qk_clip import QKClipStats
 from kimi_vl.runconfig import save_config, to_dict
 from kimi_vl.train import build
 from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve_resume, save_checkpoint
@@ -96,8 +98,9 @@ class LossParts(list):
     def tensors(self) -> list[torch.Tensor]:
         return [sums_2K for sums_2K, _, _ in self if sums_2K is not None]
 
-    def with_tensors(self, tensors: list[torch.Tensor]) -> LossParts:
-        """The same breakdown with :meth:`tensors` replaced, in order (e.g. by their host copies)."""
+    def with_tensors(self, tensors: Iterable[torch.Tensor]) -> LossParts:
+        """The same breakdown with :meth:`tensors` replaced, in order (e.g. by their host copies); from an iterator
+        it takes only as many as it needs."""
         it = iter(tensors)
         return LossParts([(None if sums is None else next(it), names, prefix) for sums, names, prefix in self])
 
@@ -153,7 +156,7 @@ class QueuedStep:
     flops: float
     skipped: dict[str, int]
     moe: dict[str, float]
-    qk: Any  # QKClipStats (reads its own host copy when used) or None
+    qk: QKClipStats | None  # reads its own host copy when first used
     muon: dict[str, float]
     lr: float
     tokens_total: int
@@ -232,8 +235,8 @@ class Trainer:
         self.processor = build.build_processor(cfg)
         self.multimodal = self.processor is not None
         model = build.build_model(cfg, self.tokenizer)
-        if cfg.activation_checkpointing:  # transformers 5.24 renamed gradient_ to activation_checkpointing_enable
-            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(model)
         self.flop_model = FlopModel.of(model)  # parameter counts read once, before any sharding
         optimizer = build_optimizer(model, cfg.optim)
         scheduler = build_scheduler(optimizer, cfg.optim)
@@ -325,10 +328,8 @@ class Trainer:
             grad_norm = torch.tensor(float(grad_norm))
         scalars = [torch.stack(losses)] + ([grad_norm.detach().reshape(1)] if grad_norm is not None else [])
         host, ready = _start_host_copy(scalars + [t for p in parts for t in p.tensors()])
-        host_parts, offset = [], len(scalars)
-        for p in parts:
-            host_parts.append(p.with_tensors(host[offset:offset + len(p.tensors())]))
-            offset += len(p.tensors())
+        rest = iter(host[len(scalars):])
+        host_parts = [p.with_tensors(rest) for p in parts]  # each takes its own tensors, in order
         return QueuedStep(t0, host[0], host[1] if grad_norm is not None else None, host_parts, ready, n_tokens,
                           flops, skipped, moe, getattr(inner, "last_qk_stats", None),
                           dict(getattr(inner, "last_muon_stats", {}) or {}), self.scheduler.get_last_lr()[0],
@@ -389,7 +390,7 @@ class Trainer:
         return final
 
     def _record(self, guard: NonFiniteGuard, bar: Any, queued: QueuedStep, step: int, gc_s: float | None,
-                dt: float, evaluate: bool = False) -> dict[str, Any]:
+                dt: float, evaluate: bool = False) -> None:
         """Read step ``step``'s metrics, stop on a non-finite loss, add the held-out ones, log, advance the bar."""
         metrics = self.step_metrics(queued, dt)
         if gc_s is not None:
@@ -401,7 +402,6 @@ class Trainer:
             self.metrics.log(step, metrics)
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}")
-        return metrics
 
     def run(self) -> Path:
         """Train to ``max_steps``; return the export folder. After SIGTERM/SIGINT: the checkpoint written,

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from kimi_vl import KimiVLCache
 from kimi_vl.modeling.cache import output_cache
+from kimi_vl.modeling.model import enable_activation_checkpointing
 
 MODES = ["standard", "attnres_block"]
 
@@ -163,8 +164,7 @@ def test_cache_is_smaller_with_latent_mla_and_constant_for_kda():
     for mode in ("latent", "expanded"):
         model.config.mla_cache_mode = mode
         with torch.no_grad():
-            cache = model(torch.randint(3, 97, (1, 50)), use_cache=True)
-            cache = output_cache(cache)
+            cache = output_cache(model(torch.randint(3, 97, (1, 50)), use_cache=True))
         sizes[mode] = cache.nbytes()
         kda = [c for c in cache.layers if hasattr(c, "recurrent_state")]
         assert kda and all(c.recurrent_state.dtype == torch.float32 for c in kda)
@@ -177,7 +177,7 @@ def test_gradient_checkpointing_gives_identical_gradients():
     grads = []
     for checkpointing in (False, True):
         if checkpointing:
-            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+            enable_activation_checkpointing(model)
         model.zero_grad()
         model(ids, labels=ids, use_cache=False).loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
