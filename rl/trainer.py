@@ -33,6 +33,7 @@ import torch
 from kimi_vl.logs import MetricsWriter, print0
 from kimi_vl.runconfig import load_config, save_config
 from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve_resume, save_checkpoint
+from kimi_vl.train.teardown import end_run
 from rl.build import build_model, build_source
 from rl.config import RLRunConfig
 from rl.objective import length_budget
@@ -193,11 +194,19 @@ class RLTrainer:
         self.acc.wait_for_everyone()
         return records
 
+    def close(self) -> None:
+        """End the run (``kimi_vl/train/teardown.py``: the DDP wrapper goes before the process group); the trainer
+        cannot train afterwards."""
+        self.model = self.optimizer = None
+        end_run(self.acc)
+
 
 def run_rl(cfg: RLRunConfig, accelerator: Any = None) -> Path:
     """Run the RL stage of ``cfg`` (resuming if a checkpoint exists); return the export folder
     ``<output_dir>/final`` (model, tokenizer when the run has one, ``rl_config.yaml``)."""
-    RLTrainer(cfg, accelerator).train()
+    trainer = RLTrainer(cfg, accelerator)
+    trainer.train()
+    trainer.close()
     return Path(cfg.output_dir) / "final"
 
 

@@ -108,6 +108,7 @@ class Pipeline:
             cfg = load_config(TrainConfig, resolve_config_path(config), overrides + self.cfg.overrides.get(stage, []))
             trainer = Trainer(cfg)
             export = trainer.run()
+            trainer.close()
             if trainer.interrupted:
                 raise SystemExit(f"[quickstart] {stage} stopped by {trainer.interrupted} at step {trainer.step}; "
                                  "run the same command again to resume")

@@ -35,6 +35,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "kimi-vl train") -> int:
 
     trainer = Trainer(cfg)
     out = trainer.run()
+    trainer.close()
     if trainer.interrupted:
         print(f"[train] stopped by {trainer.interrupted}; checkpoint {out}")
         return 143

@@ -35,6 +35,7 @@ from kimi_vl.train.faults import GracefulStop, NonFiniteGuard
 from kimi_vl.train.loss import breakdown_sums, breakdown_values, mean_loss, token_losses
 from kimi_vl.train.param_cast import ParamCaster
 from kimi_vl.train.pygc import ScheduledGC
+from kimi_vl.train.teardown import end_run
 
 MODEL_KEYS = ("input_ids", "attention_mask", "cu_seqlens", "position_ids", "pixel_values", "image_grid_thw",
               "pixel_values_videos", "video_grid_thw")
@@ -447,11 +448,17 @@ class Trainer:
                     return self.checkpoint()
         bar.close()
         self.checkpoint()
-        final = self.export()
-        if cfg.tensorboard:
-            self.acc.end_training()
-        return final
+        return self.export()
+
+    def close(self) -> None:
+        """End the run: finish the trackers and, over several processes, destroy the process group once the DDP
+        wrapper is gone (``teardown.end_run`` says why the order matters). The trainer cannot train afterwards."""
+        self.model = self.optimizer = self.scheduler = None  # the prepared objects: the wrapper must die first
+        end_run(self.acc)
 
 
 def train(cfg: TrainConfig, accelerator: Accelerator | None = None) -> Path:
-    return Trainer(cfg, accelerator).run()
+    trainer = Trainer(cfg, accelerator)
+    final = trainer.run()
+    trainer.close()
+    return final
