@@ -6,10 +6,16 @@ one dtype: fp32, fp16 or bf16), read in place through a table of their addresses
 sources are never stacked and one compiled kernel serves every ``N`` (when every address is 16-byte aligned,
 ``ALIGNED`` tells the compiler so, since it cannot see through the table, and loads vectorise).
 
-- Forward: one program per tile of ``BLOCK_T`` tokens x all of ``D`` (``BLOCK_D`` = next power of two) walks
-  the sources once with an online softmax: per source, RMS and score in fp32, then ``acc = acc * e^(m - m') +
-  e^(s - m') x``. Writes ``h [M, D]``, fp32 ``rstd [N, M]``, scores ``s [N, M]`` and ``lse [M]``; the
-  wrapper turns ``s`` into ``alpha = exp(s - lse)`` in place (saved for backward, returned for diagnostics).
+- Forward: one program per tile of ``BLOCK_T`` tokens x all of ``D`` walks the sources once with an online
+  softmax: per source, RMS and score in fp32, then ``acc = acc * e^(m - m') + e^(s - m') x``. Writes
+  ``h [M, D]``, fp32 ``rstd [N, M]``, scores ``s [N, M]`` and ``lse [M]``; the wrapper turns ``s`` into
+  ``alpha = exp(s - lse)`` in place (saved for backward, returned for diagnostics). Two tile layouts
+  (:func:`fwd_layout`): ``tile`` (the default, and always for the address table): ``BLOCK_D`` = the next power of
+  two of ``D`` (``D = 768`` pads to 1024), reductions across the program's warps; the app's profile at batch 16 x
+  4096 (session 10, call2) had it at 263 us per mix, ~1.7 TB/s of the ~3.3 an H100 reads. ``rows`` (pointer
+  arguments only; written in session 11 without a GPU, correct under the interpreter, not yet timed): the
+  backward's layout (below: warp-owned rows of ``CH`` chunks, ``N`` a compile-time constant, the next source's
+  tile loaded before the current one is used; the ``FWD_*`` constants).
 - Backward: grid-stride over token tiles of ``BLOCK_T`` rows; a row is ``CH`` column chunks of ``CHUNK`` (one
   warp's width of 16-byte vectors or more, ``CH <= BWD_MAX_CHUNKS``), so each warp owns whole rows: the per-token
   dot products are warp shuffles (no shared memory, no barrier inside the loop) and ``D = 768`` is 3 x 256 with
@@ -36,14 +42,16 @@ Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
 - ``args`` (default for ``N <= MAX_ARGS``): each source is its own pointer argument (``MAX_ARGS`` slots, unused
   ones repeat ``sources[0]`` and are never read), so a launch copies nothing to the device and never
   synchronises; Triton's own 16-byte alignment specialisation of pointer arguments vectorises the loads. The
-  forward skips unused slots by a runtime ``n < N`` branch (one compiled kernel per dtype for every ``N``); the
-  backward takes ``N`` as a compile-time constant (one compiled kernel per dtype and ``N``).
+  ``tile`` forward skips unused slots by a runtime ``n < N`` branch (one compiled kernel per dtype for every
+  ``N``); the ``rows`` forward and the backward take ``N`` as a compile-time constant (one compiled kernel per
+  dtype and ``N``).
 - ``table`` (always used for ``N > MAX_ARGS``, e.g. full AttnRes): the addresses go to the device as an
   ``int64 [N]`` table through pinned memory (the first version of these kernels; kept for many sources and
   so that the benchmark can time it).
 
-Fixed launch configurations (no autotuning): forward ``BLOCK_T * BLOCK_D = TILE_ELEMS``, ``NUM_WARPS`` warps;
-backward the ``BWD_*`` constants (``bench_attnres --bwd-sweep`` times alternatives of them).
+Fixed launch configurations (no autotuning): ``tile`` forward ``BLOCK_T * BLOCK_D = TILE_ELEMS`` with
+``NUM_WARPS`` warps, ``rows`` forward the ``FWD_*`` constants, backward the ``BWD_*`` constants
+(``bench_attnres --bwd-sweep`` times alternatives of the ``FWD_*`` and ``BWD_*`` ones).
 """
 
 from __future__ import annotations
@@ -55,8 +63,13 @@ import torch
 import triton
 import triton.language as tl
 
-TILE_ELEMS = 4096  # forward (and the two-phase kernels): BLOCK_T * BLOCK_D per program
+TILE_ELEMS = 4096  # the "tile" forward and the two-phase kernels: BLOCK_T * BLOCK_D per program
 NUM_WARPS = 8
+FWD_LAYOUT: str | None = None  # pointer-argument forward: None reads KVL_ATTNRES_FWD_LAYOUT (see fwd_layout)
+FWD_LAYOUTS = ("tile", "rows")
+FWD_NUM_WARPS = 4  # the "rows" forward: the backward's row layout (see _bwd_blocks) with these settings
+FWD_MAX_CHUNKS = 4
+FWD_THREAD_ELEMS = 24
 BWD_NUM_WARPS = 4
 BWD_MAX_CHUNKS = 4  # backward: a row is at most this many column chunks (unrolled)
 BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets BLOCK_T)
@@ -245,6 +258,61 @@ def _pick(n: tl.constexpr, p0, p1, p2, p3, p4, p5, p6, p7):
 
 
 @triton.jit
+def _fwd_stats(x, u, D, eps, CH: tl.constexpr):
+    """Per token of a source tile (a tuple of ``CH`` chunks): fp32 chunks, ``rstd`` and score ``s = (u . x) rstd``;
+    products summed over the chunks in registers, then one reduction each."""
+    xs = _to_f32(x, CH)
+    pss = xs[0] * xs[0]
+    pq = xs[0] * u[0][None, :]
+    for c in tl.static_range(1, CH):
+        pss += xs[c] * xs[c]
+        pq += xs[c] * u[c][None, :]
+    rstd = 1.0 / tl.sqrt(tl.sum(pss, axis=1) / D + eps)
+    return xs, rstd, tl.sum(pq, axis=1) * rstd
+
+
+@triton.jit
+def _attn_res_fwd_rows_kernel(
+    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N: tl.constexpr, M, D, eps,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr,
+):
+    """Pointer-argument forward, ``N`` a compile-time constant, the backward's layout: a row is ``CH`` chunks of
+    ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
+    straight-line code over the sources with the next source's tile loaded before the current one is used."""
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = offs_t < M
+    rows = offs_t.to(tl.int64)[:, None] * D
+    u = _load_vec(u_ptr, D, CH, CHUNK)
+    x_next = _load_row(x0, rows, t_ok, D, CH, CHUNK)
+    m = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_T], dtype=tl.float32)
+    acc = _zeros_row(BLOCK_T, CH, CHUNK)
+    for n in tl.static_range(N):
+        x = x_next
+        if n + 1 < N:
+            x_next = _load_row(_pick(n + 1, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+        xs, rstd, s = _fwd_stats(x, u, D, eps, CH)
+        tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
+        tl.store(score_ptr + n * M + offs_t, s, mask=t_ok)
+        m_new = tl.maximum(m, s)
+        scale = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        acc_new = ()
+        for c in tl.static_range(CH):
+            acc_new = acc_new + (acc[c] * scale[:, None] + p[:, None] * xs[c],)
+        acc = acc_new
+        l = l * scale + p
+        m = m_new
+    inv_l = 1.0 / l
+    for c in tl.static_range(CH):
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        tl.store(h_ptr + rows + cols[None, :], (acc[c] * inv_l[:, None]).to(h_ptr.dtype.element_ty),
+                 mask=t_ok[:, None] & (cols < D)[None, :])
+    tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)
+
+
+@triton.jit
 def _attn_res_fwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NMAX: tl.constexpr,
@@ -354,6 +422,17 @@ def addressing() -> str:
     return mode
 
 
+def fwd_layout() -> str:
+    """The pointer-argument forward's tile layout: :data:`FWD_LAYOUT` if set, else ``KVL_ATTNRES_FWD_LAYOUT``, else
+    ``tile`` (``tile``: all of ``D`` padded to a power of two, reductions across the warps; ``rows``: warp-owned rows
+    of ``CH`` chunks, the backward's layout; not yet timed on a GPU, hence not the default)."""
+    layout = FWD_LAYOUT or os.environ.get("KVL_ATTNRES_FWD_LAYOUT") or "tile"
+    if layout not in FWD_LAYOUTS:
+        raise ValueError(f"kernels/attn_res/mix_triton.py: KVL_ATTNRES_FWD_LAYOUT must be one of {FWD_LAYOUTS}, "
+                         f"got {layout!r}")
+    return layout
+
+
 def use_args(n: int) -> bool:
     """Whether a mix over ``n`` sources passes them as pointer arguments (else through an address table)."""
     return n <= MAX_ARGS and addressing() == "args"
@@ -417,7 +496,12 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     lse = torch.empty(m, device=x0.device, dtype=torch.float32)
     block_t, block_d = _blocks(d)
     grid = (triton.cdiv(m, block_t),)
-    if use_args(n):
+    if use_args(n) and fwd_layout() == "rows":
+        block_t, chunk, ch = _bwd_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
+        _attn_res_fwd_rows_kernel[(triton.cdiv(m, block_t),)](
+            *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FWD_NUM_WARPS)
+    elif use_args(n):
         _attn_res_fwd_args_kernel[grid](
             *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, BLOCK_D=block_d, NMAX=MAX_ARGS, num_warps=NUM_WARPS)

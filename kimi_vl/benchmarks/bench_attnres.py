@@ -12,12 +12,14 @@ Measured in one run, bf16, CUDA events after warm-up:
   over a retained graph) and forward+backward, with the Triton kernel's effective bandwidth (ideal bytes: the
   forward reads N sources and writes h; the backward reads N sources and dh and writes N gradients) and its
   backward / forward time ratio. N = 1 2 4 7 9 by default (9 takes the address table).
-- ``bwd_sweep`` (with ``--bwd-sweep``): the Triton backward kernel alone under each configuration of
-  ``BWD_SWEEP`` (warps, rows per tile, register cap, programs per SM), with its error against the default.
+- ``bwd_sweep`` (with ``--bwd-sweep``): the Triton forward and backward kernels alone under each configuration
+  of ``SWEEPS`` (warps, rows per tile, chunks, register cap, programs per SM), with the error against the
+  default.
 - ``train``: forward + backward (no optimizer step) of the flavor at ``seq`` with ``standard`` vs
   ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
   (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes through the
-  Triton kernel (pointer arguments, gradient sinks for the block states; for all-MLA also without the sinks,
+  Triton kernel (pointer arguments, gradient sinks for the block states; also with the ``rows`` forward layout,
+  ``KVL_ATTNRES_FWD_LAYOUT=rows``; for all-MLA also without the sinks,
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
   the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
   the resident weights, and the memory of the stored block states for scale.
@@ -131,23 +133,34 @@ def bench_mix(tokens: int, d: int, ns: list[int], device: torch.device, dtype: t
     return rows
 
 
-# Backward kernel configurations timed by --bwd-sweep (module constants of kernels/attn_res/mix_triton.py; the
-# first is the module's default). Each entry sets the named constants for its timing only.
-BWD_SWEEP: list[dict[str, int | None]] = [
-    {},
-    {"BWD_NUM_WARPS": 4},
-    {"BWD_THREAD_ELEMS": 48},
-    {"BWD_MAXNREG": 128},
-    {"BWD_NUM_WARPS": 4, "BWD_MAXNREG": 128},
-    {"BWD_PROGRAMS_PER_SM": 4},
-    {"BWD_PROGRAMS_PER_SM": 16},
-]
+# Kernel configurations timed by --bwd-sweep (module constants of kernels/attn_res/mix_triton.py; the first entry
+# of each list is the module's default). Each entry sets the named constants for its timing only.
+SWEEPS: dict[str, list[dict[str, int | None]]] = {
+    "forward": [
+        {},
+        {"FWD_LAYOUT": "rows"},
+        {"FWD_LAYOUT": "rows", "FWD_NUM_WARPS": 8},
+        {"FWD_LAYOUT": "rows", "FWD_THREAD_ELEMS": 12},
+        {"FWD_LAYOUT": "rows", "FWD_THREAD_ELEMS": 48},
+        {"FWD_LAYOUT": "rows", "FWD_MAX_CHUNKS": 8},
+    ],
+    "backward": [
+        {},
+        {"BWD_NUM_WARPS": 8},
+        {"BWD_THREAD_ELEMS": 48},
+        {"BWD_MAXNREG": 128},
+        {"BWD_PROGRAMS_PER_SM": 4},
+        {"BWD_PROGRAMS_PER_SM": 16},
+    ],
+}
 
 
 def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dtype: torch.dtype,
                     iters: int) -> list[dict]:
-    """The Triton backward kernel alone (``mix_bwd_triton``: kernel + query-gradient sum) under each entry of
-    :data:`BWD_SWEEP`, with its error against the default configuration (relative RMS over all outputs)."""
+    """The Triton forward (``mix_fwd_triton``) and backward (``mix_bwd_triton``: kernel + query-gradient sum)
+    kernels alone under each entry of :data:`SWEEPS`, with the error against the default configuration (relative
+    RMS over all outputs) and the bandwidth of the ideal traffic (forward: N sources read, h written; backward: N
+    sources and dh read, N gradients written)."""
     from kernels.attn_res import mix_triton as mt
 
     rows = []
@@ -156,32 +169,48 @@ def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dt
         srcs = [x.detach() for x in xs]
         u = (w.float().reshape(-1) * g.float()).contiguous()
         _, rstd, alpha = mt.mix_fwd_triton(srcs, u, 1e-5)
-        ref = None
-        for cfg in BWD_SWEEP:
-            old = {k: getattr(mt, k) for k in cfg}
-            row = {"n": n, "tokens": tokens, "d": d, "config": dict(cfg) or "default"}
-            try:
-                for k, v in cfg.items():
-                    setattr(mt, k, v)
-                mt._bwd_blocks.cache_clear()
-                out = mt.mix_bwd_triton(srcs, u, dh, rstd, alpha)
-                flat = torch.cat([t.float().reshape(-1) for t in (*out[0], out[1])])
+        calls = {"forward": (partial(mt.mix_fwd_triton, srcs, u, 1e-5), n + 1),
+                 "backward": (partial(mt.mix_bwd_triton, srcs, u, dh, rstd, alpha), 2 * n + 1)}
+        for kernel, (fn, passes) in calls.items():
+            ref = None
+            for cfg in SWEEPS[kernel]:
+                row, flat = _sweep_row(mt, kernel, cfg, fn, passes, n, tokens, d, srcs[0].element_size(), iters,
+                                       device, ref)
+                rows.append(row)
                 ref = flat if ref is None else ref
-                row["rel_err_vs_default"] = ((flat - ref).norm() / ref.norm()).item()
-                ms = 1e3 * time_per_iter(partial(mt.mix_bwd_triton, srcs, u, dh, rstd, alpha), 2, iters, device)
-                row["ms"] = ms
-                row["gbps"] = (2 * n + 1) * srcs[0].element_size() * tokens * d / ms / 1e6
-                row["block_t_chunk_ch"] = mt._bwd_blocks(d, srcs[0].element_size(), mt.BWD_NUM_WARPS,
-                                                         mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
-            except Exception as err:  # a configuration that fails to compile or run is itself a result
-                row["error"] = f"{type(err).__name__}: {err}"[:2000]
-            finally:
-                for k, v in old.items():
-                    setattr(mt, k, v)
-                mt._bwd_blocks.cache_clear()
-            rows.append(row)
         del xs, dh, srcs
     return rows
+
+
+def _sweep_row(mt, kernel: str, cfg: dict, fn: Callable, passes: int, n: int, tokens: int, d: int, elem: int,
+               iters: int, device: torch.device, ref: torch.Tensor | None) -> tuple[dict, torch.Tensor | None]:
+    """One configuration of one kernel: set the constants, time ``fn``, restore them; the row and the flattened
+    outputs (``None`` on an error)."""
+    old = {k: getattr(mt, k) for k in cfg}
+    row: dict = {"kernel": kernel, "n": n, "tokens": tokens, "d": d, "config": dict(cfg) or "default"}
+    flat = None
+    try:
+        for k, v in cfg.items():
+            setattr(mt, k, v)
+        mt._bwd_blocks.cache_clear()
+        out = fn()
+        tensors = (*out[0], out[1]) if kernel == "backward" else out
+        flat = torch.cat([t.float().reshape(-1) for t in tensors])
+        row["rel_err_vs_default"] = 0.0 if ref is None else ((flat - ref).norm() / ref.norm()).item()
+        ms = 1e3 * time_per_iter(fn, 2, iters, device)
+        row["ms"] = ms
+        row["gbps"] = passes * elem * tokens * d / ms / 1e6
+        if kernel == "backward" or mt.fwd_layout() == "rows":
+            prefix = "FWD" if kernel == "forward" else "BWD"
+            row["block_t_chunk_ch"] = mt._bwd_blocks(d, elem, *(getattr(mt, f"{prefix}_{k}") for k in
+                                                                 ("NUM_WARPS", "MAX_CHUNKS", "THREAD_ELEMS")))
+    except Exception as err:  # a configuration that fails to compile or run is itself a result
+        row["error"] = f"{type(err).__name__}: {err}"[:2000]
+    finally:
+        for k, v in old.items():
+            setattr(mt, k, v)
+        mt._bwd_blocks.cache_clear()
+    return row, flat
 
 
 def _config(flavor: str, layers: str, residual: str) -> KimiVLConfig:
@@ -256,10 +285,11 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     ids = torch.randint(0, cfgs["standard"].vocab_size, (args.batch, args.seq), device=device)
     triton = {"KVL_ATTNRES_BACKEND": "triton"}
     variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
+                "attnres_triton_rows": ("attnres_block", triton | {"KVL_ATTNRES_FWD_LAYOUT": "rows"}),
                 "attnres_triton_nosink": ("attnres_block", triton | {"KVL_ATTNRES_GRAD_SINK": "0"}),
                 "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"})}
     if layers != "mla":
-        variants = {v: variants[v] for v in ("standard", "attnres_triton")}
+        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_rows")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     best = {v: float("inf") for v in variants}
     peak = {}
@@ -351,7 +381,7 @@ def main() -> None:
     p.add_argument("--no-hybrid", action="store_true")
     p.add_argument("--budget-s", type=float, default=50.0, help="skip the hybrid when the run is past this")
     p.add_argument("--bwd-sweep", action="store_true",
-                   help="also time the Triton backward kernel alone under each configuration of BWD_SWEEP")
+                   help="also time the Triton forward and backward kernels alone under each configuration of SWEEPS")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (debug flavor), checks the script")
     args = p.parse_args()
     t0 = time.perf_counter()
@@ -394,14 +424,14 @@ def table(results: dict) -> str:
         gbps = f"{r['triton_fwd_gbps']:,.0f} / {r['triton_bwd_gbps']:,.0f}"
         lines.append(f"| {r['n']} | " + " | ".join(cells) + f" | {gbps} | {r['triton_bwd_over_fwd']:.2f} |")
     if "bwd_sweep" in results:
-        lines += ["", "| N | backward kernel config | ms | GB/s | rel. err. vs default |",
-                  "| --- | --- | --- | --- | --- |"]
+        lines += ["", "| N | kernel | config | ms | GB/s | rel. err. vs default |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for r in results["bwd_sweep"]:
+            head = f"| {r['n']} | {r['kernel']} | {r['config']} |"
             if "error" in r:
-                lines.append(f"| {r['n']} | {r['config']} | error: {r['error'][:80]} | | |")
+                lines.append(f"{head} error: {r['error'][:80]} | | |")
             else:
-                lines.append(f"| {r['n']} | {r['config']} | {r['ms']:.3f} | {r['gbps']:,.0f} | "
-                             f"{r['rel_err_vs_default']:.1e} |")
+                lines.append(f"{head} {r['ms']:.3f} | {r['gbps']:,.0f} | {r['rel_err_vs_default']:.1e} |")
     lines += ["", "| layers | variant | step ms | tokens/s | overhead | step peak GiB | peak overhead |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for layers, group in results["train"].items():

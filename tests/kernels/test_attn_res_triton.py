@@ -20,7 +20,7 @@ def _interpret(monkeypatch):
     interpret_without_gpu(monkeypatch)
     monkeypatch.delenv("KVL_ATTNRES_BACKEND", raising=False)
     monkeypatch.delenv("KVL_ATTNRES_ADDRESSING", raising=False)
-
+    monkeypatch.delenv("KVL_ATTNRES_FWD_LAYOUT", raising=False)
 
 
 def _inputs(n: int, shape: tuple[int, ...], d: int, dtype=torch.float32, q_scale: float = 1.0, seed: int = 0):
@@ -173,6 +173,32 @@ def test_triton_both_addressings_equal_naive(monkeypatch, addressing, n):
     assert mix_triton.use_args(n) == (addressing == "args")
     xs, w, g = _inputs(n, (2, 13), 40, q_scale=2.0, seed=9)
     _check_against_naive(xs, w, g, "triton", *TOL[torch.float32])
+
+
+@pytest.mark.parametrize(
+    ("n", "shape", "d", "dtype"),
+    [
+        (1, (5,), 48, torch.float32),       # one source: h = x
+        (2, (300,), 50, torch.float32),     # D not a power of two: one 64-wide chunk, masked columns
+        (mix_triton.MAX_ARGS, (2, 13), 40, torch.float32),
+        (3, (3, 7), 768, torch.float32),    # the small flavor's width: 3 chunks, ragged last tile
+        (5, (3, 7), 768, torch.bfloat16),
+    ],
+)
+def test_triton_rows_forward_equals_naive(monkeypatch, n, shape, d, dtype):
+    """The ``rows`` forward layout (``KVL_ATTNRES_FWD_LAYOUT=rows``) gives the reference, and the same outputs as
+    the default ``tile`` layout to rounding."""
+    xs, w, g = _inputs(n, shape, d, dtype=dtype, q_scale=2.0, seed=13)
+    h_tile, alpha_tile = attn_res_mix(xs, w, g, EPS, backend="triton")
+    monkeypatch.setenv("KVL_ATTNRES_FWD_LAYOUT", "rows")
+    assert mix_triton.fwd_layout() == "rows"
+    _check_against_naive(xs, w, g, "triton", *TOL[dtype])
+    h_rows, alpha_rows = attn_res_mix(xs, w, g, EPS, backend="triton")
+    assert_rel_rms(h_rows, h_tile, TOL[dtype][0], "h rows vs tile")
+    assert_rel_rms(alpha_rows, alpha_tile, 1e-6, "alpha rows vs tile")
+    monkeypatch.setenv("KVL_ATTNRES_FWD_LAYOUT", "columns")
+    with pytest.raises(ValueError, match="KVL_ATTNRES_FWD_LAYOUT"):
+        mix_triton.fwd_layout()
 
 
 def test_triton_many_sources_fall_back_to_the_table(monkeypatch):
