@@ -23,6 +23,9 @@ Measured in one run, bf16, CUDA events after warm-up:
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
   the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
   the resident weights, and the memory of the stored block states for scale.
+- ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
+  and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
+  AttnRes step's extra time goes.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
   two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``). (The first benchmark decoded with autograd on, so AttnRes
@@ -44,6 +47,7 @@ from pathlib import Path
 import torch
 
 from kernels.attn_res import attn_res_mix, attn_res_mix_naive
+from kernels.profiling import diff_by_name, time_by_name
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
 from kimi_vl.benchmarks.bench_backbone import bench_decode
 
@@ -243,6 +247,18 @@ def _step_peak_gib(step: Callable[[], None], device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
+def _profile_step(step: Callable[[], None]) -> dict[str, tuple[float, int]]:
+    """One (warm) step under ``torch.profiler``: time and calls per GPU kernel (per ``aten::`` op on a CPU)."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as prof:
+        step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return time_by_name(prof)
+
+
 def _with_env(env: dict[str, str], fn: Callable[[], float]):
     """``fn()`` with the environment variables ``env`` set (and restored afterwards)."""
     old = {k: os.environ.get(k) for k in env}
@@ -311,6 +327,10 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
         out["variants"][v] = {"step_s": best[v], "tokens_per_s": args.batch * args.seq / best[v],
                               "overhead_pct": 100 * (best[v] / best["standard"] - 1),
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
+    if args.profile:
+        times = {v: _with_env(variants[v][1], partial(_profile_step, steps[v]))
+                 for v in ("standard", "attnres_triton")}
+        out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_triton"], top=args.profile_top)
     dec = bench_decode_variants(models, cfgs["standard"], layers, args, device) if args.decode_steps > 0 else {}
     out["decode"] = dec
     del models
@@ -382,6 +402,9 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=50.0, help="skip the hybrid when the run is past this")
     p.add_argument("--bwd-sweep", action="store_true",
                    help="also time the Triton forward and backward kernels alone under each configuration of SWEEPS")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one step of standard and attnres_triton: the kernels whose time differs most")
+    p.add_argument("--profile-top", type=int, default=15)
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (debug flavor), checks the script")
     args = p.parse_args()
     t0 = time.perf_counter()
@@ -413,6 +436,15 @@ def main() -> None:
     print(table(results))
 
 
+def _kernel_diff_lines(layers: str, rows: list[dict]) -> list[str]:
+    """The profiled kernels whose time differs most between standard and attnres_triton, as table rows."""
+    lines = []
+    for r in rows:
+        lines.append(f"| {layers} | profile: {r['name'][:70]} ({r['base_calls']} -> {r['other_calls']} calls) | "
+                     f"{r['base_ms']:.2f} -> {r['other_ms']:.2f} ms | | {r['diff_ms']:+.2f} ms | | |")
+    return lines
+
+
 def table(results: dict) -> str:
     lines = [f"{results['device']}, flavor {results['flavor']}, {results['dtype']}, torch {results['torch']}, "
              f"{results['date']}, {results['wall_s']:.0f} s", "",
@@ -442,6 +474,7 @@ def table(results: dict) -> str:
             lines.append(f"| {layers} | {v} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
         lines += _decode_lines(layers, group.get("decode", {}))
+        lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
         lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")
         t = group["mix_traffic_gb"]
         lines.append(f"| {layers} | (mix traffic floor: {t['forward']:.1f} GB fwd + {t['backward_sinks']:.1f} GB bwd "
