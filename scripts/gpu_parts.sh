@@ -5,6 +5,7 @@
 #   app16 NAME ENV=VALUE...         the training app (small_pretrain on $DATA, APP_STEPS steps, default 16; APP_DIR: the
 #                                   code's folder, default .; APP_OVERRIDES: extra key=value) with its metrics in $OUT
 #   app_compare A B                 per-step step-time ratio B/A (same batches: the data order is seeded), losses
+#   summarize NAME...               24-step runs: median tokens/s and mfu of steps 9-24, peak memory, slow steps
 # and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one;
 # use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache).
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
@@ -63,5 +64,22 @@ print(f"app{steps} {b} / {a}: step time ratio median {statistics.median(ratios):
       f"{statistics.median(run[b][s]['mfu'] for s in run[b] if s >= lo):.4f}")
 print("  loss " + ", ".join(f"step {s}: {run[a][s]['loss']:.4f} / {run[b][s]['loss']:.4f}"
                            for s in (1, steps // 4, steps // 2, steps) if s in run[a] and s in run[b]))
+PY
+}
+
+summarize() {  # run names: median tokens/s and mfu over steps 9-24, peak memory, full collections, slow steps
+  python3 - "$OUT" "$@" <<'PY' 2>&1 | tee -a "$LOG"
+import json, statistics, sys
+for name in sys.argv[2:]:
+    try:
+        rows = [json.loads(line) for line in open(f"{sys.argv[1]}/app24_{name}_metrics.jsonl")]
+    except OSError:
+        continue
+    late = [r for r in rows if r["step"] >= 9]
+    slow = [(r["step"], round(r["step_time_s"], 3), round(r.get("gc_s", 0), 3)) for r in rows
+            if r["step"] >= 3 and r["step_time_s"] > 1.5 * statistics.median(x["step_time_s"] for x in late)]
+    print(f"{name}: tokens/s {statistics.median(r['tokens_per_s'] for r in late):.0f}, "
+          f"mfu {statistics.median(r['mfu'] for r in late):.4f}, peak {max(r.get('peak_mem_gib', 0) for r in rows):.1f} GiB, "
+          f"full GC in steps {[r['step'] for r in rows if 'gc_s' in r]}, slow steps (step, s, gc_s) {slow}")
 PY
 }

@@ -18,23 +18,6 @@ set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
-summarize() {  # run names: median tokens/s and mfu over steps 9-24, peak memory, full collections, slow steps
-  python3 - "$OUT" "$@" <<'PY' 2>&1 | tee -a "$LOG"
-import json, statistics, sys
-for name in sys.argv[2:]:
-    try:
-        rows = [json.loads(line) for line in open(f"{sys.argv[1]}/app24_{name}_metrics.jsonl")]
-    except OSError:
-        continue
-    late = [r for r in rows if r["step"] >= 9]
-    slow = [(r["step"], round(r["step_time_s"], 3), round(r.get("gc_s", 0), 3)) for r in rows
-            if r["step"] >= 3 and r["step_time_s"] > 1.5 * statistics.median(x["step_time_s"] for x in late)]
-    print(f"{name}: tokens/s {statistics.median(r['tokens_per_s'] for r in late):.0f}, "
-          f"mfu {statistics.median(r['mfu'] for r in late):.4f}, peak {max(r.get('peak_mem_gib', 0) for r in rows):.1f} GiB, "
-          f"full GC in steps {[r['step'] for r in rows if 'gc_s' in r]}, slow steps (step, s, gc_s) {slow}")
-PY
-}
-
 gpu_header
 case "${1:?usage: gpu_session10.sh batch|batch2|overlap|overlap2|batch3 DATA}" in
 batch)

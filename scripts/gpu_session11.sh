@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 11's GPU checks, one H100 call per PART (run from the repo root on the GPU machine; written in session 11,
+# which had no device time left, for the next session to run):
+#   bash scripts/gpu_session11.sh attnres   the AttnRes kernel tests on the GPU (the new 'rows' forward layout
+#       included), then bench_attnres at batch 8 x 4096 with the forward + backward configuration sweep (tile vs
+#       rows forward), the train section (standard / attnres_triton / attnres_triton_rows, all-MLA and hybrid) and
+#       --profile: the kernels whose time differs between a standard and an AttnRes step (where the +11% goes)
+#   bash scripts/gpu_session11.sh app DATA   the app (small_pretrain, batch 16, 24 steps) with the 'tile' and 'rows'
+#       forward layouts, interleaved (tile rows tile rows), then profile_train_step's unsynchronised pipeline
+#       (the app's own loop for 8 steps: how busy the GPU is between the host's launches)
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+export TOKENIZERS_PARALLELISM=false
+
+gpu_header
+case "${1:?usage: gpu_session11.sh attnres|app [DATA]}" in
+attnres)
+  PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 200 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  PART_TAIL=80 part "bench_attnres sweep + profile" 360 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 2 3 4 5 --bwd-sweep --profile --budget-s 200 --decode-steps 0
+  ;;
+app)
+  DATA=${2:?usage: gpu_session11.sh app DATA}
+  export APP_STEPS=24
+  base="data.batch_size=16"
+  APP_OVERRIDES="$base" app16 tile_a KVL_ATTNRES_FWD_LAYOUT=tile
+  APP_OVERRIDES="$base" app16 rows_a KVL_ATTNRES_FWD_LAYOUT=rows
+  APP_OVERRIDES="$base" app16 tile_b KVL_ATTNRES_FWD_LAYOUT=tile
+  APP_OVERRIDES="$base" app16 rows_b KVL_ATTNRES_FWD_LAYOUT=rows
+  app_compare tile_a rows_a
+  app_compare tile_b rows_b
+  app_compare tile_a tile_b
+  summarize tile_a rows_a tile_b rows_b
+  PART_TAIL=40 part "pipeline: app loop, batch 16" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=16 data.num_workers=8 \
+    --steps 2 --warmup 4 --module-steps 0 --pipeline-steps 8 --out "$OUT/pipeline_b16"
+  ;;
+esac
+ls -la "$OUT"
