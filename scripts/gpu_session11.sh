@@ -3,17 +3,20 @@
 # which had no device time left, for the next session to run):
 #   bash scripts/gpu_session11.sh attnres   the AttnRes kernel tests on the GPU (the new 'rows' forward layout
 #       included), then bench_attnres at batch 8 x 4096 with the forward + backward configuration sweep (tile vs
-#       rows forward), the train section (standard / attnres_triton / attnres_triton_rows, all-MLA and hybrid) and
+#       rows forward), the train section (standard / attnres_triton / _rows / _fusenorm, all-MLA and hybrid) and
 #       --profile: the kernels whose time differs between a standard and an AttnRes step (where the +11% goes)
-#   bash scripts/gpu_session11.sh app DATA   the app (small_pretrain, batch 16, 24 steps) with the 'tile' and 'rows'
-#       forward layouts, interleaved (tile rows tile rows), then profile_train_step's unsynchronised pipeline
-#       (the app's own loop for 8 steps: how busy the GPU is between the host's launches)
+#       and between AttnRes with and without the fused norm
+#   bash scripts/gpu_session11.sh app DATA   the app (small_pretrain, batch 16, 24 steps) without and with each
+#       sublayer's input norm fused into the AttnRes mix (KVL_ATTNRES_FUSE_NORM), interleaved: off on off on
+#   bash scripts/gpu_session11.sh app2 DATA  the app with the 'tile' and 'rows' forward layouts, then
+#       profile_train_step's unsynchronised pipeline (the app's own loop for 8 steps: how busy the GPU is between the
+#       host's launches)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session11.sh attnres|app [DATA]}" in
+case "${1:?usage: gpu_session11.sh attnres|app|app2 [DATA]}" in
 attnres)
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 200 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
@@ -24,14 +27,23 @@ app)
   DATA=${2:?usage: gpu_session11.sh app DATA}
   export APP_STEPS=24
   base="data.batch_size=16"
-  APP_OVERRIDES="$base" app16 tile_a KVL_ATTNRES_FWD_LAYOUT=tile
-  APP_OVERRIDES="$base" app16 rows_a KVL_ATTNRES_FWD_LAYOUT=rows
-  APP_OVERRIDES="$base" app16 tile_b KVL_ATTNRES_FWD_LAYOUT=tile
-  APP_OVERRIDES="$base" app16 rows_b KVL_ATTNRES_FWD_LAYOUT=rows
-  app_compare tile_a rows_a
-  app_compare tile_b rows_b
+  APP_OVERRIDES="$base" app16 tile_a KVL_ATTNRES_FUSE_NORM=0
+  APP_OVERRIDES="$base" app16 fuse_a KVL_ATTNRES_FUSE_NORM=1
+  APP_OVERRIDES="$base" app16 tile_b KVL_ATTNRES_FUSE_NORM=0
+  APP_OVERRIDES="$base" app16 fuse_b KVL_ATTNRES_FUSE_NORM=1
+  app_compare tile_a fuse_a
+  app_compare tile_b fuse_b
   app_compare tile_a tile_b
-  summarize tile_a rows_a tile_b rows_b
+  summarize tile_a fuse_a tile_b fuse_b
+  ;;
+app2)
+  DATA=${2:?usage: gpu_session11.sh app2 DATA}
+  export APP_STEPS=24
+  base="data.batch_size=16"
+  APP_OVERRIDES="$base" app16 tile_c KVL_ATTNRES_FWD_LAYOUT=tile
+  APP_OVERRIDES="$base" app16 rows_c KVL_ATTNRES_FWD_LAYOUT=rows
+  app_compare tile_c rows_c
+  summarize tile_c rows_c
   PART_TAIL=40 part "pipeline: app loop, batch 16" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
     --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=16 data.num_workers=8 \
     --steps 2 --warmup 4 --module-steps 0 --pipeline-steps 8 --out "$OUT/pipeline_b16"

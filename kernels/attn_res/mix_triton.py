@@ -37,6 +37,14 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   kernel 0.174 / 0.244 / 0.380 ms at N = 2 / 4 / 7 with 8 warps, 0.130 / 0.206 / 0.359 ms with 4 warps (now the
   default); in the small model's step the 24 backward mixes took 6.54 ms (the first kernel: 17.27 ms, call1).
 
+Fused input norm (``AttnResMixNormTriton``, ``NORM`` in the ``tile`` forward and the pointer-argument backward):
+the sublayer's RMSNorm of ``h`` (``kernels/norm``'s rounding points) runs at the end of the forward program, which
+writes ``y``, ``h`` (saved for backward, as the norm module would save it) and ``rstd(h)``; the backward forms
+``dh`` from the incoming ``dy`` and ``h`` in registers (fp32, never stored) and accumulates the norm gain's
+gradient per program like ``du``. Saves a launch each way, the norm's read of ``h`` forward and the ``dh`` write
+and read backward. Written in session 11 without a GPU: correct under the interpreter, not yet timed
+(``KVL_ATTNRES_FUSE_NORM``, off by default, in ``kimi_vl/modeling/attn_res.py``).
+
 Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
 
 - ``args`` (default for ``N <= MAX_ARGS``): each source is its own pointer argument (``MAX_ARGS`` slots, unused
@@ -170,6 +178,24 @@ def _write_grad(x, dh, u, du, dsrc, rows, t_ok, acc_on, a, r, g, q, big_g, D,
         tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
         du_new = du_new + (du[c] + k[:, None] * xf,)
     return du_new
+
+
+@triton.jit
+def _norm_dh(dy, dnw, h, nw, hr, D, CH: tl.constexpr):
+    """The RMSNorm backward on a row tile: ``dh = r (dy nw - x_hat mean(dy nw x_hat))`` (``x_hat = h r``, fp32) and
+    the gain's gradient ``dnw += dy x_hat`` (``x_hat`` rounded to ``h``'s dtype, as the forward used it)."""
+    x_hat, dn = (), ()
+    dot = tl.zeros_like(hr)
+    for c in tl.static_range(CH):
+        xh = h[c].to(tl.float32) * hr[:, None]
+        x_hat, dn = x_hat + (xh,), dn + (dy[c] * nw[c][None, :],)
+        dot += tl.sum(dn[c] * xh, axis=1)
+    dot = dot / D
+    dh, dnw_new = (), ()
+    for c in tl.static_range(CH):
+        dh = dh + (hr[:, None] * (dn[c] - x_hat[c] * dot[:, None]),)
+        dnw_new = dnw_new + (dnw[c] + dy[c] * x_hat[c].to(h[c].dtype).to(tl.float32),)
+    return dh, dnw_new
 
 
 @triton.jit
@@ -315,8 +341,11 @@ def _attn_res_fwd_rows_kernel(
 @triton.jit
 def _attn_res_fwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NMAX: tl.constexpr,
+    nw_ptr, y_ptr, hrstd_ptr, norm_eps,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NMAX: tl.constexpr, NORM: tl.constexpr,
 ):
+    """With ``NORM`` the sublayer's input RMSNorm follows in the same program (as ``kernels/norm`` rounds it: h to
+    the source dtype, ``x_hat`` to it again, then the gain): ``y = nw * x_hat`` and ``rstd(h)`` are written too."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
@@ -342,29 +371,45 @@ def _attn_res_fwd_args_kernel(
             acc = acc * scale[:, None] + p[:, None] * x
             l = l * scale + p
             m = m_new
-    h = acc / l[:, None]
-    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=tile_ok)
+    h = (acc / l[:, None]).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + offs, h, mask=tile_ok)
     tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)
+    if NORM:
+        hf = h.to(tl.float32)
+        hr = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=1) / D + norm_eps)
+        x_hat = (hf * hr[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+        nw = tl.load(nw_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs, (nw[None, :] * x_hat).to(y_ptr.dtype.element_ty), mask=tile_ok)
+        tl.store(hrstd_ptr + offs_t, hr, mask=t_ok)
 
 
 @triton.jit(do_not_specialize=["acc_mask"])
 def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
     u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr,
+    h_ptr, nw_ptr, hrstd_ptr, dnw_ptr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, NORM: tl.constexpr,
 ):
     """Pointer-argument backward, ``N`` a compile-time constant: straight-line code over the sources, the next
     source's tile loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
-    stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content."""
+    stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content. With
+    ``NORM``, ``dh_ptr`` holds the gradient of the fused RMSNorm's output: ``dh`` is formed here from it and the saved
+    ``h`` (as ``kernels/norm``'s backward does, kept in fp32), and the norm gain's gradient is accumulated per
+    program like ``du``."""
     pid = tl.program_id(0)
     u = _load_vec(u_ptr, D, CH, CHUNK)
     du = _zeros_row(BLOCK_T, CH, CHUNK)
+    dnw = _zeros_row(BLOCK_T, CH, CHUNK)
+    nw = _load_vec(nw_ptr, D, CH, CHUNK)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = offs_t < M
         rows = offs_t.to(tl.int64)[:, None] * D
         x_next = _load_row(x0, rows, t_ok, D, CH, CHUNK)
         dh = _to_f32(_load_row(dh_ptr, rows, t_ok, D, CH, CHUNK), CH)
+        if NORM:
+            dh, dnw = _norm_dh(dh, dnw, _load_row(h_ptr, rows, t_ok, D, CH, CHUNK), nw,
+                               tl.load(hrstd_ptr + offs_t, mask=t_ok, other=0.0), D, CH)
         big_g = tl.zeros([BLOCK_T], dtype=tl.float32)
         gs, qs, alphas, rstds = (), (), (), ()
         for n in tl.static_range(N):  # pass A: per-token dot products
@@ -385,6 +430,8 @@ def _attn_res_bwd_args_kernel(
             du = _write_grad(x, dh, u, du, _pick(n, g0, g1, g2, g3, g4, g5, g6, g7), rows, t_ok,
                              ((acc_mask >> n) & 1) != 0, alphas[n], rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK)
     _store_du(du_ptr + pid * D, du, D, CH, CHUNK)
+    if NORM:
+        _store_du(dnw_ptr + pid * D, dnw, D, CH, CHUNK)
 
 
 @functools.lru_cache(maxsize=64)
@@ -483,13 +530,36 @@ class GradSink:
         self.uses = 0
 
 
+def fused_norm_supported(n: int) -> bool:
+    """Whether a mix over ``n`` sources can end with the sublayer's RMSNorm in its kernels (:func:`mix_norm_fwd`):
+    the pointer-argument path with the ``tile`` forward layout."""
+    return use_args(n) and fwd_layout() == "tile"
+
+
 def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``.
 
     Returns ``h [M, D]`` (source dtype), fp32 ``rstd [N, M]`` and ``alpha [N, M]``."""
+    h, rstd, alpha, _ = _mix_fwd(sources, u, eps, None)
+    return h, rstd, alpha
+
+
+def mix_norm_fwd(sources: list[torch.Tensor], u: torch.Tensor, eps: float, norm_weight: torch.Tensor,
+                 norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The mix, then ``kernels.norm``'s RMSNorm of ``h`` with gain ``norm_weight [D]`` in the same kernel
+    (:func:`fused_norm_supported` must hold). Returns ``h``, ``rstd``, ``alpha`` as :func:`mix_fwd_triton`, then
+    ``y [M, D]`` (dtype of ``h`` promoted with the gain's, as ``kernels.norm``) and ``rstd(h)`` fp32 ``[M]``."""
+    h, rstd, alpha, (y, hrstd) = _mix_fwd(sources, u, eps, (norm_weight, norm_eps))
+    return h, rstd, alpha, y, hrstd
+
+
+def _mix_fwd(sources: list[torch.Tensor], u: torch.Tensor, eps: float, norm: tuple[torch.Tensor, float] | None):
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
+    if norm is not None and not fused_norm_supported(n):
+        raise ValueError(f"kernels/attn_res/mix_triton.py: the fused RMSNorm needs the pointer-argument path and the "
+                         f"'tile' forward layout (N <= {MAX_ARGS}), got N={n}, layout {fwd_layout()!r}")
     h = torch.empty_like(x0)
     rstd = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
@@ -502,25 +572,36 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
             *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FWD_NUM_WARPS)
     elif use_args(n):
+        normed = None
+        if norm is not None:
+            y = torch.empty(m, d, device=x0.device, dtype=torch.promote_types(x0.dtype, norm[0].dtype))
+            normed = (y, torch.empty(m, device=x0.device, dtype=torch.float32))
+        nw, y_out, hrstd = (norm[0], *normed) if norm is not None else (u, h, lse)  # unused when not NORM
         _attn_res_fwd_args_kernel[grid](
-            *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
-            BLOCK_T=block_t, BLOCK_D=block_d, NMAX=MAX_ARGS, num_warps=NUM_WARPS)
+            *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps, nw, y_out, hrstd,
+            norm[1] if norm is not None else 0.0,
+            BLOCK_T=block_t, BLOCK_D=block_d, NMAX=MAX_ARGS, NORM=norm is not None, num_warps=NUM_WARPS)
     else:
         _attn_res_fwd_kernel[grid](
             _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
     alpha.sub_(lse).exp_()
-    return h, rstd, alpha
+    return h, rstd, alpha, (normed if norm is not None else None)
 
 
 def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor, rstd: torch.Tensor,
-                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None
-                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
+                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None,
+                   norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                   ) -> tuple[list[torch.Tensor], torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """Gradients ``dx_n [M, D]`` (source dtype) and ``du [D]`` fp32, ``dh [M, D]`` in the source dtype.
 
     With ``sinks`` (pointer-argument path only), source ``n`` with a sink gets its gradient added into the
     sink's buffer in the kernel (the buffer is started by the first mix to run backward), and ``dx_n`` is
-    that buffer."""
+    that buffer. With ``norm = (h, norm_weight, rstd(h))`` from :func:`mix_norm_fwd` (pointer arguments only),
+    ``dh`` is the gradient of the norm's output ``y`` and the norm gain's gradient (fp32 ``[D]``) is returned third."""
+    if norm is not None and not use_args(len(sources)):
+        raise ValueError("kernels/attn_res/mix_triton.py: the fused RMSNorm's backward needs the pointer-argument "
+                         f"path (N <= {MAX_ARGS}), got N={len(sources)}")
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
     dxs, acc_mask = [], 0
@@ -538,10 +619,13 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     num_tiles = triton.cdiv(m, block_t)
     programs = _num_bwd_programs(num_tiles, x0.device)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
+    dnw_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32) if norm is not None else None
     if use_args(n):
+        h, nw, hrstd = norm if norm is not None else (dh, u, rstd)  # unused when not NORM
         _attn_res_bwd_args_kernel[(programs,)](
             *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles, acc_mask,
-            BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=BWD_NUM_WARPS, **_maxnreg())
+            h, nw, hrstd, dnw_partial if norm is not None else du_partial,
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, NORM=norm is not None, num_warps=BWD_NUM_WARPS, **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "
@@ -551,6 +635,8 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
             _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, gq, du_partial,
             n, m, d, num_tiles, BLOCK_T=block_t, CHUNK=chunk, CH=ch, ALIGNED=_aligned(sources + dxs),
             num_warps=BWD_NUM_WARPS, **_maxnreg())
+    if norm is not None:
+        return dxs, du_partial.sum(0), dnw_partial.sum(0)
     return dxs, du_partial.sum(0)
 
 
@@ -568,27 +654,65 @@ class AttnResMixTriton(torch.autograd.Function):
         h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
         ctx.save_for_backward(u, rstd, alpha, *sources)
         ctx.mark_non_differentiable(alpha)
-        ctx.sinks, ctx.returns = None, None
-        if sinks is not None and any(s is not None for s in sinks) and use_args(len(sources)):
-            ctx.sinks = list(sinks)
-            ctx.returns = [s is not None and s.uses == 0 for s in sinks]
-            for s in sinks:
-                if s is not None:
-                    s.uses += 1
+        _claim_sinks(ctx, sinks, len(sources))
         return h, alpha
 
     @staticmethod
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
-        if dh.dtype != sources[0].dtype or not dh.is_contiguous():
-            dh = dh.to(sources[0].dtype).contiguous()
-        dxs, du = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks)
-        grads = []
-        for i, dx in enumerate(dxs):
-            sink = None if ctx.sinks is None else ctx.sinks[i]
-            if sink is not None:
-                dx = dx if ctx.returns[i] else None
-                if ctx.returns[i]:
-                    sink.buf = None  # released: the next backward pass starts a new buffer
-            grads.append(dx if ctx.needs_input_grad[3 + i] else None)
-        return du if ctx.needs_input_grad[0] else None, None, None, *grads
+        dxs, du = mix_bwd_triton(sources, u, _as_source(dh, sources[0]), rstd, alpha, ctx.sinks)
+        return du if ctx.needs_input_grad[0] else None, None, None, *_source_grads(ctx, dxs, 3)
+
+
+class AttnResMixNormTriton(torch.autograd.Function):
+    """``apply(u, eps, norm_weight [D], norm_eps, sinks, *sources) -> (y [M, D], alpha [N, M] fp32)``: the mix of
+    :class:`AttnResMixTriton` followed by the sublayer's RMSNorm (``kernels.norm`` rounding) in the same kernels, so
+    ``h`` is read back by neither the norm's forward nor its backward and ``dh`` is never stored. Needs
+    :func:`fused_norm_supported`; differentiable in ``u``, ``norm_weight`` and the sources."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, eps: float, norm_weight: torch.Tensor, norm_eps: float, sinks,
+                *sources: torch.Tensor):
+        h, rstd, alpha, y, hrstd = mix_norm_fwd(list(sources), u, eps, norm_weight, norm_eps)
+        ctx.save_for_backward(u, rstd, alpha, h, norm_weight, hrstd, *sources)
+        ctx.mark_non_differentiable(alpha)
+        _claim_sinks(ctx, sinks, len(sources))
+        return y, alpha
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor, _dalpha: torch.Tensor | None):
+        u, rstd, alpha, h, norm_weight, hrstd, *sources = ctx.saved_tensors
+        dy = dy if dy.is_contiguous() else dy.contiguous()
+        dxs, du, dnw = mix_bwd_triton(sources, u, dy, rstd, alpha, ctx.sinks, norm=(h, norm_weight, hrstd))
+        return (du if ctx.needs_input_grad[0] else None, None,
+                dnw.to(norm_weight.dtype) if ctx.needs_input_grad[2] else None, None, None,
+                *_source_grads(ctx, dxs, 5))
+
+
+def _claim_sinks(ctx, sinks, n: int) -> None:
+    """Record on ``ctx`` which sources' gradients go to a :class:`GradSink` and which mix returns each buffer."""
+    ctx.sinks, ctx.returns = None, None
+    if sinks is not None and any(s is not None for s in sinks) and use_args(n):
+        ctx.sinks = list(sinks)
+        ctx.returns = [s is not None and s.uses == 0 for s in sinks]
+        for s in sinks:
+            if s is not None:
+                s.uses += 1
+
+
+def _as_source(dh: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    return dh if dh.dtype == x0.dtype and dh.is_contiguous() else dh.to(x0.dtype).contiguous()
+
+
+def _source_grads(ctx, dxs: list[torch.Tensor], first_input: int) -> list[torch.Tensor | None]:
+    """The sources' gradients to hand autograd: ``None`` for a sink's buffer that another mix returns (the returning
+    mix releases its buffer) and for inputs that need none (``first_input``: the index of the first source)."""
+    grads = []
+    for i, dx in enumerate(dxs):
+        sink = None if ctx.sinks is None else ctx.sinks[i]
+        if sink is not None:
+            dx = dx if ctx.returns[i] else None
+            if ctx.returns[i]:
+                sink.buf = None  # released: the next backward pass starts a new buffer
+        grads.append(dx if ctx.needs_input_grad[first_input + i] else None)
+    return grads

@@ -19,13 +19,15 @@ Measured in one run, bf16, CUDA events after warm-up:
   ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
   (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes through the
   Triton kernel (pointer arguments, gradient sinks for the block states; also with the ``rows`` forward layout,
-  ``KVL_ATTNRES_FWD_LAYOUT=rows``; for all-MLA also without the sinks,
+  ``KVL_ATTNRES_FWD_LAYOUT=rows``, and with each sublayer's input norm inside the mix's kernels,
+  ``KVL_ATTNRES_FUSE_NORM=1``; for all-MLA also without the sinks,
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
   the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
   the resident weights, and the memory of the stored block states for scale.
 - ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
   and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
-  AttnRes step's extra time goes.
+  AttnRes step's extra time goes; ``kernel_diff_fusenorm`` the same between ``attnres_triton`` and
+  ``attnres_triton_fusenorm``.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
   two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``). (The first benchmark decoded with autograd on, so AttnRes
@@ -302,10 +304,12 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     triton = {"KVL_ATTNRES_BACKEND": "triton"}
     variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
                 "attnres_triton_rows": ("attnres_block", triton | {"KVL_ATTNRES_FWD_LAYOUT": "rows"}),
+                "attnres_triton_fusenorm": ("attnres_block", triton | {"KVL_ATTNRES_FUSE_NORM": "1"}),
                 "attnres_triton_nosink": ("attnres_block", triton | {"KVL_ATTNRES_GRAD_SINK": "0"}),
                 "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"})}
     if layers != "mla":
-        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_rows")}
+        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_rows",
+                                             "attnres_triton_fusenorm")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     best = {v: float("inf") for v in variants}
     peak = {}
@@ -329,8 +333,10 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
     if args.profile:
         times = {v: _with_env(variants[v][1], partial(_profile_step, steps[v]))
-                 for v in ("standard", "attnres_triton")}
+                 for v in ("standard", "attnres_triton", "attnres_triton_fusenorm")}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_triton"], top=args.profile_top)
+        out["kernel_diff_fusenorm"] = diff_by_name(times["attnres_triton"], times["attnres_triton_fusenorm"],
+                                                   top=args.profile_top)
     dec = bench_decode_variants(models, cfgs["standard"], layers, args, device) if args.decode_steps > 0 else {}
     out["decode"] = dec
     del models
@@ -475,6 +481,7 @@ def table(results: dict) -> str:
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
         lines += _decode_lines(layers, group.get("decode", {}))
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
+        lines += _kernel_diff_lines(f"{layers} (fused norm vs attnres)", group.get("kernel_diff_fusenorm", []))
         lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")
         t = group["mix_traffic_gb"]
         lines.append(f"| {layers} | (mix traffic floor: {t['forward']:.1f} GB fwd + {t['backward_sinks']:.1f} GB bwd "

@@ -20,7 +20,8 @@ are accumulated in place by the kernels, see ``GradSink``); ``phase1``/``phase2`
 each sublayer's own partial sum). Without autograd on CUDA the two-phase stream keeps the block states in one
 contiguous buffer and runs ``kernels/attn_res/two_phase_triton.py`` (one launch per sublayer, which also adds
 the previous output into its block: decode is launch-bound); ``KVL_ATTNRES_TWO_PHASE`` (``torch`` | ``triton``)
-forces either form. The stream classes here are the single place that wires residuals.
+forces either form. The stream classes here are the single place that wires residuals; they also apply each
+sublayer's input norm (``input(i, norm)``), which ``KVL_ATTNRES_FUSE_NORM=1`` moves into the mix's kernels.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, attn_res_mix_norm
 from kernels.attn_res import resolve_backend as resolve_mix_backend
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
-           "StandardStream", "alpha_stats", "grad_sinks_enabled", "mix", "mix_naive", "phase1", "phase2",
-           "stacked_u", "two_phase_backend"]
+           "StandardStream", "alpha_stats", "fuse_norm_enabled", "grad_sinks_enabled", "mix", "mix_naive", "phase1",
+           "phase2", "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
 
@@ -121,6 +122,20 @@ def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = 
     return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u)
 
 
+def _normed(h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
+    return h if norm is None else norm(h)
+
+
+def fuse_norm_enabled() -> bool:
+    """``KVL_ATTNRES_FUSE_NORM`` (``0`` default | ``1``): whether the fused training stream runs each sublayer's input
+    RMSNorm inside the mix's Triton kernels (``kernels.attn_res.attn_res_mix_norm``; ``h`` is then read back by
+    neither the norm's forward nor its backward, and ``dh`` is never stored). Off until timed on a GPU."""
+    flag = os.environ.get("KVL_ATTNRES_FUSE_NORM") or "0"
+    if flag not in ("0", "1"):
+        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_FUSE_NORM must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
 def grad_sinks_enabled() -> bool:
     """``KVL_ATTNRES_GRAD_SINK`` (``1`` default | ``0``): whether the training stream accumulates the gradients
     of the completed block states in place (``kernels/attn_res/mix_triton.GradSink``)."""
@@ -200,8 +215,9 @@ class StandardStream:
     def __init__(self, embeddings: torch.Tensor, record: dict | None = None) -> None:
         self.x, self.record = embeddings, record
 
-    def input(self, i: int) -> torch.Tensor:
-        return self.x
+    def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
+        """Sublayer ``i``'s input, through its input ``norm`` when given."""
+        return self.x if norm is None else norm(self.x)
 
     def add(self, i: int, out: torch.Tensor) -> None:
         self.x = self.x + out
@@ -209,8 +225,8 @@ class StandardStream:
             self.record.setdefault("sublayer_output_rms", []).append(rms(out))
             self.record.setdefault("stream_rms", []).append(rms(self.x))
 
-    def final(self) -> torch.Tensor:
-        return self.x
+    def final(self, norm: nn.Module | None = None) -> torch.Tensor:
+        return self.input(-1, norm)
 
 
 class AttnResStream:
@@ -241,24 +257,32 @@ class AttnResStream:
             self._sink_cls = GradSink
             self.sinks = [GradSink()]
 
-    def input(self, i: int) -> torch.Tensor:
+    def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
+        """Sublayer ``i``'s input ``h``, through its input ``norm`` (an ``RMSNorm``) when given: with
+        ``KVL_ATTNRES_FUSE_NORM=1`` the fused training path runs the norm inside the mix's kernels."""
         if self._buffered is not None:
-            return self._buffered.input(i)
+            return _normed(self._buffered.input(i), norm)
         if self.impl == "two_phase":
-            return self._two_phase_input(i)
+            return _normed(self._two_phase_input(i), norm)
         sources = self.completed + ([self.partial] if self.partial is not None else [])
         if len(sources) == 1 and self.impl == "fused" and self.record is None:
-            return sources[0]
+            return _normed(sources[0], norm)
         if self.impl == "naive":
             h, alpha = mix_naive(sources, self.queries[i])
         else:
             sinks = None if self.sinks is None else self.sinks + [None] * (len(sources) - len(self.sinks))
             if self._u_rows is None and resolve_mix_backend(sources[0]) == "triton":
                 self._u_rows = stacked_u(self.queries).unbind(0)  # autograd: one stack of the grads, not Q products
-            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=self._u_rows[i] if self._u_rows else None)
+            u = self._u_rows[i] if self._u_rows else None
+            if norm is not None and fuse_norm_enabled():
+                q = self.queries[i]
+                h, alpha = attn_res_mix_norm(sources, q.weight, q.gain, q.eps, norm.weight, norm.eps, sinks=sinks, u=u)
+                norm = None  # already applied
+            else:
+                h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u)
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
-        return h
+        return _normed(h, norm)
 
     def _two_phase_input(self, i: int) -> torch.Tensor:
         j = i % self.block_size
@@ -283,8 +307,8 @@ class AttnResStream:
             if self.sinks is not None:
                 self.sinks.append(self._sink_cls())
 
-    def final(self) -> torch.Tensor:
-        return self.input(len(self.queries) - 1)
+    def final(self, norm: nn.Module | None = None) -> torch.Tensor:
+        return self.input(len(self.queries) - 1, norm)
 
 
 class BufferedTwoPhase:

@@ -64,11 +64,11 @@ class DecoderLayer(nn.Module):
         the forward's output tensors, so a layer that returned nothing was never re-gathered (its backward read
         freed storage)."""
         first = 2 * self.layer_idx
-        h = stream.input(first)
-        mixer_out = self._maybe_checkpoint(self._mixer, h, inputs)
+        x = stream.input(first, self.input_layernorm)  # the stream applies the norm (fused into AttnRes's mix)
+        mixer_out = self._maybe_checkpoint(self._mixer, x, inputs)
         stream.add(first, mixer_out)
-        h = stream.input(first + 1)
-        ffn_out = self._maybe_checkpoint(self._ffn, h, inputs)
+        x = stream.input(first + 1, self.post_attention_layernorm)
+        ffn_out = self._maybe_checkpoint(self._ffn, x, inputs)
         stream.add(first + 1, ffn_out)
         return mixer_out, ffn_out
 
@@ -77,15 +77,13 @@ class DecoderLayer(nn.Module):
             return self._gradient_checkpointing_func(fn, h, inputs)
         return fn(h, inputs)
 
-    def _mixer(self, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
-        x = self.input_layernorm(h)
+    def _mixer(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
         layer_cache = None if inputs.cache is None else inputs.cache.layers[self.layer_idx]
         if self.layer_type == "linear_attention":
             return self.self_attn(x, inputs.kda_mask_BT, inputs.cu_seqlens, layer_cache)
         return self.self_attn(x, inputs.mask, layer_cache)
 
-    def _ffn(self, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
-        x = self.post_attention_layernorm(h)
+    def _ffn(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
         if isinstance(self.mlp, MoE):
             return self.mlp(x, inputs.kda_mask_BT)
         return self.mlp(x)

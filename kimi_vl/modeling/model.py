@@ -149,7 +149,7 @@ class KimiVLModel(KimiVLPreTrainedModel):
             layer(stream, inputs)
         if past_key_values is not None:
             past_key_values.advance(x.shape[1])
-        hidden = self.norm(stream.final())
+        hidden = stream.final(self.norm)
         return BaseModelOutputWithPast(last_hidden_state=hidden.reshape(b, t, d), **{CACHE_FIELD: past_key_values})
 
 

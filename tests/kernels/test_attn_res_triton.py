@@ -308,3 +308,58 @@ def test_triton_backward_adds_into_a_sink_buffer():
     assert_rel_rms(second[1], start + plain[1], 1e-6, "accumulated gradient")
     assert_rel_rms(second[0], plain[0], 0.0, "source without a sink")
     assert_rel_rms(du2, du, 0.0, "du")
+
+
+@pytest.mark.parametrize(
+    ("n", "shape", "d", "dtype", "w_dtype"),
+    [
+        (1, (5,), 48, torch.float32, torch.float32),
+        (2, (300,), 50, torch.float32, torch.float32),    # D not a power of two
+        (5, (3, 7), 768, torch.float32, torch.float32),    # the small flavor's width: 3 backward chunks
+        (5, (3, 7), 768, torch.bfloat16, torch.bfloat16),
+        (4, (3, 21), 80, torch.bfloat16, torch.bfloat16),  # bf16_params: bf16 sources and gain
+        (3, (3, 21), 80, torch.bfloat16, torch.float32),   # autocast: bf16 sources, fp32 gain -> fp32 output
+    ],
+)
+def test_triton_fused_norm_equals_mix_then_norm(n, shape, d, dtype, w_dtype):
+    """``attn_res_mix_norm`` with the norm inside the mix's kernels equals the mix followed by ``kernels.norm``'s
+    RMSNorm (the same rounding points forward; backward to the dtype's tolerance, the fused one keeps dh in fp32)."""
+    from kernels.attn_res import attn_res_mix_norm
+    from kernels.norm import rms_norm
+
+    xs, w, g = _inputs(n, shape, d, dtype=dtype, q_scale=2.0, seed=14)
+    gen = torch.Generator().manual_seed(15)
+    nw = (1 + 0.5 * torch.randn(d, generator=gen)).to(kernel_device(), w_dtype).requires_grad_()
+    assert mix_triton.fused_norm_supported(n)
+    y, alpha = attn_res_mix_norm(xs, w, g, EPS, nw, 1e-5, backend="triton")
+    h_ref, alpha_ref = attn_res_mix(xs, w, g, EPS, backend="triton")
+    y_ref = rms_norm(h_ref, nw, 1e-5, backend="torch")
+    assert y.dtype == y_ref.dtype == torch.promote_types(dtype, w_dtype)
+    # bf16: the interpreter's fp32 -> bf16 cast is not round-to-nearest-even (torch's, and Triton's on a GPU), so
+    # the rounded x_hat may differ by an ulp from the reference's
+    assert_rel_rms(y, y_ref, 1e-6 if dtype == torch.float32 else TOL[dtype][0], "y")
+    assert torch.equal(alpha, alpha_ref)
+    dy = torch.randn_like(y)
+    inputs = [*xs, w, g, nw]
+    got = torch.autograd.grad(y, inputs, dy)
+    ref = torch.autograd.grad(y_ref, inputs, dy)
+    tol = TOL[dtype][1]
+    for name, a, r in zip([f"dx{i}" for i in range(n)] + ["dweight", "dgain", "dnorm_weight"], got, ref):
+        assert a.dtype == r.dtype, name
+        assert_rel_rms(a, r, tol, name)
+
+
+def test_fused_norm_falls_back_outside_its_path(monkeypatch):
+    """The 'rows' layout and the address table have no fused norm: the wrapper runs the mix, then the norm."""
+    from kernels.attn_res import attn_res_mix_norm
+    from kernels.norm import rms_norm
+
+    xs, w, g = _inputs(3, (2, 9), 40, seed=16)
+    nw = torch.full((40,), 1.5, device=kernel_device(), requires_grad=True)
+    monkeypatch.setenv("KVL_ATTNRES_FWD_LAYOUT", "rows")
+    assert not mix_triton.fused_norm_supported(3)
+    y, _ = attn_res_mix_norm(xs, w, g, EPS, nw, 1e-5, backend="triton")
+    assert_rel_rms(y, rms_norm(attn_res_mix(xs, w, g, EPS, backend="triton")[0], nw, 1e-5, backend="torch"), 1e-6, "y")
+    with pytest.raises(ValueError, match="fused RMSNorm"):
+        mix_triton.mix_norm_fwd([x.detach().reshape(-1, 40) for x in xs], torch.zeros(40, device=kernel_device()),
+                                EPS, nw.detach(), 1e-5)
