@@ -81,6 +81,10 @@ FWD_THREAD_ELEMS = 24
 BWD_NUM_WARPS = 4
 BWD_MAX_CHUNKS = 4  # backward: a row is at most this many column chunks (unrolled)
 BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets BLOCK_T)
+# the backward with the fused norm (its gain-gradient accumulators and the h tile): ptxas for sm_90a (Triton 3.9, no
+# GPU: kernels/benchmarks/ptxas_regs.attnres_ptxas_report, bf16, D = 768, 4 warps) gives 255 registers and 60-72
+# spilled bytes at N = 3-5 with 24 elements a thread, 128-168 registers and no spill with 12 (BLOCK_T 2)
+BWD_NORM_THREAD_ELEMS = 12
 BWD_PROGRAMS_PER_SM = 8  # backward grid: at most this many programs per SM, each strides over token tiles
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
@@ -399,8 +403,9 @@ def _attn_res_bwd_args_kernel(
     pid = tl.program_id(0)
     u = _load_vec(u_ptr, D, CH, CHUNK)
     du = _zeros_row(BLOCK_T, CH, CHUNK)
-    dnw = _zeros_row(BLOCK_T, CH, CHUNK)
-    nw = _load_vec(nw_ptr, D, CH, CHUNK)
+    if NORM:  # a compile-time branch: without the norm the kernel is the one it was
+        dnw = _zeros_row(BLOCK_T, CH, CHUNK)
+        nw = _load_vec(nw_ptr, D, CH, CHUNK)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = offs_t < M
@@ -615,7 +620,8 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
         else:
             dxs.append(sink.buf)
             acc_mask |= 1 << i
-    block_t, chunk, ch = _bwd_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, BWD_THREAD_ELEMS)
+    thread_elems = BWD_THREAD_ELEMS if norm is None else BWD_NORM_THREAD_ELEMS
+    block_t, chunk, ch = _bwd_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, thread_elems)
     num_tiles = triton.cdiv(m, block_t)
     programs = _num_bwd_programs(num_tiles, x0.device)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)

@@ -7,6 +7,7 @@ instruction).
 
     .venv/bin/python kernels/benchmarks/ptxas_regs.py                      # every forward kernel
     .venv/bin/python kernels/benchmarks/ptxas_regs.py --kernel scores2 --num-warps 8
+    .venv/bin/python kernels/benchmarks/ptxas_regs.py --attnres           # the AttnRes mix kernels
 """
 
 from __future__ import annotations
@@ -63,9 +64,15 @@ def _signature(name: str) -> tuple:
 
 def ptxas_report(name: str, num_warps: int, num_stages: int = 2, maxnreg: int | None = None) -> str:
     fn, sig, consts = _signature(name)
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
     opts = {"num_warps": num_warps, "num_stages": num_stages} | ({"maxnreg": maxnreg} if maxnreg else {})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return compile_report(fn, sig, consts, opts)
+
+
+def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None = None) -> str:
+    """Compile ``fn`` for sm_90a with Triton (no GPU needed) and return ptxas's register / spill lines; ``attrs``:
+    Triton's argument specialisations (e.g. ``{(i,): [["tt.divisibility", 16]]}``)."""
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=opts)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     ver = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
     m = re.search(r"release (\d+)\.(\d+)", ver)
@@ -88,15 +95,19 @@ def main() -> None:
     ap.add_argument("--kernel", choices=("all",) + KERNELS, default="all")
     ap.add_argument("--num-warps", type=int, default=None, help="default: the launch's")
     ap.add_argument("--maxnreg", type=int, default=None, help="default: the launch's (None: ptxas chooses)")
+    ap.add_argument("--attnres", action="store_true", help="the AttnRes mix kernels at N = 1..5 instead")
     args = ap.parse_args()
+    if args.attnres:
+        for kernel, norm in (("fwd", False), ("fwd", True), ("rows", False), ("bwd", False), ("bwd", True)):
+            for n in range(1, 6):
+                tag = f"{kernel}{'+norm' if norm else ''} N={n}"
+                print(tag, " | ".join(attnres_ptxas_report(kernel, n, norm).splitlines()), flush=True)
+        return
     for name in KERNELS if args.kernel == "all" else (args.kernel,):
         nw = args.num_warps or WARPS[name]
         mr = args.maxnreg or MAXNREG.get(name)
         print(f"{name} num_warps={nw} maxnreg={mr}\n{ptxas_report(name, nw, maxnreg=mr)}", flush=True)
 
-
-if __name__ == "__main__":
-    main()
 
 
 def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | None = None, **tiles) -> str:
@@ -128,17 +139,45 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         consts |= dict(C=64, FP32=False, PREC="tf32")
     consts |= tiles
     sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
     nw, ns = cb.BWD_LAUNCH[name]
-    opts = {"num_warps": num_warps or nw, "num_stages": num_stages or ns}
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    m = re.search(r"release (\d+)\.(\d+)", subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout)
-    ptx = k.asm["ptx"]
-    if m:
-        ptx = re.sub(r"^\.version \d+\.\d+", f".version 8.{min(int(m.group(2)), 8)}", ptx, count=1, flags=re.M)
-    with tempfile.TemporaryDirectory() as d:
-        open(os.path.join(d, "k.ptx"), "w").write(ptx)
-        cmd = [ptxas, "-v", "--gpu-name=sm_90a", os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.o")]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-    return "\n".join(x.strip() for x in (r.stderr + r.stdout).splitlines() if re.search("regist|spill|rror", x))
+    return compile_report(fn, sig, consts, {"num_warps": num_warps or nw, "num_stages": num_stages or ns})
+
+
+def attnres_ptxas_report(kernel: str, n: int, norm: bool = False, d: int = 768) -> str:
+    """Registers and spills of an AttnRes mix kernel (``kernels/attn_res/mix_triton.py``) for bf16 sources of width
+    ``d`` over ``n`` sources, with the launch's own tile constants: ``kernel`` is ``fwd`` (the default 'tile'
+    forward, ``norm``: with the fused RMSNorm), ``rows`` (the 'rows' forward) or ``bwd`` (the pointer-argument
+    backward, ``norm``: forming dh from the norm's dy).
+
+        .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import attnres_ptxas_report as r; print(r('bwd', 5))"
+    """
+    from kernels.attn_res import mix_triton as mt
+
+    bf, f32 = "*bf16", "*fp32"
+    srcs = [bf] * mt.MAX_ARGS
+    if kernel == "fwd":
+        fn = mt._attn_res_fwd_args_kernel
+        block_t, block_d = mt._blocks(d)
+        args = srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "fp32", bf if norm else f32, bf, f32, "fp32"]
+        consts, warps = dict(BLOCK_T=block_t, BLOCK_D=block_d, NMAX=mt.MAX_ARGS, NORM=norm), mt.NUM_WARPS
+    elif kernel == "rows":
+        fn = mt._attn_res_fwd_rows_kernel
+        block_t, chunk, ch = mt._bwd_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
+        args = srcs + [f32, bf, f32, f32, f32, "i32", "i32", "fp32"]
+        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch), mt.FWD_NUM_WARPS
+    else:
+        fn = mt._attn_res_bwd_args_kernel
+        elems = mt.BWD_NORM_THREAD_ELEMS if norm else mt.BWD_THREAD_ELEMS
+        block_t, chunk, ch = mt._bwd_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, elems)
+        args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", bf, bf if norm else f32, f32, f32]
+        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, NORM=norm), mt.BWD_NUM_WARPS
+    it = iter(args)
+    sig = {a: "constexpr" if a in consts else next(it) for a in fn.arg_names}
+    # as a launch specialises them: 16-byte aligned pointers, M and D multiples of 16
+    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+               if sig[a].startswith("*") or a in ("M", "D")}
+    return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": 2}, aligned)
+
+
+if __name__ == "__main__":
+    main()

@@ -153,6 +153,7 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
     "backward": [
         {},
         {"BWD_NUM_WARPS": 8},
+        {"BWD_THREAD_ELEMS": 12},
         {"BWD_THREAD_ELEMS": 48},
         {"BWD_MAXNREG": 128},
         {"BWD_PROGRAMS_PER_SM": 4},

@@ -1,0 +1,32 @@
+"""The AttnRes mix kernels compile for the H100 (sm_90a) with Triton's own compiler and ptxas, no GPU needed: the
+interpreter runs them as Python and cannot catch what only the compiler rejects (the fused norm's compile-time
+branches, its loop-carried accumulators). In a subprocess without ``TRITON_INTERPRET`` (the test session sets it,
+which turns every kernel into an interpreted function at import)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+from kernels.benchmarks.ptxas_regs import attnres_ptxas_report
+for kernel, norm in (("fwd", True), ("bwd", True), ("rows", False)):
+    print(kernel, norm, " | ".join(attnres_ptxas_report(kernel, 3, norm).splitlines()), flush=True)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_attnres_kernels_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 3, proc.stdout
+    for line in lines:
+        assert "rror" not in line, line
+        regs = re.search(r"Used (\d+) registers", line)
+        assert regs and int(regs.group(1)) <= 255, line
