@@ -190,9 +190,13 @@ class TwoPhaseLauncher:
             self.o = torch.empty(max_queries, self.mm, self.d, device=v_KMD.device, dtype=torch.float32)
             self.m, self.l = torch.empty(2, max_queries, self.mm, device=v_KMD.device, dtype=torch.float32)
 
+    def _out(self, out: torch.Tensor | None) -> torch.Tensor:
+        return torch.empty(self.out_shape, device=self.v.device, dtype=self.v.dtype) if out is None else out
+
     def phase1(self, n_src: int, q0: int, n_q: int, eps: float, pending: torch.Tensor | None,
-               pending_first: bool) -> torch.Tensor:
-        h = torch.empty(self.out_shape, device=self.v.device, dtype=self.v.dtype)
+               pending_first: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``out``: where to write ``h`` (contiguous, ``out_shape``, ``v``'s dtype), else a new tensor."""
+        h = self._out(out)
         _phase1_kernel[self.grid](
             self.v, self.u, self.o, self.m, self.l, h, self.v if pending is None else pending, n_src, q0, n_q,
             self.mm, self.d, eps, PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=self.block_t,
@@ -200,8 +204,8 @@ class TwoPhaseLauncher:
         return h
 
     def phase2(self, j: int, k: int, qi: int, eps: float, pending: torch.Tensor | None,
-               pending_first: bool) -> torch.Tensor:
-        h = torch.empty(self.out_shape, device=self.v.device, dtype=self.v.dtype)
+               pending_first: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+        h = self._out(out)
         _phase2_kernel[self.grid](
             self.o, self.m, self.l, j, self.v, k, self.u, qi, h, self.v if pending is None else pending,
             self.mm, self.d, eps, PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=self.block_t,

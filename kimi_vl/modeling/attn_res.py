@@ -260,8 +260,8 @@ class AttnResStream:
     def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
         """Sublayer ``i``'s input ``h``, through its input ``norm`` (an ``RMSNorm``) when given: with
         ``KVL_ATTNRES_FUSE_NORM=1`` the fused training path runs the norm inside the mix's kernels."""
-        if self._buffered is not None:
-            return _normed(self._buffered.input(i), norm)
+        if self._buffered is not None:  # with a norm, h goes straight into it: a reused buffer will do
+            return _normed(self._buffered.input(i, scratch=norm is not None), norm)
         if self.impl == "two_phase":
             return _normed(self._two_phase_input(i), norm)
         sources = self.completed + ([self.partial] if self.partial is not None else [])
@@ -330,16 +330,24 @@ class BufferedTwoPhase:
         self.run = TwoPhaseLauncher(v, stacked_u(queries), min(block_size, len(queries)), embeddings.shape)
         self.eps = [q.eps for q in queries]
         self._pending: tuple[torch.Tensor, bool] | None = None  # (output of the last sublayer, first of its slot)
+        self._scratch: torch.Tensor | None = None  # one h buffer for every scratch input of this forward
 
-    def input(self, i: int) -> torch.Tensor:
+    def input(self, i: int, scratch: bool = False) -> torch.Tensor:
+        """Sublayer ``i``'s ``h [B, T, D]``. ``scratch``: written into one buffer that every scratch call of this
+        stream reuses (valid until the next ``input``; for a caller that only feeds it to a norm at once), which
+        saves an allocation per sublayer in launch-bound decode."""
         j, k = i % self.block_size, i // self.block_size + 1
         pending, first = self._pending if self._pending is not None else (None, False)
         self._pending = None
+        out = None
+        if scratch:
+            if self._scratch is None:
+                self._scratch = torch.empty(self.shape, device=self.run.v.device, dtype=self.run.v.dtype)
+            out = self._scratch
         if j == 0:
-            h = self.run.phase1(k, i, min(self.block_size, self.num_queries - i), self.eps[i], pending, first)
-        else:
-            h = self.run.phase2(j, k, i, self.eps[i], pending, first)
-        return h  # [B, T, D]
+            return self.run.phase1(k, i, min(self.block_size, self.num_queries - i), self.eps[i], pending, first,
+                                   out)
+        return self.run.phase2(j, k, i, self.eps[i], pending, first, out)
 
     def add(self, i: int, out: torch.Tensor) -> None:
         if self._pending is not None:

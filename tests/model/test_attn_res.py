@@ -230,6 +230,30 @@ def test_buffered_triton_two_phase_equals_naive_stream(monkeypatch, num_sublayer
     assert_rel_rms(results["two_phase"], results["naive"], tol, "buffered two-phase")
 
 
+def test_buffered_two_phase_scratch_input_reuses_one_buffer(monkeypatch):
+    """With a norm to feed (the model's path), the buffered stream writes every sublayer's h into one buffer (one
+    allocation per forward instead of one per sublayer in decode); the normed inputs equal those of fresh buffers."""
+    dev = _triton_two_phase(monkeypatch)
+    d = 24
+    queries = [ResQuery(torch.randn(1, d, device=dev), 1 + 0.3 * torch.randn(d, device=dev), 1e-6) for _ in range(6)]
+    outs = [torch.randn(2, 3, d, device=dev) * (i + 1) for i in range(5)]
+    emb = torch.randn(2, 3, d, device=dev)
+    norm = torch.nn.RMSNorm(d, eps=1e-6).to(dev)
+    with torch.no_grad():
+        fresh, scratch, ptrs = [], [], set()
+        for use_scratch, got in ((False, fresh), (True, scratch)):
+            stream = AttnResStream(emb, queries, 2, "two_phase")
+            for i, out in enumerate(outs):
+                h = stream._buffered.input(i, scratch=use_scratch)
+                if use_scratch:
+                    ptrs.add(h.data_ptr())
+                got.append(norm(h))
+                stream.add(i, out)
+            got.append(stream.final(norm))
+    assert len(ptrs) == 1
+    assert_rel_rms(torch.stack(scratch), torch.stack(fresh), 0.0, "normed inputs")
+
+
 def test_two_phase_backend_choice(monkeypatch):
     from kimi_vl.modeling.attn_res import two_phase_backend
 

@@ -1,0 +1,31 @@
+"""Host work per decoded token (``kimi_vl/benchmarks/decode_ops.py``) on the GPU's kernel path, counted on the CPU:
+block AttnRes replaces the residual adds by one two-phase launch per sublayer and stays within a few operators of
+the standard residual (decode is launch-bound on a GPU, so these counts are its cost)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kimi_vl import KimiVLConfig
+from kimi_vl.benchmarks.decode_ops import GPU_PATH_ENV, count_triton_launches, ops_per_token
+
+
+@pytest.fixture
+def gpu_path(monkeypatch):
+    for k, v in GPU_PATH_ENV.items():
+        monkeypatch.setenv(k, v)
+    count_triton_launches()
+
+
+def test_attnres_decode_costs_one_launch_per_sublayer_instead_of_an_add(gpu_path):
+    cfg = KimiVLConfig.from_flavor("debug")
+    sublayers = 2 * cfg.num_hidden_layers
+    std, res = (ops_per_token("debug", mode, prompt=8) for mode in ("standard", "attnres_block"))
+    assert std["triton_launches"] > 0, "the Triton kernels were not taken (or not counted)"
+    phase = res["counts"].get("triton:_phase1_kernel", 0) + res["counts"].get("triton:_phase2_kernel", 0)
+    assert phase == sublayers + 1  # every sublayer's input and the output mix
+    assert "triton:_phase1_kernel" not in std["counts"]
+    assert std["counts"]["aten.add"] - res["counts"].get("aten.add", 0) == sublayers
+    # a fixed set-up per token (block-state buffer, query product, one h buffer): 13 ops in session 11; without the
+    # reused h buffer, one allocation per sublayer more
+    assert res["ops"] - std["ops"] <= 16, (res["ops"], std["ops"])
