@@ -23,61 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+from kimi_vl.benchmarks.op_count import GPU_PATH_ENV, OpCounter, count_triton_launches
 from kimi_vl.modeling.cache import output_cache
-
-GPU_PATH_ENV = {"TRITON_INTERPRET": "1", "KVL_KDA_BACKEND": "triton", "KVL_NORM_BACKEND": "triton",
-                "KVL_CONV_BACKEND": "triton", "KVL_ATTNRES_TWO_PHASE": "triton", "KVL_ATTNRES_BACKEND": "triton"}
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the aten operators dispatched while active, and (through :func:`count_triton_launches`) Triton
-    launches as ``triton:<kernel>``, leaving out the operators the interpreter runs inside a launch."""
-
-    active: OpCounter | None = None
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.paused = False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.paused:
-            self.counts[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self):
-        OpCounter.active = self
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        OpCounter.active = None
-        return super().__exit__(*exc)
-
-
-def count_triton_launches() -> None:
-    """Make interpreted Triton launches count once each in the active :class:`OpCounter` (idempotent)."""
-    from triton.runtime import interpreter
-
-    if getattr(interpreter.InterpretedFunction.run, "_counted", False):
-        return
-    run = interpreter.InterpretedFunction.run
-
-    def counted(self, *args, **kwargs):
-        counter = OpCounter.active
-        if counter is None or counter.paused:
-            return run(self, *args, **kwargs)
-        counter.counts["triton:" + self.fn.__name__] += 1
-        counter.paused = True
-        try:
-            return run(self, *args, **kwargs)
-        finally:
-            counter.paused = False
-
-    counted._counted = True
-    interpreter.InterpretedFunction.run = counted
 
 
 def ops_per_token(flavor: str, residual_mode: str, prompt: int = 32, seed: int = 0) -> dict[str, Any]:
@@ -97,8 +46,7 @@ def ops_per_token(flavor: str, residual_mode: str, prompt: int = 32, seed: int =
             model(tok, cache=cache, use_cache=True)
         wall = time.perf_counter() - t0
     counts = dict(counter.counts)
-    return {"residual_mode": residual_mode, "ops": sum(counts.values()),
-            "triton_launches": sum(v for k, v in counts.items() if k.startswith("triton:")),
+    return {"residual_mode": residual_mode, "ops": sum(counts.values()), "triton_launches": counter.launches(),
             "wall_s_counted": wall, "counts": counts}
 
 

@@ -153,24 +153,25 @@ def module_forward_times(trainer: Any, batches: Iterator[dict[str, Any]], steps:
 
 def count_ops(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> dict[str, int]:
     """ATen operators dispatched in one more step, by innermost phase (a proxy for kernel launches: what a
-    launch-bound GPU step pays for; Triton kernels are not ATen operators and are not counted)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    launch-bound GPU step pays for). Under the Triton interpreter (``--gpu-path``) each Triton launch counts once,
+    under ``PHASE [triton]``, and the interpreter's own tensor work is not counted (``op_count.py``); on a GPU
+    Triton launches are not aten operators and are not counted."""
+    from kimi_vl.benchmarks.op_count import OpCounter, count_triton_launches
 
-    counts: dict[str, int] = {}
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        count_triton_launches()
 
-    class Counter(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            key = timer.stack[-1] if timer.stack else "outside"
-            counts[key] = counts.get(key, 0) + 1
-            return func(*args, **(kwargs or {}))
+    def phase(name: str) -> str:
+        key = timer.stack[-1] if timer.stack else "outside"
+        return f"{key} [triton]" if name.startswith("triton:") else key
 
     enabled, timer.enabled = timer.enabled, False
     try:
-        with Counter():
+        with OpCounter(phase) as counter:
             profiled_step(trainer, batches, timer)
     finally:
         timer.enabled = enabled
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+    return dict(sorted(counter.counts.items(), key=lambda kv: -kv[1]))
 
 
 def host_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, out_dir: Path,
@@ -484,6 +485,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--torch-profile", action="store_true", help="also write the top ops of one more step")
     p.add_argument("--host-profile", action="store_true",
                    help="also cProfile 3 more steps run without phase syncs (host time per function)")
+    p.add_argument("--gpu-path", action="store_true",
+                   help="on a CPU: every kernel through its Triton path under the interpreter (op_count.GPU_PATH_ENV), "
+                        "so --count-ops counts what the GPU's host issues")
     p.add_argument("--pipeline-steps", type=int, default=6,
                    help="steps of the app's own unsynchronised loop (as many again under torch.profiler on "
                         "CUDA); 0: skip")
@@ -494,6 +498,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.gpu_path:
+        if torch.cuda.is_available():
+            raise SystemExit("profile_train_step: --gpu-path stands in for a GPU on a CPU; on a GPU the path is taken")
+        if os.environ.get("TRITON_INTERPRET") != "1":  # read when the kernels are defined, i.e. at import
+            raise SystemExit("profile_train_step: --gpu-path runs the Triton kernels through the interpreter: start "
+                             "it with TRITON_INTERPRET=1")
+        from kimi_vl.benchmarks.op_count import GPU_PATH_ENV
+
+        os.environ.update(GPU_PATH_ENV)
     from kimi_vl.runconfig import load_config
     from kimi_vl.train.config import TrainConfig, resolve_config_path
     from kimi_vl.train.loop import Trainer

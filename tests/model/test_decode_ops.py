@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kimi_vl import KimiVLConfig
-from kimi_vl.benchmarks.decode_ops import GPU_PATH_ENV, count_triton_launches, ops_per_token
+from kimi_vl.benchmarks.decode_ops import ops_per_token
+from kimi_vl.benchmarks.op_count import GPU_PATH_ENV, count_triton_launches
 
 
 @pytest.fixture

@@ -30,6 +30,8 @@ def test_profile_debug_step_on_cpu(tiny_data, tmp_path):
     assert sum(phases[p] for p in prof.PHASES) == pytest.approx(saved["app"]["step_s"])
     assert set(saved["bare"]) == set(prof.BARE_VARIANTS) and all(v["step_s"] > 0 for v in saved["bare"].values())
     assert saved["module_fwd_s"]["fwd/KDALayer"] > 0 and saved["module_fwd_s"]["fwd/MLAttention"] > 0
+    ops = saved["ops_per_step"]  # by innermost phase (on a CPU by default)
+    assert ops["forward"] > 0 and ops["backward"] > 0 and ops["optim"] > 0
     pipe = saved["pipeline"]  # the app's own loop: queue_step k + 1, then read step k
     assert pipe["steps"] == 2 and pipe["wall_s_per_step"] > 0 and pipe["tokens_per_step"] > 0
     from kimi_vl.modeling import attention, model
