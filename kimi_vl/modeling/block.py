@@ -64,18 +64,20 @@ class DecoderLayer(nn.Module):
         the forward's output tensors, so a layer that returned nothing was never re-gathered (its backward read
         freed storage)."""
         first = 2 * self.layer_idx
-        x = stream.input(first, self.input_layernorm)  # the stream applies the norm (fused into AttnRes's mix)
-        mixer_out = self._maybe_checkpoint(self._mixer, x, inputs)
-        stream.add(first, mixer_out)
-        x = stream.input(first + 1, self.post_attention_layernorm)
-        ffn_out = self._maybe_checkpoint(self._ffn, x, inputs)
-        stream.add(first + 1, ffn_out)
+        mixer_out = self._sublayer(self._mixer, self.input_layernorm, stream, first, inputs)
+        ffn_out = self._sublayer(self._ffn, self.post_attention_layernorm, stream, first + 1, inputs)
         return mixer_out, ffn_out
 
-    def _maybe_checkpoint(self, fn, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+    def _sublayer(self, fn, norm: nn.Module, stream, i: int, inputs: LayerInputs) -> torch.Tensor:
+        """``fn(norm(stream input i))``, added to the stream. The stream applies the norm (AttnRes can fuse it into
+        its mix), except under activation checkpointing: there the norm is recomputed inside the checkpointed
+        function as before, so that the norm's saved input is not kept beside the checkpoint's."""
         if self.gradient_checkpointing and self.training and inputs.cache is None:
-            return self._gradient_checkpointing_func(fn, h, inputs)
-        return fn(h, inputs)
+            out = self._gradient_checkpointing_func(lambda h, inp: fn(norm(h), inp), stream.input(i), inputs)
+        else:
+            out = fn(stream.input(i, norm), inputs)
+        stream.add(i, out)
+        return out
 
     def _mixer(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
         layer_cache = None if inputs.cache is None else inputs.cache.layers[self.layer_idx]
