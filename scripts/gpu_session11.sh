@@ -5,7 +5,8 @@
 #       included), then bench_attnres at batch 8 x 4096 with the forward + backward configuration sweep (tile vs
 #       rows forward), the train section (standard / attnres_triton / _rows / _fusenorm, all-MLA and hybrid) and
 #       --profile: the kernels whose time differs between a standard and an AttnRes step (where the +11% goes)
-#       and between AttnRes with and without the fused norm
+#       and between AttnRes with and without the fused norm; decode at 4096 (the reused h buffer: +1.2% host
+#       operators a token on the CPU count, kimi_vl.benchmarks.decode_ops)
 #   bash scripts/gpu_session11.sh app DATA   the app (small_pretrain, batch 16, 24 steps) without and with each
 #       sublayer's input norm fused into the AttnRes mix (KVL_ATTNRES_FUSE_NORM), interleaved: off on off on
 #   bash scripts/gpu_session11.sh app2 DATA  the app with the 'tile' and 'rows' forward layouts, then
@@ -20,8 +21,8 @@ case "${1:?usage: gpu_session11.sh attnres|app|app2 [DATA]}" in
 attnres)
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 200 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
-  PART_TAIL=80 part "bench_attnres sweep + profile" 360 python3 -m kimi_vl.benchmarks.bench_attnres \
-    --sources 2 3 4 5 --bwd-sweep --profile --budget-s 200 --decode-steps 0
+  PART_TAIL=80 part "bench_attnres sweep + profile + decode" 420 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 2 3 4 5 --bwd-sweep --profile --budget-s 200
   ;;
 app)
   DATA=${2:?usage: gpu_session11.sh app DATA}
