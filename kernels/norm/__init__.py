@@ -48,9 +48,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, backend: 
     _check_norm("rms_norm", x, weight, None)
     if resolve_backend(backend, x.device, "rms_norm") == "torch" or x.shape[-1] > MAX_D:
         return rms_norm_torch(x, weight, eps)
-    from kernels.norm.norm_triton import NormFunction
-
-    return NormFunction.apply(x, None, weight, eps)
+    return _triton_norm(x, None, weight, eps)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
@@ -59,9 +57,21 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     _check_norm("gated_rms_norm", x, weight, gate)
     if resolve_backend(backend, x.device, "gated_rms_norm") == "torch" or x.shape[-1] > MAX_D:
         return gated_rms_norm_torch(x, gate, weight, eps)
-    from kernels.norm.norm_triton import NormFunction
+    return _triton_norm(x, gate, weight, eps)
 
-    return NormFunction.apply(x, gate, weight, eps)
+
+def _triton_norm(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Triton norm; without a gradient to record (decode, ``no_grad`` evaluation) the forward kernel is called
+    directly, skipping the autograd function's host work (decode is launch-bound on a GPU)."""
+    from kernels.norm.norm_triton import NormFunction, norm_fwd
+
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (gate is not None and gate.requires_grad)):
+        return NormFunction.apply(x, gate, weight, eps)
+    d = x.shape[-1]
+    y, _ = norm_fwd(x.reshape(-1, d).contiguous(), None if gate is None else gate.reshape(-1, d).contiguous(),
+                    weight.contiguous(), eps)
+    return y.view(x.shape)
 
 
 def silu_mul(gate_up: torch.Tensor, backend: str | None = None) -> torch.Tensor:

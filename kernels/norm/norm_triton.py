@@ -117,7 +117,8 @@ def norm_fwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     """``(y [M, D], rstd [M] fp32)``; y in x's dtype when gated, else in the promoted dtype of x and weight
     (what ``weight * x_hat.to(x.dtype)`` gives in PyTorch, e.g. fp32 for bf16 x under autocast with fp32 weights)."""
     M, D = x_MD.shape
-    out_dtype = x_MD.dtype if gate_MD is not None else torch.promote_types(x_MD.dtype, weight.dtype)
+    same = gate_MD is not None or x_MD.dtype == weight.dtype  # promote_types is a dispatched op: skip it when equal
+    out_dtype = x_MD.dtype if same else torch.promote_types(x_MD.dtype, weight.dtype)
     y = torch.empty(M, D, dtype=out_dtype, device=x_MD.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x_MD.device)
     block_m, block_d = _norm_blocks(D)

@@ -130,3 +130,20 @@ def test_gpu_model_shapes(dtype):
     ours = grads(lambda t: silu_mul(t, backend="triton"), [gu], dy)
     exact = grads(silu_mul_torch, [gu.double()], dy.double())
     assert rel(ours[0], exact[0]) < tol and rel(ours[1][0], exact[1][0]) < tol
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_triton_norm_without_grad_skips_autograd_and_equals_it(gated):
+    """No gradient to record (decode, no_grad evaluation): the forward kernel alone, bit-equal to the autograd
+    function's output, no graph; with a gradient wanted the autograd function records as before."""
+    x, gate, w, _ = norm_inputs((3, 5, 40), torch.bfloat16, gated, seed=7)
+    call = (lambda *t: gated_rms_norm(*t, backend="triton")) if gated else (lambda *t: rms_norm(*t, backend="triton"))
+    args = (x, gate, w) if gated else (x, w)
+    with torch.no_grad():
+        fast = call(*args)
+    w_leaf = w.clone().requires_grad_(True)
+    tracked = call(*((x, gate, w_leaf) if gated else (x, w_leaf)))
+    assert fast.grad_fn is None and tracked.grad_fn is not None
+    assert fast.shape == x.shape and fast.dtype == tracked.dtype
+    assert torch.equal(fast, tracked.detach())
+    assert torch.equal(call(*args), fast)  # grad mode on, but nothing requires grad: the same fast path
