@@ -203,10 +203,12 @@ class RLTrainer:
 
 def run_rl(cfg: RLRunConfig, accelerator: Any = None) -> Path:
     """Run the RL stage of ``cfg`` (resuming if a checkpoint exists); return the export folder
-    ``<output_dir>/final`` (model, tokenizer when the run has one, ``rl_config.yaml``)."""
+    ``<output_dir>/final`` (model, tokenizer when the run has one, ``rl_config.yaml``). A caller's ``accelerator``
+    is left open; one made here is closed (``RLTrainer.close``)."""
     trainer = RLTrainer(cfg, accelerator)
     trainer.train()
-    trainer.close()
+    if accelerator is None:
+        trainer.close()
     return Path(cfg.output_dir) / "final"
 
 

@@ -458,7 +458,10 @@ class Trainer:
 
 
 def train(cfg: TrainConfig, accelerator: Accelerator | None = None) -> Path:
+    """Run ``cfg`` to its end; the export folder. A caller's ``accelerator`` is left open (its process group
+    included), one made here is closed (:meth:`Trainer.close`)."""
     trainer = Trainer(cfg, accelerator)
     final = trainer.run()
-    trainer.close()
+    if accelerator is None:
+        trainer.close()
     return final
