@@ -30,3 +30,13 @@ def test_attnres_decode_costs_one_launch_per_sublayer_instead_of_an_add(gpu_path
     # a fixed set-up per token (block-state buffer, query product, one h buffer): 13 ops in session 11; without the
     # reused h buffer, one allocation per sublayer more
     assert res["ops"] - std["ops"] <= 16, (res["ops"], std["ops"])
+
+
+def test_decode_builds_no_launch_tables_per_token(gpu_path):
+    """The KDA decode's dense-batch launch tables (sequence starts, lengths, a stand-in pointer) are cached per
+    (B, T, device): a warm decode step builds none of them (they were 4 operators per KDA layer and token)."""
+    counts = ops_per_token("debug", "standard", prompt=8)["counts"]
+    assert counts.get("triton:_recurrent_kernel", 0) > 0, "the KDA decode kernel did not run"
+    for op in ("aten.arange", "aten.full", "aten.zeros"):
+        assert op not in counts, (op, counts.get(op))
+
