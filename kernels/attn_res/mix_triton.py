@@ -569,6 +569,7 @@ def _mix_fwd(sources: list[torch.Tensor], u: torch.Tensor, eps: float, norm: tup
     rstd = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     lse = torch.empty(m, device=x0.device, dtype=torch.float32)
+    normed = None  # (y, rstd(h)) with the fused norm
     block_t, block_d = _blocks(d)
     grid = (triton.cdiv(m, block_t),)
     if use_args(n) and fwd_layout() == "rows":
@@ -577,7 +578,6 @@ def _mix_fwd(sources: list[torch.Tensor], u: torch.Tensor, eps: float, norm: tup
             *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FWD_NUM_WARPS)
     elif use_args(n):
-        normed = None
         if norm is not None:
             y = torch.empty(m, d, device=x0.device, dtype=torch.promote_types(x0.dtype, norm[0].dtype))
             normed = (y, torch.empty(m, device=x0.device, dtype=torch.float32))
@@ -591,19 +591,20 @@ def _mix_fwd(sources: list[torch.Tensor], u: torch.Tensor, eps: float, norm: tup
             _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
     alpha.sub_(lse).exp_()
-    return h, rstd, alpha, (normed if norm is not None else None)
+    return h, rstd, alpha, normed
 
 
 def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor, rstd: torch.Tensor,
                    alpha: torch.Tensor, sinks: list[GradSink | None] | None = None,
                    norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                   ) -> tuple[list[torch.Tensor], torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Gradients ``dx_n [M, D]`` (source dtype) and ``du [D]`` fp32, ``dh [M, D]`` in the source dtype.
+                   ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
+    """Gradients ``dx_n [M, D]`` (source dtype), ``du [D]`` fp32 and the norm gain's (below, else None); ``dh
+    [M, D]`` in the source dtype.
 
     With ``sinks`` (pointer-argument path only), source ``n`` with a sink gets its gradient added into the
     sink's buffer in the kernel (the buffer is started by the first mix to run backward), and ``dx_n`` is
     that buffer. With ``norm = (h, norm_weight, rstd(h))`` from :func:`mix_norm_fwd` (pointer arguments only),
-    ``dh`` is the gradient of the norm's output ``y`` and the norm gain's gradient (fp32 ``[D]``) is returned third."""
+    ``dh`` is the gradient of the norm's output ``y`` and the norm gain's gradient (fp32 ``[D]``) comes third."""
     if norm is not None and not use_args(len(sources)):
         raise ValueError("kernels/attn_res/mix_triton.py: the fused RMSNorm's backward needs the pointer-argument "
                          f"path (N <= {MAX_ARGS}), got N={len(sources)}")
@@ -641,9 +642,7 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
             _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, gq, du_partial,
             n, m, d, num_tiles, BLOCK_T=block_t, CHUNK=chunk, CH=ch, ALIGNED=_aligned(sources + dxs),
             num_warps=BWD_NUM_WARPS, **_maxnreg())
-    if norm is not None:
-        return dxs, du_partial.sum(0), dnw_partial.sum(0)
-    return dxs, du_partial.sum(0)
+    return dxs, du_partial.sum(0), None if dnw_partial is None else dnw_partial.sum(0)
 
 
 class AttnResMixTriton(torch.autograd.Function):
@@ -666,7 +665,7 @@ class AttnResMixTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
-        dxs, du = mix_bwd_triton(sources, u, _as_source(dh, sources[0]), rstd, alpha, ctx.sinks)
+        dxs, du, _ = mix_bwd_triton(sources, u, _as_source(dh, sources[0]), rstd, alpha, ctx.sinks)
         return du if ctx.needs_input_grad[0] else None, None, None, *_source_grads(ctx, dxs, 3)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
-from kimi_vl.benchmarks.op_count import GPU_PATH_ENV, OpCounter, count_triton_launches
+from kimi_vl.benchmarks.op_count import OpCounter, use_gpu_path
 from kimi_vl.modeling.cache import output_cache
 
 
@@ -73,11 +73,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--prompt", type=int, default=32)
     args = p.parse_args(argv)
     if args.gpu_path:
-        missing = {k: v for k, v in GPU_PATH_ENV.items() if os.environ.get(k) != v}
-        if missing.get("TRITON_INTERPRET"):
-            p.error("--gpu-path runs the Triton kernels through the interpreter: start with TRITON_INTERPRET=1")
-        os.environ.update(missing)
-        count_triton_launches()
+        use_gpu_path("decode_ops")
     results = {"flavor": args.flavor, "gpu_path": args.gpu_path, "date": time.strftime("%Y-%m-%d"),
                "torch": torch.__version__, "modes": [ops_per_token(args.flavor, m, args.prompt)
                                                      for m in ("standard", "attnres_block")]}

@@ -10,6 +10,7 @@ the interpreter's own tensor work (which a GPU launch does not do) out of the co
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Callable
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -47,6 +48,20 @@ class OpCounter(TorchDispatchMode):
     def launches(self) -> int:
         """Triton launches counted (only meaningful with the default key)."""
         return sum(v for k, v in self.counts.items() if k.startswith("triton:"))
+
+
+def use_gpu_path(tool: str) -> None:
+    """Switch every kernel dispatch to its Triton path (:data:`GPU_PATH_ENV`) and count interpreted launches. Only on
+    a CPU started with ``TRITON_INTERPRET=1``: the flag is read when the kernels are defined, at import."""
+    import torch
+
+    if torch.cuda.is_available():
+        raise SystemExit(f"{tool}: --gpu-path stands in for a GPU on a CPU; on a GPU that path is taken anyway")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit(f"{tool}: --gpu-path runs the Triton kernels through the interpreter: start it with "
+                         "TRITON_INTERPRET=1")
+    os.environ.update(GPU_PATH_ENV)
+    count_triton_launches()
 
 
 def count_triton_launches() -> None:

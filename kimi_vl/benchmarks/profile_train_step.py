@@ -499,14 +499,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.gpu_path:
-        if torch.cuda.is_available():
-            raise SystemExit("profile_train_step: --gpu-path stands in for a GPU on a CPU; on a GPU the path is taken")
-        if os.environ.get("TRITON_INTERPRET") != "1":  # read when the kernels are defined, i.e. at import
-            raise SystemExit("profile_train_step: --gpu-path runs the Triton kernels through the interpreter: start "
-                             "it with TRITON_INTERPRET=1")
-        from kimi_vl.benchmarks.op_count import GPU_PATH_ENV
+        from kimi_vl.benchmarks.op_count import use_gpu_path
 
-        os.environ.update(GPU_PATH_ENV)
+        use_gpu_path("profile_train_step")
     from kimi_vl.runconfig import load_config
     from kimi_vl.train.config import TrainConfig, resolve_config_path
     from kimi_vl.train.loop import Trainer

@@ -28,5 +28,7 @@ def test_attnres_kernels_compile_for_sm90():
     assert len(lines) == 3, proc.stdout
     for line in lines:
         assert "rror" not in line, line
-        regs = re.search(r"Used (\d+) registers", line)
-        assert regs and int(regs.group(1)) <= 255, line
+        assert re.search(r"Used \d+ registers", line), line
+    bwd_norm = next(line for line in lines if line.startswith("bwd True"))
+    # the reason for BWD_NORM_THREAD_ELEMS = 12: at 24 this kernel spilled 72 bytes at N = 3
+    assert re.search(r"\b0 bytes spill stores", bwd_norm), bwd_norm
