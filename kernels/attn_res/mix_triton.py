@@ -75,7 +75,7 @@ TILE_ELEMS = 4096  # the "tile" forward and the two-phase kernels: BLOCK_T * BLO
 NUM_WARPS = 8
 FWD_LAYOUT: str | None = None  # pointer-argument forward: None reads KVL_ATTNRES_FWD_LAYOUT (see fwd_layout)
 FWD_LAYOUTS = ("tile", "rows")
-FWD_NUM_WARPS = 4  # the "rows" forward: the backward's row layout (see _bwd_blocks) with these settings
+FWD_NUM_WARPS = 4  # the "rows" forward: the backward's row layout (see _row_blocks) with these settings
 FWD_MAX_CHUNKS = 4
 FWD_THREAD_ELEMS = 24
 BWD_NUM_WARPS = 4
@@ -446,9 +446,9 @@ def _blocks(d: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _bwd_blocks(d: int, elem_bytes: int, num_warps: int, max_chunks: int, thread_elems: int
+def _row_blocks(d: int, elem_bytes: int, num_warps: int, max_chunks: int, thread_elems: int
                 ) -> tuple[int, int, int]:
-    """``(BLOCK_T, CHUNK, CH)`` of the backward: a row is ``CH`` chunks of ``CHUNK`` columns, ``CHUNK`` at least one
+    """``(BLOCK_T, CHUNK, CH)`` of the row layout (the backward and the 'rows' forward): a row is ``CH`` chunks of ``CHUNK`` columns, ``CHUNK`` at least one
     warp's width of 16-byte vectors (so that a warp owns whole rows: the per-token dot products are warp shuffles,
     and ``D = 768`` is 3 x 256 with no padding), ``CH <= max_chunks``; ``BLOCK_T`` rows (a power of two) give each
     thread about ``thread_elems`` elements of a tile."""
@@ -573,7 +573,7 @@ def _mix_fwd(sources: list[torch.Tensor], u: torch.Tensor, eps: float, norm: tup
     block_t, block_d = _blocks(d)
     grid = (triton.cdiv(m, block_t),)
     if use_args(n) and fwd_layout() == "rows":
-        block_t, chunk, ch = _bwd_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
+        block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
         _attn_res_fwd_rows_kernel[(triton.cdiv(m, block_t),)](
             *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FWD_NUM_WARPS)
@@ -622,7 +622,7 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
             dxs.append(sink.buf)
             acc_mask |= 1 << i
     thread_elems = BWD_THREAD_ELEMS if norm is None else BWD_NORM_THREAD_ELEMS
-    block_t, chunk, ch = _bwd_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, thread_elems)
+    block_t, chunk, ch = _row_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, thread_elems)
     num_tiles = triton.cdiv(m, block_t)
     programs = _num_bwd_programs(num_tiles, x0.device)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)

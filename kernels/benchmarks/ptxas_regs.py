@@ -162,13 +162,13 @@ def attnres_ptxas_report(kernel: str, n: int, norm: bool = False, d: int = 768) 
         consts, warps = dict(BLOCK_T=block_t, BLOCK_D=block_d, NMAX=mt.MAX_ARGS, NORM=norm), mt.NUM_WARPS
     elif kernel == "rows":
         fn = mt._attn_res_fwd_rows_kernel
-        block_t, chunk, ch = mt._bwd_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
+        block_t, chunk, ch = mt._row_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
         args = srcs + [f32, bf, f32, f32, f32, "i32", "i32", "fp32"]
         consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch), mt.FWD_NUM_WARPS
     else:
         fn = mt._attn_res_bwd_args_kernel
         elems = mt.BWD_NORM_THREAD_ELEMS if norm else mt.BWD_THREAD_ELEMS
-        block_t, chunk, ch = mt._bwd_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, elems)
+        block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, elems)
         args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", bf, bf if norm else f32, f32, f32]
         consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, NORM=norm), mt.BWD_NUM_WARPS
     it = iter(args)

@@ -199,7 +199,7 @@ def _sweep_row(mt, kernel: str, cfg: dict, fn: Callable, passes: int, n: int, to
     try:
         for k, v in cfg.items():
             setattr(mt, k, v)
-        mt._bwd_blocks.cache_clear()
+        mt._row_blocks.cache_clear()
         out = fn()
         tensors = (*out[0], out[1]) if kernel == "backward" else out
         flat = torch.cat([t.float().reshape(-1) for t in tensors])
@@ -209,14 +209,14 @@ def _sweep_row(mt, kernel: str, cfg: dict, fn: Callable, passes: int, n: int, to
         row["gbps"] = passes * elem * tokens * d / ms / 1e6
         if kernel == "backward" or mt.fwd_layout() == "rows":
             prefix = "FWD" if kernel == "forward" else "BWD"
-            row["block_t_chunk_ch"] = mt._bwd_blocks(d, elem, *(getattr(mt, f"{prefix}_{k}") for k in
+            row["block_t_chunk_ch"] = mt._row_blocks(d, elem, *(getattr(mt, f"{prefix}_{k}") for k in
                                                                  ("NUM_WARPS", "MAX_CHUNKS", "THREAD_ELEMS")))
     except Exception as err:  # a configuration that fails to compile or run is itself a result
         row["error"] = f"{type(err).__name__}: {err}"[:2000]
     finally:
         for k, v in old.items():
             setattr(mt, k, v)
-        mt._bwd_blocks.cache_clear()
+        mt._row_blocks.cache_clear()
     return row, flat
 
 
