@@ -12,16 +12,18 @@
 #   bash scripts/gpu_session11.sh app2 DATA  the app with the 'tile' and 'rows' forward layouts, then
 #       profile_train_step's unsynchronised pipeline (the app's own loop for 8 steps: how busy the GPU is between the
 #       host's launches)
+#   bash scripts/gpu_session11.sh apps DATA  app and app2 in one call (session 12): tile, fused norm and rows,
+#       interleaved twice (tile fuse rows tile fuse rows), then the pipeline profile
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session11.sh attnres|app|app2 [DATA]}" in
+case "${1:?usage: gpu_session11.sh attnres|app|app2|apps [DATA]}" in
 attnres)
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 200 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
-  PART_TAIL=80 part "bench_attnres sweep + profile + decode" 420 python3 -m kimi_vl.benchmarks.bench_attnres \
+  PART_TAIL=80 part "bench_attnres sweep + profile + decode" 380 python3 -m kimi_vl.benchmarks.bench_attnres \
     --sources 2 3 4 5 --bwd-sweep --profile --budget-s 200
   ;;
 app)
@@ -46,6 +48,25 @@ app2)
   app_compare tile_c rows_c
   summarize tile_c rows_c
   PART_TAIL=40 part "pipeline: app loop, batch 16" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=16 data.num_workers=8 \
+    --steps 2 --warmup 4 --module-steps 0 --pipeline-steps 8 --out "$OUT/pipeline_b16"
+  ;;
+apps)
+  DATA=${2:?usage: gpu_session11.sh apps DATA}
+  export APP_STEPS=24
+  base="data.batch_size=16"
+  for round in a b; do
+    APP_OVERRIDES="$base" app16 tile_$round KVL_ATTNRES_FUSE_NORM=0 KVL_ATTNRES_FWD_LAYOUT=tile
+    APP_OVERRIDES="$base" app16 fuse_$round KVL_ATTNRES_FUSE_NORM=1 KVL_ATTNRES_FWD_LAYOUT=tile
+    APP_OVERRIDES="$base" app16 rows_$round KVL_ATTNRES_FUSE_NORM=0 KVL_ATTNRES_FWD_LAYOUT=rows
+  done
+  for v in fuse rows tile; do app_compare tile_a ${v}_b; done
+  app_compare tile_a fuse_a
+  app_compare tile_a rows_a
+  app_compare tile_b fuse_b
+  app_compare tile_b rows_b
+  summarize tile_a fuse_a rows_a tile_b fuse_b rows_b
+  PART_TAIL=40 part "pipeline: app loop, batch 16" 150 python3 -m kimi_vl.benchmarks.profile_train_step \
     --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=16 data.num_workers=8 \
     --steps 2 --warmup 4 --module-steps 0 --pipeline-steps 8 --out "$OUT/pipeline_b16"
   ;;
