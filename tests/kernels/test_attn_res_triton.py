@@ -122,6 +122,7 @@ def test_mixed_dtypes_are_cast_to_the_first_source():
 
 
 def test_backend_resolution(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU tensor on the Triton backend (set by conftest only without a GPU)
     x = torch.zeros(2, 8)
     assert resolve_backend(x, "torch") == "torch" and resolve_backend(x, "triton") == "triton"
     monkeypatch.setenv("KVL_ATTNRES_BACKEND", "torch")

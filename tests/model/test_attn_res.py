@@ -275,13 +275,13 @@ def test_two_phase_backend_choice(monkeypatch):
 def test_generate_with_triton_two_phase_matches_naive_full_forward(monkeypatch):
     """Prefill and decode through the cache with the buffered Triton two-phase stream (block AttnRes; full
     AttnRes is block size 1, covered by the stream test)."""
-    _triton_two_phase(monkeypatch)
-    model = build(tiny_config(residual_mode="attnres_block"))
+    device = _triton_two_phase(monkeypatch)
+    model = build(tiny_config(residual_mode="attnres_block")).to(device)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attention_res_proj.weight.normal_()
             layer.mlp_res_proj.weight.normal_()
-    ids = torch.randint(3, 97, (2, 6))
+    ids = torch.randint(3, 97, (2, 6), device=device)
     out = model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None)
     model.model.attnres_impl = "naive"
     with torch.no_grad():
