@@ -14,6 +14,8 @@
 #       host's launches)
 #   bash scripts/gpu_session11.sh apps DATA  app and app2 in one call (session 12): tile, fused norm and rows,
 #       interleaved twice (tile fuse rows tile fuse rows), then the pipeline profile
+# Run in session 12 at commit 81d7750 (docs/results/gpu-2026-11-27-s12); after it the 'rows' layout became the only
+# pointer-argument forward and the fused norm was removed, so KVL_ATTNRES_FWD_LAYOUT / _FUSE_NORM no longer exist.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false

@@ -2,8 +2,7 @@
 
 Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``, scores ``s_n = w . k_n``,
 ``alpha = softmax_n(s)`` in fp32 (no temperature), ``h = sum_n alpha_n x_n``. Public entry points:
-:func:`attn_res_mix`, and :func:`attn_res_mix_norm` (the mix, then the sublayer's input RMSNorm of ``h``, both in the
-mix's Triton kernels where they support it). One dispatch point: ``backend`` argument, else ``KVL_ATTNRES_BACKEND``
+:func:`attn_res_mix`. One dispatch point: ``backend`` argument, else ``KVL_ATTNRES_BACKEND``
 (``triton`` | ``torch``), else Triton on CUDA and the PyTorch autograd function on CPU.
 
 - ``naive.py``: stacked fp32/fp64 reference (the specification; tests only).
@@ -30,9 +29,8 @@ import torch
 
 from kernels.attn_res.mix_torch import AttnResMix
 from kernels.attn_res.naive import attn_res_mix_naive
-from kernels.norm import rms_norm
 
-__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "attn_res_mix_norm", "resolve_backend"]
+__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "resolve_backend"]
 
 _WHERE = "kernels/attn_res.attn_res_mix"
 BACKENDS = ("torch", "triton")
@@ -121,29 +119,3 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
     u = _query_product(weight, gain, u, d)
     h, alpha = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), *flat)
     return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)
-
-
-def attn_res_mix_norm(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor, eps: float,
-                      norm_weight: torch.Tensor, norm_eps: float, backend: str | None = None,
-                      sinks: Sequence | None = None, u: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`attn_res_mix` followed by ``kernels.norm.rms_norm(h, norm_weight, norm_eps)`` (the sublayer's input
-    norm): ``(y [*, D], alpha [N, *])``. On the Triton backend with pointer arguments and the ``tile`` forward layout
-    (``mix_triton.fused_norm_supported``) both run in the mix's kernels (``AttnResMixNormTriton``); otherwise the two
-    are called in turn (same values to rounding: the fused backward keeps ``dh`` in fp32)."""
-    _validate(sources, weight, gain)
-    x0 = sources[0]
-    if norm_weight.shape != (x0.shape[-1],):
-        raise ValueError(f"{_WHERE}_norm: norm_weight must be [D={x0.shape[-1]}], got {tuple(norm_weight.shape)}")
-    if resolve_backend(x0, backend) == "triton":
-        from kernels.attn_res.mix_triton import AttnResMixNormTriton, fused_norm_supported
-
-        if fused_norm_supported(len(sources)):
-            lead, d = x0.shape[:-1], x0.shape[-1]
-            flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
-            u = _query_product(weight, gain, u, d)
-            y, alpha = AttnResMixNormTriton.apply(u, eps, norm_weight, norm_eps,
-                                                  None if sinks is None else tuple(sinks), *flat)
-            return y.reshape(*lead, d), alpha.reshape(len(sources), *lead)
-    h, alpha = attn_res_mix(sources, weight, gain, eps, backend, sinks, u)
-    return rms_norm(h, norm_weight, norm_eps), alpha

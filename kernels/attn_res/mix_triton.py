@@ -9,13 +9,15 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
 - Forward: one program per tile of ``BLOCK_T`` tokens x all of ``D`` walks the sources once with an online
   softmax: per source, RMS and score in fp32, then ``acc = acc * e^(m - m') + e^(s - m') x``. Writes
   ``h [M, D]``, fp32 ``rstd [N, M]``, scores ``s [N, M]`` and ``lse [M]``; the wrapper turns ``s`` into
-  ``alpha = exp(s - lse)`` in place (saved for backward, returned for diagnostics). Two tile layouts
-  (:func:`fwd_layout`): ``tile`` (the default, and always for the address table): ``BLOCK_D`` = the next power of
-  two of ``D`` (``D = 768`` pads to 1024), reductions across the program's warps; the app's profile at batch 16 x
-  4096 (session 10, call2) had it at 263 us per mix, ~1.7 TB/s of the ~3.3 an H100 reads. ``rows`` (pointer
-  arguments only; written in session 11 without a GPU, correct under the interpreter, not yet timed): the
-  backward's layout (below: warp-owned rows of ``CH`` chunks, ``N`` a compile-time constant, the next source's
-  tile loaded before the current one is used; the ``FWD_*`` constants).
+  ``alpha = exp(s - lse)`` in place (saved for backward, returned for diagnostics). The pointer-argument forward
+  uses the backward's layout (below: warp-owned rows of ``CH`` chunks, ``N`` a compile-time constant, the next
+  source's tile loaded before the current one is used; the ``FWD_*`` constants). The address-table forward keeps
+  the first layout, ``BLOCK_D`` = the next power of two of ``D`` (``D = 768`` pads to 1024) with reductions across
+  the program's warps. Measured on an H100 (session 12, ``bench_attnres --bwd-sweep``, M = 32768, D = 768, bf16):
+  the row layout took 0.070 / 0.085 / 0.124 / 0.133 ms at N = 2 / 3 / 4 / 5 against 0.105 / 0.129 / 0.161 /
+  0.192 ms for the first layout through pointer arguments (~1.5 TB/s -> ~2.2 TB/s), and the small model's app
+  step at batch 16 x 4096 took 0.947 and 0.943 of the time (two interleaved rounds), so that layout was removed
+  from the pointer-argument path.
 - Backward: grid-stride over token tiles of ``BLOCK_T`` rows; a row is ``CH`` column chunks of ``CHUNK`` (one
   warp's width of 16-byte vectors or more, ``CH <= BWD_MAX_CHUNKS``), so each warp owns whole rows: the per-token
   dot products are warp shuffles (no shared memory, no barrier inside the loop) and ``D = 768`` is 3 x 256 with
@@ -37,28 +39,23 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   kernel 0.174 / 0.244 / 0.380 ms at N = 2 / 4 / 7 with 8 warps, 0.130 / 0.206 / 0.359 ms with 4 warps (now the
   default); in the small model's step the 24 backward mixes took 6.54 ms (the first kernel: 17.27 ms, call1).
 
-Fused input norm (``AttnResMixNormTriton``, ``NORM`` in the ``tile`` forward and the pointer-argument backward):
-the sublayer's RMSNorm of ``h`` (``kernels/norm``'s rounding points) runs at the end of the forward program, which
-writes ``y``, ``h`` (saved for backward, as the norm module would save it) and ``rstd(h)``; the backward forms
-``dh`` from the incoming ``dy`` and ``h`` in registers (fp32, never stored) and accumulates the norm gain's
-gradient per program like ``du``. Saves a launch each way, the norm's read of ``h`` forward and the ``dh`` write
-and read backward. Written in session 11 without a GPU: correct under the interpreter, not yet timed
-(``KVL_ATTNRES_FUSE_NORM``, off by default, in ``kimi_vl/modeling/attn_res.py``).
+A variant with the sublayer's input RMSNorm inside these kernels (session 11) saved the norm's launches and its
+read of ``h`` but made the backward slower (without spills it needed 2-row tiles): in session 12's profile of a
+small-model step (8 x 4096, H100) the mix kernels took 2.3 ms more and the norm kernels 2.1 ms less, a net
+-0.14 ms (all-MLA) and +0.12 ms (hybrid). It was removed.
 
 Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
 
 - ``args`` (default for ``N <= MAX_ARGS``): each source is its own pointer argument (``MAX_ARGS`` slots, unused
   ones repeat ``sources[0]`` and are never read), so a launch copies nothing to the device and never
   synchronises; Triton's own 16-byte alignment specialisation of pointer arguments vectorises the loads. The
-  ``tile`` forward skips unused slots by a runtime ``n < N`` branch (one compiled kernel per dtype for every
-  ``N``); the ``rows`` forward and the backward take ``N`` as a compile-time constant (one compiled kernel per
-  dtype and ``N``).
+  kernels take ``N`` as a compile-time constant (one compiled kernel per dtype and ``N``).
 - ``table`` (always used for ``N > MAX_ARGS``, e.g. full AttnRes): the addresses go to the device as an
   ``int64 [N]`` table through pinned memory (the first version of these kernels; kept for many sources and
   so that the benchmark can time it).
 
-Fixed launch configurations (no autotuning): ``tile`` forward ``BLOCK_T * BLOCK_D = TILE_ELEMS`` with
-``NUM_WARPS`` warps, ``rows`` forward the ``FWD_*`` constants, backward the ``BWD_*`` constants
+Fixed launch configurations (no autotuning): address-table forward ``BLOCK_T * BLOCK_D = TILE_ELEMS`` with
+``NUM_WARPS`` warps, pointer-argument forward the ``FWD_*`` constants, backward the ``BWD_*`` constants
 (``bench_attnres --bwd-sweep`` times alternatives of the ``FWD_*`` and ``BWD_*`` ones).
 """
 
@@ -71,20 +68,14 @@ import torch
 import triton
 import triton.language as tl
 
-TILE_ELEMS = 4096  # the "tile" forward and the two-phase kernels: BLOCK_T * BLOCK_D per program
+TILE_ELEMS = 4096  # the address-table forward and the two-phase kernels: BLOCK_T * BLOCK_D per program
 NUM_WARPS = 8
-FWD_LAYOUT: str | None = None  # pointer-argument forward: None reads KVL_ATTNRES_FWD_LAYOUT (see fwd_layout)
-FWD_LAYOUTS = ("tile", "rows")
-FWD_NUM_WARPS = 4  # the "rows" forward: the backward's row layout (see _row_blocks) with these settings
+FWD_NUM_WARPS = 4  # the pointer-argument forward: the backward's row layout (see _row_blocks) with these settings
 FWD_MAX_CHUNKS = 4
 FWD_THREAD_ELEMS = 24
 BWD_NUM_WARPS = 4
 BWD_MAX_CHUNKS = 4  # backward: a row is at most this many column chunks (unrolled)
 BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets BLOCK_T)
-# the backward with the fused norm (its gain-gradient accumulators and the h tile): ptxas for sm_90a (Triton 3.9, no
-# GPU: kernels/benchmarks/ptxas_regs.attnres_ptxas_report, bf16, D = 768, 4 warps) gives 255 registers and 60-72
-# spilled bytes at N = 3-5 with 24 elements a thread, 128-168 registers and no spill with 12 (BLOCK_T 2)
-BWD_NORM_THREAD_ELEMS = 12
 BWD_PROGRAMS_PER_SM = 8  # backward grid: at most this many programs per SM, each strides over token tiles
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
@@ -182,24 +173,6 @@ def _write_grad(x, dh, u, du, dsrc, rows, t_ok, acc_on, a, r, g, q, big_g, D,
         tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
         du_new = du_new + (du[c] + k[:, None] * xf,)
     return du_new
-
-
-@triton.jit
-def _norm_dh(dy, dnw, h, nw, hr, D, CH: tl.constexpr):
-    """The RMSNorm backward on a row tile: ``dh = r (dy nw - x_hat mean(dy nw x_hat))`` (``x_hat = h r``, fp32) and
-    the gain's gradient ``dnw += dy x_hat`` (``x_hat`` rounded to ``h``'s dtype, as the forward used it)."""
-    x_hat, dn = (), ()
-    dot = tl.zeros_like(hr)
-    for c in tl.static_range(CH):
-        xh = h[c].to(tl.float32) * hr[:, None]
-        x_hat, dn = x_hat + (xh,), dn + (dy[c] * nw[c][None, :],)
-        dot += tl.sum(dn[c] * xh, axis=1)
-    dot = dot / D
-    dh, dnw_new = (), ()
-    for c in tl.static_range(CH):
-        dh = dh + (hr[:, None] * (dn[c] - x_hat[c] * dot[:, None]),)
-        dnw_new = dnw_new + (dnw[c] + dy[c] * x_hat[c].to(h[c].dtype).to(tl.float32),)
-    return dh, dnw_new
 
 
 @triton.jit
@@ -342,79 +315,24 @@ def _attn_res_fwd_rows_kernel(
     tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)
 
 
-@triton.jit
-def _attn_res_fwd_args_kernel(
-    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
-    nw_ptr, y_ptr, hrstd_ptr, norm_eps,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NMAX: tl.constexpr, NORM: tl.constexpr,
-):
-    """With ``NORM`` the sublayer's input RMSNorm follows in the same program (as ``kernels/norm`` rounds it: h to
-    the source dtype, ``x_hat`` to it again, then the gain): ``y = nw * x_hat`` and ``rstd(h)`` are written too."""
-    pid = tl.program_id(0)
-    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    t_ok = offs_t < M
-    d_ok = offs_d < D
-    tile_ok = t_ok[:, None] & d_ok[None, :]
-    offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
-    u = tl.load(u_ptr + offs_d, mask=d_ok, other=0.0)
-    m = tl.full([BLOCK_T], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_T], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-    for n in tl.static_range(NMAX):
-        if N > n:  # N a runtime scalar tensor, n a constant: the tensor on the left
-            src = _pick(n, x0, x1, x2, x3, x4, x5, x6, x7)
-            x = tl.load(src + offs, mask=tile_ok, other=0.0).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-            s = tl.sum(x * u[None, :], axis=1) * rstd
-            tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
-            tl.store(score_ptr + n * M + offs_t, s, mask=t_ok)
-            m_new = tl.maximum(m, s)
-            scale = tl.exp(m - m_new)
-            p = tl.exp(s - m_new)
-            acc = acc * scale[:, None] + p[:, None] * x
-            l = l * scale + p
-            m = m_new
-    h = (acc / l[:, None]).to(h_ptr.dtype.element_ty)
-    tl.store(h_ptr + offs, h, mask=tile_ok)
-    tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)
-    if NORM:
-        hf = h.to(tl.float32)
-        hr = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=1) / D + norm_eps)
-        x_hat = (hf * hr[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
-        nw = tl.load(nw_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + offs, (nw[None, :] * x_hat).to(y_ptr.dtype.element_ty), mask=tile_ok)
-        tl.store(hrstd_ptr + offs_t, hr, mask=t_ok)
-
-
 @triton.jit(do_not_specialize=["acc_mask"])
 def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
     u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask,
-    h_ptr, nw_ptr, hrstd_ptr, dnw_ptr,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr,
 ):
     """Pointer-argument backward, ``N`` a compile-time constant: straight-line code over the sources, the next
     source's tile loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
-    stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content. With
-    ``NORM``, ``dh_ptr`` holds the gradient of the fused RMSNorm's output: ``dh`` is formed here from it and the saved
-    ``h`` (as ``kernels/norm``'s backward does, kept in fp32), and the norm gain's gradient is accumulated per
-    program like ``du``."""
+    stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content."""
     pid = tl.program_id(0)
     u = _load_vec(u_ptr, D, CH, CHUNK)
     du = _zeros_row(BLOCK_T, CH, CHUNK)
-    if NORM:  # a compile-time branch: without the norm the kernel is the one it was
-        dnw = _zeros_row(BLOCK_T, CH, CHUNK)
-        nw = _load_vec(nw_ptr, D, CH, CHUNK)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = offs_t < M
         rows = offs_t.to(tl.int64)[:, None] * D
         x_next = _load_row(x0, rows, t_ok, D, CH, CHUNK)
         dh = _to_f32(_load_row(dh_ptr, rows, t_ok, D, CH, CHUNK), CH)
-        if NORM:
-            dh, dnw = _norm_dh(dh, dnw, _load_row(h_ptr, rows, t_ok, D, CH, CHUNK), nw,
-                               tl.load(hrstd_ptr + offs_t, mask=t_ok, other=0.0), D, CH)
         big_g = tl.zeros([BLOCK_T], dtype=tl.float32)
         gs, qs, alphas, rstds = (), (), (), ()
         for n in tl.static_range(N):  # pass A: per-token dot products
@@ -435,8 +353,6 @@ def _attn_res_bwd_args_kernel(
             du = _write_grad(x, dh, u, du, _pick(n, g0, g1, g2, g3, g4, g5, g6, g7), rows, t_ok,
                              ((acc_mask >> n) & 1) != 0, alphas[n], rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK)
     _store_du(du_ptr + pid * D, du, D, CH, CHUNK)
-    if NORM:
-        _store_du(dnw_ptr + pid * D, dnw, D, CH, CHUNK)
 
 
 @functools.lru_cache(maxsize=64)
@@ -448,7 +364,7 @@ def _blocks(d: int) -> tuple[int, int]:
 @functools.lru_cache(maxsize=64)
 def _row_blocks(d: int, elem_bytes: int, num_warps: int, max_chunks: int, thread_elems: int
                 ) -> tuple[int, int, int]:
-    """``(BLOCK_T, CHUNK, CH)`` of the row layout (the backward and the 'rows' forward): a row is ``CH`` chunks of ``CHUNK`` columns, ``CHUNK`` at least one
+    """``(BLOCK_T, CHUNK, CH)`` of the row layout (the backward and the pointer-argument forward): a row is ``CH`` chunks of ``CHUNK`` columns, ``CHUNK`` at least one
     warp's width of 16-byte vectors (so that a warp owns whole rows: the per-token dot products are warp shuffles,
     and ``D = 768`` is 3 x 256 with no padding), ``CH <= max_chunks``; ``BLOCK_T`` rows (a power of two) give each
     thread about ``thread_elems`` elements of a tile."""
@@ -472,17 +388,6 @@ def addressing() -> str:
         raise ValueError(f"kernels/attn_res/mix_triton.py: KVL_ATTNRES_ADDRESSING must be one of {ADDRESSING}, "
                          f"got {mode!r}")
     return mode
-
-
-def fwd_layout() -> str:
-    """The pointer-argument forward's tile layout: :data:`FWD_LAYOUT` if set, else ``KVL_ATTNRES_FWD_LAYOUT``, else
-    ``tile`` (``tile``: all of ``D`` padded to a power of two, reductions across the warps; ``rows``: warp-owned rows
-    of ``CH`` chunks, the backward's layout; not yet timed on a GPU, hence not the default)."""
-    layout = FWD_LAYOUT or os.environ.get("KVL_ATTNRES_FWD_LAYOUT") or "tile"
-    if layout not in FWD_LAYOUTS:
-        raise ValueError(f"kernels/attn_res/mix_triton.py: KVL_ATTNRES_FWD_LAYOUT must be one of {FWD_LAYOUTS}, "
-                         f"got {layout!r}")
-    return layout
 
 
 def use_args(n: int) -> bool:
@@ -535,79 +440,39 @@ class GradSink:
         self.uses = 0
 
 
-def fused_norm_supported(n: int) -> bool:
-    """Whether a mix over ``n`` sources can end with the sublayer's RMSNorm in its kernels (:func:`mix_norm_fwd`):
-    the pointer-argument path with the ``tile`` forward layout."""
-    return use_args(n) and fwd_layout() == "tile"
-
-
 def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``.
 
     Returns ``h [M, D]`` (source dtype), fp32 ``rstd [N, M]`` and ``alpha [N, M]``."""
-    h, rstd, alpha, _ = _mix_fwd(sources, u, eps, None)
-    return h, rstd, alpha
-
-
-def mix_norm_fwd(sources: list[torch.Tensor], u: torch.Tensor, eps: float, norm_weight: torch.Tensor,
-                 norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The mix, then ``kernels.norm``'s RMSNorm of ``h`` with gain ``norm_weight [D]`` in the same kernel
-    (:func:`fused_norm_supported` must hold). Returns ``h``, ``rstd``, ``alpha`` as :func:`mix_fwd_triton`, then
-    ``y [M, D]`` (dtype of ``h`` promoted with the gain's, as ``kernels.norm``) and ``rstd(h)`` fp32 ``[M]``."""
-    h, rstd, alpha, (y, hrstd) = _mix_fwd(sources, u, eps, (norm_weight, norm_eps))
-    return h, rstd, alpha, y, hrstd
-
-
-def _mix_fwd(sources: list[torch.Tensor], u: torch.Tensor, eps: float, norm: tuple[torch.Tensor, float] | None):
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
-    if norm is not None and not fused_norm_supported(n):
-        raise ValueError(f"kernels/attn_res/mix_triton.py: the fused RMSNorm needs the pointer-argument path and the "
-                         f"'tile' forward layout (N <= {MAX_ARGS}), got N={n}, layout {fwd_layout()!r}")
     h = torch.empty_like(x0)
     rstd = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     lse = torch.empty(m, device=x0.device, dtype=torch.float32)
-    normed = None  # (y, rstd(h)) with the fused norm
-    block_t, block_d = _blocks(d)
-    grid = (triton.cdiv(m, block_t),)
-    if use_args(n) and fwd_layout() == "rows":
+    if use_args(n):
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
         _attn_res_fwd_rows_kernel[(triton.cdiv(m, block_t),)](
             *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FWD_NUM_WARPS)
-    elif use_args(n):
-        if norm is not None:
-            y = torch.empty(m, d, device=x0.device, dtype=torch.promote_types(x0.dtype, norm[0].dtype))
-            normed = (y, torch.empty(m, device=x0.device, dtype=torch.float32))
-        nw, y_out, hrstd = (norm[0], *normed) if norm is not None else (u, h, lse)  # unused when not NORM
-        _attn_res_fwd_args_kernel[grid](
-            *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps, nw, y_out, hrstd,
-            norm[1] if norm is not None else 0.0,
-            BLOCK_T=block_t, BLOCK_D=block_d, NMAX=MAX_ARGS, NORM=norm is not None, num_warps=NUM_WARPS)
     else:
-        _attn_res_fwd_kernel[grid](
+        block_t, block_d = _blocks(d)
+        _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
             _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
     alpha.sub_(lse).exp_()
-    return h, rstd, alpha, normed
+    return h, rstd, alpha
 
 
 def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor, rstd: torch.Tensor,
-                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None,
-                   norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                   ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
-    """Gradients ``dx_n [M, D]`` (source dtype), ``du [D]`` fp32 and the norm gain's (below, else None); ``dh
-    [M, D]`` in the source dtype.
+                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None
+                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Gradients ``dx_n [M, D]`` (source dtype) and ``du [D]`` fp32; ``dh [M, D]`` in the source dtype.
 
     With ``sinks`` (pointer-argument path only), source ``n`` with a sink gets its gradient added into the
     sink's buffer in the kernel (the buffer is started by the first mix to run backward), and ``dx_n`` is
-    that buffer. With ``norm = (h, norm_weight, rstd(h))`` from :func:`mix_norm_fwd` (pointer arguments only),
-    ``dh`` is the gradient of the norm's output ``y`` and the norm gain's gradient (fp32 ``[D]``) comes third."""
-    if norm is not None and not use_args(len(sources)):
-        raise ValueError("kernels/attn_res/mix_triton.py: the fused RMSNorm's backward needs the pointer-argument "
-                         f"path (N <= {MAX_ARGS}), got N={len(sources)}")
+    that buffer."""
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
     dxs, acc_mask = [], 0
@@ -621,18 +486,14 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
         else:
             dxs.append(sink.buf)
             acc_mask |= 1 << i
-    thread_elems = BWD_THREAD_ELEMS if norm is None else BWD_NORM_THREAD_ELEMS
-    block_t, chunk, ch = _row_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, thread_elems)
+    block_t, chunk, ch = _row_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, BWD_THREAD_ELEMS)
     num_tiles = triton.cdiv(m, block_t)
     programs = _num_bwd_programs(num_tiles, x0.device)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
-    dnw_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32) if norm is not None else None
     if use_args(n):
-        h, nw, hrstd = norm if norm is not None else (dh, u, rstd)  # unused when not NORM
         _attn_res_bwd_args_kernel[(programs,)](
             *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles, acc_mask,
-            h, nw, hrstd, dnw_partial if norm is not None else du_partial,
-            BLOCK_T=block_t, CHUNK=chunk, CH=ch, NORM=norm is not None, num_warps=BWD_NUM_WARPS, **_maxnreg())
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=BWD_NUM_WARPS, **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "
@@ -642,7 +503,7 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
             _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, gq, du_partial,
             n, m, d, num_tiles, BLOCK_T=block_t, CHUNK=chunk, CH=ch, ALIGNED=_aligned(sources + dxs),
             num_warps=BWD_NUM_WARPS, **_maxnreg())
-    return dxs, du_partial.sum(0), None if dnw_partial is None else dnw_partial.sum(0)
+    return dxs, du_partial.sum(0)
 
 
 class AttnResMixTriton(torch.autograd.Function):
@@ -665,33 +526,8 @@ class AttnResMixTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
-        dxs, du, _ = mix_bwd_triton(sources, u, _as_source(dh, sources[0]), rstd, alpha, ctx.sinks)
+        dxs, du = mix_bwd_triton(sources, u, _as_source(dh, sources[0]), rstd, alpha, ctx.sinks)
         return du if ctx.needs_input_grad[0] else None, None, None, *_source_grads(ctx, dxs, 3)
-
-
-class AttnResMixNormTriton(torch.autograd.Function):
-    """``apply(u, eps, norm_weight [D], norm_eps, sinks, *sources) -> (y [M, D], alpha [N, M] fp32)``: the mix of
-    :class:`AttnResMixTriton` followed by the sublayer's RMSNorm (``kernels.norm`` rounding) in the same kernels, so
-    ``h`` is read back by neither the norm's forward nor its backward and ``dh`` is never stored. Needs
-    :func:`fused_norm_supported`; differentiable in ``u``, ``norm_weight`` and the sources."""
-
-    @staticmethod
-    def forward(ctx, u: torch.Tensor, eps: float, norm_weight: torch.Tensor, norm_eps: float, sinks,
-                *sources: torch.Tensor):
-        h, rstd, alpha, y, hrstd = mix_norm_fwd(list(sources), u, eps, norm_weight, norm_eps)
-        ctx.save_for_backward(u, rstd, alpha, h, norm_weight, hrstd, *sources)
-        ctx.mark_non_differentiable(alpha)
-        _claim_sinks(ctx, sinks, len(sources))
-        return y, alpha
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor, _dalpha: torch.Tensor | None):
-        u, rstd, alpha, h, norm_weight, hrstd, *sources = ctx.saved_tensors
-        dy = dy if dy.is_contiguous() else dy.contiguous()
-        dxs, du, dnw = mix_bwd_triton(sources, u, dy, rstd, alpha, ctx.sinks, norm=(h, norm_weight, hrstd))
-        return (du if ctx.needs_input_grad[0] else None, None,
-                dnw.to(norm_weight.dtype) if ctx.needs_input_grad[2] else None, None, None,
-                *_source_grads(ctx, dxs, 5))
 
 
 def _claim_sinks(ctx, sinks, n: int) -> None:

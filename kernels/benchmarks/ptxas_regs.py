@@ -98,10 +98,9 @@ def main() -> None:
     ap.add_argument("--attnres", action="store_true", help="the AttnRes mix kernels at N = 1..5 instead")
     args = ap.parse_args()
     if args.attnres:
-        for kernel, norm in (("fwd", False), ("fwd", True), ("rows", False), ("bwd", False), ("bwd", True)):
+        for kernel in ("fwd", "bwd"):
             for n in range(1, 6):
-                tag = f"{kernel}{'+norm' if norm else ''} N={n}"
-                print(tag, " | ".join(attnres_ptxas_report(kernel, n, norm).splitlines()), flush=True)
+                print(f"{kernel} N={n}", " | ".join(attnres_ptxas_report(kernel, n).splitlines()), flush=True)
         return
     for name in KERNELS if args.kernel == "all" else (args.kernel,):
         nw = args.num_warps or WARPS[name]
@@ -143,11 +142,10 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     return compile_report(fn, sig, consts, {"num_warps": num_warps or nw, "num_stages": num_stages or ns})
 
 
-def attnres_ptxas_report(kernel: str, n: int, norm: bool = False, d: int = 768) -> str:
+def attnres_ptxas_report(kernel: str, n: int, d: int = 768) -> str:
     """Registers and spills of an AttnRes mix kernel (``kernels/attn_res/mix_triton.py``) for bf16 sources of width
-    ``d`` over ``n`` sources, with the launch's own tile constants: ``kernel`` is ``fwd`` (the default 'tile'
-    forward, ``norm``: with the fused RMSNorm), ``rows`` (the 'rows' forward) or ``bwd`` (the pointer-argument
-    backward, ``norm``: forming dh from the norm's dy).
+    ``d`` over ``n`` sources, with the launch's own tile constants: ``kernel`` is ``fwd`` (the pointer-argument
+    forward) or ``bwd`` (the pointer-argument backward).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import attnres_ptxas_report as r; print(r('bwd', 5))"
     """
@@ -156,21 +154,17 @@ def attnres_ptxas_report(kernel: str, n: int, norm: bool = False, d: int = 768) 
     bf, f32 = "*bf16", "*fp32"
     srcs = [bf] * mt.MAX_ARGS
     if kernel == "fwd":
-        fn = mt._attn_res_fwd_args_kernel
-        block_t, block_d = mt._blocks(d)
-        args = srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "fp32", bf if norm else f32, bf, f32, "fp32"]
-        consts, warps = dict(BLOCK_T=block_t, BLOCK_D=block_d, NMAX=mt.MAX_ARGS, NORM=norm), mt.NUM_WARPS
-    elif kernel == "rows":
         fn = mt._attn_res_fwd_rows_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
         args = srcs + [f32, bf, f32, f32, f32, "i32", "i32", "fp32"]
         consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch), mt.FWD_NUM_WARPS
-    else:
+    elif kernel == "bwd":
         fn = mt._attn_res_bwd_args_kernel
-        elems = mt.BWD_NORM_THREAD_ELEMS if norm else mt.BWD_THREAD_ELEMS
-        block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, elems)
-        args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", bf, bf if norm else f32, f32, f32]
-        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, NORM=norm), mt.BWD_NUM_WARPS
+        block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
+        args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32"]
+        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch), mt.BWD_NUM_WARPS
+    else:
+        raise ValueError(f"attnres_ptxas_report: kernel must be fwd or bwd, got {kernel!r}")
     it = iter(args)
     sig = {a: "constexpr" if a in consts else next(it) for a in fn.arg_names}
     # as a launch specialises them: 16-byte aligned pointers, M and D multiples of 16

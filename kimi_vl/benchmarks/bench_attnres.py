@@ -18,16 +18,13 @@ Measured in one run, bf16, CUDA events after warm-up:
 - ``train``: forward + backward (no optimizer step) of the flavor at ``seq`` with ``standard`` vs
   ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
   (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes through the
-  Triton kernel (pointer arguments, gradient sinks for the block states; also with the ``rows`` forward layout,
-  ``KVL_ATTNRES_FWD_LAYOUT=rows``, and with each sublayer's input norm inside the mix's kernels,
-  ``KVL_ATTNRES_FUSE_NORM=1``; for all-MLA also without the sinks,
+  Triton kernel (pointer arguments, gradient sinks for the block states; for all-MLA also without the sinks,
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
   the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
   the resident weights, and the memory of the stored block states for scale.
 - ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
   and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
-  AttnRes step's extra time goes; ``kernel_diff_fusenorm`` the same between ``attnres_triton`` and
-  ``attnres_triton_fusenorm``.
+  AttnRes step's extra time goes.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
   two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``). (The first benchmark decoded with autograd on, so AttnRes
@@ -144,11 +141,10 @@ def bench_mix(tokens: int, d: int, ns: list[int], device: torch.device, dtype: t
 SWEEPS: dict[str, list[dict[str, int | None]]] = {
     "forward": [
         {},
-        {"FWD_LAYOUT": "rows"},
-        {"FWD_LAYOUT": "rows", "FWD_NUM_WARPS": 8},
-        {"FWD_LAYOUT": "rows", "FWD_THREAD_ELEMS": 12},
-        {"FWD_LAYOUT": "rows", "FWD_THREAD_ELEMS": 48},
-        {"FWD_LAYOUT": "rows", "FWD_MAX_CHUNKS": 8},
+        {"FWD_NUM_WARPS": 8},
+        {"FWD_THREAD_ELEMS": 12},
+        {"FWD_THREAD_ELEMS": 48},
+        {"FWD_MAX_CHUNKS": 8},
     ],
     "backward": [
         {},
@@ -207,10 +203,9 @@ def _sweep_row(mt, kernel: str, cfg: dict, fn: Callable, passes: int, n: int, to
         ms = 1e3 * time_per_iter(fn, 2, iters, device)
         row["ms"] = ms
         row["gbps"] = passes * elem * tokens * d / ms / 1e6
-        if kernel == "backward" or mt.fwd_layout() == "rows":
-            prefix = "FWD" if kernel == "forward" else "BWD"
-            row["block_t_chunk_ch"] = mt._row_blocks(d, elem, *(getattr(mt, f"{prefix}_{k}") for k in
-                                                                 ("NUM_WARPS", "MAX_CHUNKS", "THREAD_ELEMS")))
+        prefix = "FWD" if kernel == "forward" else "BWD"  # both use the row layout on the pointer-argument path
+        row["block_t_chunk_ch"] = mt._row_blocks(d, elem, *(getattr(mt, f"{prefix}_{k}") for k in
+                                                             ("NUM_WARPS", "MAX_CHUNKS", "THREAD_ELEMS")))
     except Exception as err:  # a configuration that fails to compile or run is itself a result
         row["error"] = f"{type(err).__name__}: {err}"[:2000]
     finally:
@@ -304,13 +299,10 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     ids = torch.randint(0, cfgs["standard"].vocab_size, (args.batch, args.seq), device=device)
     triton = {"KVL_ATTNRES_BACKEND": "triton"}
     variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
-                "attnres_triton_rows": ("attnres_block", triton | {"KVL_ATTNRES_FWD_LAYOUT": "rows"}),
-                "attnres_triton_fusenorm": ("attnres_block", triton | {"KVL_ATTNRES_FUSE_NORM": "1"}),
                 "attnres_triton_nosink": ("attnres_block", triton | {"KVL_ATTNRES_GRAD_SINK": "0"}),
                 "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"})}
     if layers != "mla":
-        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_rows",
-                                             "attnres_triton_fusenorm")}
+        variants = {v: variants[v] for v in ("standard", "attnres_triton")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     best = {v: float("inf") for v in variants}
     peak = {}
@@ -334,10 +326,8 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
     if args.profile:
         times = {v: _with_env(variants[v][1], partial(_profile_step, steps[v]))
-                 for v in ("standard", "attnres_triton", "attnres_triton_fusenorm")}
+                 for v in ("standard", "attnres_triton")}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_triton"], top=args.profile_top)
-        out["kernel_diff_fusenorm"] = diff_by_name(times["attnres_triton"], times["attnres_triton_fusenorm"],
-                                                   top=args.profile_top)
     dec = bench_decode_variants(models, cfgs["standard"], layers, args, device) if args.decode_steps > 0 else {}
     out["decode"] = dec
     del models
@@ -482,7 +472,6 @@ def table(results: dict) -> str:
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
         lines += _decode_lines(layers, group.get("decode", {}))
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
-        lines += _kernel_diff_lines(f"{layers} (fused norm vs attnres)", group.get("kernel_diff_fusenorm", []))
         lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")
         t = group["mix_traffic_gb"]
         lines.append(f"| {layers} | (mix traffic floor: {t['forward']:.1f} GB fwd + {t['backward_sinks']:.1f} GB bwd "

@@ -21,7 +21,7 @@ each sublayer's own partial sum). Without autograd on CUDA the two-phase stream 
 contiguous buffer and runs ``kernels/attn_res/two_phase_triton.py`` (one launch per sublayer, which also adds
 the previous output into its block: decode is launch-bound); ``KVL_ATTNRES_TWO_PHASE`` (``torch`` | ``triton``)
 forces either form. The stream classes here are the single place that wires residuals; they also apply each
-sublayer's input norm (``input(i, norm)``), which ``KVL_ATTNRES_FUSE_NORM=1`` moves into the mix's kernels.
+sublayer's input norm (``input(i, norm)``; the two-phase decode stream then hands ``h`` in a reused buffer).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, attn_res_mix_norm
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 from kernels.attn_res import resolve_backend as resolve_mix_backend
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
-           "StandardStream", "alpha_stats", "fuse_norm_enabled", "grad_sinks_enabled", "mix", "mix_naive", "phase1",
+           "StandardStream", "alpha_stats", "grad_sinks_enabled", "mix", "mix_naive", "phase1",
            "phase2", "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
@@ -124,16 +124,6 @@ def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = 
 
 def _normed(h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
     return h if norm is None else norm(h)
-
-
-def fuse_norm_enabled() -> bool:
-    """``KVL_ATTNRES_FUSE_NORM`` (``0`` default | ``1``): whether the fused training stream runs each sublayer's input
-    RMSNorm inside the mix's Triton kernels (``kernels.attn_res.attn_res_mix_norm``; ``h`` is then read back by
-    neither the norm's forward nor its backward, and ``dh`` is never stored). Off until timed on a GPU."""
-    flag = os.environ.get("KVL_ATTNRES_FUSE_NORM") or "0"
-    if flag not in ("0", "1"):
-        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_FUSE_NORM must be 0 or 1, got {flag!r}")
-    return flag == "1"
 
 
 def grad_sinks_enabled() -> bool:
@@ -258,8 +248,7 @@ class AttnResStream:
             self.sinks = [GradSink()]
 
     def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
-        """Sublayer ``i``'s input ``h``, through its input ``norm`` (an ``RMSNorm``) when given: with
-        ``KVL_ATTNRES_FUSE_NORM=1`` the fused training path runs the norm inside the mix's kernels."""
+        """Sublayer ``i``'s input ``h``, through its input ``norm`` (an ``RMSNorm``) when given."""
         if self._buffered is not None:  # with a norm, h goes straight into it: a reused buffer will do
             return _normed(self._buffered.input(i, scratch=norm is not None), norm)
         if self.impl == "two_phase":
@@ -274,12 +263,7 @@ class AttnResStream:
             if self._u_rows is None and resolve_mix_backend(sources[0]) == "triton":
                 self._u_rows = stacked_u(self.queries).unbind(0)  # autograd: one stack of the grads, not Q products
             u = self._u_rows[i] if self._u_rows else None
-            if norm is not None and fuse_norm_enabled():
-                q = self.queries[i]
-                h, alpha = attn_res_mix_norm(sources, q.weight, q.gain, q.eps, norm.weight, norm.eps, sinks=sinks, u=u)
-                norm = None  # already applied
-            else:
-                h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u)
+            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u)
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
         return _normed(h, norm)

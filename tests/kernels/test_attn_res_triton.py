@@ -20,7 +20,6 @@ def _interpret(monkeypatch):
     interpret_without_gpu(monkeypatch)
     monkeypatch.delenv("KVL_ATTNRES_BACKEND", raising=False)
     monkeypatch.delenv("KVL_ATTNRES_ADDRESSING", raising=False)
-    monkeypatch.delenv("KVL_ATTNRES_FWD_LAYOUT", raising=False)
 
 
 def _inputs(n: int, shape: tuple[int, ...], d: int, dtype=torch.float32, q_scale: float = 1.0, seed: int = 0):
@@ -122,7 +121,7 @@ def test_mixed_dtypes_are_cast_to_the_first_source():
 
 
 def test_backend_resolution(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU tensor on the Triton backend (set by conftest only without a GPU)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU tensor on the Triton backend (conftest sets it without a GPU)
     x = torch.zeros(2, 8)
     assert resolve_backend(x, "torch") == "torch" and resolve_backend(x, "triton") == "triton"
     monkeypatch.setenv("KVL_ATTNRES_BACKEND", "torch")
@@ -186,20 +185,17 @@ def test_triton_both_addressings_equal_naive(monkeypatch, addressing, n):
         (5, (3, 7), 768, torch.bfloat16),
     ],
 )
-def test_triton_rows_forward_equals_naive(monkeypatch, n, shape, d, dtype):
-    """The ``rows`` forward layout (``KVL_ATTNRES_FWD_LAYOUT=rows``) gives the reference, and the same outputs as
-    the default ``tile`` layout to rounding."""
+def test_triton_forward_layouts_agree(monkeypatch, n, shape, d, dtype):
+    """The pointer-argument forward (warp-owned rows of chunks, ``N`` a compile-time constant) gives the reference,
+    and the same outputs as the address table's forward (one power-of-two tile a token) to rounding."""
     xs, w, g = _inputs(n, shape, d, dtype=dtype, q_scale=2.0, seed=13)
-    h_tile, alpha_tile = attn_res_mix(xs, w, g, EPS, backend="triton")
-    monkeypatch.setenv("KVL_ATTNRES_FWD_LAYOUT", "rows")
-    assert mix_triton.fwd_layout() == "rows"
     _check_against_naive(xs, w, g, "triton", *TOL[dtype])
     h_rows, alpha_rows = attn_res_mix(xs, w, g, EPS, backend="triton")
-    assert_rel_rms(h_rows, h_tile, TOL[dtype][0], "h rows vs tile")
-    assert_rel_rms(alpha_rows, alpha_tile, 1e-6, "alpha rows vs tile")
-    monkeypatch.setenv("KVL_ATTNRES_FWD_LAYOUT", "columns")
-    with pytest.raises(ValueError, match="KVL_ATTNRES_FWD_LAYOUT"):
-        mix_triton.fwd_layout()
+    monkeypatch.setenv("KVL_ATTNRES_ADDRESSING", "table")
+    assert not mix_triton.use_args(n)
+    h_tile, alpha_tile = attn_res_mix(xs, w, g, EPS, backend="triton")
+    assert_rel_rms(h_rows, h_tile, TOL[dtype][0], "h rows vs table tile")
+    assert_rel_rms(alpha_rows, alpha_tile, 1e-6, "alpha rows vs table tile")
 
 
 def test_triton_many_sources_fall_back_to_the_table(monkeypatch):
@@ -299,68 +295,13 @@ def test_triton_backward_adds_into_a_sink_buffer():
     u = (w.detach().reshape(-1) * g.detach()).contiguous()
     _, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
     dh = torch.randn_like(srcs[0])
-    plain, du, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha)
+    plain, du = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha)
     sink = mix_triton.GradSink()
-    first, _, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
+    first, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
     start = first[1].clone()
-    second, du2, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
+    second, du2 = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
     assert second[1] is sink.buf and first[1] is sink.buf
     assert_rel_rms(start, plain[1], 0.0, "sink's first gradient")
     assert_rel_rms(second[1], start + plain[1], 1e-6, "accumulated gradient")
     assert_rel_rms(second[0], plain[0], 0.0, "source without a sink")
     assert_rel_rms(du2, du, 0.0, "du")
-
-
-@pytest.mark.parametrize(
-    ("n", "shape", "d", "dtype", "w_dtype"),
-    [
-        (1, (5,), 48, torch.float32, torch.float32),
-        (2, (300,), 50, torch.float32, torch.float32),    # D not a power of two
-        (5, (3, 7), 768, torch.float32, torch.float32),    # the small flavor's width: 3 backward chunks
-        (5, (3, 7), 768, torch.bfloat16, torch.bfloat16),
-        (4, (3, 21), 80, torch.bfloat16, torch.bfloat16),  # bf16_params: bf16 sources and gain
-        (3, (3, 21), 80, torch.bfloat16, torch.float32),   # autocast: bf16 sources, fp32 gain -> fp32 output
-    ],
-)
-def test_triton_fused_norm_equals_mix_then_norm(n, shape, d, dtype, w_dtype):
-    """``attn_res_mix_norm`` with the norm inside the mix's kernels equals the mix followed by ``kernels.norm``'s
-    RMSNorm (the same rounding points forward; backward to the dtype's tolerance, the fused one keeps dh in fp32)."""
-    from kernels.attn_res import attn_res_mix_norm
-    from kernels.norm import rms_norm
-
-    xs, w, g = _inputs(n, shape, d, dtype=dtype, q_scale=2.0, seed=14)
-    gen = torch.Generator().manual_seed(15)
-    nw = (1 + 0.5 * torch.randn(d, generator=gen)).to(kernel_device(), w_dtype).requires_grad_()
-    assert mix_triton.fused_norm_supported(n)
-    y, alpha = attn_res_mix_norm(xs, w, g, EPS, nw, 1e-5, backend="triton")
-    h_ref, alpha_ref = attn_res_mix(xs, w, g, EPS, backend="triton")
-    y_ref = rms_norm(h_ref, nw, 1e-5, backend="torch")
-    assert y.dtype == y_ref.dtype == torch.promote_types(dtype, w_dtype)
-    # bf16: the interpreter's fp32 -> bf16 cast is not round-to-nearest-even (torch's, and Triton's on a GPU), so
-    # the rounded x_hat may differ by an ulp from the reference's
-    assert_rel_rms(y, y_ref, 1e-6 if dtype == torch.float32 else TOL[dtype][0], "y")
-    assert torch.equal(alpha, alpha_ref)
-    dy = torch.randn_like(y)
-    inputs = [*xs, w, g, nw]
-    got = torch.autograd.grad(y, inputs, dy)
-    ref = torch.autograd.grad(y_ref, inputs, dy)
-    tol = TOL[dtype][1]
-    for name, a, r in zip([f"dx{i}" for i in range(n)] + ["dweight", "dgain", "dnorm_weight"], got, ref):
-        assert a.dtype == r.dtype, name
-        assert_rel_rms(a, r, tol, name)
-
-
-def test_fused_norm_falls_back_outside_its_path(monkeypatch):
-    """The 'rows' layout and the address table have no fused norm: the wrapper runs the mix, then the norm."""
-    from kernels.attn_res import attn_res_mix_norm
-    from kernels.norm import rms_norm
-
-    xs, w, g = _inputs(3, (2, 9), 40, seed=16)
-    nw = torch.full((40,), 1.5, device=kernel_device(), requires_grad=True)
-    monkeypatch.setenv("KVL_ATTNRES_FWD_LAYOUT", "rows")
-    assert not mix_triton.fused_norm_supported(3)
-    y, _ = attn_res_mix_norm(xs, w, g, EPS, nw, 1e-5, backend="triton")
-    assert_rel_rms(y, rms_norm(attn_res_mix(xs, w, g, EPS, backend="triton")[0], nw, 1e-5, backend="torch"), 1e-6, "y")
-    with pytest.raises(ValueError, match="fused RMSNorm"):
-        mix_triton.mix_norm_fwd([x.detach().reshape(-1, 40) for x in xs], torch.zeros(40, device=kernel_device()),
-                                EPS, nw.detach(), 1e-5)

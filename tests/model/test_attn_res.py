@@ -317,39 +317,3 @@ def test_buffered_two_phase_bf16_small_flavor_width_on_gpu(tokens):
             got.append(stream.final())
             results[impl] = torch.stack(got).float()
     assert_rel_rms(results["two_phase"], results["naive"], 2e-2, "buffered two-phase bf16")
-
-
-def test_fused_norm_model_equals_separate_norm(monkeypatch):
-    """``KVL_ATTNRES_FUSE_NORM=1``: each sublayer's input RMSNorm (and the final norm) runs inside the mix's Triton
-    kernels (interpreter on a CPU): the same logits and every parameter's gradient as the mix followed by the
-    norm module, with random pseudo-queries so that the mixes are not uniform."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    model = build(tiny_config(moe=False, residual_mode="attnres_block")).to(dev).train()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("_res_proj.weight"):
-                p.normal_()
-    from kernels.attn_res import mix_triton
-
-    calls, fused_fwd = [], mix_triton.mix_norm_fwd
-    monkeypatch.setattr(mix_triton, "mix_norm_fwd", lambda *a: calls.append(1) or fused_fwd(*a))
-    ids = torch.randint(3, 97, (2, 12), device=dev)
-    runs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("KVL_ATTNRES_FUSE_NORM", flag)
-        model.zero_grad(set_to_none=True)
-        out = model(ids, labels=ids, use_cache=False)
-        out.loss.backward()
-        runs[flag] = (out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                            if p.grad is not None})
-    assert len(calls) == 2 * 4  # every sublayer but the first (it reads the embedding alone) and the final norm
-    assert_rel_rms(runs["1"][0], runs["0"][0], 1e-5, "logits")
-    assert runs["1"][1].keys() == runs["0"][1].keys()
-    for name, g in runs["0"][1].items():
-        assert_rel_rms(runs["1"][1][name], g, 1e-4, name)
-    monkeypatch.setenv("KVL_ATTNRES_FUSE_NORM", "yes")
-    with pytest.raises(ValueError, match="KVL_ATTNRES_FUSE_NORM"):
-        model(ids, use_cache=False)
