@@ -87,8 +87,8 @@ def _query_product(weight: torch.Tensor, gain: torch.Tensor, u: torch.Tensor | N
 
 
 def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor, eps: float,
-                 backend: str | None = None, sinks: Sequence | None = None, u: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 backend: str | None = None, sinks: Sequence | None = None, u: torch.Tensor | None = None,
+                 defer: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax mix over depth of ``sources``; differentiable in the sources, ``weight`` and ``gain``.
 
     Args:
@@ -104,6 +104,9 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
         u: optional ``weight * gain`` as fp32 ``[D]``, already computed (differentiable) by the caller, e.g. one
             row of a product taken once for many queries; the Triton path then skips its own product (the
             PyTorch path uses ``weight`` and ``gain``).
+        defer: optional ``(mix_triton.DeferredBlock, flush)``: on the Triton pointer-argument path the gradients
+            of the sources with a sink are formed once for all the mixes of a block (see ``DeferredBlock``);
+            ignored elsewhere (same values to rounding).
 
     Returns:
         ``h [*, D]`` in the dtype of ``sources[0]`` and ``alpha [N, *]`` fp32 (not differentiable).
@@ -117,5 +120,5 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
     lead, d = x0.shape[:-1], x0.shape[-1]
     flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
     u = _query_product(weight, gain, u, d)
-    h, alpha = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), *flat)
+    h, alpha = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, *flat)
     return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)

@@ -76,6 +76,9 @@ FWD_THREAD_ELEMS = 24
 BWD_NUM_WARPS = 4
 BWD_MAX_CHUNKS = 4  # backward: a row is at most this many column chunks (unrolled)
 BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets BLOCK_T)
+FLUSH_NUM_WARPS = 4  # flush_deferred's kernel: the row layout with these settings
+FLUSH_MAX_CHUNKS = 4
+FLUSH_THREAD_ELEMS = 24
 BWD_PROGRAMS_PER_SM = 8  # backward grid: at most this many programs per SM, each strides over token tiles
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
@@ -172,6 +175,20 @@ def _write_grad(x, dh, u, du, dsrc, rows, t_ok, acc_on, a, r, g, q, big_g, D,
         dx += tl.load(dsrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False), other=0.0).to(tl.float32)
         tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
         du_new = du_new + (du[c] + k[:, None] * xf,)
+    return du_new
+
+
+@triton.jit
+def _defer_grad(x, du, coef, offs_t, t_ok, a, r, g, q, big_g, M, D, CH: tl.constexpr):
+    """A deferred source (see :func:`flush_deferred`): its per-token coefficients ``(alpha, k, e)`` of ``dx = alpha dh
+    + k u - e x`` go to ``coef [3, M]`` instead of ``dx`` to memory; ``du`` is updated as in :func:`_write_grad`."""
+    k = a * (g - big_g) * r
+    tl.store(coef + offs_t, a, mask=t_ok)
+    tl.store(coef + M + offs_t, k, mask=t_ok)
+    tl.store(coef + 2 * M + offs_t, k * q * r * r / D, mask=t_ok)
+    du_new = ()
+    for c in tl.static_range(CH):
+        du_new = du_new + (du[c] + k[:, None] * x[c].to(tl.float32),)
     return du_new
 
 
@@ -318,12 +335,13 @@ def _attn_res_fwd_rows_kernel(
 @triton.jit(do_not_specialize=["acc_mask"])
 def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr,
+    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask, coef_ptr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, DEFER: tl.constexpr,
 ):
     """Pointer-argument backward, ``N`` a compile-time constant: straight-line code over the sources, the next
     source's tile loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
-    stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content."""
+    stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content. Bit ``n``
+    of ``DEFER`` (compile time): source ``n``'s gradient is deferred, its coefficients go to ``coef [N, 3, M]``."""
     pid = tl.program_id(0)
     u = _load_vec(u_ptr, D, CH, CHUNK)
     du = _zeros_row(BLOCK_T, CH, CHUNK)
@@ -350,9 +368,52 @@ def _attn_res_bwd_args_kernel(
             x = x_next
             if n + 1 < N:
                 x_next = _load_row(_pick(n + 1, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
-            du = _write_grad(x, dh, u, du, _pick(n, g0, g1, g2, g3, g4, g5, g6, g7), rows, t_ok,
-                             ((acc_mask >> n) & 1) != 0, alphas[n], rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK)
+            if (DEFER >> n) & 1:
+                du = _defer_grad(x, du, coef_ptr + n * 3 * M, offs_t, t_ok, alphas[n], rstds[n], gs[n], qs[n],
+                                 big_g, M, D, CH)
+            else:
+                du = _write_grad(x, dh, u, du, _pick(n, g0, g1, g2, g3, g4, g5, g6, g7), rows, t_ok,
+                                 ((acc_mask >> n) & 1) != 0, alphas[n], rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK)
     _store_du(du_ptr + pid * D, du, D, CH, CHUNK)
+
+
+@triton.jit(do_not_specialize=["acc_mask"])
+def _attn_res_flush_kernel(
+    x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
+    d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
+    M, D, acc_mask, C: tl.constexpr, S: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr,
+):
+    """The deferred gradients of ``C`` shared sources ``x_n`` (into buffers ``g_n``; bit ``n`` of ``acc_mask``: add
+    to the content) from ``S`` mixes (gradient of the output ``d_i``, coefficients ``c_i [C', 3, M]``, query
+    ``u_i``): ``dx_n = sum_i (alpha_ni d_i + k_ni u_i) - (sum_i e_ni) x_n``, summed in fp32, rounded once."""
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = offs_t < M
+    rows = offs_t.to(tl.int64)[:, None] * D
+    for n in tl.static_range(C):
+        acc = _zeros_row(BLOCK_T, CH, CHUNK)
+        e_sum = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for i in tl.static_range(S):
+            coef = _pick(i, c0, c1, c2, c3, c4, c5, c6, c7) + n * 3 * M
+            a = tl.load(coef + offs_t, mask=t_ok, other=0.0)
+            k = tl.load(coef + M + offs_t, mask=t_ok, other=0.0)
+            e_sum += tl.load(coef + 2 * M + offs_t, mask=t_ok, other=0.0)
+            dh = _load_row(_pick(i, d0, d1, d2, d3, d4, d5, d6, d7), rows, t_ok, D, CH, CHUNK)
+            u = _load_vec(_pick(i, u0, u1, u2, u3, u4, u5, u6, u7), D, CH, CHUNK)
+            acc_new = ()
+            for c in tl.static_range(CH):
+                acc_new = acc_new + (acc[c] + a[:, None] * dh[c].to(tl.float32) + k[:, None] * u[c][None, :],)
+            acc = acc_new
+        x = _load_row(_pick(n, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+        dsrc = _pick(n, g0, g1, g2, g3, g4, g5, g6, g7)
+        acc_on = ((acc_mask >> n) & 1) != 0
+        for c in tl.static_range(CH):
+            cols = c * CHUNK + tl.arange(0, CHUNK)
+            ok = t_ok[:, None] & (cols < D)[None, :]
+            dx = acc[c] - e_sum[:, None] * x[c].to(tl.float32)
+            dx += tl.load(dsrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False), other=0.0).to(tl.float32)
+            tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
 
 
 @functools.lru_cache(maxsize=64)
@@ -465,27 +526,45 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     return h, rstd, alpha
 
 
+def _sink_buffers(sinks: list[GradSink | None], like: torch.Tensor, task: int, skip: int = 0
+                  ) -> tuple[list[torch.Tensor], int]:
+    """One gradient buffer per sink (``None``: a new tensor): a sink's buffer, started if it has none for this
+    backward pass (``task``), and the mask of the ones to add into. Bit ``i`` of ``skip``: entry ``i`` is only a
+    placeholder pointer (``like``, never written)."""
+    bufs, acc_mask = [], 0
+    for i, sink in enumerate(sinks):
+        if (skip >> i) & 1:
+            bufs.append(like)
+        elif sink is None:
+            bufs.append(torch.empty_like(like))
+        elif sink.buf is None or sink.task != task:
+            sink.buf, sink.task = torch.empty_like(like), task
+            bufs.append(sink.buf)
+        else:
+            bufs.append(sink.buf)
+            acc_mask |= 1 << i
+    return bufs, acc_mask
+
+
 def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor, rstd: torch.Tensor,
-                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None
-                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Gradients ``dx_n [M, D]`` (source dtype) and ``du [D]`` fp32; ``dh [M, D]`` in the source dtype.
+                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None, defer: int = 0
+                   ) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor | None]:
+    """Gradients ``dx_n [M, D]`` (source dtype), ``du [D]`` fp32 and the deferred sources' coefficients; ``dh
+    [M, D]`` in the source dtype.
 
     With ``sinks`` (pointer-argument path only), source ``n`` with a sink gets its gradient added into the
     sink's buffer in the kernel (the buffer is started by the first mix to run backward), and ``dx_n`` is
-    that buffer."""
+    that buffer. Bit ``n`` of ``defer`` (pointer-argument path only): source ``n``'s gradient is not formed here;
+    ``dx_n`` is ``None`` and fp32 ``coef [N, 3, M]`` holds its per-token coefficients for :func:`flush_deferred`
+    (third result; ``None`` without ``defer``)."""
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
-    dxs, acc_mask = [], 0
+    if defer and not use_args(n):
+        raise ValueError(f"kernels/attn_res/mix_triton.py: deferred gradients need the pointer-argument path "
+                         f"(N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
     task = torch._C._current_graph_task_id() if sinks is not None else -1
-    for i, sink in enumerate(sinks or [None] * n):
-        if sink is None:
-            dxs.append(torch.empty_like(x0))
-        elif sink.buf is None or sink.task != task:
-            sink.buf, sink.task = torch.empty_like(x0), task
-            dxs.append(sink.buf)
-        else:
-            dxs.append(sink.buf)
-            acc_mask |= 1 << i
+    dxs, acc_mask = _sink_buffers(list(sinks or [None] * n), x0, task, skip=defer)
+    coef = torch.empty(n, 3, m, device=x0.device, dtype=torch.float32) if defer else None
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, BWD_THREAD_ELEMS)
     num_tiles = triton.cdiv(m, block_t)
     programs = _num_bwd_programs(num_tiles, x0.device)
@@ -493,7 +572,8 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     if use_args(n):
         _attn_res_bwd_args_kernel[(programs,)](
             *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles, acc_mask,
-            BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=BWD_NUM_WARPS, **_maxnreg())
+            alpha if coef is None else coef,
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, num_warps=BWD_NUM_WARPS, **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "
@@ -503,31 +583,89 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
             _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, gq, du_partial,
             n, m, d, num_tiles, BLOCK_T=block_t, CHUNK=chunk, CH=ch, ALIGNED=_aligned(sources + dxs),
             num_warps=BWD_NUM_WARPS, **_maxnreg())
-    return dxs, du_partial.sum(0)
+    return [None if (defer >> i) & 1 else dx for i, dx in enumerate(dxs)], du_partial.sum(0), coef
 
 
 class AttnResMixTriton(torch.autograd.Function):
-    """``apply(u [D] fp32, eps, sinks, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32)``, ``u = w * gain``.
+    """``apply(u [D] fp32, eps, sinks, defer, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32)``, ``u = w * gain``.
 
     Sources must be contiguous, of one dtype in :data:`DTYPES` and on one device (the public wrapper
     ``kernels.attn_res.attn_res_mix`` checks, casts and flattens). ``u`` is differentiable: its product with the
     weight and gain stays outside (one product for all of a forward's queries in the model's stream), so a mix
     costs no per-call launches for it. ``sinks``: ``None`` or one :class:`GradSink` or ``None`` per source (used
-    only on the pointer-argument path)."""
+    only on the pointer-argument path). ``defer``: ``None`` or ``(block, flush)``: the gradients of the sources
+    with a sink are deferred to ``block`` (a :class:`DeferredBlock`), and the mix with ``flush`` (the block's first
+    in forward order, so the last to run backward) forms them for all of the block's mixes at once."""
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, eps: float, sinks, *sources: torch.Tensor):
+    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, *sources: torch.Tensor):
         h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
         ctx.save_for_backward(u, rstd, alpha, *sources)
         ctx.mark_non_differentiable(alpha)
         _claim_sinks(ctx, sinks, len(sources))
+        ctx.defer, ctx.defer_mask = None, 0
+        if defer is not None and ctx.sinks is not None:
+            ctx.defer = defer
+            ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
         return h, alpha
 
     @staticmethod
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
-        dxs, du = mix_bwd_triton(sources, u, _as_source(dh, sources[0]), rstd, alpha, ctx.sinks)
-        return du if ctx.needs_input_grad[0] else None, None, None, *_source_grads(ctx, dxs, 3)
+        dh = _as_source(dh, sources[0])
+        dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask)
+        if ctx.defer is not None:
+            block, flush = ctx.defer
+            task = torch._C._current_graph_task_id()
+            block.add(task, dh, u, coef)
+            if flush:
+                c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
+                flush_deferred(sources[:c], ctx.sinks[:c], block, task)
+                dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
+        return du if ctx.needs_input_grad[0] else None, None, None, None, *_source_grads(ctx, dxs, 4)
+
+
+class DeferredBlock:
+    """The deferred source gradients of one AttnRes block's mixes (``KVL_ATTNRES_DEFER_GRAD``).
+
+    Every mix of a block reads the same completed block states. Without deferral each mix's backward adds its
+    ``dx`` into each state's :class:`GradSink` buffer (a read and a write of ``[M, D]`` per state and mix). With
+    it, a mix's backward stores per token only ``(alpha, k, e)`` of ``dx = alpha dh + k u - e x`` (12 bytes a
+    token and state) and keeps its ``dh``; the block's first mix, the last to run backward, then forms every
+    state's gradient from all of them in one kernel (:func:`flush_deferred`): per state one read of ``x``, one
+    read and write of the buffer, and the ``S`` ``dh`` tiles (read once from memory, again from L2), summed in
+    fp32 and rounded once. Entries are tied to the backward pass (autograd graph task) that made them."""
+
+    __slots__ = ("entries", "task")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.task = -1
+
+    def add(self, task: int, dh: torch.Tensor, u: torch.Tensor, coef: torch.Tensor) -> None:
+        if task != self.task:
+            self.entries, self.task = [], task
+        self.entries.append((dh, u, coef))
+
+
+def flush_deferred(sources: list[torch.Tensor], sinks: list[GradSink], block: DeferredBlock, task: int) -> None:
+    """Add the gradients that ``block``'s mixes deferred for ``sources`` (the first ``C`` sources of each of them,
+    each with a sink) into the sinks' buffers, started if need be, and empty the block."""
+    entries = block.entries if block.task == task else []
+    block.entries, block.task = [], -1
+    if len(entries) > MAX_ARGS or len(sources) > MAX_ARGS:
+        raise ValueError(f"kernels/attn_res/mix_triton.py: a deferred block holds at most {MAX_ARGS} mixes and "
+                         f"{MAX_ARGS} sources, got {len(entries)} and {len(sources)}")
+    x0 = sources[0]
+    bufs, acc_mask = _sink_buffers(list(sinks), x0, task)
+    if not entries:
+        return
+    m, d = x0.shape
+    dhs, us, coefs = (list(t) for t in zip(*entries))
+    block_t, chunk, ch = _row_blocks(d, x0.element_size(), FLUSH_NUM_WARPS, FLUSH_MAX_CHUNKS, FLUSH_THREAD_ELEMS)
+    _attn_res_flush_kernel[(triton.cdiv(m, block_t),)](
+        *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs), *_slots(us), m, d, acc_mask,
+        C=len(sources), S=len(entries), BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FLUSH_NUM_WARPS)
 
 
 def _claim_sinks(ctx, sinks, n: int) -> None:

@@ -98,9 +98,12 @@ def main() -> None:
     ap.add_argument("--attnres", action="store_true", help="the AttnRes mix kernels at N = 1..5 instead")
     args = ap.parse_args()
     if args.attnres:
-        for kernel in ("fwd", "bwd"):
+        for kernel in ("fwd", "bwd", "flush"):
             for n in range(1, 6):
                 print(f"{kernel} N={n}", " | ".join(attnres_ptxas_report(kernel, n).splitlines()), flush=True)
+        for n in range(2, 6):  # the deferring backward: every source but the block's partial sum
+            print(f"bwd N={n} defer", " | ".join(attnres_ptxas_report("bwd", n, defer=(1 << (n - 1)) - 1).splitlines()),
+                  flush=True)
         return
     for name in KERNELS if args.kernel == "all" else (args.kernel,):
         nw = args.num_warps or WARPS[name]
@@ -142,10 +145,11 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     return compile_report(fn, sig, consts, {"num_warps": num_warps or nw, "num_stages": num_stages or ns})
 
 
-def attnres_ptxas_report(kernel: str, n: int, d: int = 768) -> str:
+def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixes: int = 6) -> str:
     """Registers and spills of an AttnRes mix kernel (``kernels/attn_res/mix_triton.py``) for bf16 sources of width
     ``d`` over ``n`` sources, with the launch's own tile constants: ``kernel`` is ``fwd`` (the pointer-argument
-    forward) or ``bwd`` (the pointer-argument backward).
+    forward), ``bwd`` (the pointer-argument backward; ``defer``: its mask of deferred sources) or ``flush`` (the
+    deferred gradients of ``n`` sources from ``mixes`` mixes).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import attnres_ptxas_report as r; print(r('bwd', 5))"
     """
@@ -161,10 +165,15 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768) -> str:
     elif kernel == "bwd":
         fn = mt._attn_res_bwd_args_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
-        args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32"]
-        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch), mt.BWD_NUM_WARPS
+        args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", f32]
+        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer), mt.BWD_NUM_WARPS
+    elif kernel == "flush":
+        fn = mt._attn_res_flush_kernel
+        block_t, chunk, ch = mt._row_blocks(d, 2, mt.FLUSH_NUM_WARPS, mt.FLUSH_MAX_CHUNKS, mt.FLUSH_THREAD_ELEMS)
+        args = srcs * 3 + [f32] * (2 * mt.MAX_ARGS) + ["i32", "i32", "i32"]
+        consts, warps = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch), mt.FLUSH_NUM_WARPS
     else:
-        raise ValueError(f"attnres_ptxas_report: kernel must be fwd or bwd, got {kernel!r}")
+        raise ValueError(f"attnres_ptxas_report: kernel must be fwd, bwd or flush, got {kernel!r}")
     it = iter(args)
     sig = {a: "constexpr" if a in consts else next(it) for a in fn.arg_names}
     # as a launch specialises them: 16-byte aligned pointers, M and D multiples of 16

@@ -18,13 +18,15 @@ Measured in one run, bf16, CUDA events after warm-up:
 - ``train``: forward + backward (no optimizer step) of the flavor at ``seq`` with ``standard`` vs
   ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
   (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes through the
-  Triton kernel (pointer arguments, gradient sinks for the block states; for all-MLA also without the sinks,
+  Triton kernel (pointer arguments, gradient sinks for the block states; also with the block states' gradients
+  formed once per block, ``KVL_ATTNRES_DEFER_GRAD=1``; for all-MLA also without the sinks,
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
   the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
   the resident weights, and the memory of the stored block states for scale.
 - ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
   and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
-  AttnRes step's extra time goes.
+  AttnRes step's extra time goes; ``kernel_diff_defer`` the same between ``attnres_triton`` and
+  ``attnres_triton_defer``.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
   two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``). (The first benchmark decoded with autograd on, so AttnRes
@@ -274,9 +276,13 @@ def mix_traffic(num_sublayers: int, block_size: int, state_bytes: int) -> dict[s
     (the second read of the sources in backward is counted as an L2 hit). A completed block state read by ``c``
     mixes costs ``c - 1`` extra gradient accumulations: autograd's out-of-place add (read 2, write 1 state) without
     gradient sinks, an in-kernel read-add-write (read 1 more) with them. The first sublayer reads the embedding
-    alone (no mix); ``standard`` has no mixes, and the partial sums' adds cost what PreNorm's adds cost."""
+    alone (no mix); ``standard`` has no mixes, and the partial sums' adds cost what PreNorm's adds cost.
+    Deferred (``KVL_ATTNRES_DEFER_GRAD=1``): a block's mix reads dh and its N states and writes only the partial
+    sum's gradient; the block's flush reads its S mixes' dh, and per completed state the state and its buffer, and
+    writes the buffer (the output's mix, not deferred, started every buffer)."""
     uses: dict[int, int] = {}
-    fwd = bwd = 0
+    blocks: dict[int, tuple[int, int]] = {}  # block -> (mixes, completed states)
+    fwd = bwd = deferred = 0
     for i in range(1, num_sublayers + 1):
         completed = (num_sublayers + block_size - 1) // block_size + 1 if i == num_sublayers else i // block_size + 1
         if i == num_sublayers and num_sublayers % block_size:
@@ -286,8 +292,15 @@ def mix_traffic(num_sublayers: int, block_size: int, state_bytes: int) -> dict[s
         bwd += (2 * n + 1) * state_bytes
         for c in range(completed):
             uses[c] = uses.get(c, 0) + 1
+        if i == num_sublayers:
+            deferred += (2 * n + 1) * state_bytes
+        else:
+            deferred += (1 + n + (i % block_size != 0)) * state_bytes
+            blocks[i // block_size] = (blocks.get(i // block_size, (0, 0))[0] + 1, completed)
+    deferred += sum(s + 3 * c for s, c in blocks.values()) * state_bytes
     extra = sum(c - 1 for c in uses.values()) * state_bytes
-    return {"forward": fwd / 1e9, "backward_sinks": (bwd + extra) / 1e9,
+    return {"forward": fwd / 1e9, "backward_sinks": (bwd + extra) / 1e9, "backward_deferred": deferred / 1e9,
+            "ms_at_2.5TBps_deferred": (fwd + deferred) / 2.5e9,
             "backward_no_sinks": (bwd + 3 * extra) / 1e9, "ms_at_2.5TBps_sinks": (fwd + bwd + extra) / 2.5e9,
             "ms_at_2.5TBps_no_sinks": (fwd + bwd + 3 * extra) / 2.5e9}
 
@@ -299,10 +312,11 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     ids = torch.randint(0, cfgs["standard"].vocab_size, (args.batch, args.seq), device=device)
     triton = {"KVL_ATTNRES_BACKEND": "triton"}
     variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
+                "attnres_triton_defer": ("attnres_block", triton | {"KVL_ATTNRES_DEFER_GRAD": "1"}),
                 "attnres_triton_nosink": ("attnres_block", triton | {"KVL_ATTNRES_GRAD_SINK": "0"}),
                 "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"})}
     if layers != "mla":
-        variants = {v: variants[v] for v in ("standard", "attnres_triton")}
+        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_defer")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     best = {v: float("inf") for v in variants}
     peak = {}
@@ -326,8 +340,10 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
     if args.profile:
         times = {v: _with_env(variants[v][1], partial(_profile_step, steps[v]))
-                 for v in ("standard", "attnres_triton")}
+                 for v in ("standard", "attnres_triton", "attnres_triton_defer")}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_triton"], top=args.profile_top)
+        out["kernel_diff_defer"] = diff_by_name(times["attnres_triton"], times["attnres_triton_defer"],
+                                                top=args.profile_top)
     dec = bench_decode_variants(models, cfgs["standard"], layers, args, device) if args.decode_steps > 0 else {}
     out["decode"] = dec
     del models
@@ -472,11 +488,12 @@ def table(results: dict) -> str:
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
         lines += _decode_lines(layers, group.get("decode", {}))
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
+        lines += _kernel_diff_lines(f"{layers} (deferred vs per-mix gradients)", group.get("kernel_diff_defer", []))
         lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")
         t = group["mix_traffic_gb"]
         lines.append(f"| {layers} | (mix traffic floor: {t['forward']:.1f} GB fwd + {t['backward_sinks']:.1f} GB bwd "
-                     f"= {t['ms_at_2.5TBps_sinks']:.1f} ms at 2.5 TB/s; no sinks {t['ms_at_2.5TBps_no_sinks']:.1f} ms) "
-                     "| | | | | |")
+                     f"= {t['ms_at_2.5TBps_sinks']:.1f} ms at 2.5 TB/s; no sinks {t['ms_at_2.5TBps_no_sinks']:.1f} ms; "
+                     f"deferred {t['backward_deferred']:.1f} GB bwd, {t['ms_at_2.5TBps_deferred']:.1f} ms) | | | | | |")
     return "\n".join(lines)
 
 

@@ -37,7 +37,7 @@ from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 from kernels.attn_res import resolve_backend as resolve_mix_backend
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
-           "StandardStream", "alpha_stats", "grad_sinks_enabled", "mix", "mix_naive", "phase1",
+           "StandardStream", "alpha_stats", "defer_grads_enabled", "grad_sinks_enabled", "mix", "mix_naive", "phase1",
            "phase2", "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
@@ -114,12 +114,12 @@ def mix_naive(sources: Sequence[torch.Tensor], query: ResQuery) -> tuple[torch.T
 
 
 def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = None, sinks: Sequence | None = None,
-        u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        u: torch.Tensor | None = None, defer: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The training path (same values as :func:`mix_naive`): the fused Triton kernel on CUDA, the
     :class:`AttnResMix` autograd function on CPU; ``backend`` or ``KVL_ATTNRES_BACKEND`` (``triton`` | ``torch``)
     forces one; ``sinks``: in-place gradient accumulation of shared sources; ``u``: the query's ``w * gain``
-    precomputed (``kernels.attn_res.attn_res_mix``)."""
-    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u)
+    precomputed; ``defer``: the block's deferred source gradients (``kernels.attn_res.attn_res_mix``)."""
+    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u, defer)
 
 
 def _normed(h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
@@ -132,6 +132,16 @@ def grad_sinks_enabled() -> bool:
     flag = os.environ.get("KVL_ATTNRES_GRAD_SINK") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_GRAD_SINK must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
+def defer_grads_enabled() -> bool:
+    """``KVL_ATTNRES_DEFER_GRAD`` (``0`` default | ``1``): whether the training stream, with gradient sinks, forms
+    the completed block states' gradients once per block instead of once per mix
+    (``kernels/attn_res/mix_triton.DeferredBlock``)."""
+    flag = os.environ.get("KVL_ATTNRES_DEFER_GRAD") or "0"
+    if flag not in ("0", "1"):
+        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_DEFER_GRAD must be 0 or 1, got {flag!r}")
     return flag == "1"
 
 
@@ -241,11 +251,14 @@ class AttnResStream:
             if impl == "two_phase" and record is None and two_phase_backend(embeddings) == "triton" else None
         self.sinks: list | None = None  # one GradSink per completed state (fused training path)
         self._u_rows: tuple[torch.Tensor, ...] | None = None  # every query's w * gain, one product per forward
+        self._deferred: dict | None = None  # block index -> DeferredBlock (KVL_ATTNRES_DEFER_GRAD=1)
         if impl == "fused" and torch.is_grad_enabled() and grad_sinks_enabled():
-            from kernels.attn_res.mix_triton import GradSink
+            from kernels.attn_res.mix_triton import MAX_ARGS, GradSink
 
             self._sink_cls = GradSink
             self.sinks = [GradSink()]
+            if defer_grads_enabled() and block_size <= MAX_ARGS:
+                self._deferred = {}
 
     def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
         """Sublayer ``i``'s input ``h``, through its input ``norm`` (an ``RMSNorm``) when given."""
@@ -263,10 +276,25 @@ class AttnResStream:
             if self._u_rows is None and resolve_mix_backend(sources[0]) == "triton":
                 self._u_rows = stacked_u(self.queries).unbind(0)  # autograd: one stack of the grads, not Q products
             u = self._u_rows[i] if self._u_rows else None
-            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u)
+            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources))
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
         return _normed(h, norm)
+
+    def _defer(self, i: int, sources: list[torch.Tensor]) -> tuple | None:
+        """``(DeferredBlock, flush)`` for sublayer ``i``'s mix when its block defers its source gradients (not the
+        output's mix): the block's first mix in forward order flushes."""
+        if self._deferred is None or i >= len(self.queries) - 1 or resolve_mix_backend(sources[0]) != "triton":
+            return None
+        from kernels.attn_res.mix_triton import DeferredBlock, use_args
+
+        if not use_args(len(sources)):
+            return None
+        k = i // self.block_size
+        flush = k not in self._deferred
+        if flush:
+            self._deferred[k] = DeferredBlock()
+        return self._deferred[k], flush
 
     def _two_phase_input(self, i: int) -> torch.Tensor:
         j = i % self.block_size

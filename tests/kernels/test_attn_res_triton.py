@@ -295,13 +295,55 @@ def test_triton_backward_adds_into_a_sink_buffer():
     u = (w.detach().reshape(-1) * g.detach()).contiguous()
     _, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
     dh = torch.randn_like(srcs[0])
-    plain, du = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha)
+    plain, du, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha)
     sink = mix_triton.GradSink()
-    first, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
+    first, _, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
     start = first[1].clone()
-    second, du2 = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
+    second, du2, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
     assert second[1] is sink.buf and first[1] is sink.buf
     assert_rel_rms(start, plain[1], 0.0, "sink's first gradient")
     assert_rel_rms(second[1], start + plain[1], 1e-6, "accumulated gradient")
     assert_rel_rms(second[0], plain[0], 0.0, "source without a sink")
     assert_rel_rms(du2, du, 0.0, "du")
+
+
+@pytest.mark.parametrize(("dtype", "d", "tol"), [(torch.float32, 40, 1e-6), (torch.bfloat16, 768, 1e-2)])
+def test_deferred_gradients_equal_per_mix_sinks(dtype, d, tol):
+    """Three mixes share two sources (completed block states) and each has its own third (a partial sum):
+    deferring the shared sources' gradients (``mix_bwd_triton(defer=...)``, then one ``flush_deferred``) gives what
+    adding each mix's gradient into the sinks gives (bf16: one rounding instead of one per mix), the same partial-sum
+    gradients and query gradients, and empties the block."""
+    gen = torch.Generator().manual_seed(21)
+    dev = kernel_device()
+    shared = [(torch.randn(31, d, generator=gen) * (1 + i)).to(dev, dtype) for i in range(2)]
+    mixes = []
+    for j in range(3):
+        srcs = shared + [torch.randn(31, d, generator=gen).to(dev, dtype)]
+        u = (0.3 * torch.randn(d, generator=gen)).to(dev)
+        _, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
+        mixes.append((srcs, u, torch.randn(31, d, generator=gen).to(dev, dtype), rstd, alpha))
+    task = torch._C._current_graph_task_id()
+    per_mix, deferred = [mix_triton.GradSink() for _ in shared], [mix_triton.GradSink() for _ in shared]
+    block = mix_triton.DeferredBlock()
+    for srcs, u, dh, rstd, alpha in reversed(mixes):  # backward order
+        dx_a, du_a, coef_a = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*per_mix, None])
+        dx_b, du_b, coef_b = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*deferred, None], defer=0b11)
+        assert coef_a is None and coef_b.shape == (3, 3, 31) and dx_b[:2] == [None, None]
+        assert_rel_rms(dx_b[2], dx_a[2], 0.0, "partial sum's gradient")
+        assert_rel_rms(du_b, du_a, 1e-6, "du")
+        block.add(task, dh, u, coef_b)
+    assert all(s.buf is None for s in deferred), "a deferring mix touched a sink"
+    mix_triton.flush_deferred(shared, deferred, block, task)
+    assert block.entries == []
+    for i, (a, b) in enumerate(zip(per_mix, deferred)):
+        assert_rel_rms(b.buf, a.buf, tol, f"shared source {i}")
+    ref = [sum(_naive_grad(srcs, u, dh)[i] for srcs, u, dh, *_ in mixes) for i in range(2)]
+    for i, b in enumerate(deferred):
+        assert_rel_rms(b.buf.float(), ref[i], tol, f"shared source {i} vs reference")
+
+
+def _naive_grad(srcs: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor) -> list[torch.Tensor]:
+    """fp64 gradients of ``sum(h * dh)`` for the sources of the naive mix with query ``u`` (gain 1)."""
+    xs = [s.detach().double().requires_grad_() for s in srcs]
+    h, _ = attn_res_mix_naive(xs, u.double().reshape(1, -1), torch.ones_like(u, dtype=torch.float64), EPS)
+    return [g.float() for g in torch.autograd.grad((h * dh.double()).sum(), xs)]

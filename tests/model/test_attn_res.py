@@ -129,11 +129,12 @@ def test_diagnostics_are_recorded():
     assert all(0 <= a["max_weight"] <= 1 and a["entropy"] >= 0 for a in diag["alpha"])
 
 
-@pytest.mark.parametrize(("num_sublayers", "block_size", "tol"), [(5, 2, 1e-5), (10, 1, 5e-5)])
+@pytest.mark.parametrize(("num_sublayers", "block_size", "tol"), [(5, 2, 1e-5), (10, 1, 5e-5), (11, 4, 1e-5)])
 def test_stream_with_triton_kernel_equals_naive(monkeypatch, num_sublayers, block_size, tol):
     """The fused stream through the Triton kernel (interpreter on CPU), forward and gradients, with and without
-    gradient sinks: a ragged last block; full AttnRes with up to 11 sources, so the late mixes take the address
-    table (no sinks) while the early ones use sinks on the same sources."""
+    gradient sinks and with the block's deferred source gradients: a ragged last block; full AttnRes with up to
+    11 sources, so the late mixes take the address table (no sinks) while the early ones use sinks on the same
+    sources."""
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -142,34 +143,55 @@ def test_stream_with_triton_kernel_equals_naive(monkeypatch, num_sublayers, bloc
                         .requires_grad_(), 1e-6) for _ in range(num_sublayers + 1)]
     emb = torch.randn(2, 3, d, device=dev, requires_grad=True)
     grads = {}
-    for impl, backend, sink in (("naive", "torch", "0"), ("fused", "triton", "1"), ("nosink", "triton", "0")):
+    flushes = _count_flushes(monkeypatch)
+    for impl, backend, sink, defer in (("naive", "torch", "0", "0"), ("fused", "triton", "1", "0"),
+                                       ("nosink", "triton", "0", "0"), ("defer", "triton", "1", "1")):
         monkeypatch.setenv("KVL_ATTNRES_BACKEND", backend)
         monkeypatch.setenv("KVL_ATTNRES_GRAD_SINK", sink)
-        stream = AttnResStream(emb, queries, block_size, "fused" if impl == "nosink" else impl)
-        assert (stream.sinks is not None) == (impl == "fused")
+        monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", defer)
+        stream = AttnResStream(emb, queries, block_size, impl if impl in ("naive", "fused") else "fused")
+        assert (stream.sinks is not None) == (impl in ("fused", "defer"))
         for i in range(num_sublayers):
             stream.add(i, torch.tanh(stream.input(i)) * (i + 1))
         out = stream.final()
         params = [emb] + [t for q in queries[1:] for t in (q.weight, q.gain)]  # sublayer 0 reads emb alone
         grads[impl] = (out.detach(), torch.autograd.grad((out * torch.linspace(-1, 1, d, device=dev)).sum(), params))
-    for impl in ("fused", "nosink"):  # fp32 rounding through 10 chained sublayers reaches ~2e-5
+    for impl in ("fused", "nosink", "defer"):  # fp32 rounding through 10 chained sublayers reaches ~2e-5
         assert_rel_rms(grads[impl][0], grads["naive"][0], 1e-6, f"{impl} output")
         for i, (a, b) in enumerate(zip(grads[impl][1], grads["naive"][1])):
             assert_rel_rms(a, b, tol, f"{impl} grad {i}")
-    for i, (a, b) in enumerate(zip(grads["fused"][1], grads["nosink"][1])):  # same kernels, other accumulation
-        assert_rel_rms(a, b, 1e-5, f"sink vs no sink, grad {i}")
+    for other in ("nosink", "defer"):  # same kernels, other accumulation
+        for i, (a, b) in enumerate(zip(grads["fused"][1], grads[other][1])):
+            assert_rel_rms(a, b, 1e-5, f"sink vs {other}, grad {i}")
+    # one flush per block whose mixes take pointer arguments (full AttnRes: the first 7 sublayers' blocks)
+    assert len(flushes) == (min(num_sublayers, 7) if block_size == 1 else -(-num_sublayers // block_size))
+    if block_size == 4:  # backward order: the ragged block of 3, a full one, the first (its sublayer 0 reads emb alone)
+        assert flushes == [3, 4, 3]
 
 
-def test_grad_sinks_accumulate_in_place_and_survive_a_second_backward(monkeypatch):
+def _count_flushes(monkeypatch) -> list:
+    """Record each ``mix_triton.flush_deferred`` call's number of mixes."""
+    from kernels.attn_res import mix_triton
+
+    calls, flush = [], mix_triton.flush_deferred
+    monkeypatch.setattr(mix_triton, "flush_deferred", lambda src, sinks, block, task: (
+        calls.append(len(block.entries)), flush(src, sinks, block, task)))
+    return calls
+
+
+@pytest.mark.parametrize("defer", ["0", "1"])
+def test_grad_sinks_accumulate_in_place_and_survive_a_second_backward(monkeypatch, defer):
     """Block states read by several mixes get one gradient buffer, added to in the backward kernel (the mix
     that runs backward last hands it to autograd); two backward passes over one graph give the same grads, also
-    after a pass over part of the graph that left a buffer unreturned."""
+    after a pass over part of the graph that left a buffer (and deferred gradients) unreturned."""
     from kernels.attn_res import mix_triton
 
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
     monkeypatch.delenv("KVL_ATTNRES_GRAD_SINK", raising=False)
+    monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", defer)
+    flushes = _count_flushes(monkeypatch)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     masks, launch = [], mix_triton._attn_res_bwd_args_kernel.run
 
@@ -187,8 +209,10 @@ def test_grad_sinks_accumulate_in_place_and_survive_a_second_backward(monkeypatc
         stream.add(i, torch.sin(stream.input(i) * (i + 1)))
     loss = (stream.final() * torch.linspace(-1, 1, d, device=dev)).sum()
     first = torch.autograd.grad(loss, [emb, queries[3].weight], retain_graph=True)
-    assert any(m != 0 for m in masks), "no mix accumulated into a shared buffer"
+    # deferred: the output's mix starts the buffers, the blocks' flushes add to them
+    assert any(m != 0 for m in masks) == (defer == "0"), "no mix accumulated into a shared buffer"
     assert all(s.buf is None for s in stream.sinks), "a sink kept its buffer after the backward pass"
+    assert flushes == ([2, 2, 1] if defer == "1" else [])  # blocks of 2, backward order (sublayer 0 mixes nothing)
     partial = torch.autograd.grad(loss, [queries[5].weight], retain_graph=True)  # skips the early mixes
     second = torch.autograd.grad(loss, [emb, queries[3].weight])
     for a, b in zip(first, second):
@@ -317,3 +341,37 @@ def test_buffered_two_phase_bf16_small_flavor_width_on_gpu(tokens):
             got.append(stream.final())
             results[impl] = torch.stack(got).float()
     assert_rel_rms(results["two_phase"], results["naive"], 2e-2, "buffered two-phase bf16")
+
+
+def test_deferred_source_gradients_in_the_model(monkeypatch):
+    """``KVL_ATTNRES_DEFER_GRAD=1`` (Triton kernels; interpreter on a CPU): the same logits and every parameter's
+    gradient as the per-mix gradient sinks, with random pseudo-queries so that the mixes are not uniform; one
+    flush per block."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build(tiny_config(moe=False, residual_mode="attnres_block")).to(dev).train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_res_proj.weight"):
+                p.normal_()
+    flushes = _count_flushes(monkeypatch)
+    ids = torch.randint(3, 97, (2, 12), device=dev)
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", flag)
+        model.zero_grad(set_to_none=True)
+        out = model(ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        runs[flag] = (out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                            if p.grad is not None})
+    sublayers, block = model.config.num_sublayers, model.config.attnres_block_size
+    assert len(flushes) == -(-sublayers // block)
+    assert torch.equal(runs["1"][0], runs["0"][0])
+    assert runs["1"][1].keys() == runs["0"][1].keys()
+    for name, g in runs["0"][1].items():
+        assert_rel_rms(runs["1"][1][name], g, 1e-5, name)
+    monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", "yes")
+    with pytest.raises(ValueError, match="KVL_ATTNRES_DEFER_GRAD"):
+        model(ids, use_cache=False)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 12's GPU checks, one H100 call per PART (run from the repo root on the GPU machine):
+#   bash scripts/gpu_session12.sh defer DATA   the AttnRes kernel and model tests on the GPU (the deferred block
+#       gradients included), then bench_attnres at batch 8 x 4096 (N = 4 mix, train section with
+#       attnres_triton_defer, --profile: the kernels that differ between per-mix and deferred gradients), then the
+#       app (small_pretrain, batch 16, 24 steps) with KVL_ATTNRES_DEFER_GRAD off / on, interleaved twice
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+export TOKENIZERS_PARALLELISM=false
+
+gpu_header
+case "${1:?usage: gpu_session12.sh defer DATA}" in
+defer)
+  DATA=${2:?usage: gpu_session12.sh defer DATA}
+  PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -x -p no:cacheprovider \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  PART_TAIL=70 part "bench_attnres train + profile + decode" 230 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 4 --rounds 3 --hybrid-iters 3 --profile --budget-s 150
+  export APP_STEPS=24
+  base="data.batch_size=16"
+  for round in a b; do
+    APP_OVERRIDES="$base" app16 sinks_$round KVL_ATTNRES_DEFER_GRAD=0
+    APP_OVERRIDES="$base" app16 defer_$round KVL_ATTNRES_DEFER_GRAD=1
+  done
+  app_compare sinks_a defer_a
+  app_compare sinks_b defer_b
+  app_compare sinks_a sinks_b
+  summarize sinks_a defer_a sinks_b defer_b
+  ;;
+esac
+ls -la "$OUT"
