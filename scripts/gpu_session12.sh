@@ -4,12 +4,16 @@
 #       gradients included), then bench_attnres at batch 8 x 4096 (N = 4 mix, train section with
 #       attnres_triton_defer, --profile: the kernels that differ between per-mix and deferred gradients), then the
 #       app (small_pretrain, batch 16, 24 steps) with KVL_ATTNRES_DEFER_GRAD off / on, interleaved twice
+#   bash scripts/gpu_session12.sh final DATA   the AttnRes model tests (deferred gradients on by default now), the
+#       residual stream's host cost per decoded token (standard vs two-phase AttnRes, and one launch of each) with
+#       decode of the hybrid at 4096 (5 rounds), then the app at batch 24 (rows forward + deferred gradients) for
+#       issue 9's number
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session12.sh defer DATA}" in
+case "${1:?usage: gpu_session12.sh defer|final DATA}" in
 defer)
   DATA=${2:?usage: gpu_session12.sh defer DATA}
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -x -p no:cacheprovider \
@@ -26,6 +30,15 @@ defer)
   app_compare sinks_b defer_b
   app_compare sinks_a sinks_b
   summarize sinks_a defer_a sinks_b defer_b
+  ;;
+final)
+  DATA=${2:?usage: gpu_session12.sh final DATA}
+  PART_TAIL=8 part "gpu tests: AttnRes model" 150 python3 -m pytest -q -p no:cacheprovider tests/model/test_attn_res.py
+  PART_TAIL=30 part "bench_attnres stream cost + hybrid decode" 200 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 4 --stream-cost --decode-only --rounds 5 --budget-s 150
+  export APP_STEPS=24
+  APP_OVERRIDES="data.batch_size=24" app16 b24
+  summarize b24
   ;;
 esac
 ls -la "$OUT"

@@ -18,15 +18,15 @@ Measured in one run, bf16, CUDA events after warm-up:
 - ``train``: forward + backward (no optimizer step) of the flavor at ``seq`` with ``standard`` vs
   ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
   (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes through the
-  Triton kernel (pointer arguments, gradient sinks for the block states; also with the block states' gradients
-  formed once per block, ``KVL_ATTNRES_DEFER_GRAD=1``; for all-MLA also without the sinks,
+  Triton kernel (pointer arguments, gradient sinks for the block states, their gradients formed once per block;
+  also once per mix, ``KVL_ATTNRES_DEFER_GRAD=0``; for all-MLA also without the sinks,
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
   the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
   the resident weights, and the memory of the stored block states for scale.
 - ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
   and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
-  AttnRes step's extra time goes; ``kernel_diff_defer`` the same between ``attnres_triton`` and
-  ``attnres_triton_defer``.
+  AttnRes step's extra time goes; ``kernel_diff_defer`` the same between ``attnres_triton_nodefer`` and
+  ``attnres_triton``.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
   two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``). (The first benchmark decoded with autograd on, so AttnRes
@@ -309,14 +309,16 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     """Standard vs block AttnRes (Triton kernel, and PyTorch function) for one layer layout, rounds interleaved."""
     cfgs = {r: _config(flavor, layers, r) for r in ("standard", "attnres_block")}
     models = {r: _build(c, device, dtype) for r, c in cfgs.items()}
+    if args.decode_only:
+        return {"decode": bench_decode_variants(models, cfgs["standard"], layers, args, device)}
     ids = torch.randint(0, cfgs["standard"].vocab_size, (args.batch, args.seq), device=device)
     triton = {"KVL_ATTNRES_BACKEND": "triton"}
     variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
-                "attnres_triton_defer": ("attnres_block", triton | {"KVL_ATTNRES_DEFER_GRAD": "1"}),
+                "attnres_triton_nodefer": ("attnres_block", triton | {"KVL_ATTNRES_DEFER_GRAD": "0"}),
                 "attnres_triton_nosink": ("attnres_block", triton | {"KVL_ATTNRES_GRAD_SINK": "0"}),
                 "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"})}
     if layers != "mla":
-        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_defer")}
+        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     best = {v: float("inf") for v in variants}
     peak = {}
@@ -340,9 +342,9 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
     if args.profile:
         times = {v: _with_env(variants[v][1], partial(_profile_step, steps[v]))
-                 for v in ("standard", "attnres_triton", "attnres_triton_defer")}
+                 for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_triton"], top=args.profile_top)
-        out["kernel_diff_defer"] = diff_by_name(times["attnres_triton"], times["attnres_triton_defer"],
+        out["kernel_diff_defer"] = diff_by_name(times["attnres_triton_nodefer"], times["attnres_triton"],
                                                 top=args.profile_top)
     dec = bench_decode_variants(models, cfgs["standard"], layers, args, device) if args.decode_steps > 0 else {}
     out["decode"] = dec
@@ -383,6 +385,85 @@ def bench_decode_variants(models: dict, cfg: KimiVLConfig, layers: str, args, de
     return out
 
 
+def bench_stream_cost(cfg: KimiVLConfig, device: torch.device, dtype: torch.dtype, tokens: int = 300,
+                      rounds: int = 5, launches: int = 2000) -> dict:
+    """The residual stream alone in a batch-1 decode step of ``cfg`` (no model): per sublayer ``input(i, norm)`` then
+    ``add(i, out)`` with fixed outputs, then the final input, for the standard residual and the buffered Triton
+    two-phase block AttnRes stream, under ``no_grad``. Per token: host microseconds with no synchronisation
+    inside the loop (decode is launch-bound, so this is what a token's residual work costs the host) and the
+    wall time with a synchronisation after every token (host + GPU latency); best of ``rounds``, interleaved. Also
+    the host cost of one launch: ``torch.add`` into a preallocated output vs one phase-2 kernel."""
+    from kimi_vl.modeling.attn_res import AttnResStream, ResQuery, StandardStream
+    from kimi_vl.modeling.norm import RMSNorm
+
+    d, n_sub, block = cfg.hidden_size, cfg.num_sublayers, cfg.attnres_block_size
+    gen = torch.Generator().manual_seed(0)
+    emb = torch.randn(1, 1, d, generator=gen).to(device, dtype)
+    outs = [torch.randn(1, 1, d, generator=gen).to(device, dtype) for _ in range(n_sub)]
+    queries = [ResQuery(torch.randn(1, d, generator=gen).to(device), torch.ones(d, device=device), 1e-6)
+               for _ in range(n_sub + 1)]
+    norm = RMSNorm(d).to(device, dtype)
+    makers = {"standard": lambda: StandardStream(emb),
+              "attnres_block": lambda: AttnResStream(emb, queries, block, "two_phase")}
+
+    def token(make) -> torch.Tensor:
+        stream = make()
+        for i in range(n_sub):
+            stream.input(i, norm)
+            stream.add(i, outs[i])
+        return stream.final(norm)
+
+    def timed(make, sync_each: bool) -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            token(make)
+            if sync_each:
+                _sync(device)
+        host = time.perf_counter() - t0
+        _sync(device)
+        return 1e6 * host / tokens
+
+    best: dict[str, float] = {}
+    with torch.no_grad():
+        for make in makers.values():
+            token(make)  # compile and warm
+        for _ in range(rounds):
+            for name, make in makers.items():
+                for sync_each, key in ((False, "host_us"), (True, "synced_us")):
+                    best[f"{name}_{key}"] = min(best.get(f"{name}_{key}", float("inf")), timed(make, sync_each))
+        best |= _launch_cost(device, dtype, d, queries, block, launches)
+    for key in ("host_us", "synced_us"):
+        best[f"overhead_{key}_pct"] = 100 * (best[f"attnres_block_{key}"] / best[f"standard_{key}"] - 1)
+    return {"sublayers": n_sub, "block_size": block, "tokens": tokens, "rounds": rounds, **best}
+
+
+def _launch_cost(device: torch.device, dtype: torch.dtype, d: int, queries: list, block: int, n: int = 2000
+                 ) -> dict[str, float]:
+    """Host microseconds per launch, no synchronisation in the loop: ``torch.add(out=)`` and one phase-2 kernel."""
+    from kimi_vl.modeling.attn_res import BufferedTwoPhase
+
+    x, y, z = (torch.randn(1, 1, d, device=device, dtype=dtype) for _ in range(3))
+    two = BufferedTwoPhase(x, queries, block)
+    two.input(0)  # phase 1 of block 0: the phase-2 buffers hold values
+    calls = {"add": lambda: torch.add(x, y, out=z), "phase2": lambda: two.run.phase2(1, 1, 1, 1e-6, None, False, z)}
+    out = {}
+    for name, fn in calls.items():
+        fn()
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[f"launch_{name}_us"] = 1e6 * (time.perf_counter() - t0) / n
+        _sync(device)
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _guarded(fn: Callable[..., dict], *args) -> dict:
     """``fn(*args)``, or ``{"skipped": the error}`` so that one failing section leaves the others' results."""
     try:
@@ -418,6 +499,9 @@ def main() -> None:
     p.add_argument("--profile", action="store_true",
                    help="also profile one step of standard and attnres_triton: the kernels whose time differs most")
     p.add_argument("--profile-top", type=int, default=15)
+    p.add_argument("--decode-only", action="store_true", help="train section: decode timing only")
+    p.add_argument("--stream-cost", action="store_true",
+                   help="also the residual stream's host time per decoded token alone (standard vs two-phase AttnRes)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (debug flavor), checks the script")
     args = p.parse_args()
     t0 = time.perf_counter()
@@ -431,6 +515,10 @@ def main() -> None:
     d = KimiVLConfig.from_flavor(args.flavor).hidden_size
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
                "flavor": args.flavor, "dtype": str(dtype), "date": time.strftime("%Y-%m-%d"), "args": vars(args)}
+    if args.stream_cost:
+        cfg = KimiVLConfig.from_flavor(args.flavor)
+        results["stream_cost"] = bench_stream_cost(cfg, device, dtype, *((3, 1, 5) if args.smoke else ()))
+        _save(results)
     results["mix"] = bench_mix(args.batch * args.seq, d, args.sources, device, dtype, args.mix_iters)
     _save(results)
     if args.bwd_sweep:
@@ -477,16 +565,26 @@ def table(results: dict) -> str:
                 lines.append(f"{head} error: {r['error'][:80]} | | |")
             else:
                 lines.append(f"{head} {r['ms']:.3f} | {r['gbps']:,.0f} | {r['rel_err_vs_default']:.1e} |")
+    if "stream_cost" in results:
+        c = results["stream_cost"]
+        lines += ["", f"Residual stream alone, one decoded token ({c['sublayers']} sublayers, blocks of "
+                  f"{c['block_size']}, no_grad): standard {c['standard_host_us']:.0f} us host / "
+                  f"{c['standard_synced_us']:.0f} us synced; two-phase block AttnRes "
+                  f"{c['attnres_block_host_us']:.0f} / "
+                  f"{c['attnres_block_synced_us']:.0f} us; host per launch: torch.add {c['launch_add_us']:.1f} us, "
+                  f"phase 2 {c['launch_phase2_us']:.1f} us"]
     lines += ["", "| layers | variant | step ms | tokens/s | overhead | step peak GiB | peak overhead |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for layers, group in results["train"].items():
         if "skipped" in group:
             lines.append(f"| {layers} | skipped: {group['skipped']} | | | | | |")
             continue
-        for v, r in group["variants"].items():
+        for v, r in group.get("variants", {}).items():
             lines.append(f"| {layers} | {v} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
         lines += _decode_lines(layers, group.get("decode", {}))
+        if "variants" not in group:  # --decode-only
+            continue
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
         lines += _kernel_diff_lines(f"{layers} (deferred vs per-mix gradients)", group.get("kernel_diff_defer", []))
         lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")

@@ -317,7 +317,7 @@ def test_deferred_gradients_equal_per_mix_sinks(dtype, d, tol):
     dev = kernel_device()
     shared = [(torch.randn(31, d, generator=gen) * (1 + i)).to(dev, dtype) for i in range(2)]
     mixes = []
-    for j in range(3):
+    for _ in range(3):
         srcs = shared + [torch.randn(31, d, generator=gen).to(dev, dtype)]
         u = (0.3 * torch.randn(d, generator=gen)).to(dev)
         _, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)

@@ -129,7 +129,7 @@ def test_diagnostics_are_recorded():
     assert all(0 <= a["max_weight"] <= 1 and a["entropy"] >= 0 for a in diag["alpha"])
 
 
-@pytest.mark.parametrize(("num_sublayers", "block_size", "tol"), [(5, 2, 1e-5), (10, 1, 5e-5), (11, 4, 1e-5)])
+@pytest.mark.parametrize(("num_sublayers", "block_size", "tol"), [(5, 2, 1e-5), (10, 1, 5e-5), (11, 4, 3e-5)])
 def test_stream_with_triton_kernel_equals_naive(monkeypatch, num_sublayers, block_size, tol):
     """The fused stream through the Triton kernel (interpreter on CPU), forward and gradients, with and without
     gradient sinks and with the block's deferred source gradients: a ragged last block; full AttnRes with up to

@@ -1,0 +1,28 @@
+"""``kimi_vl.benchmarks.bench_attnres`` helpers on the CPU: the traffic model and the stream-cost section run and
+report what the GPU run reports (the timings themselves are GPU-only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kimi_vl import KimiVLConfig
+from kimi_vl.benchmarks.bench_attnres import bench_stream_cost, mix_traffic
+
+
+def test_mix_traffic_of_the_small_flavor():
+    """24 sublayers in blocks of 6 at 8 x 4096 x 768 bf16: deferring the block states' gradients moves less than
+    per-mix sinks, which move less than autograd's accumulation; the forward is the same for all."""
+    t = mix_traffic(24, 6, 8 * 4096 * 768 * 2)
+    assert t["forward"] == pytest.approx(5.436, abs=1e-3)
+    assert t["backward_deferred"] < t["backward_sinks"] < t["backward_no_sinks"]
+    assert t["backward_deferred"] == pytest.approx(9.362, abs=1e-3)
+
+
+def test_stream_cost_reports_both_streams():
+    cfg = KimiVLConfig.from_flavor("debug", residual_mode="attnres_block")
+    out = bench_stream_cost(cfg, torch.device("cpu"), torch.float32, tokens=2, rounds=1, launches=2)
+    for key in ("standard_host_us", "standard_synced_us", "attnres_block_host_us", "attnres_block_synced_us",
+                "launch_add_us", "launch_phase2_us", "overhead_host_us_pct"):
+        assert out[key] > (-100 if key.startswith("overhead") else 0), key
+    assert out["sublayers"] == cfg.num_sublayers and out["block_size"] == cfg.attnres_block_size
