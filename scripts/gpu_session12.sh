@@ -8,12 +8,14 @@
 #       residual stream's host cost per decoded token (standard vs two-phase AttnRes, and one launch of each) with
 #       decode of the hybrid at 4096 (5 rounds), then the app at batch 24 (rows forward + deferred gradients) for
 #       issue 9's number
+#   bash scripts/gpu_session12.sh launch       the two-phase GPU tests (TwoPhaseLauncher calling its compiled kernels
+#       directly), then the stream cost (one phase-2 launch direct vs through the JIT) and decode at 4096
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session12.sh defer|final DATA}" in
+case "${1:?usage: gpu_session12.sh defer|final DATA | launch}" in
 defer)
   DATA=${2:?usage: gpu_session12.sh defer DATA}
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -x -p no:cacheprovider \
@@ -39,6 +41,12 @@ final)
   export APP_STEPS=24
   APP_OVERRIDES="data.batch_size=24" app16 b24
   summarize b24
+  ;;
+launch)
+  PART_TAIL=8 part "gpu tests: two-phase" 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py -k "two_phase or gpu or generate"
+  PART_TAIL=30 part "bench_attnres stream cost + decode" 200 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 4 --stream-cost --decode-only --rounds 5 --budget-s 150
   ;;
 esac
 ls -la "$OUT"

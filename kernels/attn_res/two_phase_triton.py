@@ -19,13 +19,17 @@ standard residual's add does: decode (``M = batch`` tokens) is bound by launches
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import driver
 
 from kernels.attn_res.mix_triton import NUM_WARPS, _blocks
 
 _WHERE = "kernels/attn_res/two_phase_triton.py"
+FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the JIT's per-call work (see _Launch)
 
 
 @triton.jit
@@ -171,13 +175,50 @@ def phase2_triton(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, j: int, v_K
     return run.phase2(j, k, qi, eps, _pending(v_KMD, pending), pending_first)
 
 
+class _Launch:
+    """One kernel at a fixed grid and warp count whose compiled variants are called directly after the first launch.
+
+    ``kernel[grid](...)`` binds and specialises every argument, builds a cache key and checks globals on every
+    call: 29.6 us of host time a launch on the H100 machine (session 12, ``bench_attnres --stream-cost``) against
+    7.2 us for a ``torch.add``, which in launch-bound decode is most of the two-phase stream's cost. The first
+    launch for a ``key`` goes through the JIT (compiling if need be) and keeps the compiled kernel's runner; later
+    ones call the runner with the current stream. ``key`` must fix everything the JIT specialises on that can
+    change between calls of one instance (pointer alignment, constexpr values; the kernels' ints are
+    ``do_not_specialize``). ``values``: every parameter in signature order, constexprs included. The interpreter
+    and :data:`FAST_LAUNCH` ``= False`` always take the JIT."""
+
+    __slots__ = ("compiled", "grid", "kernel", "num_warps", "runners")
+
+    def __init__(self, kernel, grid: tuple[int, ...], num_warps: int) -> None:
+        self.kernel, self.grid, self.num_warps = kernel, grid, num_warps
+        self.compiled = os.environ.get("TRITON_INTERPRET") != "1"  # the interpreter has no compiled kernels
+        self.runners: dict = {}
+
+    def __call__(self, key: tuple, *values) -> None:
+        fast = FAST_LAUNCH and self.compiled
+        if fast:
+            device = driver.active.get_current_device()
+            runner = self.runners.get((device, key))
+            if runner is not None:
+                runner(*values, stream=driver.active.get_current_stream(device))
+                return
+        compiled = self.kernel[self.grid](*values, num_warps=self.num_warps)
+        if fast and hasattr(compiled, "packed_metadata"):
+            self.runners[(device, key)] = compiled[self.grid]
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
 class TwoPhaseLauncher:
     """Launches over one block-state buffer ``v [K, M, D]`` and queries ``u [Q, D]`` with the least host work
     per call (decode is launch-bound): sizes, grid and the phase-1 outputs ``o [S, M, D]``, ``m, l [S, M]``
-    (fp32, reused by every block) are set up once. Arguments are not checked here (:func:`phase1_triton` and
-    :func:`phase2_triton` check them); ``pending`` must be contiguous, of ``M * D`` elements in ``v``'s dtype
-    (any shape: only its address is used). ``out_shape``: the shape ``h`` is allocated in (``M * D``
-    elements, e.g. ``[B, T, D]``), so that callers need no view."""
+    (fp32, reused by every block) are set up once, and the compiled kernels are called directly after their first
+    launch (:class:`_Launch`). Arguments are not checked here (:func:`phase1_triton` and :func:`phase2_triton`
+    check them); ``pending`` must be contiguous, of ``M * D`` elements in ``v``'s dtype (any shape: only its
+    address is used). ``out_shape``: the shape ``h`` is allocated in (``M * D`` elements, e.g. ``[B, T, D]``), so
+    that callers need no view."""
 
     def __init__(self, v_KMD: torch.Tensor, u_QD: torch.Tensor, max_queries: int,
                  out_shape: tuple[int, ...] | None = None) -> None:
@@ -186,6 +227,8 @@ class TwoPhaseLauncher:
         self.out_shape = tuple(v_KMD.shape[1:]) if out_shape is None else tuple(out_shape)
         self.block_t, self.block_d = _blocks(self.d)
         self.grid = (triton.cdiv(self.mm, self.block_t),)
+        self._phase1 = _Launch(_phase1_kernel, self.grid, NUM_WARPS)
+        self._phase2 = _Launch(_phase2_kernel, self.grid, NUM_WARPS)
         if max_queries > 0:
             self.o = torch.empty(max_queries, self.mm, self.d, device=v_KMD.device, dtype=torch.float32)
             self.m, self.l = torch.empty(2, max_queries, self.mm, device=v_KMD.device, dtype=torch.float32)
@@ -197,17 +240,17 @@ class TwoPhaseLauncher:
                pending_first: bool, out: torch.Tensor | None = None) -> torch.Tensor:
         """``out``: where to write ``h`` (contiguous, ``out_shape``, ``v``'s dtype), else a new tensor."""
         h = self._out(out)
-        _phase1_kernel[self.grid](
-            self.v, self.u, self.o, self.m, self.l, h, self.v if pending is None else pending, n_src, q0, n_q,
-            self.mm, self.d, eps, PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=self.block_t,
-            BLOCK_D=self.block_d, num_warps=NUM_WARPS)
+        pend = self.v if pending is None else pending
+        self._phase1((pending is not None, pending_first, _aligned(h), _aligned(pend)),
+                     self.v, self.u, self.o, self.m, self.l, h, pend, n_src, q0, n_q, self.mm, self.d, eps,
+                     pending is not None, pending_first, self.block_t, self.block_d)
         return h
 
     def phase2(self, j: int, k: int, qi: int, eps: float, pending: torch.Tensor | None,
                pending_first: bool, out: torch.Tensor | None = None) -> torch.Tensor:
         h = self._out(out)
-        _phase2_kernel[self.grid](
-            self.o, self.m, self.l, j, self.v, k, self.u, qi, h, self.v if pending is None else pending,
-            self.mm, self.d, eps, PEND=pending is not None, PEND_FIRST=pending_first, BLOCK_T=self.block_t,
-            BLOCK_D=self.block_d, num_warps=NUM_WARPS)
+        pend = self.v if pending is None else pending
+        self._phase2((pending is not None, pending_first, _aligned(h), _aligned(pend)),
+                     self.o, self.m, self.l, j, self.v, k, self.u, qi, h, pend, self.mm, self.d, eps,
+                     pending is not None, pending_first, self.block_t, self.block_d)
         return h

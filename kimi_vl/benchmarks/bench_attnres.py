@@ -392,7 +392,8 @@ def bench_stream_cost(cfg: KimiVLConfig, device: torch.device, dtype: torch.dtyp
     two-phase block AttnRes stream, under ``no_grad``. Per token: host microseconds with no synchronisation
     inside the loop (decode is launch-bound, so this is what a token's residual work costs the host) and the
     wall time with a synchronisation after every token (host + GPU latency); best of ``rounds``, interleaved. Also
-    the host cost of one launch: ``torch.add`` into a preallocated output vs one phase-2 kernel."""
+    the host cost of one launch: ``torch.add`` into a preallocated output vs one phase-2 kernel, called directly
+    (``two_phase_triton._Launch``) and through the JIT."""
     from kimi_vl.modeling.attn_res import AttnResStream, ResQuery, StandardStream
     from kimi_vl.modeling.norm import RMSNorm
 
@@ -446,16 +447,22 @@ def _launch_cost(device: torch.device, dtype: torch.dtype, d: int, queries: list
     x, y, z = (torch.randn(1, 1, d, device=device, dtype=dtype) for _ in range(3))
     two = BufferedTwoPhase(x, queries, block)
     two.input(0)  # phase 1 of block 0: the phase-2 buffers hold values
+    from kernels.attn_res import two_phase_triton
+
     calls = {"add": lambda: torch.add(x, y, out=z), "phase2": lambda: two.run.phase2(1, 1, 1, 1e-6, None, False, z)}
     out = {}
-    for name, fn in calls.items():
-        fn()
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(n):
+    for name, fn in [*calls.items(), ("phase2_jit", calls["phase2"])]:
+        two_phase_triton.FAST_LAUNCH = name != "phase2_jit"
+        try:
             fn()
-        out[f"launch_{name}_us"] = 1e6 * (time.perf_counter() - t0) / n
-        _sync(device)
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out[f"launch_{name}_us"] = 1e6 * (time.perf_counter() - t0) / n
+            _sync(device)
+        finally:
+            two_phase_triton.FAST_LAUNCH = True
     return out
 
 
@@ -572,7 +579,7 @@ def table(results: dict) -> str:
                   f"{c['standard_synced_us']:.0f} us synced; two-phase block AttnRes "
                   f"{c['attnres_block_host_us']:.0f} / "
                   f"{c['attnres_block_synced_us']:.0f} us; host per launch: torch.add {c['launch_add_us']:.1f} us, "
-                  f"phase 2 {c['launch_phase2_us']:.1f} us"]
+                  f"phase 2 {c['launch_phase2_us']:.1f} us (through the JIT: {c['launch_phase2_jit_us']:.1f} us)"]
     lines += ["", "| layers | variant | step ms | tokens/s | overhead | step peak GiB | peak overhead |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for layers, group in results["train"].items():

@@ -347,3 +347,25 @@ def _naive_grad(srcs: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor) -> 
     xs = [s.detach().double().requires_grad_() for s in srcs]
     h, _ = attn_res_mix_naive(xs, u.double().reshape(1, -1), torch.ones_like(u, dtype=torch.float64), EPS)
     return [g.float() for g in torch.autograd.grad((h * dh.double()).sum(), xs)]
+
+
+@pytest.mark.gpu
+def test_two_phase_launcher_calls_compiled_kernels_directly_on_gpu(monkeypatch):
+    """After a kernel's first launch for a specialisation, ``TwoPhaseLauncher`` calls the compiled kernel without
+    the JIT (decode is launch-bound): the same outputs and block states as launching through the JIT every time."""
+    from kernels.attn_res import two_phase_triton as tp
+
+    gen = torch.Generator().manual_seed(31)
+    v0 = torch.randn(3, 4, 768, generator=gen).cuda().to(torch.bfloat16)
+    u = torch.randn(6, 768, generator=gen).cuda()
+    pend = [torch.randn(4, 768, generator=gen).cuda().to(torch.bfloat16) for _ in range(4)]
+    results = {}
+    for fast in (False, True):
+        monkeypatch.setattr(tp, "FAST_LAUNCH", fast)
+        run = tp.TwoPhaseLauncher(v0.clone(), u, 3)
+        hs = [run.phase1(2, 0, 3, 1e-6, None, False)]
+        hs += [run.phase2(1, 2, 1, 1e-6, pend[0], True), run.phase2(2, 2, 2, 1e-6, pend[1], False)]
+        hs += [run.phase1(3, 3, 3, 1e-6, pend[2], False), run.phase2(1, 2, 4, 1e-6, pend[3], True)]
+        results[fast] = (torch.stack(hs), run.v.clone())
+        assert len(run._phase2.runners) == (2 if fast else 0)  # PEND_FIRST true and false, reused once
+    assert torch.equal(results[True][0], results[False][0]) and torch.equal(results[True][1], results[False][1])
