@@ -203,8 +203,8 @@ class _Launch:
                 runner(*values, stream=driver.active.get_current_stream(device))
                 return
         compiled = self.kernel[self.grid](*values, num_warps=self.num_warps)
-        if fast and hasattr(compiled, "packed_metadata"):
-            self.runners[(device, key)] = compiled[self.grid]
+        if fast and hasattr(compiled, "packed_metadata"):  # the runner reads three grid dimensions
+            self.runners[(device, key)] = compiled[(*self.grid, *(1,) * (3 - len(self.grid)))]
 
 
 def _aligned(t: torch.Tensor) -> bool:
