@@ -259,7 +259,7 @@ class AttnResStream:
 
             self._sink_cls = GradSink
             self.sinks = [GradSink()]
-            if defer_grads_enabled() and block_size <= MAX_ARGS:
+            if defer_grads_enabled() and 1 < block_size <= MAX_ARGS:  # a block of one mix has nothing to share
                 self._deferred = {}
 
     def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
