@@ -10,12 +10,14 @@
 #       issue 9's number
 #   bash scripts/gpu_session12.sh launch       the two-phase GPU tests (TwoPhaseLauncher calling its compiled kernels
 #       directly), then the stream cost (one phase-2 launch direct vs through the JIT) and decode at 4096
+#   bash scripts/gpu_session12.sh profile DATA  the app's step at batch 24 (its best mfu) under profile_train_step:
+#       phases, GPU kernels (--torch-profile), host time per function (--host-profile), the unsynchronised loop
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session12.sh defer|final DATA | launch}" in
+case "${1:?usage: gpu_session12.sh defer|final|profile DATA | launch}" in
 defer)
   DATA=${2:?usage: gpu_session12.sh defer DATA}
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -x -p no:cacheprovider \
@@ -47,6 +49,12 @@ launch)
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py -k "two_phase or gpu or generate"
   PART_TAIL=30 part "bench_attnres stream cost + decode" 200 python3 -m kimi_vl.benchmarks.bench_attnres \
     --sources 4 --stream-cost --decode-only --rounds 5 --budget-s 150
+  ;;
+profile)
+  DATA=${2:?usage: gpu_session12.sh profile DATA}
+  PART_TAIL=70 part "profile app step, batch 24" 280 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
+    --steps 2 --warmup 4 --module-steps 0 --pipeline-steps 6 --torch-profile --host-profile --out "$OUT/profile_b24"
   ;;
 esac
 ls -la "$OUT"
