@@ -12,14 +12,12 @@
 #       directly), then the stream cost (one phase-2 launch direct vs through the JIT) and decode at 4096
 #   bash scripts/gpu_session12.sh profile DATA  the app's step at batch 24 (its best mfu) under profile_train_step:
 #       phases, GPU kernels (--torch-profile), host time per function (--host-profile), the unsynchronised loop
-#   bash scripts/gpu_session12.sh alpha        the AttnRes kernel tests (alpha written by the forward kernel) and the
-#       mix alone at N = 2 and 4
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session12.sh defer|final|profile DATA | launch|alpha}" in
+case "${1:?usage: gpu_session12.sh defer|final|profile DATA | launch}" in
 defer)
   DATA=${2:?usage: gpu_session12.sh defer DATA}
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -x -p no:cacheprovider \
@@ -51,12 +49,6 @@ launch)
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py -k "two_phase or gpu or generate"
   PART_TAIL=30 part "bench_attnres stream cost + decode" 200 python3 -m kimi_vl.benchmarks.bench_attnres \
     --sources 4 --stream-cost --decode-only --rounds 5 --budget-s 150
-  ;;
-alpha)
-  PART_TAIL=8 part "gpu tests: AttnRes kernels" 150 python3 -m pytest -q -p no:cacheprovider \
-    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py -k "not generate"
-  PART_TAIL=12 part "bench_attnres mix" 150 python3 -m kimi_vl.benchmarks.bench_attnres --sources 2 4 \
-    --decode-only --no-hybrid --rounds 1 --decode-steps 4
   ;;
 profile)
   DATA=${2:?usage: gpu_session12.sh profile DATA}
