@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# For the next session's GPU time (written in session 12, whose device time ran out), one H100 call per PART:
+#   bash scripts/gpu_session13.sh absorb DATA   the AttnRes kernel and model tests on the GPU (the absorbed partial
+#       sums included: KVL_ATTNRES_ABSORB), bench_attnres at batch 8 x 4096 (train section with
+#       attnres_triton_absorb, --profile: the kernels that differ between adding the partial sums and absorbing
+#       them), then the app (small_pretrain, batch 16, 24 steps) with KVL_ATTNRES_ABSORB off / on, interleaved twice
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+export TOKENIZERS_PARALLELISM=false
+
+gpu_header
+case "${1:?usage: gpu_session13.sh absorb DATA}" in
+absorb)
+  DATA=${2:?usage: gpu_session13.sh absorb DATA}
+  PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  PART_TAIL=40 part "bench_attnres train + profile" 230 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 4 --rounds 3 --hybrid-iters 3 --profile --decode-steps 0 --budget-s 150
+  export APP_STEPS=24
+  base="data.batch_size=16"
+  for round in a b; do
+    APP_OVERRIDES="$base" app16 add_$round KVL_ATTNRES_ABSORB=0
+    APP_OVERRIDES="$base" app16 absorb_$round KVL_ATTNRES_ABSORB=1
+  done
+  app_compare add_a absorb_a
+  app_compare add_b absorb_b
+  summarize add_a absorb_a add_b absorb_b
+  ;;
+esac
+ls -la "$OUT"
