@@ -6,6 +6,7 @@
 #                                   code's folder, default .; APP_OVERRIDES: extra key=value) with its metrics in $OUT
 #   app_compare A B                 per-step step-time ratio B/A (same batches: the data order is seeded), losses
 #   summarize NAME...               24-step runs: median tokens/s and mfu of steps 9-24, peak memory, slow steps
+#   app_ab A ENV_A B ENV_B          24-step runs A B A B (rounds _a, _b; ENV_*: one VAR=VALUE each), compared per round
 # and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one;
 # use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache).
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
@@ -82,4 +83,16 @@ for name in sys.argv[2:]:
           f"mfu {statistics.median(r['mfu'] for r in late):.4f}, peak {max(r.get('peak_mem_gib', 0) for r in rows):.1f} GiB, "
           f"full GC in steps {[r['step'] for r in rows if 'gc_s' in r]}, slow steps (step, s, gc_s) {slow}")
 PY
+}
+
+app_ab() {  # name_a env_a name_b env_b: the two settings interleaved twice at APP_OVERRIDES, compared and summarized
+  local a=$1 env_a=$2 b=$3 env_b=$4 round
+  export APP_STEPS=24
+  for round in a b; do
+    app16 "${a}_$round" "$env_a"
+    app16 "${b}_$round" "$env_b"
+  done
+  app_compare "${a}_a" "${b}_a"
+  app_compare "${a}_b" "${b}_b"
+  summarize "${a}_a" "${b}_a" "${a}_b" "${b}_b"
 }

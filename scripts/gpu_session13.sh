@@ -16,15 +16,7 @@ absorb)
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
   PART_TAIL=40 part "bench_attnres train + profile" 230 python3 -m kimi_vl.benchmarks.bench_attnres \
     --sources 4 --rounds 3 --hybrid-iters 3 --profile --decode-steps 0 --budget-s 150
-  export APP_STEPS=24
-  base="data.batch_size=16"
-  for round in a b; do
-    APP_OVERRIDES="$base" app16 add_$round KVL_ATTNRES_ABSORB=0
-    APP_OVERRIDES="$base" app16 absorb_$round KVL_ATTNRES_ABSORB=1
-  done
-  app_compare add_a absorb_a
-  app_compare add_b absorb_b
-  summarize add_a absorb_a add_b absorb_b
+  APP_OVERRIDES="data.batch_size=16" app_ab add KVL_ATTNRES_ABSORB=0 absorb KVL_ATTNRES_ABSORB=1
   ;;
 esac
 ls -la "$OUT"
