@@ -51,3 +51,77 @@ def diff_by_name(base: dict[str, tuple[float, int]], other: dict[str, tuple[floa
              "other_calls": sum(v[1] for v in other.values())}
     total["diff_ms"] = total["other_ms"] - total["base_ms"]
     return [total] + rows[:top]
+
+
+def idle_gaps(prof: Any, min_us: float = 20.0, top: int = 15) -> dict[str, Any]:
+    """Where a profiled run's GPU waited: the holes between its kernels (all streams merged) of at least ``min_us``,
+    each with what the host was doing meanwhile. ``prof``: a finished ``torch.profiler.profile`` or its events.
+
+    For a hole, every host thread's innermost event covering the hole's midpoint is found (events of a thread nest),
+    and the one that started last is taken as what the GPU waited for (``host``), with the outermost annotation
+    around it (``phase``; ``record_function`` ranges, e.g. ``Optimizer.step#...``) and the kernel that ended the
+    wait (``next_kernel``). Returns the window from the first kernel's start to the last one's end, the busy and
+    idle time in it (ms), the ``top`` largest holes and the idle time summed by ``host`` and by ``phase``."""
+    events = list(prof.events()) if hasattr(prof, "events") else list(prof)
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                     if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+    if not kernels:
+        return {"window_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "gaps": [], "idle_by_host": [], "idle_by_phase": []}
+    holes, busy, (start, end, _) = [], 0.0, kernels[0]
+    for s, e, name in kernels[1:]:
+        if s > end:
+            busy += end - start
+            if s - end >= min_us:
+                holes.append((end, s, name))
+            start, end = s, e
+        else:
+            end = max(end, e)
+    busy += end - start
+    window = end - kernels[0][0]
+    blamed = _blame_host(events, holes)
+    by_host: dict[str, float] = {}
+    by_phase: dict[str, float] = {}
+    for (a, b, _), (host, phase) in zip(holes, blamed):
+        by_host[host] = by_host.get(host, 0.0) + (b - a) / 1000
+        by_phase[phase] = by_phase.get(phase, 0.0) + (b - a) / 1000
+    gaps = sorted(({"us": b - a, "host": host, "phase": phase, "next_kernel": name}
+                   for (a, b, name), (host, phase) in zip(holes, blamed)), key=lambda g: -g["us"])
+    return {"window_ms": window / 1000, "busy_ms": busy / 1000, "idle_ms": (window - busy) / 1000,
+            "holes": len(holes), "holes_ms": sum(b - a for a, b, _ in holes) / 1000, "gaps": gaps[:top],
+            "idle_by_host": sorted(by_host.items(), key=lambda kv: -kv[1])[:top],
+            "idle_by_phase": sorted(by_phase.items(), key=lambda kv: -kv[1])[:top]}
+
+
+def _blame_host(events: list[Any], holes: list[tuple[float, float, str]]) -> list[tuple[str, str]]:
+    """``(host, phase)`` per hole (in order of start, as :func:`idle_gaps` makes them): one sweep over each host
+    thread's events sorted by start, keeping the stack of those still open at the hole's midpoint."""
+    threads: dict[Any, list[Any]] = {}
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            threads.setdefault(e.thread, []).append(e)
+    covering: list[list[tuple[Any, Any]]] = [[] for _ in holes]  # per hole: (innermost, outermost annotation)
+    for evs in threads.values():
+        evs.sort(key=lambda e: (e.time_range.start, -e.time_range.end))
+        stack: list[Any] = []
+        i = 0
+        for h, (a, b, _) in enumerate(holes):
+            mid = (a + b) / 2
+            while i < len(evs) and evs[i].time_range.start <= mid:
+                while stack and stack[-1].time_range.end < evs[i].time_range.start:
+                    stack.pop()
+                stack.append(evs[i])
+                i += 1
+            while stack and stack[-1].time_range.end < mid:
+                stack.pop()
+            live = [e for e in stack if e.time_range.end >= mid]
+            if live:
+                phase = next((e for e in live if getattr(e, "is_user_annotation", False)), None)
+                covering[h].append((live[-1], phase))
+    out = []
+    for found in covering:
+        if not found:
+            out.append(("(no host event)", "(none)"))
+            continue
+        inner, phase = max(found, key=lambda f: f[0].time_range.start)
+        out.append((inner.name, phase.name if phase is not None else "(none)"))
+    return out

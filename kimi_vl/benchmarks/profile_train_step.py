@@ -24,7 +24,8 @@ per-process numbers. ``--torch-profile`` also writes the top operators of one st
 ``--host-profile`` cProfiles three more steps run as the app runs them (no phase syncs): host time per function.
 ``--pipeline-steps N`` (default 6) runs the app's own loop for N steps (``Trainer.queue_step``, step k's metrics
 read after step k+1 is queued, no phase syncs): its wall time per step, and on CUDA, in N more steps under
-``torch.profiler``, the device's busy fraction (below 1: the GPU waits for the host).
+``torch.profiler``, the device's busy fraction (below 1: the GPU waits for the host) and where it waits
+(``kernels.profiling.idle_gaps``: the holes between kernels by what the host was doing meanwhile).
 """
 
 from __future__ import annotations
@@ -439,7 +440,7 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
     tokens per step; on CUDA the same again under ``torch.profiler`` for the device's busy time per step."""
     from torch.profiler import ProfilerActivity, profile
 
-    from kernels.profiling import kernel_ms
+    from kernels.profiling import idle_gaps, kernel_ms
 
     def run() -> tuple[float, int]:
         tokens, pending = 0, None
@@ -467,7 +468,7 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
                 wall_p, _ = run()
             busy = kernel_ms(prof) / 1000 / steps
             out.update(profiled_wall_s_per_step=wall_p, device_busy_s_per_step=busy,
-                       device_busy_fraction=busy / wall_p)
+                       device_busy_fraction=busy / wall_p, idle_gaps=idle_gaps(prof, min_us=20.0, top=12))
     finally:
         timer.enabled = enabled
     return out
@@ -581,6 +582,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def pipeline_lines(pipe: dict[str, Any]) -> list[str]:
+    """The report's lines for :func:`app_pipeline`'s result: time per step, busy fraction, where the GPU waited."""
+    busy = pipe.get("device_busy_fraction")
+    lines = [f"  app loop, unsynchronised ({pipe['steps']} steps): {pipe['wall_s_per_step'] * 1e3:.1f} ms "
+             f"a step ({pipe['tokens_per_s']:.0f} tok/s)"
+             + (f"; device busy {busy:.0%} under the profiler" if busy is not None else "")]
+    gaps = pipe.get("idle_gaps")
+    if gaps and gaps["holes"]:
+        lines.append(f"  GPU idle under the profiler: {gaps['idle_ms']:.1f} of {gaps['window_ms']:.1f} ms, "
+                     f"{gaps['holes']} holes >= 20 us ({gaps['holes_ms']:.1f} ms); by what the host was in:")
+        lines += [f"    {ms:8.2f} ms  {name[:90]}" for name, ms in gaps["idle_by_host"][:8]]
+        lines.append("  by annotation: " + ", ".join(f"{name[:40]} {ms:.1f} ms"
+                                                   for name, ms in gaps["idle_by_phase"][:6]))
+        lines.append("  largest: " + "; ".join(
+            f"{g['us']:.0f} us in {g['host'][:40]} before {g['next_kernel'][:30]}" for g in gaps["gaps"][:5]))
+    return lines
+
+
 def report(r: dict[str, Any]) -> str:
     app, bare = r["app"], r["bare"]
     lines = [f"device {r['device_name']}  batch {r['batch']}  app step {app['step_s'] * 1e3:.1f} ms "
@@ -606,11 +625,7 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"  host syncs per step: {syncs['total']} (this profiler); the app's queue_step: "
                      f"{syncs.get('queue_step_total')} {syncs.get('queue_step_sites')}")
     if "pipeline" in r:
-        pipe = r["pipeline"]
-        busy = pipe.get("device_busy_fraction")
-        lines.append(f"  app loop, unsynchronised ({pipe['steps']} steps): {pipe['wall_s_per_step'] * 1e3:.1f} ms "
-                     f"a step ({pipe['tokens_per_s']:.0f} tok/s)"
-                     + (f"; device busy {busy:.0%} under the profiler" if busy is not None else ""))
+        lines += pipeline_lines(r["pipeline"])
     for key, err in r.get("errors", {}).items():
         lines.append(f"  {key} failed: {err}")
     return "\n".join(lines)

@@ -37,3 +37,21 @@ def test_profile_debug_step_on_cpu(tiny_data, tmp_path):
     from kimi_vl.modeling import attention, model
 
     assert attention.MLAttention._track.__name__ == "_track" and model.build_mask.__name__ == "build_mask"  # undone
+
+
+def test_report_shows_where_the_gpu_waited():
+    """The pipeline's ``idle_gaps`` (CUDA only, so given here) in the text report: idle time by host op, by
+    annotation, and the largest holes."""
+    gaps = {"window_ms": 300.0, "busy_ms": 250.0, "idle_ms": 50.0, "holes": 2, "holes_ms": 45.0,
+            "gaps": [{"us": 30000.0, "host": "aten::copy_", "phase": "Optimizer.step#MuonClip.step",
+                      "next_kernel": "ns_kernel"}, {"us": 15000.0, "host": "cudaHostAlloc", "phase": "(none)",
+                                                     "next_kernel": "nvjet_tst"}],
+            "idle_by_host": [("aten::copy_", 30.0), ("cudaHostAlloc", 15.0)],
+            "idle_by_phase": [("Optimizer.step#MuonClip.step", 30.0), ("(none)", 15.0)]}
+    pipe = {"steps": 2, "wall_s_per_step": 0.3, "tokens_per_s": 1000.0, "device_busy_fraction": 0.83,
+            "idle_gaps": gaps}
+    text = "\n".join(prof.pipeline_lines(pipe))
+    assert "app loop, unsynchronised (2 steps): 300.0 ms a step (1000 tok/s); device busy 83%" in text
+    assert "GPU idle under the profiler: 50.0 of 300.0 ms, 2 holes >= 20 us (45.0 ms)" in text
+    assert "30.00 ms  aten::copy_" in text and "Optimizer.step#MuonClip.step 30.0 ms" in text
+    assert "30000 us in aten::copy_ before ns_kernel" in text
