@@ -39,6 +39,16 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   kernel 0.174 / 0.244 / 0.380 ms at N = 2 / 4 / 7 with 8 warps, 0.130 / 0.206 / 0.359 ms with 4 warps (now the
   default); in the small model's step the 24 backward mixes took 6.54 ms (the first kernel: 17.27 ms, call1).
 
+Two block-level options of the backward and forward (``kimi_vl/modeling/attn_res.py`` switches them):
+
+- Deferred gradients (:class:`DeferredBlock`, ``DEFER`` bits of the backward, ``_attn_res_flush_kernel``): the
+  mixes of a block store per-token coefficients for the block states they share instead of adding ``dx`` into
+  each state's :class:`GradSink`, and the block's first mix forms every state's gradient once (on by default;
+  session 12, H100: the small model's backward mixes 5.71 -> 3.14 ms a step, plus 1.27 ms of flushes).
+- Absorbed partial sums (:class:`AttnResMixAbsorbTriton`, ``ABSORB`` in the forward, ``ADD_LAST`` in the
+  backward): the block's partial sum after the previous sublayer is formed in the mix's forward kernel, and its
+  later gradient added in the backward kernel (off by default; not yet timed).
+
 A variant with the sublayer's input RMSNorm inside these kernels (session 11) saved the norm's launches and its
 read of ``h`` but made the backward slower (without spills it needed 2-row tiles): in session 12's profile of a
 small-model step (8 x 4096, H100) the mix kernels took 2.3 ms more and the norm kernels 2.1 ms less, a net
