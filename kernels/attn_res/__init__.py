@@ -7,8 +7,10 @@ Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``
 
 - ``naive.py``: stacked fp32/fp64 reference (the specification; tests only).
 - ``mix_torch.py``: :class:`AttnResMix`, custom autograd function, keys recomputed in backward (CPU path).
-- ``mix_triton.py``: fused forward/backward kernels, sources read in place (GPU; ``TRITON_INTERPRET=1`` on CPU);
-  ``GradSink``: in-place gradient accumulation of a source shared by several mixes.
+- ``mix_triton.py``: fused forward/backward kernels and their launchers, sources read in place (GPU;
+  ``TRITON_INTERPRET=1`` on CPU); ``GradSink``: in-place gradient accumulation of a source shared by several mixes.
+- ``mix_autograd.py``: the kernels as autograd functions, the deferred block-state gradients (``DeferredBlock``)
+  and the absorbed partial sum (``AttnResMixAbsorbTriton``).
 - ``two_phase_triton.py``: the two-phase inference kernels over one buffer of block states (decode, prefill).
 
 Example::
@@ -104,7 +106,7 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
         u: optional ``weight * gain`` as fp32 ``[D]``, already computed (differentiable) by the caller, e.g. one
             row of a product taken once for many queries; the Triton path then skips its own product (the
             PyTorch path uses ``weight`` and ``gain``).
-        defer: optional ``(mix_triton.DeferredBlock, flush)``: on the Triton pointer-argument path the gradients
+        defer: optional ``(mix_autograd.DeferredBlock, flush)``: on the Triton pointer-argument path the gradients
             of the sources with a sink are formed once for all the mixes of a block (see ``DeferredBlock``);
             ignored elsewhere (same values to rounding).
 
@@ -115,7 +117,7 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
     x0 = sources[0]
     if resolve_backend(x0, backend) == "torch":
         return AttnResMix.apply(weight, gain, eps, *sources)
-    from kernels.attn_res.mix_triton import AttnResMixTriton
+    from kernels.attn_res.mix_autograd import AttnResMixTriton
 
     lead, d = x0.shape[:-1], x0.shape[-1]
     flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
@@ -130,14 +132,15 @@ def attn_res_mix_absorb(sources: Sequence[torch.Tensor], out: torch.Tensor, weig
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`attn_res_mix` over ``sources[:-1] + [p]`` with ``p = sources[-1] + out`` (a block's partial sum after
     the previous sublayer's output), returning ``(h, alpha, p)``. On the Triton pointer-argument path the sum is
-    formed in the mix's kernel (``mix_triton.AttnResMixAbsorbTriton``: no separate add, ``p`` not read back, and
+    formed in the mix's kernel (``mix_autograd.AttnResMixAbsorbTriton``: no separate add, ``p`` not read back, and
     its gradient accumulated in the backward kernel); elsewhere ``p`` is added first (same values)."""
     if out.shape != sources[-1].shape:
         raise ValueError(f"{_WHERE}_absorb: out is {tuple(out.shape)}, the partial sum {tuple(sources[-1].shape)}")
     _validate(sources, weight, gain)
     x0 = sources[0]
     if resolve_backend(x0, backend) == "triton":
-        from kernels.attn_res.mix_triton import AttnResMixAbsorbTriton, use_args
+        from kernels.attn_res.mix_autograd import AttnResMixAbsorbTriton
+        from kernels.attn_res.mix_triton import use_args
 
         if use_args(len(sources)):
             lead, d = x0.shape[:-1], x0.shape[-1]

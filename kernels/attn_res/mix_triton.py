@@ -41,11 +41,11 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
 
 Two block-level options of the backward and forward (``kimi_vl/modeling/attn_res.py`` switches them):
 
-- Deferred gradients (:class:`DeferredBlock`, ``DEFER`` bits of the backward, ``_attn_res_flush_kernel``): the
+- Deferred gradients (``mix_autograd.DeferredBlock``, ``DEFER`` bits of the backward, ``_attn_res_flush_kernel``): the
   mixes of a block store per-token coefficients for the block states they share instead of adding ``dx`` into
   each state's :class:`GradSink`, and the block's first mix forms every state's gradient once (on by default;
   session 12, H100: the small model's backward mixes 5.71 -> 3.14 ms a step, plus 1.27 ms of flushes).
-- Absorbed partial sums (:class:`AttnResMixAbsorbTriton`, ``ABSORB`` in the forward, ``ADD_LAST`` in the
+- Absorbed partial sums (``mix_autograd.AttnResMixAbsorbTriton``, ``ABSORB`` in the forward, ``ADD_LAST`` in the
   backward): the block's partial sum after the previous sublayer is formed in the mix's forward kernel, and its
   later gradient added in the backward kernel (off by default; not yet timed).
 
@@ -612,7 +612,7 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     With ``sinks`` (pointer-argument path only), source ``n`` with a sink gets its gradient added into the
     sink's buffer in the kernel (the buffer is started by the first mix to run backward), and ``dx_n`` is
     that buffer. Bit ``n`` of ``defer`` (pointer-argument path only): source ``n``'s gradient is not formed here;
-    ``dx_n`` is ``None`` and fp32 ``coef [N, 3, M]`` holds its per-token coefficients for :func:`flush_deferred`
+    ``dx_n`` is ``None`` and fp32 ``coef [N, 3, M]`` holds its per-token coefficients for :func:`flush_triton`
     (third result; ``None`` without ``defer``). ``add_last`` (pointer-argument path only): added to the last
     source's gradient (which must have neither a sink nor a deferral)."""
     x0 = sources[0]
@@ -645,146 +645,16 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     return [None if (defer >> i) & 1 else dx for i, dx in enumerate(dxs)], du_partial.sum(0), coef
 
 
-class AttnResMixTriton(torch.autograd.Function):
-    """``apply(u [D] fp32, eps, sinks, defer, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32)``, ``u = w * gain``.
-
-    Sources must be contiguous, of one dtype in :data:`DTYPES` and on one device (the public wrapper
-    ``kernels.attn_res.attn_res_mix`` checks, casts and flattens). ``u`` is differentiable: its product with the
-    weight and gain stays outside (one product for all of a forward's queries in the model's stream), so a mix
-    costs no per-call launches for it. ``sinks``: ``None`` or one :class:`GradSink` or ``None`` per source (used
-    only on the pointer-argument path). ``defer``: ``None`` or ``(block, flush)``: the gradients of the sources
-    with a sink are deferred to ``block`` (a :class:`DeferredBlock`), and the mix with ``flush`` (the block's first
-    in forward order, so the last to run backward) forms them for all of the block's mixes at once."""
-
-    @staticmethod
-    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, *sources: torch.Tensor):
-        h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
-        _save_mix(ctx, u, rstd, alpha, sources, sinks, defer)
-        return h, alpha
-
-    @staticmethod
-    def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
-        du, dxs = _mix_backward(ctx, dh, None)
-        return du if ctx.needs_input_grad[0] else None, None, None, None, *_source_grads(ctx, dxs, 4)
-
-
-class AttnResMixAbsorbTriton(torch.autograd.Function):
-    """``apply(u, eps, sinks, defer, out, *sources) -> (h, alpha, p)``: :class:`AttnResMixTriton` over
-    ``sources[:-1] + [p]`` with ``p = sources[-1] + out`` (the block's partial sum after the previous sublayer's
-    output ``out``), formed in the forward kernel instead of by a separate add, which then also skips reading
-    ``p`` back (``KVL_ATTNRES_ABSORB``). Backward: ``p``'s gradient from its later readers is added in the kernel
-    to the mix's own gradient of ``p``, and the sum is the gradient of both ``sources[-1]`` and ``out``."""
-
-    @staticmethod
-    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, out: torch.Tensor, *sources: torch.Tensor):
-        h, rstd, alpha, p = mix_absorb_fwd_triton(list(sources), out, u, eps)
-        _save_mix(ctx, u, rstd, alpha, (*sources[:-1], p), sinks, defer)
-        return h, alpha, p
-
-    @staticmethod
-    def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None, dp: torch.Tensor | None):
-        du, dxs = _mix_backward(ctx, dh, dp)
-        grads = _source_grads(ctx, dxs, 5)
-        return (du if ctx.needs_input_grad[0] else None, None, None, None,
-                dxs[-1] if ctx.needs_input_grad[4] else None, *grads)
-
-
-def _save_mix(ctx, u: torch.Tensor, rstd: torch.Tensor, alpha: torch.Tensor, sources, sinks, defer) -> None:
-    """What a mix's backward needs: tensors, sinks and the deferral (``defer_mask``: the sources with a sink)."""
-    ctx.save_for_backward(u, rstd, alpha, *sources)
-    ctx.mark_non_differentiable(alpha)
-    _claim_sinks(ctx, sinks, len(sources))
-    ctx.defer, ctx.defer_mask = None, 0
-    if defer is not None and ctx.sinks is not None:
-        ctx.defer = defer
-        ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
-
-
-def _mix_backward(ctx, dh: torch.Tensor, add_last: torch.Tensor | None) -> tuple[torch.Tensor, list]:
-    """``(du, dxs)`` of a mix saved by :func:`_save_mix`; deferred gradients are handed to the block and, by the
-    block's flushing mix, formed into the sinks' buffers."""
-    u, rstd, alpha, *sources = ctx.saved_tensors
-    dh = _as_source(dh, sources[0])
-    add_last = None if add_last is None else _as_source(add_last, sources[0])
-    dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask, add_last)
-    if ctx.defer is not None:
-        block, flush = ctx.defer
-        task = torch._C._current_graph_task_id()
-        block.add(task, dh, u, coef)
-        if flush:
-            c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
-            flush_deferred(sources[:c], ctx.sinks[:c], block, task)
-            dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
-    return du, dxs
-
-
-class DeferredBlock:
-    """The deferred source gradients of one AttnRes block's mixes (``KVL_ATTNRES_DEFER_GRAD``).
-
-    Every mix of a block reads the same completed block states. Without deferral each mix's backward adds its
-    ``dx`` into each state's :class:`GradSink` buffer (a read and a write of ``[M, D]`` per state and mix). With
-    it, a mix's backward stores per token only ``(alpha, k, e)`` of ``dx = alpha dh + k u - e x`` (12 bytes a
-    token and state) and keeps its ``dh``; the block's first mix, the last to run backward, then forms every
-    state's gradient from all of them in one kernel (:func:`flush_deferred`): per state one read of ``x``, one
-    read and write of the buffer, and the ``S`` ``dh`` tiles (read once from memory, again from L2), summed in
-    fp32 and rounded once. Entries are tied to the backward pass (autograd graph task) that made them."""
-
-    __slots__ = ("entries", "task")
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.task = -1
-
-    def add(self, task: int, dh: torch.Tensor, u: torch.Tensor, coef: torch.Tensor) -> None:
-        if task != self.task:
-            self.entries, self.task = [], task
-        self.entries.append((dh, u, coef))
-
-
-def flush_deferred(sources: list[torch.Tensor], sinks: list[GradSink], block: DeferredBlock, task: int) -> None:
-    """Add the gradients that ``block``'s mixes deferred for ``sources`` (the first ``C`` sources of each of them,
-    each with a sink) into the sinks' buffers, started if need be, and empty the block."""
-    entries = block.entries if block.task == task else []
-    block.entries, block.task = [], -1
-    if len(entries) > MAX_ARGS or len(sources) > MAX_ARGS:
+def flush_triton(sources: list[torch.Tensor], bufs: list[torch.Tensor], acc_mask: int, dhs: list[torch.Tensor],
+                 us: list[torch.Tensor], coefs: list[torch.Tensor]) -> None:
+    """The deferred gradients of ``C = len(sources)`` sources into ``bufs`` (bit ``n`` of ``acc_mask``: add to the
+    content) from ``S = len(dhs)`` mixes' ``dh``, ``u`` and coefficients (``_attn_res_flush_kernel``)."""
+    if len(dhs) > MAX_ARGS or len(sources) > MAX_ARGS:
         raise ValueError(f"kernels/attn_res/mix_triton.py: a deferred block holds at most {MAX_ARGS} mixes and "
-                         f"{MAX_ARGS} sources, got {len(entries)} and {len(sources)}")
+                         f"{MAX_ARGS} sources, got {len(dhs)} and {len(sources)}")
     x0 = sources[0]
-    bufs, acc_mask = _sink_buffers(list(sinks), x0, task)
-    if not entries:
-        return
     m, d = x0.shape
-    dhs, us, coefs = (list(t) for t in zip(*entries))
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), FLUSH_NUM_WARPS, FLUSH_MAX_CHUNKS, FLUSH_THREAD_ELEMS)
     _attn_res_flush_kernel[(triton.cdiv(m, block_t),)](
         *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs), *_slots(us), m, d, acc_mask,
-        C=len(sources), S=len(entries), BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FLUSH_NUM_WARPS)
-
-
-def _claim_sinks(ctx, sinks, n: int) -> None:
-    """Record on ``ctx`` which sources' gradients go to a :class:`GradSink` and which mix returns each buffer."""
-    ctx.sinks, ctx.returns = None, None
-    if sinks is not None and any(s is not None for s in sinks) and use_args(n):
-        ctx.sinks = list(sinks)
-        ctx.returns = [s is not None and s.uses == 0 for s in sinks]
-        for s in sinks:
-            if s is not None:
-                s.uses += 1
-
-
-def _as_source(dh: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-    return dh if dh.dtype == x0.dtype and dh.is_contiguous() else dh.to(x0.dtype).contiguous()
-
-
-def _source_grads(ctx, dxs: list[torch.Tensor], first_input: int) -> list[torch.Tensor | None]:
-    """The sources' gradients to hand autograd: ``None`` for a sink's buffer that another mix returns (the returning
-    mix releases its buffer) and for inputs that need none (``first_input``: the index of the first source)."""
-    grads = []
-    for i, dx in enumerate(dxs):
-        sink = None if ctx.sinks is None else ctx.sinks[i]
-        if sink is not None:
-            dx = dx if ctx.returns[i] else None
-            if ctx.returns[i]:
-                sink.buf = None  # released: the next backward pass starts a new buffer
-        grads.append(dx if ctx.needs_input_grad[first_input + i] else None)
-    return grads
+        C=len(sources), S=len(dhs), BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FLUSH_NUM_WARPS)

@@ -138,7 +138,7 @@ def grad_sinks_enabled() -> bool:
 def defer_grads_enabled() -> bool:
     """``KVL_ATTNRES_DEFER_GRAD`` (``1`` default | ``0``): whether the training stream, with gradient sinks, forms
     the completed block states' gradients once per block instead of once per mix
-    (``kernels/attn_res/mix_triton.DeferredBlock``). Session 12 (H100, small flavor, 8 x 4096): the backward mix
+    (``kernels/attn_res/mix_autograd.DeferredBlock``). Session 12 (H100, small flavor, 8 x 4096): the backward mix
     kernels 5.71 -> 3.14 ms a step plus 1.27 ms of flushes; the app at batch 16 ran at 0.977 / 0.987 of the
     per-mix step time (two interleaved rounds)."""
     flag = os.environ.get("KVL_ATTNRES_DEFER_GRAD") or "1"
@@ -315,7 +315,8 @@ class AttnResStream:
         output's mix): the block's first mix in forward order flushes."""
         if self._deferred is None or i >= len(self.queries) - 1 or resolve_mix_backend(sources[0]) != "triton":
             return None
-        from kernels.attn_res.mix_triton import DeferredBlock, use_args
+        from kernels.attn_res.mix_autograd import DeferredBlock
+        from kernels.attn_res.mix_triton import use_args
 
         if not use_args(len(sources)):
             return None

@@ -8,7 +8,7 @@ import pytest
 import torch
 from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 
-from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, mix_triton, resolve_backend
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, mix_autograd, mix_triton, resolve_backend
 
 EPS = 1e-6
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 4e-3), torch.bfloat16: (1e-2, 2e-2)}
@@ -324,7 +324,7 @@ def test_deferred_gradients_equal_per_mix_sinks(dtype, d, tol):
         mixes.append((srcs, u, torch.randn(31, d, generator=gen).to(dev, dtype), rstd, alpha))
     task = torch._C._current_graph_task_id()
     per_mix, deferred = [mix_triton.GradSink() for _ in shared], [mix_triton.GradSink() for _ in shared]
-    block = mix_triton.DeferredBlock()
+    block = mix_autograd.DeferredBlock()
     for srcs, u, dh, rstd, alpha in reversed(mixes):  # backward order
         dx_a, du_a, coef_a = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*per_mix, None])
         dx_b, du_b, coef_b = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*deferred, None], defer=0b11)
@@ -333,7 +333,7 @@ def test_deferred_gradients_equal_per_mix_sinks(dtype, d, tol):
         assert_rel_rms(du_b, du_a, 1e-6, "du")
         block.add(task, dh, u, coef_b)
     assert all(s.buf is None for s in deferred), "a deferring mix touched a sink"
-    mix_triton.flush_deferred(shared, deferred, block, task)
+    mix_autograd.flush_deferred(shared, deferred, block, task)
     assert block.entries == []
     for i, (a, b) in enumerate(zip(per_mix, deferred)):
         assert_rel_rms(b.buf, a.buf, tol, f"shared source {i}")

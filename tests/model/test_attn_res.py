@@ -187,11 +187,11 @@ def _count_absorbs(monkeypatch) -> list:
 
 
 def _count_flushes(monkeypatch) -> list:
-    """Record each ``mix_triton.flush_deferred`` call's number of mixes."""
-    from kernels.attn_res import mix_triton
+    """Record each ``mix_autograd.flush_deferred`` call's number of mixes."""
+    from kernels.attn_res import mix_autograd
 
-    calls, flush = [], mix_triton.flush_deferred
-    monkeypatch.setattr(mix_triton, "flush_deferred", lambda src, sinks, block, task: (
+    calls, flush = [], mix_autograd.flush_deferred
+    monkeypatch.setattr(mix_autograd, "flush_deferred", lambda src, sinks, block, task: (
         calls.append(len(block.entries)), flush(src, sinks, block, task)))
     return calls
 
