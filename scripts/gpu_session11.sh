@@ -7,51 +7,24 @@
 #       --profile: the kernels whose time differs between a standard and an AttnRes step (where the +11% goes)
 #       and between AttnRes with and without the fused norm; decode at 4096 (the reused h buffer: +1.2% host
 #       operators a token on the CPU count, kimi_vl.benchmarks.decode_ops)
-#   bash scripts/gpu_session11.sh app DATA   the app (small_pretrain, batch 16, 24 steps) without and with each
-#       sublayer's input norm fused into the AttnRes mix (KVL_ATTNRES_FUSE_NORM), interleaved: off on off on
-#   bash scripts/gpu_session11.sh app2 DATA  the app with the 'tile' and 'rows' forward layouts, then
-#       profile_train_step's unsynchronised pipeline (the app's own loop for 8 steps: how busy the GPU is between the
-#       host's launches)
-#   bash scripts/gpu_session11.sh apps DATA  app and app2 in one call (session 12): tile, fused norm and rows,
-#       interleaved twice (tile fuse rows tile fuse rows), then the pipeline profile
-# Run in session 12 at commit 81d7750 (docs/results/gpu-2026-11-27-s12); after it the 'rows' layout became the only
-# pointer-argument forward and the fused norm was removed, so KVL_ATTNRES_FWD_LAYOUT / _FUSE_NORM no longer exist.
+#   bash scripts/gpu_session11.sh apps DATA  the app (small_pretrain, batch 16, 24 steps) with the 'tile' forward,
+#       each sublayer's input norm fused into the mix (KVL_ATTNRES_FUSE_NORM) and the 'rows' forward, interleaved
+#       twice (tile fuse rows tile fuse rows), then profile_train_step's unsynchronised pipeline (the app's own loop
+#       for 8 steps: how busy the GPU is between the host's launches)
+# Both parts ran in session 12 at commit 81d7750 (docs/results/gpu-2026-11-27-s12; the separate 'app' and 'app2'
+# parts were folded into 'apps' and removed); after it the 'rows' layout became the only pointer-argument forward
+# and the fused norm was removed, so KVL_ATTNRES_FWD_LAYOUT / _FUSE_NORM no longer exist.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session11.sh attnres|app|app2|apps [DATA]}" in
+case "${1:?usage: gpu_session11.sh attnres|apps [DATA]}" in
 attnres)
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 200 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
   PART_TAIL=80 part "bench_attnres sweep + profile + decode" 380 python3 -m kimi_vl.benchmarks.bench_attnres \
     --sources 2 3 4 5 --bwd-sweep --profile --budget-s 200
-  ;;
-app)
-  DATA=${2:?usage: gpu_session11.sh app DATA}
-  export APP_STEPS=24
-  base="data.batch_size=16"
-  APP_OVERRIDES="$base" app16 tile_a KVL_ATTNRES_FUSE_NORM=0
-  APP_OVERRIDES="$base" app16 fuse_a KVL_ATTNRES_FUSE_NORM=1
-  APP_OVERRIDES="$base" app16 tile_b KVL_ATTNRES_FUSE_NORM=0
-  APP_OVERRIDES="$base" app16 fuse_b KVL_ATTNRES_FUSE_NORM=1
-  app_compare tile_a fuse_a
-  app_compare tile_b fuse_b
-  app_compare tile_a tile_b
-  summarize tile_a fuse_a tile_b fuse_b
-  ;;
-app2)
-  DATA=${2:?usage: gpu_session11.sh app2 DATA}
-  export APP_STEPS=24
-  base="data.batch_size=16"
-  APP_OVERRIDES="$base" app16 tile_c KVL_ATTNRES_FWD_LAYOUT=tile
-  APP_OVERRIDES="$base" app16 rows_c KVL_ATTNRES_FWD_LAYOUT=rows
-  app_compare tile_c rows_c
-  summarize tile_c rows_c
-  PART_TAIL=40 part "pipeline: app loop, batch 16" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
-    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=16 data.num_workers=8 \
-    --steps 2 --warmup 4 --module-steps 0 --pipeline-steps 8 --out "$OUT/pipeline_b16"
   ;;
 apps)
   DATA=${2:?usage: gpu_session11.sh apps DATA}
