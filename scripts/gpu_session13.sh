@@ -6,12 +6,14 @@
 #       them), then the app (small_pretrain, batch 16, 24 steps) with KVL_ATTNRES_ABSORB off / on, interleaved twice
 #   bash scripts/gpu_session13.sh gaps DATA     issue 9: where the GPU waits in the app's own loop at batch 24
 #       (profile_train_step --pipeline-steps: kernels.profiling.idle_gaps, the holes between kernels by host op)
+#   bash scripts/gpu_session13.sh pinned DATA   issue 9: allocator counters over 30 app steps at batch 24, with
+#       the default allocators, pinned blocks through cudaHostRegister, and expandable device segments
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session13.sh absorb|gaps DATA}" in
+case "${1:?usage: gpu_session13.sh absorb|gaps|pinned DATA}" in
 absorb)
   DATA=${2:?usage: gpu_session13.sh absorb DATA}
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -p no:cacheprovider \
@@ -25,6 +27,23 @@ gaps)
   PART_TAIL=40 part "pipeline gaps, batch 24" 280 python3 -m kimi_vl.benchmarks.profile_train_step \
     --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
     --steps 1 --warmup 6 --module-steps 0 --pipeline-steps 6 --out "$OUT/gaps_b24"
+  ;;
+pinned)
+  # issue 9: pinned host blocks created while training (the loader's pin thread; cudaHostAlloc holds a driver lock
+  # the main thread's launches wait on) and device allocator retries, at batch 24 over 30 unprofiled steps:
+  # the default allocators, then the host allocator through cudaHostRegister, then expandable device segments
+  DATA=${2:?usage: gpu_session13.sh pinned DATA}
+  for v in default register expandable; do
+    case $v in
+      default) conf="" ;;
+      register) conf="pinned_use_cuda_host_register:True,pinned_num_register_threads:8" ;;
+      expandable) conf="expandable_segments:True" ;;
+    esac
+    PART_TAIL=14 part "pipeline b24, allocator $v" 150 env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
+      python3 -m kimi_vl.benchmarks.profile_train_step --config kimi_vl/configs/small_pretrain.yaml \
+      data.path="$DATA" data.batch_size=24 data.num_workers=8 --steps 1 --warmup 4 --module-steps 0 \
+      --pipeline-steps 30 --pipeline-profile-steps 4 --out "$OUT/pinned_$v"
+  done
   ;;
 esac
 ls -la "$OUT"

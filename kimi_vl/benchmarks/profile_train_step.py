@@ -435,14 +435,28 @@ def torch_profile(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseT
             "top": {k: t.splitlines()[:30] for k, t in tables.items()}}
 
 
-def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, steps: int) -> dict[str, Any]:
-    """The app's own loop for ``steps`` steps, unsynchronised (queue step k + 1, then read step k): wall time and
-    tokens per step; on CUDA the same again under ``torch.profiler`` for the device's busy time per step."""
+def alloc_counters() -> dict[str, float]:
+    """Cumulative CUDA allocator counters: pinned host blocks created (``cudaHostAlloc``, which holds a driver lock
+    that other threads' launches wait on) and the time in those calls, device segments created, and retries
+    (a failed ``cudaMalloc`` that freed the cache and synchronised the device)."""
+    dev = torch.cuda.memory_stats()
+    host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+    return {"host_allocs": float(host.get("num_host_alloc", 0)),
+            "host_alloc_ms": float(host.get("host_alloc_time.total", 0)) / 1000,
+            "device_allocs": float(dev.get("num_device_alloc", 0)),
+            "alloc_retries": float(dev.get("num_alloc_retries", 0))}
+
+
+def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, steps: int,
+                 profile_steps: int) -> dict[str, Any]:
+    """The app's own loop for ``steps`` steps, unsynchronised (queue step k + 1, then read step k): wall time,
+    tokens per step and (CUDA) the allocator counters' growth over them; on CUDA then ``profile_steps`` more under
+    ``torch.profiler`` for the device's busy time per step and where it idled."""
     from torch.profiler import ProfilerActivity, profile
 
     from kernels.profiling import idle_gaps, kernel_ms
 
-    def run() -> tuple[float, int]:
+    def run(steps: int) -> tuple[float, int]:
         tokens, pending = 0, None
         if timer.cuda:
             torch.cuda.synchronize()
@@ -460,14 +474,16 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
 
     enabled, timer.enabled = timer.enabled, False
     try:
-        wall, tokens = run()
+        before = alloc_counters() if timer.cuda else {}
+        wall, tokens = run(steps)
         out: dict[str, Any] = {"steps": steps, "wall_s_per_step": wall, "tokens_per_step": tokens,
                                "tokens_per_s": tokens / wall}
         if timer.cuda:
+            out["allocator"] = {k: v - before[k] for k, v in alloc_counters().items()}
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                wall_p, _ = run()
-            busy = kernel_ms(prof) / 1000 / steps
-            out.update(profiled_wall_s_per_step=wall_p, device_busy_s_per_step=busy,
+                wall_p, _ = run(profile_steps)
+            busy = kernel_ms(prof) / 1000 / profile_steps
+            out.update(profiled_steps=profile_steps, profiled_wall_s_per_step=wall_p, device_busy_s_per_step=busy,
                        device_busy_fraction=busy / wall_p, idle_gaps=idle_gaps(prof, min_us=20.0, top=12))
     finally:
         timer.enabled = enabled
@@ -490,8 +506,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="on a CPU: every kernel through its Triton path under the interpreter (op_count.GPU_PATH_ENV), "
                         "so --count-ops counts what the GPU's host issues")
     p.add_argument("--pipeline-steps", type=int, default=6,
-                   help="steps of the app's own unsynchronised loop (as many again under torch.profiler on "
-                        "CUDA); 0: skip")
+                   help="steps of the app's own unsynchronised loop (then more under torch.profiler on CUDA); "
+                        "0: skip")
+    p.add_argument("--pipeline-profile-steps", type=int, default=0,
+                   help="steps of that loop under torch.profiler (default: as many as --pipeline-steps)")
     p.add_argument("--out", default=None, help="output folder (default $OUT, else the current folder)")
     p.add_argument("overrides", nargs="*", help="key=value run-config overrides")
     return p.parse_args(argv)
@@ -560,7 +578,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("syncs_per_step", timer.cuda, lambda: count_syncs(trainer, batches, timer)),
             ("torch_profile", args.torch_profile, lambda: torch_profile(trainer, batches, timer, out_dir)),
             ("host_profile", args.host_profile, lambda: host_profile(trainer, batches, timer, out_dir)),
-            ("pipeline", args.pipeline_steps > 0, lambda: app_pipeline(trainer, batches, timer, args.pipeline_steps)),
+            ("pipeline", args.pipeline_steps > 0, lambda: app_pipeline(trainer, batches, timer, args.pipeline_steps,
+                                                 args.pipeline_profile_steps or args.pipeline_steps)),
         ]
         for key, wanted, fn in extras:
             if wanted:
@@ -588,6 +607,11 @@ def pipeline_lines(pipe: dict[str, Any]) -> list[str]:
     lines = [f"  app loop, unsynchronised ({pipe['steps']} steps): {pipe['wall_s_per_step'] * 1e3:.1f} ms "
              f"a step ({pipe['tokens_per_s']:.0f} tok/s)"
              + (f"; device busy {busy:.0%} under the profiler" if busy is not None else "")]
+    if "allocator" in pipe:
+        a = pipe["allocator"]
+        lines.append(f"  allocator over those steps: {a['host_allocs']:.0f} pinned blocks created "
+                     f"({a['host_alloc_ms']:.1f} ms in cudaHostAlloc), {a['device_allocs']:.0f} device segments, "
+                     f"{a['alloc_retries']:.0f} retries")
     gaps = pipe.get("idle_gaps")
     if gaps and gaps["holes"]:
         lines.append(f"  GPU idle under the profiler: {gaps['idle_ms']:.1f} of {gaps['window_ms']:.1f} ms, "
