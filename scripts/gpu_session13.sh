@@ -8,12 +8,13 @@
 #       (profile_train_step --pipeline-steps: kernels.profiling.idle_gaps, the holes between kernels by host op)
 #   bash scripts/gpu_session13.sh pinned DATA   issue 9: allocator counters over 30 app steps at batch 24, with
 #       the default allocators, pinned blocks through cudaHostRegister, and expandable device segments
+#   bash scripts/gpu_session13.sh loader DATA   issue 9: the host's wait for batches at batch 24, 8 and 14 workers
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session13.sh absorb|gaps|pinned DATA}" in
+case "${1:?usage: gpu_session13.sh absorb|gaps|pinned|loader DATA}" in
 absorb)
   DATA=${2:?usage: gpu_session13.sh absorb DATA}
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -p no:cacheprovider \
@@ -38,11 +39,31 @@ pinned)
       default) conf="" ;;
       register) conf="pinned_use_cuda_host_register:True,pinned_num_register_threads:8" ;;
       expandable) conf="expandable_segments:True" ;;
-    esac
+    loader)
+  # issue 9: does the loader keep up? the app loop at batch 24 over 30 steps with 8 and 14 loader workers, the
+  # host's wait in next(batches) per step (profile_train_step's data_wait_s)
+  DATA=${2:?usage: gpu_session13.sh loader DATA}
+  for w in 8 14; do
+    PART_TAIL=16 part "pipeline b24, $w workers" 150 python3 -m kimi_vl.benchmarks.profile_train_step \
+      --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=$w \
+      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 4 --out "$OUT/loader_w$w"
+  done
+  ;;
+esac
     PART_TAIL=14 part "pipeline b24, allocator $v" 150 env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
       python3 -m kimi_vl.benchmarks.profile_train_step --config kimi_vl/configs/small_pretrain.yaml \
       data.path="$DATA" data.batch_size=24 data.num_workers=8 --steps 1 --warmup 4 --module-steps 0 \
       --pipeline-steps 30 --pipeline-profile-steps 4 --out "$OUT/pinned_$v"
+  done
+  ;;
+loader)
+  # issue 9: does the loader keep up? the app loop at batch 24 over 30 steps with 8 and 14 loader workers, the
+  # host's wait in next(batches) per step (profile_train_step's data_wait_s)
+  DATA=${2:?usage: gpu_session13.sh loader DATA}
+  for w in 8 14; do
+    PART_TAIL=16 part "pipeline b24, $w workers" 150 python3 -m kimi_vl.benchmarks.profile_train_step \
+      --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=$w \
+      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 4 --out "$OUT/loader_w$w"
   done
   ;;
 esac

@@ -456,14 +456,18 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
 
     from kernels.profiling import idle_gaps, kernel_ms
 
+    waits: list[float] = []
+
     def run(steps: int) -> tuple[float, int]:
         tokens, pending = 0, None
+        waits.clear()
         if timer.cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps):
             queued = trainer.queue_step(batches)
             tokens += queued.n_tokens
+            waits.append(queued.data_s)
             if pending is not None:
                 trainer.step_metrics(pending, queued.t0 - pending.t0)
             pending = queued
@@ -477,7 +481,7 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
         before = alloc_counters() if timer.cuda else {}
         wall, tokens = run(steps)
         out: dict[str, Any] = {"steps": steps, "wall_s_per_step": wall, "tokens_per_step": tokens,
-                               "tokens_per_s": tokens / wall}
+                               "tokens_per_s": tokens / wall, "data_wait_s": list(waits)}
         if timer.cuda:
             out["allocator"] = {k: v - before[k] for k, v in alloc_counters().items()}
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -607,6 +611,11 @@ def pipeline_lines(pipe: dict[str, Any]) -> list[str]:
     lines = [f"  app loop, unsynchronised ({pipe['steps']} steps): {pipe['wall_s_per_step'] * 1e3:.1f} ms "
              f"a step ({pipe['tokens_per_s']:.0f} tok/s)"
              + (f"; device busy {busy:.0%} under the profiler" if busy is not None else "")]
+    if pipe.get("data_wait_s"):
+        waits = pipe["data_wait_s"]
+        lines.append(f"  waiting for the loader: {sum(waits) / len(waits) * 1e3:.1f} ms a step on average, "
+                     f"{sum(w > 0.01 for w in waits)} of {len(waits)} steps waited > 10 ms "
+                     f"(max {max(waits) * 1e3:.0f} ms)")
     if "allocator" in pipe:
         a = pipe["allocator"]
         lines.append(f"  allocator over those steps: {a['host_allocs']:.0f} pinned blocks created "

@@ -161,6 +161,7 @@ class QueuedStep:
     muon: dict[str, float]
     lr: float
     tokens_total: int
+    data_s: float = 0.0  # host seconds spent waiting for the step's batches (the loader falling behind)
 
 
 def _start_host_copy(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
@@ -302,8 +303,11 @@ class Trainer:
         t0 = time.perf_counter()
         losses, parts, n_tokens, flops = [], [], 0, 0.0
         skipped = {"data/corrupt": 0, "data/dropped": 0}
+        data_s = 0.0
         for micro in range(cfg.grad_accum):
+            t_data = time.perf_counter()
             batch = next(batches)
+            data_s += time.perf_counter() - t_data
             sync = micro == cfg.grad_accum - 1
             with contextlib.nullcontext() if sync else self.acc.no_sync(model), self.cast_params():
                 loss, loss_parts, _ = compute_loss(model, batch, self.acc.device, self.multimodal, self.autocast,
@@ -334,7 +338,7 @@ class Trainer:
         return QueuedStep(t0, host[0], host[1] if grad_norm is not None else None, host_parts, ready, n_tokens,
                           flops, skipped, moe, getattr(inner, "last_qk_stats", None),
                           dict(getattr(inner, "last_muon_stats", {}) or {}), self.scheduler.get_last_lr()[0],
-                          self.tokens)
+                          self.tokens, data_s)
 
     def step_metrics(self, queued: QueuedStep, dt: float) -> dict[str, Any]:
         """The metrics of a queued step, ``dt`` its wall time; waits for its values' copy only (the device may be
@@ -349,7 +353,8 @@ class Trainer:
                 parts_sum[k] = parts_sum.get(k, 0.0) + v / cfg.grad_accum
         qk = {} if queued.qk is None else queued.qk.to_dict(prefix="qk/")
         metrics: dict[str, Any] = {"loss": total, **parts_sum, "lr": queued.lr, "tokens": queued.tokens_total,
-                                   "tokens_per_s": queued.n_tokens / dt, "step_time_s": dt, **queued.skipped,
+                                   "tokens_per_s": queued.n_tokens / dt, "step_time_s": dt,
+                                   "data_wait_s": queued.data_s, **queued.skipped,
                                    **queued.moe, **qk, **queued.muon}
         if queued.grad_norm is not None:
             metrics["grad_norm"] = float(queued.grad_norm)

@@ -93,7 +93,7 @@ def test_deferred_metrics_equal_immediate(tiny_data, tmp_path):
         out = tmp_path / f"defer_{defer}"
         train(config(tiny_data, out, "max_steps=5", "eval_every=3", f"defer_metrics={str(defer).lower()}"))
         runs[defer] = (read_metrics(out / "metrics.jsonl"), load_file(out / "final" / "model.safetensors"))
-    timing = {"time", "step_time_s", "tokens_per_s", "mfu", "gc_s"}
+    timing = {"time", "step_time_s", "tokens_per_s", "mfu", "gc_s", "data_wait_s"}
     (rows_a, w_a), (rows_b, w_b) = runs[False], runs[True]
     assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b] == [1, 2, 3, 4, 5]
     for a, b in zip(rows_a, rows_b):
