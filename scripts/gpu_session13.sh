@@ -9,12 +9,13 @@
 #   bash scripts/gpu_session13.sh pinned DATA   issue 9: allocator counters over 30 app steps at batch 24, with
 #       the default allocators, pinned blocks through cudaHostRegister, and expandable device segments
 #   bash scripts/gpu_session13.sh loader DATA   issue 9: the host's wait for batches at batch 24, 8 and 14 workers
+#   bash scripts/gpu_session13.sh long DATA     issue 9: 80 app steps at batch 24, step time and pinned blocks by 10
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session13.sh absorb|gaps|pinned|loader DATA}" in
+case "${1:?usage: gpu_session13.sh absorb|gaps|pinned|loader|long DATA}" in
 absorb)
   DATA=${2:?usage: gpu_session13.sh absorb DATA}
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -p no:cacheprovider \
@@ -49,6 +50,13 @@ pinned)
       --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 4 --out "$OUT/loader_w$w"
   done
   ;;
+long)
+  # issue 9: does the pinned pool stop growing? 80 app steps at batch 24, step time and pinned blocks by 10 steps
+  DATA=${2:?usage: gpu_session13.sh long DATA}
+  PART_TAIL=20 part "pipeline b24, 80 steps" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
+    --steps 1 --warmup 2 --module-steps 0 --pipeline-steps 80 --pipeline-profile-steps 2 --out "$OUT/long_b24"
+  ;;
 esac
     PART_TAIL=14 part "pipeline b24, allocator $v" 150 env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
       python3 -m kimi_vl.benchmarks.profile_train_step --config kimi_vl/configs/small_pretrain.yaml \
@@ -65,6 +73,13 @@ loader)
       --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=$w \
       --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 4 --out "$OUT/loader_w$w"
   done
+  ;;
+long)
+  # issue 9: does the pinned pool stop growing? 80 app steps at batch 24, step time and pinned blocks by 10 steps
+  DATA=${2:?usage: gpu_session13.sh long DATA}
+  PART_TAIL=20 part "pipeline b24, 80 steps" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
+    --steps 1 --warmup 2 --module-steps 0 --pipeline-steps 80 --pipeline-profile-steps 2 --out "$OUT/long_b24"
   ;;
 esac
 ls -la "$OUT"

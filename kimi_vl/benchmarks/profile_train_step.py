@@ -443,6 +443,7 @@ def alloc_counters() -> dict[str, float]:
     host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
     return {"host_allocs": float(host.get("num_host_alloc", 0)),
             "host_alloc_ms": float(host.get("host_alloc_time.total", 0)) / 1000,
+            "host_alloc_mb": float(host.get("allocated_bytes.allocated", 0)) / 2**20,
             "device_allocs": float(dev.get("num_device_alloc", 0)),
             "alloc_retries": float(dev.get("num_alloc_retries", 0))}
 
@@ -457,10 +458,12 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
     from kernels.profiling import idle_gaps, kernel_ms
 
     waits: list[float] = []
+    trace: list[tuple[float, float, float]] = []  # per step: queued at (s), pinned blocks and MB created so far
 
     def run(steps: int) -> tuple[float, int]:
         tokens, pending = 0, None
         waits.clear()
+        trace.clear()
         if timer.cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -468,6 +471,9 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
             queued = trainer.queue_step(batches)
             tokens += queued.n_tokens
             waits.append(queued.data_s)
+            if timer.cuda:
+                c = alloc_counters()
+                trace.append((queued.t0 - t0, c["host_allocs"], c["host_alloc_mb"]))
             if pending is not None:
                 trainer.step_metrics(pending, queued.t0 - pending.t0)
             pending = queued
@@ -484,6 +490,8 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
                                "tokens_per_s": tokens / wall, "data_wait_s": list(waits)}
         if timer.cuda:
             out["allocator"] = {k: v - before[k] for k, v in alloc_counters().items()}
+            out["allocator_trace"] = [(t, n - before["host_allocs"], mb - before["host_alloc_mb"])
+                                      for t, n, mb in trace]
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 wall_p, _ = run(profile_steps)
             busy = kernel_ms(prof) / 1000 / profile_steps
@@ -619,8 +627,14 @@ def pipeline_lines(pipe: dict[str, Any]) -> list[str]:
     if "allocator" in pipe:
         a = pipe["allocator"]
         lines.append(f"  allocator over those steps: {a['host_allocs']:.0f} pinned blocks created "
-                     f"({a['host_alloc_ms']:.1f} ms in cudaHostAlloc), {a['device_allocs']:.0f} device segments, "
-                     f"{a['alloc_retries']:.0f} retries")
+                     f"({a.get('host_alloc_mb', 0):.0f} MB, {a['host_alloc_ms']:.1f} ms in cudaHostAlloc), "
+                     f"{a['device_allocs']:.0f} device segments, {a['alloc_retries']:.0f} retries")
+    trace = pipe.get("allocator_trace") or []
+    for a in range(0, len(trace) - 1, 10):  # windows of 10 steps: step time, pinned blocks created
+        b = min(a + 10, len(trace) - 1)
+        (ta, na, ma), (tb, nb, mb) = trace[a], trace[b]
+        lines.append(f"    steps {a + 1}-{b}: {(tb - ta) / (b - a) * 1e3:.1f} ms a step, {nb - na:.0f} pinned blocks "
+                     f"({mb - ma:.0f} MB)")
     gaps = pipe.get("idle_gaps")
     if gaps and gaps["holes"]:
         lines.append(f"  GPU idle under the profiler: {gaps['idle_ms']:.1f} of {gaps['window_ms']:.1f} ms, "

@@ -50,11 +50,15 @@ def test_report_shows_where_the_gpu_waited():
             "idle_by_phase": [("Optimizer.step#MuonClip.step", 30.0), ("(none)", 15.0)]}
     pipe = {"steps": 2, "wall_s_per_step": 0.3, "tokens_per_s": 1000.0, "device_busy_fraction": 0.83,
             "idle_gaps": gaps, "data_wait_s": [0.002, 0.05],
-            "allocator": {"host_allocs": 3.0, "host_alloc_ms": 14.5, "device_allocs": 0.0, "alloc_retries": 1.0}}
+            "allocator": {"host_allocs": 3.0, "host_alloc_mb": 96.0, "host_alloc_ms": 14.5, "device_allocs": 0.0,
+                          "alloc_retries": 1.0},
+            "allocator_trace": [(0.0, 0.0, 0.0)] + [(0.3 * (i + 1), 3.0, 96.0) for i in range(11)]}
     text = "\n".join(prof.pipeline_lines(pipe))
     assert "app loop, unsynchronised (2 steps): 300.0 ms a step (1000 tok/s); device busy 83%" in text
     assert "GPU idle under the profiler: 50.0 of 300.0 ms, 2 holes >= 20 us (45.0 ms)" in text
     assert "30.00 ms  aten::copy_" in text and "Optimizer.step#MuonClip.step 30.0 ms" in text
     assert "30000 us in aten::copy_ before ns_kernel" in text
     assert "waiting for the loader: 26.0 ms a step on average, 1 of 2 steps waited > 10 ms (max 50 ms)" in text
-    assert "3 pinned blocks created (14.5 ms in cudaHostAlloc), 0 device segments, 1 retries" in text
+    assert "3 pinned blocks created (96 MB, 14.5 ms in cudaHostAlloc), 0 device segments, 1 retries" in text
+    assert "steps 1-10: 300.0 ms a step, 3 pinned blocks (96 MB)" in text
+    assert "steps 11-11: 300.0 ms a step, 0 pinned blocks (0 MB)" in text
