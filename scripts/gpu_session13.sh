@@ -10,12 +10,13 @@
 #       the default allocators, pinned blocks through cudaHostRegister, and expandable device segments
 #   bash scripts/gpu_session13.sh loader DATA   issue 9: the host's wait for batches at batch 24, 8 and 14 workers
 #   bash scripts/gpu_session13.sh long DATA     issue 9: 80 app steps at batch 24, step time and pinned blocks by 10
+#   bash scripts/gpu_session13.sh gil DATA      issue 9: the app loop with the GIL switch interval at 5 and 0.5 ms
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session13.sh absorb|gaps|pinned|loader|long DATA}" in
+case "${1:?usage: gpu_session13.sh absorb|gaps|pinned|loader|long|gil DATA}" in
 absorb)
   DATA=${2:?usage: gpu_session13.sh absorb DATA}
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -p no:cacheprovider \
@@ -55,7 +56,18 @@ long)
   DATA=${2:?usage: gpu_session13.sh long DATA}
   PART_TAIL=20 part "pipeline b24, 80 steps" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
     --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
-    --steps 1 --warmup 2 --module-steps 0 --pipeline-steps 80 --pipeline-profile-steps 2 --out "$OUT/long_b24"
+    --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 80 --pipeline-profile-steps 2 --out "$OUT/long_b24"
+  ;;
+gil)
+  # issue 9: the main thread waiting for the GIL (the loader's pin thread holds it up to the switch interval,
+  # 5 ms by default, whenever it runs Python)? the app loop at batch 24, 50 steps, switch interval 5 / 0.5 ms
+  DATA=${2:?usage: gpu_session13.sh gil DATA}
+  for ms in 5 0.5 5 0.5; do
+    PART_TAIL=12 part "pipeline b24, GIL switch interval $ms ms" 170 python3 -c \
+      "import runpy, sys; sys.setswitchinterval($ms / 1000); runpy.run_module('kimi_vl.benchmarks.profile_train_step', run_name='__main__')" \
+      --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
+      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 50 --pipeline-profile-steps 2 --out "$OUT/gil_$ms"
+  done
   ;;
 esac
     PART_TAIL=14 part "pipeline b24, allocator $v" 150 env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
@@ -79,7 +91,18 @@ long)
   DATA=${2:?usage: gpu_session13.sh long DATA}
   PART_TAIL=20 part "pipeline b24, 80 steps" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
     --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
-    --steps 1 --warmup 2 --module-steps 0 --pipeline-steps 80 --pipeline-profile-steps 2 --out "$OUT/long_b24"
+    --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 80 --pipeline-profile-steps 2 --out "$OUT/long_b24"
+  ;;
+gil)
+  # issue 9: the main thread waiting for the GIL (the loader's pin thread holds it up to the switch interval,
+  # 5 ms by default, whenever it runs Python)? the app loop at batch 24, 50 steps, switch interval 5 / 0.5 ms
+  DATA=${2:?usage: gpu_session13.sh gil DATA}
+  for ms in 5 0.5 5 0.5; do
+    PART_TAIL=12 part "pipeline b24, GIL switch interval $ms ms" 170 python3 -c \
+      "import runpy, sys; sys.setswitchinterval($ms / 1000); runpy.run_module('kimi_vl.benchmarks.profile_train_step', run_name='__main__')" \
+      --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
+      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 50 --pipeline-profile-steps 2 --out "$OUT/gil_$ms"
+  done
   ;;
 esac
 ls -la "$OUT"
