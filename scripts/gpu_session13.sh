@@ -62,11 +62,13 @@ gil)
   # issue 9: the main thread waiting for the GIL (the loader's pin thread holds it up to the switch interval,
   # 5 ms by default, whenever it runs Python)? the app loop at batch 24, 50 steps, switch interval 5 / 0.5 ms
   DATA=${2:?usage: gpu_session13.sh gil DATA}
+  i=0
   for ms in 5 0.5 5 0.5; do
-    PART_TAIL=12 part "pipeline b24, GIL switch interval $ms ms" 170 python3 -c \
+    i=$((i + 1))
+    PART_TAIL=12 part "pipeline b24, GIL switch interval $ms ms (run $i)" 170 python3 -c \
       "import runpy, sys; sys.setswitchinterval($ms / 1000); runpy.run_module('kimi_vl.benchmarks.profile_train_step', run_name='__main__')" \
       --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
-      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 50 --pipeline-profile-steps 2 --out "$OUT/gil_$ms"
+      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 50 --pipeline-profile-steps 2 --out "$OUT/gil_${ms}_$i"
   done
   ;;
 esac
@@ -97,11 +99,13 @@ gil)
   # issue 9: the main thread waiting for the GIL (the loader's pin thread holds it up to the switch interval,
   # 5 ms by default, whenever it runs Python)? the app loop at batch 24, 50 steps, switch interval 5 / 0.5 ms
   DATA=${2:?usage: gpu_session13.sh gil DATA}
+  i=0
   for ms in 5 0.5 5 0.5; do
-    PART_TAIL=12 part "pipeline b24, GIL switch interval $ms ms" 170 python3 -c \
+    i=$((i + 1))
+    PART_TAIL=12 part "pipeline b24, GIL switch interval $ms ms (run $i)" 170 python3 -c \
       "import runpy, sys; sys.setswitchinterval($ms / 1000); runpy.run_module('kimi_vl.benchmarks.profile_train_step', run_name='__main__')" \
       --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
-      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 50 --pipeline-profile-steps 2 --out "$OUT/gil_$ms"
+      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 50 --pipeline-profile-steps 2 --out "$OUT/gil_${ms}_$i"
   done
   ;;
 esac
