@@ -11,12 +11,13 @@
 #   bash scripts/gpu_session13.sh loader DATA   issue 9: the host's wait for batches at batch 24, 8 and 14 workers
 #   bash scripts/gpu_session13.sh long DATA     issue 9: 80 app steps at batch 24, step time and pinned blocks by 10
 #   bash scripts/gpu_session13.sh gil DATA      issue 9: the app loop with the GIL switch interval at 5 and 0.5 ms
+#   bash scripts/gpu_session13.sh trace DATA    issue 9: a Chrome trace of 2 app steps at batch 24 (after 30)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session13.sh absorb|gaps|pinned|loader|long|gil DATA}" in
+case "${1:?usage: gpu_session13.sh absorb|gaps|pinned|loader|long|gil|trace DATA}" in
 absorb)
   DATA=${2:?usage: gpu_session13.sh absorb DATA}
   PART_TAIL=8 part "gpu tests: AttnRes kernels and model" 170 python3 -m pytest -q -p no:cacheprovider \
@@ -71,6 +72,16 @@ gil)
       --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 50 --pipeline-profile-steps 2 --out "$OUT/gil_${ms}_$i"
   done
   ;;
+trace)
+  # issue 9: a Chrome trace (host threads, CUDA runtime calls, kernels) of 2 app steps at batch 24 after 30, to see
+  # what the host does in the GPU's idle holes (scripts/trace_holes.py reads it)
+  DATA=${2:?usage: gpu_session13.sh trace DATA}
+  PART_TAIL=12 part "pipeline b24, trace" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
+    --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 2 --pipeline-trace \
+    --out "$OUT/trace_b24"
+  ls -la "$OUT/trace_b24"
+  ;;
 esac
     PART_TAIL=14 part "pipeline b24, allocator $v" 150 env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
       python3 -m kimi_vl.benchmarks.profile_train_step --config kimi_vl/configs/small_pretrain.yaml \
@@ -107,6 +118,16 @@ gil)
       --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
       --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 50 --pipeline-profile-steps 2 --out "$OUT/gil_${ms}_$i"
   done
+  ;;
+trace)
+  # issue 9: a Chrome trace (host threads, CUDA runtime calls, kernels) of 2 app steps at batch 24 after 30, to see
+  # what the host does in the GPU's idle holes (scripts/trace_holes.py reads it)
+  DATA=${2:?usage: gpu_session13.sh trace DATA}
+  PART_TAIL=12 part "pipeline b24, trace" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
+    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
+    --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 2 --pipeline-trace \
+    --out "$OUT/trace_b24"
+  ls -la "$OUT/trace_b24"
   ;;
 esac
 ls -la "$OUT"

@@ -449,10 +449,11 @@ def alloc_counters() -> dict[str, float]:
 
 
 def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, steps: int,
-                 profile_steps: int) -> dict[str, Any]:
+                 profile_steps: int, trace: Path | None = None) -> dict[str, Any]:
     """The app's own loop for ``steps`` steps, unsynchronised (queue step k + 1, then read step k): wall time,
     tokens per step and (CUDA) the allocator counters' growth over them; on CUDA then ``profile_steps`` more under
-    ``torch.profiler`` for the device's busy time per step and where it idled."""
+    ``torch.profiler`` for the device's busy time per step and where it idled (``trace``: also a gzipped Chrome
+    trace of them, host threads and CUDA runtime calls included)."""
     from torch.profiler import ProfilerActivity, profile
 
     from kernels.profiling import idle_gaps, kernel_ms
@@ -494,12 +495,25 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
                                       for t, n, mb in trace]
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 wall_p, _ = run(profile_steps)
+            if trace is not None and trainer.acc.is_main_process:
+                _export_trace(prof, trace)
             busy = kernel_ms(prof) / 1000 / profile_steps
             out.update(profiled_steps=profile_steps, profiled_wall_s_per_step=wall_p, device_busy_s_per_step=busy,
                        device_busy_fraction=busy / wall_p, idle_gaps=idle_gaps(prof, min_us=20.0, top=12))
     finally:
         timer.enabled = enabled
     return out
+
+
+def _export_trace(prof: Any, path: Path) -> None:
+    """``prof``'s Chrome trace gzipped at ``path`` (a few steps' trace is hundreds of MB as text)."""
+    import gzip
+
+    raw = path.with_suffix("")
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -522,6 +536,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "0: skip")
     p.add_argument("--pipeline-profile-steps", type=int, default=0,
                    help="steps of that loop under torch.profiler (default: as many as --pipeline-steps)")
+    p.add_argument("--pipeline-trace", action="store_true",
+                   help="also write those profiled steps as a gzipped Chrome trace (pipeline_trace.json.gz)")
     p.add_argument("--out", default=None, help="output folder (default $OUT, else the current folder)")
     p.add_argument("overrides", nargs="*", help="key=value run-config overrides")
     return p.parse_args(argv)
@@ -591,7 +607,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("torch_profile", args.torch_profile, lambda: torch_profile(trainer, batches, timer, out_dir)),
             ("host_profile", args.host_profile, lambda: host_profile(trainer, batches, timer, out_dir)),
             ("pipeline", args.pipeline_steps > 0, lambda: app_pipeline(trainer, batches, timer, args.pipeline_steps,
-                                                 args.pipeline_profile_steps or args.pipeline_steps)),
+                                                 args.pipeline_profile_steps or args.pipeline_steps,
+                                                 out_dir / "pipeline_trace.json.gz" if args.pipeline_trace else None)),
         ]
         for key, wanted, fn in extras:
             if wanted:
