@@ -9,8 +9,7 @@ Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``
 - ``mix_torch.py``: :class:`AttnResMix`, custom autograd function, keys recomputed in backward (CPU path).
 - ``mix_triton.py``: fused forward/backward kernels and their launchers, sources read in place (GPU;
   ``TRITON_INTERPRET=1`` on CPU); ``GradSink``: in-place gradient accumulation of a source shared by several mixes.
-- ``mix_autograd.py``: the kernels as autograd functions, the deferred block-state gradients (``DeferredBlock``)
-  and the absorbed partial sum (``AttnResMixAbsorbTriton``).
+- ``mix_autograd.py``: the kernels as autograd functions and the deferred block-state gradients (``DeferredBlock``).
 - ``two_phase_triton.py``: the two-phase inference kernels over one buffer of block states (decode, prefill).
 
 Example::
@@ -32,7 +31,7 @@ import torch
 from kernels.attn_res.mix_torch import AttnResMix
 from kernels.attn_res.naive import attn_res_mix_naive
 
-__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_absorb", "attn_res_mix_naive", "resolve_backend"]
+__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "resolve_backend"]
 
 _WHERE = "kernels/attn_res.attn_res_mix"
 BACKENDS = ("torch", "triton")
@@ -124,32 +123,3 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
     u = _query_product(weight, gain, u, d)
     h, alpha = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, *flat)
     return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)
-
-
-def attn_res_mix_absorb(sources: Sequence[torch.Tensor], out: torch.Tensor, weight: torch.Tensor, gain: torch.Tensor,
-                        eps: float, backend: str | None = None, sinks: Sequence | None = None,
-                        u: torch.Tensor | None = None, defer: tuple | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`attn_res_mix` over ``sources[:-1] + [p]`` with ``p = sources[-1] + out`` (a block's partial sum after
-    the previous sublayer's output), returning ``(h, alpha, p)``. On the Triton pointer-argument path the sum is
-    formed in the mix's kernel (``mix_autograd.AttnResMixAbsorbTriton``: no separate add, ``p`` not read back, and
-    its gradient accumulated in the backward kernel); elsewhere ``p`` is added first (same values)."""
-    if out.shape != sources[-1].shape:
-        raise ValueError(f"{_WHERE}_absorb: out is {tuple(out.shape)}, the partial sum {tuple(sources[-1].shape)}")
-    _validate(sources, weight, gain)
-    x0 = sources[0]
-    if resolve_backend(x0, backend) == "triton":
-        from kernels.attn_res.mix_autograd import AttnResMixAbsorbTriton
-        from kernels.attn_res.mix_triton import use_args
-
-        if use_args(len(sources)):
-            lead, d = x0.shape[:-1], x0.shape[-1]
-            flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
-            u = _query_product(weight, gain, u, d)
-            h, alpha, p = AttnResMixAbsorbTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer,
-                                                       out.to(x0.dtype).reshape(-1, d).contiguous(), *flat)
-            return h.reshape(*lead, d), alpha.reshape(len(sources), *lead), p.reshape(*lead, d)
-    p = sources[-1] + out
-    h, alpha = attn_res_mix([*sources[:-1], p], weight, gain, eps, backend, sinks, u, defer)
-    return h, alpha, p
-

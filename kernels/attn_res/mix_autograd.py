@@ -1,7 +1,6 @@
 """Autograd of the fused AttnRes mix (``mix_triton.py`` holds the kernels and their launchers): the mix as a
-``torch.autograd.Function``, with in-place gradient accumulation of shared sources (``mix_triton.GradSink``), the
-deferred block-state gradients (:class:`DeferredBlock`) and the absorbed partial sum
-(:class:`AttnResMixAbsorbTriton`)."""
+``torch.autograd.Function``, with in-place gradient accumulation of shared sources (``mix_triton.GradSink``) and
+the deferred block-state gradients (:class:`DeferredBlock`)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from kernels.attn_res.mix_triton import (
     GradSink,
     _sink_buffers,
     flush_triton,
-    mix_absorb_fwd_triton,
     mix_bwd_triton,
     mix_fwd_triton,
     use_args,
@@ -32,63 +30,29 @@ class AttnResMixTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, *sources: torch.Tensor):
         h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
-        _save_mix(ctx, u, rstd, alpha, sources, sinks, defer)
+        ctx.save_for_backward(u, rstd, alpha, *sources)
+        ctx.mark_non_differentiable(alpha)
+        _claim_sinks(ctx, sinks, len(sources))
+        ctx.defer, ctx.defer_mask = None, 0
+        if defer is not None and ctx.sinks is not None:
+            ctx.defer = defer
+            ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
         return h, alpha
 
     @staticmethod
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
-        du, dxs = _mix_backward(ctx, dh, None)
+        u, rstd, alpha, *sources = ctx.saved_tensors
+        dh = _as_source(dh, sources[0])
+        dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask)
+        if ctx.defer is not None:
+            block, flush = ctx.defer
+            task = torch._C._current_graph_task_id()
+            block.add(task, dh, u, coef)
+            if flush:
+                c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
+                flush_deferred(sources[:c], ctx.sinks[:c], block, task)
+                dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
         return du if ctx.needs_input_grad[0] else None, None, None, None, *_source_grads(ctx, dxs, 4)
-
-
-class AttnResMixAbsorbTriton(torch.autograd.Function):
-    """``apply(u, eps, sinks, defer, out, *sources) -> (h, alpha, p)``: :class:`AttnResMixTriton` over
-    ``sources[:-1] + [p]`` with ``p = sources[-1] + out`` (the block's partial sum after the previous sublayer's
-    output ``out``), formed in the forward kernel instead of by a separate add, which then also skips reading
-    ``p`` back (``KVL_ATTNRES_ABSORB``). Backward: ``p``'s gradient from its later readers is added in the kernel
-    to the mix's own gradient of ``p``, and the sum is the gradient of both ``sources[-1]`` and ``out``."""
-
-    @staticmethod
-    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, out: torch.Tensor, *sources: torch.Tensor):
-        h, rstd, alpha, p = mix_absorb_fwd_triton(list(sources), out, u, eps)
-        _save_mix(ctx, u, rstd, alpha, (*sources[:-1], p), sinks, defer)
-        return h, alpha, p
-
-    @staticmethod
-    def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None, dp: torch.Tensor | None):
-        du, dxs = _mix_backward(ctx, dh, dp)
-        grads = _source_grads(ctx, dxs, 5)
-        return (du if ctx.needs_input_grad[0] else None, None, None, None,
-                dxs[-1] if ctx.needs_input_grad[4] else None, *grads)
-
-
-def _save_mix(ctx, u: torch.Tensor, rstd: torch.Tensor, alpha: torch.Tensor, sources, sinks, defer) -> None:
-    """What a mix's backward needs: tensors, sinks and the deferral (``defer_mask``: the sources with a sink)."""
-    ctx.save_for_backward(u, rstd, alpha, *sources)
-    ctx.mark_non_differentiable(alpha)
-    _claim_sinks(ctx, sinks, len(sources))
-    ctx.defer, ctx.defer_mask = None, 0
-    if defer is not None and ctx.sinks is not None:
-        ctx.defer = defer
-        ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
-
-
-def _mix_backward(ctx, dh: torch.Tensor, add_last: torch.Tensor | None) -> tuple[torch.Tensor, list]:
-    """``(du, dxs)`` of a mix saved by :func:`_save_mix`; deferred gradients are handed to the block and, by the
-    block's flushing mix, formed into the sinks' buffers."""
-    u, rstd, alpha, *sources = ctx.saved_tensors
-    dh = _as_source(dh, sources[0])
-    add_last = None if add_last is None else _as_source(add_last, sources[0])
-    dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask, add_last)
-    if ctx.defer is not None:
-        block, flush = ctx.defer
-        task = torch._C._current_graph_task_id()
-        block.add(task, dh, u, coef)
-        if flush:
-            c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
-            flush_deferred(sources[:c], ctx.sinks[:c], block, task)
-            dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
-    return du, dxs
 
 
 class DeferredBlock:

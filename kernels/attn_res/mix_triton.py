@@ -39,15 +39,12 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   kernel 0.174 / 0.244 / 0.380 ms at N = 2 / 4 / 7 with 8 warps, 0.130 / 0.206 / 0.359 ms with 4 warps (now the
   default); in the small model's step the 24 backward mixes took 6.54 ms (the first kernel: 17.27 ms, call1).
 
-Two block-level options of the backward and forward (``kimi_vl/modeling/attn_res.py`` switches them):
+A block-level option of the backward (``kimi_vl/modeling/attn_res.py`` switches it):
 
 - Deferred gradients (``mix_autograd.DeferredBlock``, ``DEFER`` bits of the backward, ``_attn_res_flush_kernel``): the
   mixes of a block store per-token coefficients for the block states they share instead of adding ``dx`` into
   each state's :class:`GradSink`, and the block's first mix forms every state's gradient once (on by default;
   session 12, H100: the small model's backward mixes 5.71 -> 3.14 ms a step, plus 1.27 ms of flushes).
-- Absorbed partial sums (``mix_autograd.AttnResMixAbsorbTriton``, ``ABSORB`` in the forward, ``ADD_LAST`` in the
-  backward): the block's partial sum after the previous sublayer is formed in the mix's forward kernel, and its
-  later gradient added in the backward kernel (off by default; not yet timed).
 
 A variant with the sublayer's input RMSNorm inside these kernels (session 11) saved the norm's launches and its
 read of ``h`` but made the backward slower (without spills it needed 2-row tiles): in session 12's profile of a
@@ -168,9 +165,8 @@ def _dots(dh, x, u, CH: tl.constexpr):
 
 @triton.jit
 def _write_grad(x, dh, u, du, dsrc, rows, t_ok, acc_on, a, r, g, q, big_g, D,
-                CH: tl.constexpr, CHUNK: tl.constexpr, extra=None, EXTRA: tl.constexpr = False):
-    """``dx`` of one source, stored (added to the buffer's content where ``acc_on``, and ``extra``'s where
-    ``EXTRA``), and ``du`` updated.
+                CH: tl.constexpr, CHUNK: tl.constexpr):
+    """``dx`` of one source, stored (added to the buffer's content where ``acc_on``), and ``du`` updated.
 
     ``a`` alpha, ``r`` rstd, ``g = dh . x``, ``q = u . x`` (score ``s = q r``), ``big_g = sum_j alpha_j g_j``:
     ``ds = a (g - big_g)``, ``dx = a dh + ds r (u - x r s / D) = a dh + k u - (k r s / D) x`` with ``k = ds r``,
@@ -184,8 +180,6 @@ def _write_grad(x, dh, u, du, dsrc, rows, t_ok, acc_on, a, r, g, q, big_g, D,
         xf = x[c].to(tl.float32)
         dx = a[:, None] * dh[c] + k[:, None] * u[c][None, :] - e[:, None] * xf
         dx += tl.load(dsrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False), other=0.0).to(tl.float32)
-        if EXTRA:
-            dx += tl.load(extra + rows + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
         du_new = du_new + (du[c] + k[:, None] * xf,)
     return du_new
@@ -305,47 +299,26 @@ def _fwd_stats(x, u, D, eps, CH: tl.constexpr):
 
 
 @triton.jit
-def _source_row(n: tl.constexpr, x0, x1, x2, x3, x4, x5, x6, x7, out_ptr, new_ptr, rows, t_ok, D, N: tl.constexpr,
-                CH: tl.constexpr, CHUNK: tl.constexpr, ABSORB: tl.constexpr):
-    """Source ``n``'s row tile; with ``ABSORB`` the last one is ``x_{N-1} + out``, rounded and stored to ``new_ptr``."""
-    x = _load_row(_pick(n, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
-    if ABSORB and n == N - 1:
-        o = _load_row(out_ptr, rows, t_ok, D, CH, CHUNK)
-        summed = ()
-        for c in tl.static_range(CH):
-            cols = c * CHUNK + tl.arange(0, CHUNK)
-            v = (x[c].to(tl.float32) + o[c].to(tl.float32)).to(new_ptr.dtype.element_ty)
-            tl.store(new_ptr + rows + cols[None, :], v, mask=t_ok[:, None] & (cols < D)[None, :])
-            summed = summed + (v,)
-        x = summed
-    return x
-
-
-@triton.jit
 def _attn_res_fwd_rows_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N: tl.constexpr, M, D, eps,
-    out_ptr, new_ptr,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, ABSORB: tl.constexpr = False,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr,
 ):
     """Pointer-argument forward, ``N`` a compile-time constant, the backward's layout: a row is ``CH`` chunks of
     ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
-    straight-line code over the sources with the next source's tile loaded before the current one is used. With
-    ``ABSORB`` the last source is ``x_{N-1} + out`` (rounded to the sources' dtype, as ``x + out`` would be),
-    written to ``new_ptr``: the block's partial sum is formed here instead of by a separate add."""
+    straight-line code over the sources with the next source's tile loaded before the current one is used."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
     u = _load_vec(u_ptr, D, CH, CHUNK)
-    x_next = _source_row(0, x0, x1, x2, x3, x4, x5, x6, x7, out_ptr, new_ptr, rows, t_ok, D, N, CH, CHUNK, ABSORB)
+    x_next = _load_row(x0, rows, t_ok, D, CH, CHUNK)
     m = tl.full([BLOCK_T], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_T], dtype=tl.float32)
     acc = _zeros_row(BLOCK_T, CH, CHUNK)
     for n in tl.static_range(N):
         x = x_next
         if n + 1 < N:
-            x_next = _source_row(n + 1, x0, x1, x2, x3, x4, x5, x6, x7, out_ptr, new_ptr, rows, t_ok, D, N, CH,
-                                 CHUNK, ABSORB)
+            x_next = _load_row(_pick(n + 1, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
         xs, rstd, s = _fwd_stats(x, u, D, eps, CH)
         tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
         tl.store(score_ptr + n * M + offs_t, s, mask=t_ok)
@@ -369,16 +342,13 @@ def _attn_res_fwd_rows_kernel(
 @triton.jit(do_not_specialize=["acc_mask"])
 def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask, coef_ptr, add_ptr,
+    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask, coef_ptr,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, DEFER: tl.constexpr,
-    ADD_LAST: tl.constexpr = False,
 ):
     """Pointer-argument backward, ``N`` a compile-time constant: straight-line code over the sources, the next
     source's tile loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
     stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content. Bit ``n``
-    of ``DEFER`` (compile time): source ``n``'s gradient is deferred, its coefficients go to ``coef [N, 3, M]``.
-    ``ADD_LAST``: ``add_ptr``'s content is added to the last source's gradient (the absorbed partial sum's own
-    gradient, :class:`AttnResMixAbsorbTriton`)."""
+    of ``DEFER`` (compile time): source ``n``'s gradient is deferred, its coefficients go to ``coef [N, 3, M]``."""
     pid = tl.program_id(0)
     u = _load_vec(u_ptr, D, CH, CHUNK)
     du = _zeros_row(BLOCK_T, CH, CHUNK)
@@ -410,8 +380,7 @@ def _attn_res_bwd_args_kernel(
                                  big_g, M, D, CH)
             else:
                 du = _write_grad(x, dh, u, du, _pick(n, g0, g1, g2, g3, g4, g5, g6, g7), rows, t_ok,
-                                 ((acc_mask >> n) & 1) != 0, alphas[n], rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK,
-                                 add_ptr, ADD_LAST and n == N - 1)
+                                 ((acc_mask >> n) & 1) != 0, alphas[n], rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK)
     _store_du(du_ptr + pid * D, du, D, CH, CHUNK)
 
 
@@ -544,42 +513,24 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``.
 
     Returns ``h [M, D]`` (source dtype), fp32 ``rstd [N, M]`` and ``alpha [N, M]``."""
-    h, rstd, alpha, _ = _mix_fwd(sources, u, eps, None)
-    return h, rstd, alpha
-
-
-def mix_absorb_fwd_triton(sources: list[torch.Tensor], out: torch.Tensor, u: torch.Tensor, eps: float
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`mix_fwd_triton` over ``sources[:-1] + [sources[-1] + out]`` (pointer-argument path only): the sum,
-    rounded to the sources' dtype as ``sources[-1] + out`` is, is formed and written by the kernel and returned
-    fourth (``out``: contiguous ``[M, D]``, the sources' dtype)."""
-    if not use_args(len(sources)):
-        raise ValueError(f"kernels/attn_res/mix_triton.py: absorbing the partial sum needs the pointer-argument "
-                         f"path (N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={len(sources)}")
-    return _mix_fwd(sources, u, eps, out)
-
-
-def _mix_fwd(sources: list[torch.Tensor], u: torch.Tensor, eps: float, out: torch.Tensor | None):
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
     h = torch.empty_like(x0)
     rstd = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     lse = torch.empty(m, device=x0.device, dtype=torch.float32)
-    new = None if out is None else torch.empty_like(x0)
     if use_args(n):
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
         _attn_res_fwd_rows_kernel[(triton.cdiv(m, block_t),)](
-            *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps, h if out is None else out,
-            h if new is None else new, BLOCK_T=block_t, CHUNK=chunk, CH=ch, ABSORB=out is not None,
-            num_warps=FWD_NUM_WARPS)
+            *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FWD_NUM_WARPS)
     else:
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
             _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
     alpha.sub_(lse).exp_()
-    return h, rstd, alpha, new
+    return h, rstd, alpha
 
 
 def _sink_buffers(sinks: list[GradSink | None], like: torch.Tensor, task: int, skip: int = 0
@@ -603,8 +554,7 @@ def _sink_buffers(sinks: list[GradSink | None], like: torch.Tensor, task: int, s
 
 
 def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor, rstd: torch.Tensor,
-                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None, defer: int = 0,
-                   add_last: torch.Tensor | None = None
+                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None, defer: int = 0
                    ) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor | None]:
     """Gradients ``dx_n [M, D]`` (source dtype), ``du [D]`` fp32 and the deferred sources' coefficients; ``dh
     [M, D]`` in the source dtype.
@@ -613,12 +563,11 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     sink's buffer in the kernel (the buffer is started by the first mix to run backward), and ``dx_n`` is
     that buffer. Bit ``n`` of ``defer`` (pointer-argument path only): source ``n``'s gradient is not formed here;
     ``dx_n`` is ``None`` and fp32 ``coef [N, 3, M]`` holds its per-token coefficients for :func:`flush_triton`
-    (third result; ``None`` without ``defer``). ``add_last`` (pointer-argument path only): added to the last
-    source's gradient (which must have neither a sink nor a deferral)."""
+    (third result; ``None`` without ``defer``)."""
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
-    if (defer or add_last is not None) and not use_args(n):
-        raise ValueError(f"kernels/attn_res/mix_triton.py: deferred or added gradients need the pointer-argument path "
+    if defer and not use_args(n):
+        raise ValueError(f"kernels/attn_res/mix_triton.py: deferred gradients need the pointer-argument path "
                          f"(N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
     task = torch._C._current_graph_task_id() if sinks is not None else -1
     dxs, acc_mask = _sink_buffers(list(sinks or [None] * n), x0, task, skip=defer)
@@ -630,9 +579,8 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     if use_args(n):
         _attn_res_bwd_args_kernel[(programs,)](
             *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles, acc_mask,
-            alpha if coef is None else coef, dh if add_last is None else add_last,
-            BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, ADD_LAST=add_last is not None, num_warps=BWD_NUM_WARPS,
-            **_maxnreg())
+            alpha if coef is None else coef,
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, num_warps=BWD_NUM_WARPS, **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "

@@ -19,15 +19,14 @@ Measured in one run, bf16, CUDA events after warm-up:
   ``attnres_block`` residuals (same run, rounds interleaved, best round kept), for all-MLA layers
   (``attn_ratio 0:1``, so the step is not bound by KDA) and for the flavor's hybrid; AttnRes through the
   Triton kernel (pointer arguments, gradient sinks for the block states, their gradients formed once per block;
-  also once per mix, ``KVL_ATTNRES_DEFER_GRAD=0``, and with the partial sums formed in the mixes,
-  ``KVL_ATTNRES_ABSORB=1``; for all-MLA also without the sinks,
+  also once per mix, ``KVL_ATTNRES_DEFER_GRAD=0``; for all-MLA also without the sinks,
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
   the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
   the resident weights, and the memory of the stored block states for scale.
 - ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
   and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
   AttnRes step's extra time goes; ``kernel_diff_defer`` the same between ``attnres_triton_nodefer`` and
-  ``attnres_triton``, ``kernel_diff_absorb`` between ``attnres_triton`` and ``attnres_triton_absorb``.
+  ``attnres_triton``.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
   two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``). (The first benchmark decoded with autograd on, so AttnRes
@@ -300,12 +299,7 @@ def mix_traffic(num_sublayers: int, block_size: int, state_bytes: int) -> dict[s
             blocks[i // block_size] = (blocks.get(i // block_size, (0, 0))[0] + 1, completed)
     deferred += sum(s + 3 * c for s, c in blocks.values()) * state_bytes
     extra = sum(c - 1 for c in uses.values()) * state_bytes
-    # absorbed partial sums (KVL_ATTNRES_ABSORB=1): a block's sublayers after its first whose next mix reads the sum;
-    # each saves the add (read 2, write 1) less the mix's extra read and write (forward: 1 state) and, backward, the
-    # accumulation of the sum's two gradients (read 2, write 1) less the kernel's read of one (2 states)
-    absorbed = sum(1 for i in range(num_sublayers) if 0 < i % block_size < block_size - 1)
     return {"forward": fwd / 1e9, "backward_sinks": (bwd + extra) / 1e9, "backward_deferred": deferred / 1e9,
-            "absorb_saving": 3 * absorbed * state_bytes / 1e9,
             "ms_at_2.5TBps_deferred": (fwd + deferred) / 2.5e9,
             "backward_no_sinks": (bwd + 3 * extra) / 1e9, "ms_at_2.5TBps_sinks": (fwd + bwd + extra) / 2.5e9,
             "ms_at_2.5TBps_no_sinks": (fwd + bwd + 3 * extra) / 2.5e9}
@@ -321,12 +315,10 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     triton = {"KVL_ATTNRES_BACKEND": "triton"}
     variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
                 "attnres_triton_nodefer": ("attnres_block", triton | {"KVL_ATTNRES_DEFER_GRAD": "0"}),
-                "attnres_triton_absorb": ("attnres_block", triton | {"KVL_ATTNRES_ABSORB": "1"}),
                 "attnres_triton_nosink": ("attnres_block", triton | {"KVL_ATTNRES_GRAD_SINK": "0"}),
                 "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"})}
     if layers != "mla":
-        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_nodefer",
-                                             "attnres_triton_absorb")}
+        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     best = {v: float("inf") for v in variants}
     peak = {}
@@ -350,12 +342,10 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
     if args.profile:
         times = {v: _with_env(variants[v][1], partial(_profile_step, steps[v]))
-                 for v in ("standard", "attnres_triton", "attnres_triton_nodefer", "attnres_triton_absorb")}
+                 for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_triton"], top=args.profile_top)
         out["kernel_diff_defer"] = diff_by_name(times["attnres_triton_nodefer"], times["attnres_triton"],
                                                 top=args.profile_top)
-        out["kernel_diff_absorb"] = diff_by_name(times["attnres_triton"], times["attnres_triton_absorb"],
-                                                 top=args.profile_top)
     dec = bench_decode_variants(models, cfgs["standard"], layers, args, device) if args.decode_steps > 0 else {}
     out["decode"] = dec
     del models
@@ -604,13 +594,11 @@ def table(results: dict) -> str:
             continue
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
         lines += _kernel_diff_lines(f"{layers} (deferred vs per-mix gradients)", group.get("kernel_diff_defer", []))
-        lines += _kernel_diff_lines(f"{layers} (absorbed partial sums vs adds)", group.get("kernel_diff_absorb", []))
         lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")
         t = group["mix_traffic_gb"]
         lines.append(f"| {layers} | (mix traffic floor: {t['forward']:.1f} GB fwd + {t['backward_sinks']:.1f} GB bwd "
                      f"= {t['ms_at_2.5TBps_sinks']:.1f} ms at 2.5 TB/s; no sinks {t['ms_at_2.5TBps_no_sinks']:.1f} ms; "
-                     f"deferred {t['backward_deferred']:.1f} GB bwd, {t['ms_at_2.5TBps_deferred']:.1f} ms; "
-                     f"absorbing the partial sums saves {t.get('absorb_saving', 0):.1f} GB) | | | | | |")
+                     f"deferred {t['backward_deferred']:.1f} GB bwd, {t['ms_at_2.5TBps_deferred']:.1f} ms) | | | | | |")
     return "\n".join(lines)
 
 

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_absorb, attn_res_mix_naive
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 from kernels.attn_res import resolve_backend as resolve_mix_backend
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
-           "StandardStream", "absorb_enabled", "alpha_stats", "defer_grads_enabled", "grad_sinks_enabled", "mix",
-           "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
+           "StandardStream", "alpha_stats", "defer_grads_enabled", "grad_sinks_enabled", "mix", "mix_naive", "phase1",
+           "phase2", "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
 
@@ -144,17 +144,6 @@ def defer_grads_enabled() -> bool:
     flag = os.environ.get("KVL_ATTNRES_DEFER_GRAD") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_DEFER_GRAD must be 0 or 1, got {flag!r}")
-    return flag == "1"
-
-
-def absorb_enabled() -> bool:
-    """``KVL_ATTNRES_ABSORB`` (``0`` default | ``1``): whether the training stream forms a block's partial sum inside
-    the next sublayer's mix kernel (``kernels.attn_res.attn_res_mix_absorb``: no separate add, the sum not read
-    back, its gradient accumulated in the backward kernel) instead of adding it first. Written in session 12
-    without device time left: correct on the CPU, not yet timed, hence off."""
-    flag = os.environ.get("KVL_ATTNRES_ABSORB") or "0"
-    if flag not in ("0", "1"):
-        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_ABSORB must be 0 or 1, got {flag!r}")
     return flag == "1"
 
 
@@ -265,8 +254,6 @@ class AttnResStream:
         self.sinks: list | None = None  # one GradSink per completed state (fused training path)
         self._u_rows: tuple[torch.Tensor, ...] | None = None  # every query's w * gain, one product per forward
         self._deferred: dict | None = None  # block index -> DeferredBlock (KVL_ATTNRES_DEFER_GRAD, on by default)
-        self._absorb = impl == "fused" and absorb_enabled()
-        self._pending: torch.Tensor | None = None  # a sublayer output the next mix adds into the partial sum
         if impl == "fused" and torch.is_grad_enabled() and grad_sinks_enabled():
             from kernels.attn_res.mix_triton import MAX_ARGS, GradSink
 
@@ -291,24 +278,10 @@ class AttnResStream:
             if self._u_rows is None and resolve_mix_backend(sources[0]) == "triton":
                 self._u_rows = stacked_u(self.queries).unbind(0)  # autograd: one stack of the grads, not Q products
             u = self._u_rows[i] if self._u_rows else None
-            if self._pending is not None:  # sources[-1] is the partial sum before the pending output
-                q, out, self._pending = self.queries[i], self._pending, None
-                h, alpha, self.partial = attn_res_mix_absorb(sources, out, q.weight, q.gain, q.eps, sinks=sinks, u=u,
-                                                             defer=self._defer(i, sources))
-            else:
-                h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources))
+            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources))
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
         return _normed(h, norm)
-
-    def _absorbs(self, i: int) -> bool:
-        """Whether sublayer ``i``'s output is added into the partial sum by the next sublayer's mix: within a block,
-        after its first sublayer, on the Triton pointer-argument path."""
-        if not self._absorb or self.partial is None or (i + 1) % self.block_size == 0:
-            return False
-        from kernels.attn_res.mix_triton import use_args
-
-        return resolve_mix_backend(self.partial) == "triton" and use_args(len(self.completed) + 1)
 
     def _defer(self, i: int, sources: list[torch.Tensor]) -> tuple | None:
         """``(DeferredBlock, flush)`` for sublayer ``i``'s mix when its block defers its source gradients (not the
@@ -338,12 +311,9 @@ class AttnResStream:
         if self._buffered is not None:
             self._buffered.add(i, out)
             return
+        self.partial = out if self.partial is None else self.partial + out
         if self.record is not None:
             self.record.setdefault("sublayer_output_rms", []).append(rms(out))
-        if self._absorbs(i):
-            self._pending = out
-            return
-        self.partial = out if self.partial is None else self.partial + out
         if (i + 1) % self.block_size == 0:
             if self.record is not None:
                 self.record.setdefault("block_output_rms", []).append(rms(self.partial))

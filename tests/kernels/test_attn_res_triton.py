@@ -369,33 +369,3 @@ def test_two_phase_launcher_calls_compiled_kernels_directly_on_gpu(monkeypatch):
         results[fast] = (torch.stack(hs), run.v.clone())
         assert len(run._phase2.runners) == (2 if fast else 0)  # PEND_FIRST true and false, reused once
     assert torch.equal(results[True][0], results[False][0]) and torch.equal(results[True][1], results[False][1])
-
-
-@pytest.mark.parametrize(("n", "d", "dtype", "tol"), [(2, 40, torch.float32, 1e-6), (4, 768, torch.float32, 1e-6),
-                                                      (3, 768, torch.bfloat16, 2e-2)])
-def test_absorbing_the_partial_sum_equals_adding_it_first(n, d, dtype, tol):
-    """``attn_res_mix_absorb`` (the partial sum formed in the forward kernel, its later gradient added in the
-    backward kernel) gives ``attn_res_mix`` over ``sources[:-1] + [sources[-1] + out]``: h, alpha, the sum itself
-    (bit-exact in fp32) and the gradients of every source, ``out``, the query and the gain, with the sum also used
-    downstream."""
-    from kernels.attn_res import attn_res_mix_absorb
-
-    xs, w, g = _inputs(n, (3, 11), d, dtype=dtype, q_scale=2.0, seed=41)
-    gen = torch.Generator().manual_seed(42)
-    out = torch.randn(3, 11, d, generator=gen).to(kernel_device(), dtype).requires_grad_()
-    dh, dp = (torch.randn(3, 11, d, generator=gen).to(kernel_device(), dtype) for _ in range(2))
-    h, alpha, p = attn_res_mix_absorb(xs, out, w, g, EPS, backend="triton")
-    p_ref = xs[-1] + out
-    h_ref, alpha_ref = attn_res_mix([*xs[:-1], p_ref], w, g, EPS, backend="triton")
-    if dtype == torch.float32:
-        assert torch.equal(p, p_ref)
-    assert_rel_rms(p, p_ref, tol, "p")
-    assert_rel_rms(h, h_ref, tol, "h")
-    assert_rel_rms(alpha, alpha_ref, 1e-5 if dtype == torch.float32 else tol, "alpha")
-    inputs = [*xs, out, w, g]
-    got = torch.autograd.grad([h, p], inputs, [dh, dp])
-    ref = torch.autograd.grad([h_ref, p_ref], inputs, [dh, dp])
-    for name, a, r in zip([f"dx{i}" for i in range(n)] + ["dout", "dweight", "dgain"], got, ref):
-        assert_rel_rms(a, r, tol if dtype == torch.bfloat16 else 1e-5, name)
-    with pytest.raises(ValueError, match="out is"):
-        attn_res_mix_absorb(xs, out[:, :3], w, g, EPS)

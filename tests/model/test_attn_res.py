@@ -144,46 +144,29 @@ def test_stream_with_triton_kernel_equals_naive(monkeypatch, num_sublayers, bloc
     emb = torch.randn(2, 3, d, device=dev, requires_grad=True)
     grads = {}
     flushes = _count_flushes(monkeypatch)
-    absorbed = _count_absorbs(monkeypatch)
-    for impl, backend, sink, defer, absorb in (("naive", "torch", "0", "0", "0"), ("fused", "triton", "1", "0", "0"),
-                                               ("nosink", "triton", "0", "0", "0"),
-                                               ("defer", "triton", "1", "1", "0"),
-                                               ("absorb", "triton", "1", "1", "1")):
+    for impl, backend, sink, defer in (("naive", "torch", "0", "0"), ("fused", "triton", "1", "0"),
+                                       ("nosink", "triton", "0", "0"), ("defer", "triton", "1", "1")):
         monkeypatch.setenv("KVL_ATTNRES_BACKEND", backend)
         monkeypatch.setenv("KVL_ATTNRES_GRAD_SINK", sink)
         monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", defer)
-        monkeypatch.setenv("KVL_ATTNRES_ABSORB", absorb)
         stream = AttnResStream(emb, queries, block_size, impl if impl in ("naive", "fused") else "fused")
-        assert (stream.sinks is not None) == (impl in ("fused", "defer", "absorb"))
+        assert (stream.sinks is not None) == (impl in ("fused", "defer"))
         for i in range(num_sublayers):
             stream.add(i, torch.tanh(stream.input(i)) * (i + 1))
         out = stream.final()
         params = [emb] + [t for q in queries[1:] for t in (q.weight, q.gain)]  # sublayer 0 reads emb alone
         grads[impl] = (out.detach(), torch.autograd.grad((out * torch.linspace(-1, 1, d, device=dev)).sum(), params))
-    for impl in ("fused", "nosink", "defer", "absorb"):  # fp32 rounding through 10 chained sublayers reaches ~2e-5
+    for impl in ("fused", "nosink", "defer"):  # fp32 rounding through 10 chained sublayers reaches ~2e-5
         assert_rel_rms(grads[impl][0], grads["naive"][0], 1e-6, f"{impl} output")
         for i, (a, b) in enumerate(zip(grads[impl][1], grads["naive"][1])):
             assert_rel_rms(a, b, tol, f"{impl} grad {i}")
-    for other in ("nosink", "defer", "absorb"):  # same kernels, other accumulation
+    for other in ("nosink", "defer"):  # same kernels, other accumulation
         for i, (a, b) in enumerate(zip(grads["fused"][1], grads[other][1])):
             assert_rel_rms(a, b, 1e-5, f"sink vs {other}, grad {i}")
-    # one flush per block (full AttnRes, blocks of one mix, defers nothing), in the defer and absorb runs
-    assert len(flushes) == (0 if block_size == 1 else 2 * -(-num_sublayers // block_size))
-    # absorbed outputs: a block's sublayers after its first whose next mix reads the partial sum (blocks of 4: the
-    # 2nd and 3rd of each, the last one's into the output's mix)
-    assert len(absorbed) == (6 if block_size == 4 else 0)
+    # one flush per block (full AttnRes, blocks of one mix, defers nothing)
+    assert len(flushes) == (0 if block_size == 1 else -(-num_sublayers // block_size))
     if block_size == 4:  # backward order: the ragged block of 3, a full one, the first (its sublayer 0 reads emb alone)
-        assert flushes == [3, 4, 3] * 2
-
-
-def _count_absorbs(monkeypatch) -> list:
-    """Record each absorbing mix of the stream (``attn_res_mix_absorb``) by its number of sources."""
-    from kimi_vl.modeling import attn_res as stream_module
-
-    calls, absorb = [], stream_module.attn_res_mix_absorb
-    monkeypatch.setattr(stream_module, "attn_res_mix_absorb",
-                        lambda sources, *a, **k: (calls.append(len(sources)), absorb(sources, *a, **k))[1])
-    return calls
+        assert flushes == [3, 4, 3]
 
 
 def _count_flushes(monkeypatch) -> list:
@@ -361,9 +344,9 @@ def test_buffered_two_phase_bf16_small_flavor_width_on_gpu(tokens):
 
 
 def test_deferred_source_gradients_in_the_model(monkeypatch):
-    """``KVL_ATTNRES_DEFER_GRAD=1``, and with it ``KVL_ATTNRES_ABSORB=1`` (Triton kernels; interpreter on a CPU): the
-    same logits and every parameter's gradient as the per-mix gradient sinks, with random pseudo-queries so that
-    the mixes are not uniform; one flush per block; the partial sums absorbed where the next mix reads them."""
+    """``KVL_ATTNRES_DEFER_GRAD=1`` (Triton kernels; interpreter on a CPU): the same logits and every parameter's
+    gradient as the per-mix gradient sinks, with random pseudo-queries so that the mixes are not uniform; one
+    flush per block."""
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
@@ -374,26 +357,21 @@ def test_deferred_source_gradients_in_the_model(monkeypatch):
             if name.endswith("_res_proj.weight"):
                 p.normal_()
     flushes = _count_flushes(monkeypatch)
-    absorbed = _count_absorbs(monkeypatch)
     ids = torch.randint(3, 97, (2, 12), device=dev)
     runs = {}
-    for flag in ("0", "1", "absorb"):
-        monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", "0" if flag == "0" else "1")
-        monkeypatch.setenv("KVL_ATTNRES_ABSORB", "1" if flag == "absorb" else "0")
+    for flag in ("0", "1"):
+        monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", flag)
         model.zero_grad(set_to_none=True)
         out = model(ids, labels=ids, use_cache=False)
         out.loss.backward()
         runs[flag] = (out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
                                             if p.grad is not None})
     sublayers, block = model.config.num_sublayers, model.config.attnres_block_size
-    assert len(flushes) == 2 * -(-sublayers // block)
-    assert len(absorbed) == sum(1 for i in range(sublayers) if 0 < i % block < block - 1)
-    assert len(absorbed) > 0
-    for run in ("1", "absorb"):  # the absorbed sums are the adds' own fp32 results: the same logits
-        assert torch.equal(runs[run][0], runs["0"][0]), run
-        assert runs[run][1].keys() == runs["0"][1].keys()
-        for name, g in runs["0"][1].items():
-            assert_rel_rms(runs[run][1][name], g, 1e-5, f"{run} {name}")
+    assert len(flushes) == -(-sublayers // block)
+    assert torch.equal(runs["1"][0], runs["0"][0])
+    assert runs["1"][1].keys() == runs["0"][1].keys()
+    for name, g in runs["0"][1].items():
+        assert_rel_rms(runs["1"][1][name], g, 1e-5, name)
     monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", "yes")
     with pytest.raises(ValueError, match="KVL_ATTNRES_DEFER_GRAD"):
         model(ids, use_cache=False)
