@@ -449,10 +449,10 @@ def alloc_counters() -> dict[str, float]:
 
 
 def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, steps: int,
-                 profile_steps: int, trace: Path | None = None) -> dict[str, Any]:
+                 profile_steps: int, trace_path: Path | None = None) -> dict[str, Any]:
     """The app's own loop for ``steps`` steps, unsynchronised (queue step k + 1, then read step k): wall time,
     tokens per step and (CUDA) the allocator counters' growth over them; on CUDA then ``profile_steps`` more under
-    ``torch.profiler`` for the device's busy time per step and where it idled (``trace``: also a gzipped Chrome
+    ``torch.profiler`` for the device's busy time per step and where it idled (``trace_path``: also a gzipped Chrome
     trace of them, host threads and CUDA runtime calls included)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -495,8 +495,8 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
                                       for t, n, mb in trace]
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 wall_p, _ = run(profile_steps)
-            if trace is not None and trainer.acc.is_main_process:
-                _export_trace(prof, trace)
+            if trace_path is not None and trainer.acc.is_main_process:
+                _export_trace(prof, trace_path)
             busy = kernel_ms(prof) / 1000 / profile_steps
             out.update(profiled_steps=profile_steps, profiled_wall_s_per_step=wall_p, device_busy_s_per_step=busy,
                        device_busy_fraction=busy / wall_p, idle_gaps=idle_gaps(prof, min_us=20.0, top=12))
