@@ -10,12 +10,13 @@
 #   bash scripts/gpu_session13.sh long DATA     issue 9: 80 app steps at batch 24, step time and pinned blocks by 10
 #   bash scripts/gpu_session13.sh gil DATA      issue 9: the app loop with the GIL switch interval at 5 and 0.5 ms
 #   bash scripts/gpu_session13.sh trace DATA    issue 9: a Chrome trace of 2 app steps at batch 24 (after 30)
+#   bash scripts/gpu_session13.sh decode        issue 6: decode overhead at 4096 context, 12 interleaved rounds
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session13.sh gaps|pinned|loader|long|gil|trace DATA}" in
+case "${1:?usage: gpu_session13.sh gaps|pinned|loader|long|gil|trace DATA|decode}" in
 gaps)
   DATA=${2:?usage: gpu_session13.sh gaps DATA}
   PART_TAIL=40 part "pipeline gaps, batch 24" 280 python3 -m kimi_vl.benchmarks.profile_train_step \
@@ -72,6 +73,12 @@ trace)
     --out "$OUT/trace_b24"
   ls -la "$OUT/trace_b24"
   ;;
+decode)
+  # issue 6: decode overhead of block AttnRes at 4096 context, 12 interleaved rounds of 48 tokens: the best rounds
+  # and the median of the per-round ratios (decode timings move ~10% between rounds)
+  PART_TAIL=30 part "bench_attnres decode, 12 rounds" 300 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 4 --decode-only --rounds 12 --decode-steps 48 --budget-s 280
+  ;;
 esac
     PART_TAIL=14 part "pipeline b24, allocator $v" 150 env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
       python3 -m kimi_vl.benchmarks.profile_train_step --config kimi_vl/configs/small_pretrain.yaml \
@@ -118,6 +125,12 @@ trace)
     --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 2 --pipeline-trace \
     --out "$OUT/trace_b24"
   ls -la "$OUT/trace_b24"
+  ;;
+decode)
+  # issue 6: decode overhead of block AttnRes at 4096 context, 12 interleaved rounds of 48 tokens: the best rounds
+  # and the median of the per-round ratios (decode timings move ~10% between rounds)
+  PART_TAIL=30 part "bench_attnres decode, 12 rounds" 300 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 4 --decode-only --rounds 12 --decode-steps 48 --budget-s 280
   ;;
 esac
 ls -la "$OUT"

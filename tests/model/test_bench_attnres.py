@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kimi_vl import KimiVLConfig
-from kimi_vl.benchmarks.bench_attnres import bench_stream_cost, mix_traffic
+from kimi_vl.benchmarks.bench_attnres import _decode_lines, bench_stream_cost, mix_traffic
 
 
 def test_mix_traffic_of_the_small_flavor():
@@ -26,3 +26,12 @@ def test_stream_cost_reports_both_streams():
                 "launch_add_us", "launch_phase2_us", "overhead_host_us_pct"):
         assert out[key] > (-100 if key.startswith("overhead") else 0), key
     assert out["sublayers"] == cfg.num_sublayers and out["block_size"] == cfg.attnres_block_size
+
+
+def test_decode_lines_report_the_median_of_round_ratios():
+    """The decode table shows the best rounds' overhead and the median of the per-round ratios beside it."""
+    dec = {"context": 4096, "steps": 32, "standard_tokens_per_s": 100.0, "attnres_block_tokens_per_s": 98.0,
+           "overhead_pct": 2.04, "round_ratios": [1.01, 1.03, 0.99], "overhead_median_pct": 1.0}
+    text = "\n".join(_decode_lines("hybrid", dec))
+    assert "standard 100.0 vs two-phase Triton 98.0 tok/s | | | +2.0%" in text
+    assert "decode, median of 3 per-round ratios | | | +1.0%" in text
