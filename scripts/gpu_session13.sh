@@ -10,13 +10,14 @@
 #   bash scripts/gpu_session13.sh long DATA     issue 9: 80 app steps at batch 24, step time and pinned blocks by 10
 #   bash scripts/gpu_session13.sh gil DATA      issue 9: the app loop with the GIL switch interval at 5 and 0.5 ms
 #   bash scripts/gpu_session13.sh trace DATA    issue 9: a Chrome trace of 2 app steps at batch 24 (after 30)
+#   bash scripts/gpu_session13.sh mfu DATA      issue 9: the app at batch 24 for 64 steps, tokens/s and mfu after 32
 #   bash scripts/gpu_session13.sh decode        issue 6: decode overhead at 4096 context, 12 interleaved rounds
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session13.sh gaps|pinned|loader|long|gil|trace DATA|decode}" in
+case "${1:?usage: gpu_session13.sh gaps|pinned|loader|long|gil|trace|mfu DATA|decode}" in
 gaps)
   DATA=${2:?usage: gpu_session13.sh gaps DATA}
   PART_TAIL=40 part "pipeline gaps, batch 24" 280 python3 -m kimi_vl.benchmarks.profile_train_step \
@@ -72,6 +73,16 @@ trace)
     --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 2 --pipeline-trace \
     --out "$OUT/trace_b24"
   ls -la "$OUT/trace_b24"
+  ;;
+mfu)
+  # issue 9: the app itself (kimi_vl.train, small_pretrain) at batch 24 for 64 steps: median tokens/s and mfu over
+  # steps 33-64, after the pinned pool and the compiles settle
+  DATA=${2:?usage: gpu_session13.sh mfu DATA}
+  APP_STEPS=64 APP_OVERRIDES="data.batch_size=24" app16 b24
+  python3 -c "import json, statistics as s; r=[json.loads(l) for l in open('$OUT/app64_b24_metrics.jsonl')]; \
+t=[x for x in r if x['step'] > 32]; print('app64 b24 steps 33-64: median', round(s.median(x['tokens_per_s'] for x in t)), \
+'tokens/s, mfu', round(s.median(x['mfu'] for x in t), 4), ', peak', round(max(x['peak_mem_gib'] for x in t), 1), 'GiB, data wait', \
+round(1e3 * s.median(x['data_wait_s'] for x in t), 1), 'ms')" 2>&1 | tee -a "$LOG"
   ;;
 decode)
   # issue 6: decode overhead of block AttnRes at 4096 context, 12 interleaved rounds of 48 tokens: the best rounds
