@@ -34,7 +34,14 @@ pinned)
       default) conf="" ;;
       register) conf="pinned_use_cuda_host_register:True,pinned_num_register_threads:8" ;;
       expandable) conf="expandable_segments:True" ;;
-    loader)
+    esac
+    PART_TAIL=14 part "pipeline b24, allocator $v" 150 env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
+      python3 -m kimi_vl.benchmarks.profile_train_step --config kimi_vl/configs/small_pretrain.yaml \
+      data.path="$DATA" data.batch_size=24 data.num_workers=8 --steps 1 --warmup 4 --module-steps 0 \
+      --pipeline-steps 30 --pipeline-profile-steps 4 --out "$OUT/pinned_$v"
+  done
+  ;;
+loader)
   # issue 9: does the loader keep up? the app loop at batch 24 over 30 steps with 8 and 14 loader workers, the
   # host's wait in next(batches) per step (profile_train_step's data_wait_s)
   DATA=${2:?usage: gpu_session13.sh loader DATA}
@@ -83,59 +90,6 @@ mfu)
 t=[x for x in r if x['step'] > 32]; print('app64 b24 steps 33-64: median', round(s.median(x['tokens_per_s'] for x in t)), \
 'tokens/s, mfu', round(s.median(x['mfu'] for x in t), 4), ', peak', round(max(x['peak_mem_gib'] for x in t), 1), 'GiB, data wait', \
 round(1e3 * s.median(x['data_wait_s'] for x in t), 1), 'ms')" 2>&1 | tee -a "$LOG"
-  ;;
-decode)
-  # issue 6: decode overhead of block AttnRes at 4096 context, 12 interleaved rounds of 48 tokens: the best rounds
-  # and the median of the per-round ratios (decode timings move ~10% between rounds)
-  PART_TAIL=30 part "bench_attnres decode, 12 rounds" 300 python3 -m kimi_vl.benchmarks.bench_attnres \
-    --sources 4 --decode-only --rounds 12 --decode-steps 48 --budget-s 280
-  ;;
-esac
-    PART_TAIL=14 part "pipeline b24, allocator $v" 150 env ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
-      python3 -m kimi_vl.benchmarks.profile_train_step --config kimi_vl/configs/small_pretrain.yaml \
-      data.path="$DATA" data.batch_size=24 data.num_workers=8 --steps 1 --warmup 4 --module-steps 0 \
-      --pipeline-steps 30 --pipeline-profile-steps 4 --out "$OUT/pinned_$v"
-  done
-  ;;
-loader)
-  # issue 9: does the loader keep up? the app loop at batch 24 over 30 steps with 8 and 14 loader workers, the
-  # host's wait in next(batches) per step (profile_train_step's data_wait_s)
-  DATA=${2:?usage: gpu_session13.sh loader DATA}
-  for w in 8 14; do
-    PART_TAIL=16 part "pipeline b24, $w workers" 150 python3 -m kimi_vl.benchmarks.profile_train_step \
-      --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=$w \
-      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 4 --out "$OUT/loader_w$w"
-  done
-  ;;
-long)
-  # issue 9: does the pinned pool stop growing? 80 app steps at batch 24, step time and pinned blocks by 10 steps
-  DATA=${2:?usage: gpu_session13.sh long DATA}
-  PART_TAIL=20 part "pipeline b24, 80 steps" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
-    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
-    --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 80 --pipeline-profile-steps 2 --out "$OUT/long_b24"
-  ;;
-gil)
-  # issue 9: the main thread waiting for the GIL (the loader's pin thread holds it up to the switch interval,
-  # 5 ms by default, whenever it runs Python)? the app loop at batch 24, 50 steps, switch interval 5 / 0.5 ms
-  DATA=${2:?usage: gpu_session13.sh gil DATA}
-  i=0
-  for ms in 5 0.5 5 0.5; do
-    i=$((i + 1))
-    PART_TAIL=12 part "pipeline b24, GIL switch interval $ms ms (run $i)" 170 python3 -c \
-      "import runpy, sys; sys.setswitchinterval($ms / 1000); runpy.run_module('kimi_vl.benchmarks.profile_train_step', run_name='__main__')" \
-      --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
-      --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 50 --pipeline-profile-steps 2 --out "$OUT/gil_${ms}_$i"
-  done
-  ;;
-trace)
-  # issue 9: a Chrome trace (host threads, CUDA runtime calls, kernels) of 2 app steps at batch 24 after 30, to see
-  # what the host does in the GPU's idle holes (scripts/trace_holes.py reads it)
-  DATA=${2:?usage: gpu_session13.sh trace DATA}
-  PART_TAIL=12 part "pipeline b24, trace" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
-    --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \
-    --steps 1 --warmup 4 --module-steps 0 --pipeline-steps 30 --pipeline-profile-steps 2 --pipeline-trace \
-    --out "$OUT/trace_b24"
-  ls -la "$OUT/trace_b24"
   ;;
 decode)
   # issue 6: decode overhead of block AttnRes at 4096 context, 12 interleaved rounds of 48 tokens: the best rounds
