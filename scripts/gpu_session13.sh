@@ -73,7 +73,7 @@ gil)
   ;;
 trace)
   # issue 9: a Chrome trace (host threads, CUDA runtime calls, kernels) of 2 app steps at batch 24 after 30, to see
-  # what the host does in the GPU's idle holes (scripts/trace_holes.py reads it)
+  # what the host does in the GPU's idle holes (python -m kimi_vl.benchmarks.trace_holes reads it)
   DATA=${2:?usage: gpu_session13.sh trace DATA}
   PART_TAIL=12 part "pipeline b24, trace" 200 python3 -m kimi_vl.benchmarks.profile_train_step \
     --config kimi_vl/configs/small_pretrain.yaml data.path="$DATA" data.batch_size=24 data.num_workers=8 \

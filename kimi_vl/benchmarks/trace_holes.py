@@ -2,7 +2,7 @@
 --pipeline-trace``): every hole between kernels, copies and memsets of at least ``--min-us``, with each host
 thread's events that overlap it (CPU ops, CUDA runtime and driver calls, annotations), innermost last.
 
-    python scripts/trace_holes.py TRACE.json.gz --min-us 1000 --top 20
+    python -m kimi_vl.benchmarks.trace_holes TRACE.json.gz --min-us 1000 --top 20
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def holes(events: list[dict], min_us: float) -> list[tuple[float, float, str]]:
     """``(start, end, next GPU event)`` of every idle stretch of the GPU (all streams merged) >= ``min_us``."""
     gpu = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
                  if e.get("cat") in GPU and e.get("ph") == "X")
+    if not gpu:
+        return []
     out, end = [], gpu[0][1]
     for s, e, name in gpu[1:]:
         if s - end >= min_us:
@@ -45,13 +47,13 @@ def host_in(events: list[dict], a: float, b: float) -> dict[int, list[tuple[floa
     return {t: sorted(v) for t, v in by_tid.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace")
     p.add_argument("--min-us", type=float, default=1000.0)
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--events", type=int, default=12, help="host events shown per thread and hole")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     events = load(args.trace)
     found = holes(events, args.min_us)
     print(f"{len(found)} holes >= {args.min_us:.0f} us, {sum(b - a for a, b, _ in found) / 1000:.1f} ms in all")
