@@ -11,13 +11,14 @@
 #   bash scripts/gpu_session13.sh gil DATA      issue 9: the app loop with the GIL switch interval at 5 and 0.5 ms
 #   bash scripts/gpu_session13.sh trace DATA    issue 9: a Chrome trace of 2 app steps at batch 24 (after 30)
 #   bash scripts/gpu_session13.sh mfu DATA      issue 9: the app at batch 24 for 64 steps, tokens/s and mfu after 32
+#   bash scripts/gpu_session13.sh curves DATA   issue 9: 200 steps of small_pretrain at batch 16, curves as PNG
 #   bash scripts/gpu_session13.sh decode        issue 6: decode overhead at 4096 context, 12 interleaved rounds
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session13.sh gaps|pinned|loader|long|gil|trace|mfu DATA|decode}" in
+case "${1:?usage: gpu_session13.sh gaps|pinned|loader|long|gil|trace|mfu|curves DATA|decode}" in
 gaps)
   DATA=${2:?usage: gpu_session13.sh gaps DATA}
   PART_TAIL=40 part "pipeline gaps, batch 24" 280 python3 -m kimi_vl.benchmarks.profile_train_step \
@@ -90,6 +91,19 @@ mfu)
 t=[x for x in r if x['step'] > 32]; print('app64 b24 steps 33-64: median', round(s.median(x['tokens_per_s'] for x in t)), \
 'tokens/s, mfu', round(s.median(x['mfu'] for x in t), 4), ', peak', round(max(x['peak_mem_gib'] for x in t), 1), 'GiB, data wait', \
 round(1e3 * s.median(x['data_wait_s'] for x in t), 1), 'ms')" 2>&1 | tee -a "$LOG"
+  ;;
+curves)
+  # issue 9: a 200-step small_pretrain run at batch 16 (the safe throughput setting), its curves as PNG
+  DATA=${2:?usage: gpu_session13.sh curves DATA}
+  part "small_pretrain 200 steps, batch 16" 330 python3 -m kimi_vl.train --config kimi_vl/configs/small_pretrain.yaml \
+    output_dir=/tmp/runs/curves max_steps=200 data.path="$DATA" data.batch_size=16 data.num_workers=8 \
+    eval_every=50 checkpoint_every=100 optim.warmup_steps=20 optim.total_steps=200
+  python3 -m kimi_vl.train.plot /tmp/runs/curves --out "$OUT/small_pretrain_b16_curves.png" 2>&1 | tail -n 2
+  cp /tmp/runs/curves/metrics.jsonl "$OUT/small_pretrain_b16_metrics.jsonl"
+  python3 -c "import json, statistics as s; r=[json.loads(l) for l in open('$OUT/small_pretrain_b16_metrics.jsonl')]; \
+t=[x for x in r if x.get('step', 0) > 32 and 'mfu' in x]; print('curves b16 steps 33-200: median', \
+round(s.median(x['tokens_per_s'] for x in t)), 'tokens/s, mfu', round(s.median(x['mfu'] for x in t), 4), \
+', loss', [round(x['loss'], 3) for x in r if x.get('step') in (1, 50, 100, 200) and 'loss' in x])" 2>&1 | tee -a "$LOG"
   ;;
 decode)
   # issue 6: decode overhead of block AttnRes at 4096 context, 12 interleaved rounds of 48 tokens: the best rounds
