@@ -15,9 +15,12 @@ from pathlib import Path
 
 from kimi_vl.logs import read_metrics
 
+SMOOTH = 10  # steps in the trailing mean of the per-source losses: one step's batch holds few documents of a source
+
 # (panel title, key prefixes, required substrings: a key must contain one of them, empty = any)
 PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("training loss", ("loss",), ()),
+    (f"training loss by data source (mean of {SMOOTH} steps)", ("loss/src/",), ()),
     ("held-out loss", ("eval/",), ("loss",)),
     ("held-out reward (RL)", ("eval/",), ("reward", "pass@", "unparsed")),
     ("max attention logit", ("qk/max_logit",), ()),
@@ -45,8 +48,19 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 def _keys_for(records: list[dict], prefixes: tuple[str, ...], needs: tuple[str, ...] = ()) -> list[str]:
     keys = sorted({k for r in records for k in r if any(k == p or k.startswith(p) for p in prefixes)})
     keys = [k for k in keys if not needs or any(n in k for n in needs)]
-    per_layer = [k for k in keys if k.count("/") >= 2 and k.startswith("qk/max_logit")]
+    if prefixes == ("loss",):  # the per-source losses have their own panel
+        keys = [k for k in keys if not k.startswith("loss/src/")]
+    per_layer = [k for k in keys if k.count("/") >= 2 and k.startswith("qk/")]  # per attention module
     return [k for k in keys if k not in per_layer] if len(keys) > 8 else keys
+
+
+def _trailing_mean(ys: list[float], n: int) -> list[float]:
+    """The mean of each value and the ``n - 1`` before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, y in enumerate(ys):
+        total += y - (ys[i - n] if i >= n else 0.0)
+        out.append(total / min(i + 1, n))
+    return out
 
 
 def panel_keys(records: list[dict]) -> dict[str, list[str]]:
@@ -71,11 +85,14 @@ def plot_metrics(metrics_path: str | os.PathLike, out_png: str | os.PathLike, ti
     for ax, (name, keys) in zip(axes.flat, panels):
         for key in keys:
             xs, ys = _series(records, key)
-            ax.plot(xs, ys, label=key, marker="." if len(xs) < 30 else None)
-        ax.set_title(name)
+            if key.startswith("loss/src/"):
+                ys = _trailing_mean(ys, SMOOTH)
+            label = key.removeprefix("loss/src/") if key.startswith("loss/src/") else key
+            ax.plot(xs, ys, label=label, marker="." if len(xs) < 30 else None, lw=2.0 if key == "loss" else 1.2)
+        ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         if len(keys) > 1:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6, ncol=2 if len(keys) > 6 else 1, framealpha=0.6)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle(title or str(Path(metrics_path).parent))

@@ -17,7 +17,7 @@ from kimi_vl.train.checkpoint import (
     save_checkpoint,
 )
 from kimi_vl.train.faults import GracefulStop, NonFiniteGuard, NonFiniteLossError
-from kimi_vl.train.plot import panel_keys, plot_metrics
+from kimi_vl.train.plot import _trailing_mean, panel_keys, plot_metrics
 
 
 class Position:
@@ -151,3 +151,16 @@ def test_export_with_a_given_state_dict_round_trips(tmp_path):
     out = export_pretrained(model, tmp_path / "final", state_dict=gathered)
     loaded = KimiVLForCausalLM.from_pretrained(out).state_dict()
     assert all(torch.equal(loaded[k], gathered[k]) for k in loaded)
+
+
+def test_plot_panels_put_per_source_losses_and_per_layer_stats_apart():
+    """Per-source losses get their own panel (a trailing mean: one batch holds few documents of a source); per-layer
+    QK statistics give way to the aggregate when there are many."""
+    rec = {"step": 1, "loss": 2.0, "loss/text": 2.1, "loss/src/chart": 1.9, "loss/src/ocr": 2.2,
+           "qk/max_logit": 3.0, "qk/clipped_heads": 0.0}
+    rec |= {f"qk/clipped_heads/layers.{i}.attn": 0.0 for i in range(9)}
+    panels = panel_keys([rec])
+    assert panels["training loss"] == ["loss", "loss/text"]
+    assert panels["training loss by data source (mean of 10 steps)"] == ["loss/src/chart", "loss/src/ocr"]
+    assert panels["clipped heads"] == ["qk/clipped_heads"]
+    assert _trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
