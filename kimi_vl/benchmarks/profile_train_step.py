@@ -443,12 +443,16 @@ def alloc_counters() -> dict[str, float]:
     that other threads' launches wait on) and the time in those calls, device segments created, and retries
     (a failed ``cudaMalloc`` that freed the cache and synchronised the device)."""
     dev = torch.cuda.memory_stats()
+    return {**_host_counters(), "device_allocs": float(dev.get("num_device_alloc", 0)),
+            "alloc_retries": float(dev.get("num_alloc_retries", 0))}
+
+
+def _host_counters() -> dict[str, float]:
+    """The pinned host allocator's part of :func:`alloc_counters` (small: read after every step of the loop)."""
     host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
     return {"host_allocs": float(host.get("num_host_alloc", 0)),
             "host_alloc_ms": float(host.get("host_alloc_time.total", 0)) / 1000,
-            "host_alloc_mb": float(host.get("allocated_bytes.allocated", 0)) / 2**20,
-            "device_allocs": float(dev.get("num_device_alloc", 0)),
-            "alloc_retries": float(dev.get("num_alloc_retries", 0))}
+            "host_alloc_mb": float(host.get("allocated_bytes.allocated", 0)) / 2**20}
 
 
 def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer, steps: int,
@@ -476,7 +480,7 @@ def app_pipeline(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTi
             tokens += queued.n_tokens
             waits.append(queued.data_s)
             if timer.cuda:
-                c = alloc_counters()
+                c = _host_counters()
                 trace.append((queued.t0 - t0, c["host_allocs"], c["host_alloc_mb"]))
             if pending is not None:
                 trainer.step_metrics(pending, queued.t0 - pending.t0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from kimi_vl.benchmarks import profile_train_step as prof
 
@@ -62,3 +63,17 @@ def test_report_shows_where_the_gpu_waited():
     assert "3 pinned blocks created (96 MB, 14.5 ms in cudaHostAlloc), 0 device segments, 1 retries" in text
     assert "steps 1-10: 300.0 ms a step, 3 pinned blocks (96 MB)" in text
     assert "steps 11-11: 300.0 ms a step, 0 pinned blocks (0 MB)" in text
+
+
+def test_a_disabled_phase_timer_does_not_synchronise(monkeypatch):
+    """The app-loop measurement disables the timer; its wrapped phases must then leave the device alone (until
+    session 13 they synchronised ~40 times a step, so the "unsynchronised" loop was not)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append(1))
+    timer = prof.PhaseTimer(torch.device("cpu"))
+    timer.cuda = True  # as on a GPU, without one
+    timed = timer.wrap("vision_tower", lambda x: x + 1)
+    timer.enabled = False
+    assert timed(1) == 2 and calls == [] and timer.totals == {}
+    timer.enabled = True
+    assert timed(1) == 2 and len(calls) == 2 and "vision_tower" in timer.totals
