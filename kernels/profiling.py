@@ -63,21 +63,11 @@ def idle_gaps(prof: Any, min_us: float = 20.0, top: int = 15) -> dict[str, Any]:
     wait (``next_kernel``). Returns the window from the first kernel's start to the last one's end, the busy and
     idle time in it (ms), the ``top`` largest holes and the idle time summed by ``host`` and by ``phase``."""
     events = list(prof.events()) if hasattr(prof, "events") else list(prof)
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
-                     if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+    kernels = [(e.time_range.start, e.time_range.end, e.name) for e in events
+               if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
     if not kernels:
         return {"window_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "gaps": [], "idle_by_host": [], "idle_by_phase": []}
-    holes, busy, (start, end, _) = [], 0.0, kernels[0]
-    for s, e, name in kernels[1:]:
-        if s > end:
-            busy += end - start
-            if s - end >= min_us:
-                holes.append((end, s, name))
-            start, end = s, e
-        else:
-            end = max(end, e)
-    busy += end - start
-    window = end - kernels[0][0]
+    holes, busy, window = gpu_holes(kernels, min_us)
     blamed = _blame_host(events, holes)
     by_host: dict[str, float] = {}
     by_phase: dict[str, float] = {}
@@ -90,6 +80,26 @@ def idle_gaps(prof: Any, min_us: float = 20.0, top: int = 15) -> dict[str, Any]:
             "holes": len(holes), "holes_ms": sum(b - a for a, b, _ in holes) / 1000, "gaps": gaps[:top],
             "idle_by_host": sorted(by_host.items(), key=lambda kv: -kv[1])[:top],
             "idle_by_phase": sorted(by_phase.items(), key=lambda kv: -kv[1])[:top]}
+
+
+def gpu_holes(spans: list[tuple[float, float, str]], min_us: float) -> tuple[list[tuple[float, float, str]], float, float]:
+    """The idle stretches between device ``(start, end, name)`` spans (any order, all streams merged) of at least
+    ``min_us``, as ``(start, end, name of the span that ended it)`` in time order; with the busy time and the
+    window from the first start to the last end (same units as the spans)."""
+    spans = sorted(spans)
+    if not spans:
+        return [], 0.0, 0.0
+    holes, busy, (start, end, _) = [], 0.0, spans[0]
+    for s, e, name in spans[1:]:
+        if s > end:
+            busy += end - start
+            if s - end >= min_us:
+                holes.append((end, s, name))
+            start, end = s, e
+        else:
+            end = max(end, e)
+    busy += end - start
+    return holes, busy, end - spans[0][0]
 
 
 def _blame_host(events: list[Any], holes: list[tuple[float, float, str]]) -> list[tuple[str, str]]:

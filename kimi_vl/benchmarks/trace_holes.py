@@ -12,6 +12,8 @@ import gzip
 import json
 from collections import defaultdict
 
+from kernels.profiling import gpu_holes
+
 GPU = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function")
 
@@ -24,16 +26,9 @@ def load(path: str) -> list[dict]:
 
 def holes(events: list[dict], min_us: float) -> list[tuple[float, float, str]]:
     """``(start, end, next GPU event)`` of every idle stretch of the GPU (all streams merged) >= ``min_us``."""
-    gpu = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
-                 if e.get("cat") in GPU and e.get("ph") == "X")
-    if not gpu:
-        return []
-    out, end = [], gpu[0][1]
-    for s, e, name in gpu[1:]:
-        if s - end >= min_us:
-            out.append((end, s, name))
-        end = max(end, e)
-    return out
+    gpu = [(e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
+           if e.get("cat") in GPU and e.get("ph") == "X"]
+    return gpu_holes(gpu, min_us)[0]
 
 
 def host_in(events: list[dict], a: float, b: float) -> dict[int, list[tuple[float, float, str, str]]]:
