@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from kimi_vl.benchmarks import app_loop
 from kimi_vl.benchmarks import profile_train_step as prof
 
 FAST = ["data.seq_len=128", "data.batch_size=2", "data.max_patches=64", "data.num_workers=0"]
@@ -54,7 +55,7 @@ def test_report_shows_where_the_gpu_waited():
             "allocator": {"host_allocs": 3.0, "host_alloc_mb": 96.0, "host_alloc_ms": 14.5, "device_allocs": 0.0,
                           "alloc_retries": 1.0},
             "allocator_trace": [(0.0, 0.0, 0.0)] + [(0.3 * (i + 1), 3.0, 96.0) for i in range(11)]}
-    text = "\n".join(prof.pipeline_lines(pipe))
+    text = "\n".join(app_loop.pipeline_lines(pipe))
     assert "app loop, unsynchronised (2 steps): 300.0 ms a step (1000 tok/s); device busy 83%" in text
     assert "GPU idle under the profiler: 50.0 of 300.0 ms, 2 holes >= 20 us (45.0 ms)" in text
     assert "30.00 ms  aten::copy_" in text and "Optimizer.step#MuonClip.step 30.0 ms" in text
