@@ -12,26 +12,38 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from kimi_vl.logs import read_metrics
 
 SMOOTH = 10  # steps in the trailing mean of the per-source losses: one step's batch holds few documents of a source
 
-# (panel title, key prefixes, required substrings: a key must contain one of them, empty = any)
-PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("training loss", ("loss",), ()),
-    (f"training loss by data source (mean of {SMOOTH} steps)", ("loss/src/",), ()),
-    ("held-out loss", ("eval/",), ("loss",)),
-    ("held-out reward (RL)", ("eval/",), ("reward", "pass@", "unparsed")),
-    ("max attention logit", ("qk/max_logit",), ()),
-    ("clipped heads", ("qk/clipped",), ()),
-    ("learning rate", ("lr",), ()),
-    ("grad norm", ("grad_norm",), ()),
-    ("tokens / s", ("tokens_per_s",), ()),
-    ("reward", ("reward",), ()),
-    ("KL to the initial policy, entropy", ("kl_to_init", "entropy"), ()),
-    ("RL step seconds", ("time_rollout_s", "time_update_s"), ()),
-    ("generated tokens / s", ("gen_tokens_per_s",), ()),
+class Panel(NamedTuple):
+    """One plot: the keys starting with one of ``prefixes`` (or equal to one), containing one of ``needs`` (empty:
+    any), not starting with one of ``excludes``; ``smooth``: drawn as a trailing mean of :data:`SMOOTH` steps,
+    labelled without their prefix."""
+
+    title: str
+    prefixes: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+    excludes: tuple[str, ...] = ()
+    smooth: bool = False
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("training loss", ("loss",), excludes=("loss/src/",)),
+    Panel(f"training loss by data source (mean of {SMOOTH} steps)", ("loss/src/",), smooth=True),
+    Panel("held-out loss", ("eval/",), ("loss",)),
+    Panel("held-out reward (RL)", ("eval/",), ("reward", "pass@", "unparsed")),
+    Panel("max attention logit", ("qk/max_logit",)),
+    Panel("clipped heads", ("qk/clipped",)),
+    Panel("learning rate", ("lr",)),
+    Panel("grad norm", ("grad_norm",)),
+    Panel("tokens / s", ("tokens_per_s",)),
+    Panel("reward", ("reward",)),
+    Panel("KL to the initial policy, entropy", ("kl_to_init", "entropy")),
+    Panel("RL step seconds", ("time_rollout_s", "time_update_s")),
+    Panel("generated tokens / s", ("gen_tokens_per_s",)),
 )
 
 
@@ -45,11 +57,10 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def _keys_for(records: list[dict], prefixes: tuple[str, ...], needs: tuple[str, ...] = ()) -> list[str]:
-    keys = sorted({k for r in records for k in r if any(k == p or k.startswith(p) for p in prefixes)})
-    keys = [k for k in keys if not needs or any(n in k for n in needs)]
-    if prefixes == ("loss",):  # the per-source losses have their own panel
-        keys = [k for k in keys if not k.startswith("loss/src/")]
+def _keys_for(records: list[dict], panel: Panel) -> list[str]:
+    keys = sorted({k for r in records for k in r if any(k == p or k.startswith(p) for p in panel.prefixes)})
+    keys = [k for k in keys if (not panel.needs or any(n in k for n in panel.needs))
+            and not any(k.startswith(x) for x in panel.excludes)]
     per_layer = [k for k in keys if k.count("/") >= 2 and k.startswith("qk/")]  # per attention module
     return [k for k in keys if k not in per_layer] if len(keys) > 8 else keys
 
@@ -65,7 +76,11 @@ def _trailing_mean(ys: list[float], n: int) -> list[float]:
 
 def panel_keys(records: list[dict]) -> dict[str, list[str]]:
     """``{panel title: metric keys drawn in it}`` for every panel of :data:`PANELS` that has data."""
-    return {name: keys for name, prefixes, needs in PANELS if (keys := _keys_for(records, prefixes, needs))}
+    return {panel.title: keys for panel, keys in _panels(records)}
+
+
+def _panels(records: list[dict]) -> list[tuple[Panel, list[str]]]:
+    return [(panel, keys) for panel in PANELS if (keys := _keys_for(records, panel))]
 
 
 def plot_metrics(metrics_path: str | os.PathLike, out_png: str | os.PathLike, title: str | None = None) -> Path:
@@ -78,18 +93,18 @@ def plot_metrics(metrics_path: str | os.PathLike, out_png: str | os.PathLike, ti
     records = read_metrics(metrics_path)
     if not records:
         raise ValueError(f"{metrics_path}: no metric records to plot")
-    panels = list(panel_keys(records).items())
+    panels = _panels(records)
     cols = min(3, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
-    for ax, (name, keys) in zip(axes.flat, panels):
+    for ax, (panel, keys) in zip(axes.flat, panels):
         for key in keys:
             xs, ys = _series(records, key)
-            if key.startswith("loss/src/"):
-                ys = _trailing_mean(ys, SMOOTH)
-            label = key.removeprefix("loss/src/") if key.startswith("loss/src/") else key
+            label = key
+            if panel.smooth:
+                ys, label = _trailing_mean(ys, SMOOTH), key.removeprefix(panel.prefixes[0])
             ax.plot(xs, ys, label=label, marker="." if len(xs) < 30 else None, lw=2.0 if key == "loss" else 1.2)
-        ax.set_title(name, fontsize=10)
+        ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel("step")
         if len(keys) > 1:
             ax.legend(fontsize=6, ncol=2 if len(keys) > 6 else 1, framealpha=0.6)
