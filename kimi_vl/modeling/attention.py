@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.linear import shared_input_linear
 from kernels.rows import scale_rows_
 from kimi_vl.modeling.cache import MLALayerCache
 from kimi_vl.modeling.masks import MaskSpec
@@ -64,13 +65,17 @@ class MLAttention(nn.Module):
         self.track_max_logits = False
         self.register_buffer("max_logits_H", torch.full((h,), float("-inf")), persistent=False)
 
-    def _query(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        q = self.q_proj(x_BTD) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BTD)))
-        return q.view(*x_BTD.shape[:2], self.num_heads, self.qk_dim)  # [B, T, H, dq]
-
-    def _latent(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ckv, k_rope = torch.split(self.kv_a_proj_with_mqa(x_BTD), [self.kv_lora_rank, self.rope_dim], dim=-1)
-        return self.kv_a_layernorm(ckv), k_rope  # [B, S, R], [B, S, dr]
+    def _project(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Query ``[B, T, H, dq]``, normed latent ``[B, T, R]`` and ``k_rope`` ``[B, T, dr]``. The two projections
+        of x (``q_proj`` or ``q_a_proj``, and ``kv_a_proj_with_mqa``) are one autograd node, so that x has one
+        consumer (:func:`kernels.linear.shared_input_linear`)."""
+        q_lin = self.q_proj if self.q_lora_rank is None else self.q_a_proj
+        q, kv_a = shared_input_linear(x_BTD, [q_lin.weight, self.kv_a_proj_with_mqa.weight],
+                                      [q_lin.bias, self.kv_a_proj_with_mqa.bias])
+        if self.q_lora_rank is not None:
+            q = self.q_b_proj(self.q_a_layernorm(q))
+        ckv, k_rope = torch.split(kv_a, [self.kv_lora_rank, self.rope_dim], dim=-1)
+        return q.view(*x_BTD.shape[:2], self.num_heads, self.qk_dim), self.kv_a_layernorm(ckv), k_rope
 
     def _expand(self, ckv_BSR: torch.Tensor, krope_BSd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, s, _ = ckv_BSR.shape
@@ -81,8 +86,7 @@ class MLAttention(nn.Module):
 
     def forward(self, x_BTD: torch.Tensor, mask: MaskSpec, cache: MLALayerCache | None = None) -> torch.Tensor:
         b, t, _ = x_BTD.shape
-        q_BTHd = self._query(x_BTD)
-        ckv, krope = self._latent(x_BTD)
+        q_BTHd, ckv, krope = self._project(x_BTD)
         if cache is not None and cache.mode == "latent":
             had_past = cache.seq_length() > 0
             ckv, krope = cache.update(ckv, krope)

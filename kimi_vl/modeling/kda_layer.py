@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.kda import chunk_kda, fused_recurrent_kda
+from kernels.linear import shared_input_linear
 from kernels.short_conv import causal_conv1d, causal_conv1d_update
 from kimi_vl.modeling.cache import KDALayerCache
 from kimi_vl.modeling.norm import GatedRMSNorm
@@ -54,21 +55,28 @@ class KDALayer(nn.Module):
         if attention_mask_BT is not None:
             x_BTD = x_BTD * attention_mask_BT[:, :, None].to(x_BTD.dtype)
         b, t, _ = x_BTD.shape
-        w_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # one matmul, no output cat
-        qkv = F.linear(x_BTD, w_qkv)  # [B, T, 3HK]
+        qkv, small = self._input_proj(x_BTD)
         decode = cache is not None and cache.recurrent_state is not None and t == 1
         qkv = self._conv(qkv, cu_seqlens, cache, decode)
         q, k, v = (z.reshape(b, t, self.num_heads, self.head_dim) for z in qkv.chunk(3, dim=-1))
-        raw_gate = self.f_b_proj(self.f_a_proj(x_BTD)).view(b, t, self.num_heads, self.head_dim)
-        beta = torch.sigmoid(self.b_proj(x_BTD).float())
+        f_a, g_a, b_raw = small.split([self.head_dim, self.head_dim, self.num_heads], dim=-1)
+        raw_gate = self.f_b_proj(f_a).view(b, t, self.num_heads, self.head_dim)
+        beta = torch.sigmoid(b_raw.float())
         op = fused_recurrent_kda if decode else chunk_kda
         o, state = op(q, k, v, raw_gate, beta, initial_state=None if cache is None else cache.recurrent_state,
                       output_final_state=cache is not None, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                       A_log=self.A_log, dt_bias=self.dt_bias, lower_bound=self.lower_bound, cu_seqlens=cu_seqlens)
         if cache is not None:
             cache.recurrent_state = state
-        gate = self.g_b_proj(self.g_a_proj(x_BTD)).view(b, t, self.num_heads, self.head_dim)
+        gate = self.g_b_proj(g_a).view(b, t, self.num_heads, self.head_dim)
         return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
+
+    def _input_proj(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q|k|v`` ``[B, T, 3HK]`` and ``f_a|g_a|b`` ``[B, T, 2K + H]``: two GEMMs of x, one autograd node (x has one
+        consumer: its gradient is accumulated in place, :func:`kernels.linear.shared_input_linear`)."""
+        w_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        w_small = torch.cat([self.f_a_proj.weight, self.g_a_proj.weight, self.b_proj.weight])
+        return shared_input_linear(x_BTD, [w_qkv, w_small])
 
     def _conv(self, qkv_BTC: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: KDALayerCache | None,
               decode: bool) -> torch.Tensor:

@@ -84,8 +84,8 @@ def _mla(**kw) -> MLAttention:
 
 
 def _head_logits(attn: MLAttention, x: torch.Tensor) -> torch.Tensor:
-    q = attn._query(x)
-    k, _ = attn._expand(*attn._latent(x))
+    q, ckv, krope = attn._project(x)
+    k, _ = attn._expand(ckv, krope)
     return torch.einsum("bthd,bshd->bhts", q, k) * attn.scaling
 
 
