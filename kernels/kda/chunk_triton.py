@@ -58,7 +58,7 @@ import triton.language as tl
 
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
-from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_triton, token_rows
+from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_qkv_triton, l2norm_triton, qkv_base, token_rows
 
 SUB = 16
 
@@ -775,7 +775,9 @@ def chunk_kda_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
     if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ins)):
         return chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
     if use_l2:
-        q, k = l2norm_triton(q), l2norm_triton(k)
+        qkv = qkv_base(q, k, v)  # views of one q|k|v tensor: their gradients go into one tensor, no concatenation
+        q, k, v = l2norm_qkv_triton(qkv, q.shape[2], q.shape[3]) if qkv is not None else \
+            (l2norm_triton(q), l2norm_triton(k), v)
     if use_gate:
         g = kda_gate_triton(g, A_log, dt_bias, lower_bound)
     return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, cu_seqlens)

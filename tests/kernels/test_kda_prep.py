@@ -9,7 +9,7 @@ from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 
 from kernels.kda import kda_gate_ref
 from kernels.kda.naive import l2norm_ref
-from kernels.kda.prep_triton import kda_gate_triton, l2norm_triton
+from kernels.kda.prep_triton import kda_gate_triton, l2norm_qkv_triton, l2norm_triton, qkv_base
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +43,44 @@ def test_l2norm_fp16_storage():
     l2norm_ref(x2).backward(dy.float())
     assert x.grad.dtype == torch.float16
     assert_rel_rms(x.grad, x2.grad, 2e-3, "dx fp16")
+
+
+def _thirds(qkv: torch.Tensor, H: int) -> tuple[torch.Tensor, ...]:
+    B, T, _ = qkv.shape
+    return tuple(z.reshape(B, T, H, -1) for z in qkv.chunk(3, dim=-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("unused", [None, 0, 2])
+def test_l2norm_qkv_equals_separate_norms(dtype, unused):
+    """One node for q|k|v: the same values and the same d(qkv) as l2norm_triton on each chunk(3) view (bit for bit:
+    the same kernels), also when one output gets no gradient."""
+    B, T, H, D = 2, 7, 3, 20
+    x = (torch.randn(B, T, 3 * H * D) * 3).to(kernel_device(), dtype)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    qa, ka, va = _thirds(a * 1, H)  # a non-leaf base, as the conv output is
+    assert qkv_base(qa, ka, va) is not None
+    got = l2norm_qkv_triton(qkv_base(qa, ka, va), H, D)
+    qb, kb, vb = _thirds(b * 1, H)
+    want = (l2norm_triton(qb), l2norm_triton(kb), vb)
+    for y, y2 in zip(got, want):
+        assert y.shape == (B, T, H, D) and y.dtype == dtype and torch.equal(y, y2)
+    dys = [torch.randn(B, T, H, D).to(kernel_device(), dtype) for _ in range(3)]
+    used = [i for i in range(3) if i != unused]
+    torch.autograd.backward([got[i] for i in used], [dys[i] for i in used])
+    torch.autograd.backward([want[i] for i in used], [dys[i] for i in used])
+    assert torch.equal(a.grad, b.grad)
+
+
+def test_qkv_base_refuses_other_layouts():
+    x = torch.randn(1, 4, 12)
+    q, k, v = _thirds(x, 2)
+    assert qkv_base(q, k, v) is x
+    assert qkv_base(k, q, v) is None  # wrong order
+    assert qkv_base(q, k, v.clone()) is None  # not one tensor
+    y = torch.randn(1, 4, 24)[..., :12]  # a base wider than q|k|v
+    assert qkv_base(*_thirds(y, 2)) is None
+    assert qkv_base(*(torch.randn(1, 4, 2, 2) for _ in range(3))) is None
 
 
 @pytest.mark.parametrize("lower_bound", [None, -3.0])

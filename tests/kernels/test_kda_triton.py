@@ -12,6 +12,7 @@ from kda_cases import GATES, make_inputs
 from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device, rel_rms
 
 from kernels.kda import chunk_kda, fused_recurrent_kda, kda_gate_ref, naive_recurrent_kda
+from kernels.kda.prep_triton import qkv_base
 
 
 @pytest.fixture(autouse=True)
@@ -298,7 +299,8 @@ def test_gpu_fwd_intermediates_full_width():
 @pytest.mark.parametrize("B,T,cu", [(2, 37, None), (1, 70, [0, 1, 40, 70])])
 def test_triton_qkv_views_read_in_place_equal_contiguous(B, T, cu):
     """q, k, v as views of one [B, T, 3 H K] tensor (the KDA layer's conv output) give exactly the results and
-    gradients of contiguous copies: the L2-norm and v-reading kernels take the token stride (``token_rows``)."""
+    gradients of contiguous copies: the L2-norm and v-reading kernels take the token stride (``token_rows``), and the
+    views' L2 norms are one node (``QKVL2NormFunction``) whose backward writes d(qkv) directly."""
     H, K = 2, 16
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     q, k, v, raw, beta, _ = make_inputs(B, T, H, H, K, K)
@@ -308,7 +310,7 @@ def test_triton_qkv_views_read_in_place_equal_contiguous(B, T, cu):
     raw, beta = _to([raw, beta])
     beta.requires_grad_()
     views = [t.reshape(B, T, H, K) for t in qkv.to(kernel_device()).chunk(3, dim=-1)]
-    assert not views[0].is_contiguous()
+    assert not views[0].is_contiguous() and qkv_base(*views) is not None  # the one-node L2 norm of q|k|v
     o, _ = chunk_kda(*views, raw, beta, **kw)
     (o * torch.linspace(-1, 1, o.numel(), device=o.device).view_as(o)).sum().backward()
     qkv2 = qkv.detach().clone().requires_grad_()
