@@ -121,10 +121,14 @@ def l2norm_triton(x: torch.Tensor) -> torch.Tensor:
 
 
 def qkv_base(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
-    """The contiguous ``[B, T, 3 H D]`` tensor whose last dim q, k, v ``[B, T, H, D]`` are the three thirds of, in
-    that order (the KDA layer's q|k|v conv output, split by ``chunk(3)``), else None."""
+    """The contiguous ``[B, T, 3 H D]`` tensor whose last dim q, k, v ``[B, T, H, D]`` are the thirds of, in that
+    order (the KDA layer's q|k|v conv output, split by ``chunk(3)``), else None. The views' common base must be that
+    tensor itself and, when they need a gradient, part of the autograd graph (a tensor made inside a custom
+    function's forward and returned as a view is not: gradients through it would be lost)."""
     base = q._base
     if base is None or k._base is not base or v._base is not base or not base.is_contiguous():
+        return None
+    if any(x.requires_grad for x in (q, k, v)) and not base.requires_grad:
         return None
     B, T, H, D = q.shape
     if base.shape != (B, T, 3 * H * D) or k.shape != q.shape or v.shape != q.shape:

@@ -322,8 +322,10 @@ def _bj(W: int) -> int:
     return max(2, triton.next_power_of_2(max(W - 1, 1)))
 
 
-def _forward(x_TD, w, b, s, lay: _Layout, silu: bool) -> torch.Tensor:
-    y = torch.empty_like(x_TD)
+def _forward(x_TD, w, b, s, lay: _Layout, silu: bool, shape: tuple[int, ...]) -> torch.Tensor:
+    """y in ``shape`` (x's ``[B, T, D]``), allocated as such: not a view, so that views of y have y as their base
+    (``kernels.kda.prep_triton.qkv_base`` finds the q|k|v tensor that way)."""
+    y = torch.empty(shape, dtype=x_TD.dtype, device=x_TD.device)
     if lay.NT == 0 or lay.D == 0:
         return y
     grid = (triton.cdiv(lay.NT, FWD_BT), triton.cdiv(lay.D, FWD_BD))
@@ -410,13 +412,13 @@ class CausalConv1dFunction(torch.autograd.Function):
         b = bias.contiguous() if bias is not None else None
         # the kernels read the state (and the final-state gradient) as [N, W-1, D]: contiguous rows like x's
         s = initial_state.transpose(1, 2).contiguous() if initial_state is not None and lay.W > 1 else None
-        y = _forward(x_TD, w, b, s, lay, silu)
+        y = _forward(x_TD, w, b, s, lay, silu, (B, T, D))
         s_dt = initial_state.dtype if initial_state is not None else x.dtype
         fs = _final_state(x_TD, s, lay, s_dt) if output_final_state else None
         ctx.save_for_backward(x_TD, w, b, s)
         ctx.lay, ctx.silu, ctx.shape = lay, silu, (B, T, D)
         ctx.state_dtype = s_dt
-        return y.view(B, T, D), fs
+        return y, fs
 
     @staticmethod
     def backward(ctx, dy, dfs):

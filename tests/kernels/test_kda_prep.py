@@ -76,6 +76,11 @@ def test_qkv_base_refuses_other_layouts():
     x = torch.randn(1, 4, 12)
     q, k, v = _thirds(x, 2)
     assert qkv_base(q, k, v) is x
+    flat = torch.randn(4, 12)  # a base of another shape
+    assert qkv_base(*_thirds(flat.view(1, 4, 12), 2)) is None
+    # views that need a gradient of a base outside the graph (a custom function's output viewed in its forward)
+    q, k, v = _thirds(torch.randn(1, 4, 12), 2)
+    assert qkv_base(q.requires_grad_(), k, v) is None
     assert qkv_base(k, q, v) is None  # wrong order
     assert qkv_base(q, k, v.clone()) is None  # not one tensor
     y = torch.randn(1, 4, 24)[..., :12]  # a base wider than q|k|v
