@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 14's GPU parts, one H100 call per PART (results: docs/results/gpu-2026-11-27-s14/):
+#   bash scripts/gpu_session14.sh ab DATA OLD   issue 9: GPU tests of this session's changes, then the app at batch 24
+#       for 64 steps, the code in OLD (a folder: the commit before) and this one interleaved (OLD, new, OLD, new), the
+#       per-step time ratio of the same batches and the median mfu of steps 33-64 of each run
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+export TOKENIZERS_PARALLELISM=false
+
+mfu64() {  # run name: median tokens/s and mfu of steps 33-64, peak memory
+  python3 -c "import json, statistics as s; r=[json.loads(l) for l in open('$OUT/app64_$1_metrics.jsonl')]; \
+t=[x for x in r if x['step'] > 32]; print('app64 $1 steps 33-64: median', round(s.median(x['tokens_per_s'] for x in t)), \
+'tokens/s, mfu', round(s.median(x['mfu'] for x in t), 4), ', peak', round(max(x['peak_mem_gib'] for x in t), 1), 'GiB')" \
+  2>&1 | tee -a "$LOG"
+}
+
+gpu_header
+case "${1:?usage: gpu_session14.sh ab DATA OLD}" in
+ab)
+  DATA=${2:?usage: gpu_session14.sh ab DATA OLD}
+  OLD=${3:?usage: gpu_session14.sh ab DATA OLD}
+  PART_TAIL=6 part "GPU tests of the changes" 150 python3 -m pytest -q -x -n 8 -p no:cacheprovider \
+    tests/kernels/test_linear.py tests/kernels/test_kda_prep.py tests/model/test_kda_layer_backends.py \
+    tests/kernels/test_kda_triton.py tests/kernels/test_short_conv_triton.py
+  export APP_STEPS=64 APP_OVERRIDES="data.batch_size=24"
+  for round in a b; do
+    APP_DIR=$OLD app16 "old_$round"
+    app16 "new_$round"
+  done
+  APP_STEPS=64 app_compare old_a new_a
+  APP_STEPS=64 app_compare old_b new_b
+  for n in old_a new_a old_b new_b; do mfu64 $n; done
+  ;;
+esac
+ls -la "$OUT"
