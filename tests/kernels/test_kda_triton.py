@@ -56,7 +56,8 @@ def test_triton_varlen_gate_l2_and_backward(fn):
     dtb = torch.randn(H * K, dtype=torch.float64)
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
     x = [t.requires_grad_() for t in _to([q * 2, k * 2, v, raw, beta, s0])]
-    o, S = fn(*x[:5], initial_state=x[5], A_log=A_log.float(), dt_bias=dtb.float(), cu_seqlens=cu, **kw)
+    a_log, dt_bias = _to([A_log, dtb])  # on the inputs' device (a CUDA kernel cannot read a CPU pointer)
+    o, S = fn(*x[:5], initial_state=x[5], A_log=a_log, dt_bias=dt_bias, cu_seqlens=cu, **kw)
     g = kda_gate_ref(raw, A_log, dtb)
     o_ref, S_ref = naive_recurrent_kda(
         F.normalize(q, dim=-1, eps=0),
@@ -74,7 +75,7 @@ def test_triton_varlen_gate_l2_and_backward(fn):
         (o.square().sum() + S.sum()).backward()
         y = [t.detach().clone().requires_grad_() for t in x]
         o2, S2 = chunk_kda(
-            *y[:5], initial_state=y[5], A_log=A_log.float(), dt_bias=dtb.float(), cu_seqlens=cu, backend="torch", **kw
+            *y[:5], initial_state=y[5], A_log=a_log, dt_bias=dt_bias, cu_seqlens=cu, backend="torch", **kw
         )
         (o2.square().sum() + S2.sum()).backward()
         for a, b in zip(x, y):
@@ -304,7 +305,7 @@ def test_triton_qkv_views_read_in_place_equal_contiguous(B, T, cu):
     H, K = 2, 16
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     q, k, v, raw, beta, _ = make_inputs(B, T, H, H, K, K)
-    A_log = torch.log(torch.empty(H, dtype=torch.float64).uniform_(1, 16)).float()
+    A_log = torch.log(torch.empty(H, dtype=torch.float64).uniform_(1, 16)).float().to(kernel_device())
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, cu_seqlens=cu)
     qkv = torch.cat([q, k, v], dim=-1).reshape(B, T, 3 * H * K).float().requires_grad_()
     raw, beta = _to([raw, beta])
