@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vision_encoder.layer_norm import LayerNorm
 from vision_encoder.packed_tables import PackedTables, packed_tables
 
 
@@ -58,7 +59,7 @@ class MoonViTProjector(nn.Module):
     def __init__(self, vision_width: int, merge: int, out_width: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.merged = vision_width * merge * merge
-        self.pre_norm = nn.LayerNorm(vision_width, eps=eps)
+        self.pre_norm = LayerNorm(vision_width, eps=eps)
         self.fc1 = nn.Linear(self.merged, self.merged)
         self.fc2 = nn.Linear(self.merged, out_width)
 

@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from kernels.host_ints import remember
 from vision_encoder.attention import AttentionLayout, MoonViTAttention, block_diagonal_mask, resolve_backend
 from vision_encoder.config import MoonViTConfig
+from vision_encoder.layer_norm import LayerNorm
 from vision_encoder.merger import MoonViTProjector, temporal_merge
 from vision_encoder.packed_tables import Grid, PackedTables, bicubic_matrix, grid_key, packed_tables
 from vision_encoder.rope_2d import rope_cos_sin_colrow, rope_inv_freq
@@ -110,9 +111,9 @@ class MoonViTBlock(nn.Module):
 
     def __init__(self, cfg: MoonViTConfig) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.norm1 = LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.attn = MoonViTAttention(cfg.hidden_size, cfg.num_heads)
-        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.norm2 = LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
 
@@ -152,7 +153,7 @@ class MoonViT(nn.Module):
         self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.hidden_size, cfg.patch_size, stride=cfg.patch_size)
         self.pos_emb = MoonViTPositionEmbedding(cfg)
         self.blocks = nn.ModuleList(MoonViTBlock(cfg) for _ in range(cfg.num_layers))
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.norm = LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.register_buffer("rope_inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
         self.projector = (MoonViTProjector(cfg.hidden_size, cfg.merge_size, cfg.out_hidden_size,
                                            cfg.projector_norm_eps) if cfg.out_hidden_size else None)

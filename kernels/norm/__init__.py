@@ -1,7 +1,8 @@
-"""RMSNorm, gated RMSNorm (the KDA output norm) and the SwiGLU activation, fused.
+"""RMSNorm, gated RMSNorm (the KDA output norm), LayerNorm (the vision tower's) and the SwiGLU activation, fused.
 
     rms_norm(x, weight, eps)             = weight * (x / sqrt(mean(x^2) + eps)).to(x.dtype)
     gated_rms_norm(x, gate, weight, eps) = (weight * x / sqrt(mean(x^2) + eps) * sigmoid(gate)).to(x.dtype)
+    layer_norm(x, weight, bias, eps)     = ((x - mean(x)) / sqrt(var(x) + eps) * weight + bias).to(x.dtype)
     silu_mul(gate_up)                    = silu(gate_up[..., :I]) * gate_up[..., I:]
 
 Statistics and the gated product in fp32 (``norm_torch.py`` states the rounding points). Two implementations
@@ -10,7 +11,7 @@ behind one dispatch point: ``norm_torch.py`` (PyTorch, the reference and the CPU
 else ``KVL_NORM_BACKEND=triton|torch``, else Triton on CUDA and PyTorch elsewhere;
 ``KVL_NORM_BACKEND=triton TRITON_INTERPRET=1`` runs the Triton kernels on a CPU.
 
-Shapes: x, gate ``[..., D]``; weight ``[D]``; gate_up ``[..., 2I]`` -> ``[..., I]``.
+Shapes: x, gate ``[..., D]``; weight, bias ``[D]``; gate_up ``[..., 2I]`` -> ``[..., I]``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import choose_backend
-from kernels.norm.norm_torch import gated_rms_norm_torch, rms_norm_torch, silu_mul_torch
+from kernels.norm.norm_torch import gated_rms_norm_torch, layer_norm_torch, rms_norm_torch, silu_mul_torch
 
-__all__ = ["rms_norm", "gated_rms_norm", "silu_mul", "rms_norm_torch", "gated_rms_norm_torch", "silu_mul_torch"]
+__all__ = ["rms_norm", "gated_rms_norm", "layer_norm", "silu_mul", "rms_norm_torch", "gated_rms_norm_torch",
+           "layer_norm_torch", "silu_mul_torch"]
 
 MAX_D = 16384  # the fused kernels hold a whole row of D in registers; wider rows take the PyTorch path
 
@@ -72,6 +74,24 @@ def _triton_norm(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tenso
     y, _ = norm_fwd(x.reshape(-1, d).contiguous(), None if gate is None else gate.reshape(-1, d).contiguous(),
                     weight.contiguous(), eps)
     return y.view(x.shape)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
+               backend: str | None = None) -> torch.Tensor:
+    """LayerNorm over the last dim of ``x [..., D]`` with gain ``weight [D]`` and ``bias [D]``: statistics and the
+    affine map in fp32, the result in x's dtype (under autocast F.layer_norm returns fp32 instead; its consumers, the
+    vision tower's matmuls, cast it back to x's dtype, which is where this rounds)."""
+    _check_norm("layer_norm", x, weight, None)
+    if bias.shape != weight.shape:
+        _fail("layer_norm", f"bias must be [D={x.shape[-1]}], got {tuple(bias.shape)}")
+    if resolve_backend(backend, x.device, "layer_norm") == "torch" or x.shape[-1] > MAX_D:
+        return layer_norm_torch(x, weight, bias, eps)
+    from kernels.norm.norm_triton import LayerNormFunction, layer_norm_fwd
+
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
+        return LayerNormFunction.apply(x, weight, bias, eps)
+    d = x.shape[-1]
+    return layer_norm_fwd(x.reshape(-1, d).contiguous(), weight.contiguous(), bias.contiguous(), eps)[0].view(x.shape)
 
 
 def silu_mul(gate_up: torch.Tensor, backend: str | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""PyTorch RMSNorm, gated RMSNorm and SwiGLU activation: the references of ``norm_triton.py`` and the CPU path.
+"""PyTorch RMSNorm, gated RMSNorm, LayerNorm and SwiGLU activation: the references of ``norm_triton.py`` and the CPU path.
 
 Numerics follow transformers' ``kimi_linear`` (``kimi_vl/modeling/norm.py`` states them): statistics in fp32;
 ``rms_norm`` rounds the normalised input to the input dtype before the gain; ``gated_rms_norm`` keeps the gain
@@ -30,3 +30,8 @@ def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate_up[..., :I]) * gate_up[..., I:]``."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def layer_norm_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """``F.layer_norm`` over the last dim in fp32 (statistics, gain and bias), rounded to x's dtype once."""
+    return F.layer_norm(x.float(), x.shape[-1:], weight.float(), bias.float(), eps).to(x.dtype)

@@ -12,6 +12,9 @@ input ``gate_up [M, 2I]`` (gate half first) and output ``[M, I]``.
   ``dx = rstd (dn - x_hat mean(dn x_hat))`` with ``dn = dy w [sigmoid(gate)]`` and, gated,
   ``dgate = dy w x_hat s (1 - s)``; the weight gradient is summed per program in fp32 and the ``[P, D]``
   partials are reduced by ``torch.sum`` (deterministic, no atomics).
+- LayerNorm forward (mean and ``rstd`` saved, fp32 ``[M]`` each; the affine map in fp32, y in x's dtype) and
+  backward ``dx = rstd (dn - mean(dn) - x_hat mean(dn x_hat))``, ``dn = dy w``, with the gain and bias gradients
+  summed per program like the RMSNorm's.
 - SwiGLU forward ``y = silu(g) u`` and backward ``dg = dy u s (1 + g (1 - s))``, ``du = dy silu(g)`` in fp32,
   written straight into ``d gate_up [M, 2I]``, so the split halves never exist as separate tensors.
 
@@ -76,6 +79,50 @@ def _norm_bwd_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_p
         dx = rstd[:, None] * (dn - x_hat * (tl.sum(dn * x_hat, axis=1) / D)[:, None])
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
     tl.store(dw_ptr + pid * D + cols, dw, mask=cols < D)
+
+
+@triton.jit
+def _ln_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, D, eps, BLOCK_M: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    m = (rows < M)[:, None] & (cols < D)[None, :]
+    off = rows[:, None] * D + cols[None, :]
+    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / D
+    xc = tl.where(m, x - mean[:, None], 0.0)
+    rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=1) / D + eps)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    b = tl.load(b_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + off, (xc * rstd[:, None] * w + b).to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(mean_ptr + rows, mean, mask=rows < M)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+
+
+@triton.jit
+def _ln_bwd_kernel(x_ptr, w_ptr, mean_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, M, D, BLOCK_M: tl.constexpr,
+                   BLOCK_D: tl.constexpr, TILES: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    dw = tl.zeros([BLOCK_D], dtype=tl.float32)
+    db = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for it in range(TILES):
+        rows = (pid * TILES + it) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m = (rows < M)[:, None] & (cols < D)[None, :]
+        off = rows[:, None] * D + cols[None, :]
+        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=rows < M, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
+        x_hat = tl.where(m, (x - mean[:, None]) * rstd[:, None], 0.0)
+        dn = dy * w
+        dw += tl.sum(dy * x_hat, axis=0)
+        db += tl.sum(dy, axis=0)
+        dx = rstd[:, None] * (dn - (tl.sum(dn, axis=1) / D)[:, None] - x_hat * (tl.sum(dn * x_hat, axis=1) / D)[:, None])
+        tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    tl.store(dw_ptr + pid * D + cols, dw, mask=cols < D)
+    tl.store(db_ptr + pid * D + cols, db, mask=cols < D)
 
 
 @triton.jit
@@ -147,6 +194,36 @@ def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     return dx, dg, dw_part.sum(0).to(weight.dtype)
 
 
+def layer_norm_fwd(x_MD: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y [M, D] in x's dtype, mean [M], rstd [M])``, statistics and the affine map in fp32."""
+    M, D = x_MD.shape
+    y = torch.empty_like(x_MD)
+    mean = torch.empty(M, dtype=torch.float32, device=x_MD.device)
+    rstd = torch.empty_like(mean)
+    block_m, block_d = _norm_blocks(D)
+    if M:
+        _ln_fwd_kernel[(triton.cdiv(M, block_m),)](x_MD, weight, bias, y, mean, rstd, M, D, eps, BLOCK_M=block_m,
+                                                   BLOCK_D=block_d, num_warps=NORM_WARPS)
+    return y, mean, rstd
+
+
+def layer_norm_bwd(x_MD: torch.Tensor, weight: torch.Tensor, mean_M: torch.Tensor, rstd_M: torch.Tensor,
+                   dy_MD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx in x's dtype, dweight, dbias in weight's dtype)``, the affine gradients summed per program in fp32."""
+    M, D = x_MD.shape
+    block_m, block_d = _norm_blocks(D)
+    tiles = max(1, min(NORM_BWD_TILES, triton.cdiv(M, block_m)))
+    n_prog = triton.cdiv(M, block_m * tiles)
+    dx = torch.empty_like(x_MD)
+    part = torch.zeros(2, n_prog, D, dtype=torch.float32, device=x_MD.device)
+    if M:
+        _ln_bwd_kernel[(n_prog,)](x_MD, weight, mean_M, rstd_M, dy_MD, dx, part[0], part[1], M, D, BLOCK_M=block_m,
+                                  BLOCK_D=block_d, TILES=tiles, num_warps=NORM_WARPS)
+    dwb = part.sum(1).to(weight.dtype)
+    return dx, dwb[0], dwb[1]
+
+
 def silu_mul_fwd(gu_M2I: torch.Tensor) -> torch.Tensor:
     M, I = gu_M2I.shape[0], gu_M2I.shape[1] // 2
     y = torch.empty(M, I, dtype=gu_M2I.dtype, device=gu_M2I.device)
@@ -202,3 +279,23 @@ class SiluMulFunction(torch.autograd.Function):
     def backward(ctx, dy):
         (gu,) = ctx.saved_tensors
         return silu_mul_bwd(gu, dy.reshape(gu.shape[0], -1).contiguous()).view(ctx.shape)
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """LayerNorm over the last dim with gain and bias; output in x's dtype; gradients for x, weight and bias."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps: float):
+        shape = x.shape
+        x_MD = x.reshape(-1, shape[-1]).contiguous()
+        w, b = weight.contiguous(), bias.contiguous()
+        y, mean, rstd = layer_norm_fwd(x_MD, w, b, eps)
+        ctx.save_for_backward(x_MD, w, mean, rstd)
+        ctx.shape = shape
+        return y.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_MD, w, mean, rstd = ctx.saved_tensors
+        dx, dw, db = layer_norm_bwd(x_MD, w, mean, rstd, dy.reshape(x_MD.shape).contiguous())
+        return dx.view(ctx.shape), dw, db, None

@@ -1,4 +1,4 @@
-"""Fused RMSNorm / gated RMSNorm / SwiGLU activation (``kernels/norm``): Triton == the PyTorch reference.
+"""Fused RMSNorm / gated RMSNorm / LayerNorm / SwiGLU activation (``kernels/norm``): Triton == the PyTorch reference.
 
 On a CPU the Triton kernels run under the interpreter (conftest sets ``TRITON_INTERPRET=1``) at small shapes;
 the ``gpu`` test checks the model's shapes on CUDA.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.norm import gated_rms_norm, rms_norm, silu_mul
-from kernels.norm.norm_torch import gated_rms_norm_torch, rms_norm_torch, silu_mul_torch
+from kernels.norm import gated_rms_norm, layer_norm, rms_norm, silu_mul
+from kernels.norm.norm_torch import gated_rms_norm_torch, layer_norm_torch, rms_norm_torch, silu_mul_torch
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -147,3 +147,56 @@ def test_triton_norm_without_grad_skips_autograd_and_equals_it(gated):
     assert fast.shape == x.shape and fast.dtype == tracked.dtype
     assert torch.equal(fast, tracked.detach())
     assert torch.equal(call(*args), fast)  # grad mode on, but nothing requires grad: the same fast path
+
+
+def ln_inputs(shape, dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 3 + 2.0).to(dtype)  # an offset: the mean matters
+    w = (1 + 0.3 * torch.randn(shape[-1], generator=g)).to(dtype)
+    b = (0.5 * torch.randn(shape[-1], generator=g)).to(dtype)
+    return x, w, b, torch.randn(shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("shape", [(37, 64), (3, 5, 100), (2, 9, 768), (4, 3)])
+def test_layer_norm_fp32_matches_torch(shape):
+    x, w, b, dy = ln_inputs(shape, torch.float32)
+    ours = grads(lambda *t: layer_norm(*t, eps=1e-6, backend="triton"), [x, w, b], dy)
+    ref = grads(lambda *t: torch.nn.functional.layer_norm(t[0], shape[-1:], t[1], t[2], 1e-6), [x, w, b], dy)
+    assert ours[0].dtype == torch.float32 and rel(ours[0], ref[0]) < 1e-6
+    for name, a, r in zip(["dx", "dw", "db"], ours[1], ref[1]):
+        assert rel(a, r) < 1e-5, name
+
+
+def test_layer_norm_half_error_not_above_torch_path():
+    """fp16 (see test_norm_half_error_not_above_torch_paths): output in x's dtype, errors against fp64 at most the
+    PyTorch path's (fp32 inside, one rounding)."""
+    x, w, b, dy = ln_inputs((4, 33, 128), torch.float16, seed=1)
+    exact = grads(lambda *t: layer_norm_torch(*t, 1e-6), [t.double() for t in (x, w, b)], dy.double())
+    ours = grads(lambda *t: layer_norm(*t, eps=1e-6, backend="triton"), [x, w, b], dy)
+    theirs = grads(lambda *t: layer_norm_torch(*t, 1e-6), [x, w, b], dy)
+    assert ours[0].dtype == torch.float16
+    assert rel(ours[0], exact[0]) <= 1.2 * rel(theirs[0], exact[0]) + 1e-4
+    for a, t, e in zip(ours[1], theirs[1], exact[1]):
+        assert rel(a, e) <= 1.2 * rel(t, e) + 1e-3
+
+
+def test_layer_norm_errors_and_no_grad_path():
+    x, w, b, _ = ln_inputs((3, 8), torch.float32)
+    with pytest.raises(ValueError, match=r"bias must be \[D=8\], got \(7,\)"):
+        layer_norm(x, w, b[:7])
+    with torch.no_grad():
+        fast = layer_norm(x, w, b, backend="triton")
+    assert fast.grad_fn is None and rel(fast, layer_norm_torch(x, w, b, 1e-5)) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_layer_norm_vision_shape(dtype):
+    """The vision tower's LayerNorm on CUDA, [21000, 768] (patches of a training batch at batch 24)."""
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    x, w, b, dy = (t.cuda() for t in ln_inputs((21000, 768), dtype))
+    ours = grads(lambda *t: layer_norm(*t, backend="triton"), [x, w, b], dy)
+    exact = grads(lambda *t: layer_norm_torch(*t, 1e-5), [t.double() for t in (x, w, b)], dy.double())
+    assert rel(ours[0], exact[0]) < tol
+    for a, e in zip(ours[1], exact[1]):
+        assert rel(a, e) < tol

@@ -108,6 +108,25 @@ def test_every_parameter_gets_a_gradient() -> None:
     assert not missing
 
 
+def test_fused_layer_norm_path_equals_torch_path(monkeypatch) -> None:
+    """The tower with its LayerNorms on the Triton kernel (interpreter on a CPU) equals nn.LayerNorm's path: output
+    and every gradient (fp32)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    model = _model().train()
+    grid = torch.tensor([[1, 4, 4], [2, 2, 2]])
+    pv = _pixels(grid)
+    results = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("KVL_NORM_BACKEND", backend)
+        model.zero_grad()
+        out = model(pv, grid).projected
+        out.square().mean().backward()
+        results[backend] = [out.detach()] + [p.grad.clone() for p in model.parameters()]
+    names = ["out"] + [n for n, _ in model.named_parameters()]
+    for name, a, b in zip(names, results["triton"], results["torch"]):
+        assert_rel_rms(a, b, 1e-5, name)
+
+
 def test_aspect_ratios_and_single_patch_images() -> None:
     proc, model = MoonViTProcessor(), _model()
     images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8)
