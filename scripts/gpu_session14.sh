@@ -3,6 +3,7 @@
 #   bash scripts/gpu_session14.sh ab DATA OLD   issue 9: GPU tests of this session's changes, then the app at batch 24
 #       for 64 steps, the code in OLD (a folder: the commit before) and this one interleaved (OLD, new, OLD, new), the
 #       per-step time ratio of the same batches and the median mfu of steps 33-64 of each run
+#       (call1: OLD = ad8e601, new = 8cba7dd; call2: OLD = 8cba7dd, new = the fused vision LayerNorm, with TESTS set)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -19,9 +20,10 @@ case "${1:?usage: gpu_session14.sh ab DATA OLD}" in
 ab)
   DATA=${2:?usage: gpu_session14.sh ab DATA OLD}
   OLD=${3:?usage: gpu_session14.sh ab DATA OLD}
-  PART_TAIL=6 part "GPU tests of the changes" 150 python3 -m pytest -q -x -n 8 -p no:cacheprovider \
+  # TESTS: the test files to run first (default: call1's; call2 added the LayerNorm and encoder tests)
+  PART_TAIL=8 part "GPU tests of the changes" 150 python3 -m pytest -q -n 8 -p no:cacheprovider ${TESTS:-\
     tests/kernels/test_linear.py tests/kernels/test_kda_prep.py tests/model/test_kda_layer_backends.py \
-    tests/kernels/test_kda_triton.py tests/kernels/test_short_conv_triton.py
+    tests/kernels/test_kda_triton.py tests/kernels/test_short_conv_triton.py}
   export APP_STEPS=64 APP_OVERRIDES="data.batch_size=24"
   for round in a b; do
     APP_DIR=$OLD app16 "old_$round"
