@@ -1,13 +1,14 @@
 """Fused RMSNorm / gated RMSNorm / LayerNorm / SwiGLU activation (``kernels/norm``): Triton == the PyTorch reference.
 
-On a CPU the Triton kernels run under the interpreter (conftest sets ``TRITON_INTERPRET=1``) at small shapes;
-the ``gpu`` test checks the model's shapes on CUDA.
+On a CPU the Triton kernels run under the interpreter (conftest sets ``TRITON_INTERPRET=1``) at small shapes; with a
+GPU the same tests run on it (``kernel_device``), and the ``gpu`` tests check the model's shapes on CUDA.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from kvl_testing import kernel_device
 
 from kernels.norm import gated_rms_norm, layer_norm, rms_norm, silu_mul
 from kernels.norm.norm_torch import gated_rms_norm_torch, layer_norm_torch, rms_norm_torch, silu_mul_torch
@@ -31,7 +32,7 @@ def norm_inputs(shape, dtype, gated: bool, seed: int = 0):
     w = (1 + 0.3 * torch.randn(shape[-1], generator=g)).to(dtype)
     gate = (2 * torch.randn(shape, generator=g)).to(dtype) if gated else None
     dy = torch.randn(shape, generator=g).to(dtype)
-    return x, gate, w, dy
+    return tuple(t.to(kernel_device()) if t is not None else None for t in (x, gate, w, dy))
 
 
 def norm_fn(gated: bool, backend: str | None):
@@ -75,6 +76,7 @@ def test_norm_half_error_not_above_torch_paths(gated):
 def test_silu_mul_matches_torch(shape):
     g = torch.Generator().manual_seed(2)
     gu, dy = torch.randn(shape, generator=g) * 4, torch.randn(*shape[:-1], shape[-1] // 2, generator=g)
+    gu, dy = gu.to(kernel_device()), dy.to(kernel_device())
     ours = grads(lambda t: silu_mul(t, backend="triton"), [gu], dy)
     ref = grads(silu_mul_torch, [gu], dy)
     assert ours[0].shape == (*shape[:-1], shape[-1] // 2)
@@ -96,7 +98,7 @@ def test_mixed_dtypes_follow_torch():
 
 
 def test_backend_choice_and_errors(monkeypatch):
-    x, _, w, _ = norm_inputs((3, 8), torch.float32, False)
+    x, _, w, _ = (t.cpu() for t in norm_inputs((3, 8), torch.float32, True))
     assert torch.equal(rms_norm(x, w), rms_norm_torch(x, w, 1e-6))  # CPU default: the PyTorch path
     monkeypatch.setenv("KVL_NORM_BACKEND", "nope")
     with pytest.raises(ValueError, match="KVL_NORM_BACKEND"):
@@ -108,7 +110,8 @@ def test_backend_choice_and_errors(monkeypatch):
         gated_rms_norm(x, x[:2], w)
     with pytest.raises(ValueError, match=r"\[\.\.\., 2I\]"):
         silu_mul(torch.randn(2, 3))
-    wide, w_wide = torch.randn(2, 16385), torch.ones(16385)  # above MAX_D: the PyTorch path, same result
+    wide, w_wide = torch.randn(2, 16385, device=kernel_device()), torch.ones(16385, device=kernel_device())
+    # above MAX_D: the PyTorch path, same result
     assert torch.equal(rms_norm(wide, w_wide, backend="triton"), rms_norm_torch(wide, w_wide, 1e-6))
 
 
@@ -154,7 +157,7 @@ def ln_inputs(shape, dtype, seed: int = 0):
     x = (torch.randn(shape, generator=g) * 3 + 2.0).to(dtype)  # an offset: the mean matters
     w = (1 + 0.3 * torch.randn(shape[-1], generator=g)).to(dtype)
     b = (0.5 * torch.randn(shape[-1], generator=g)).to(dtype)
-    return x, w, b, torch.randn(shape, generator=g).to(dtype)
+    return tuple(t.to(kernel_device()) for t in (x, w, b, torch.randn(shape, generator=g).to(dtype)))
 
 
 @pytest.mark.parametrize("shape", [(37, 64), (3, 5, 100), (2, 9, 768), (4, 3)])
@@ -194,7 +197,7 @@ def test_layer_norm_errors_and_no_grad_path():
 def test_gpu_layer_norm_vision_shape(dtype):
     """The vision tower's LayerNorm on CUDA, [21000, 768] (patches of a training batch at batch 24)."""
     tol = 1e-5 if dtype == torch.float32 else 1e-2
-    x, w, b, dy = (t.cuda() for t in ln_inputs((21000, 768), dtype))
+    x, w, b, dy = ln_inputs((21000, 768), dtype)
     ours = grads(lambda *t: layer_norm(*t, backend="triton"), [x, w, b], dy)
     exact = grads(lambda *t: layer_norm_torch(*t, 1e-5), [t.double() for t in (x, w, b)], dy.double())
     assert rel(ours[0], exact[0]) < tol

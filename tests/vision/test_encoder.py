@@ -108,13 +108,12 @@ def test_every_parameter_gets_a_gradient() -> None:
     assert not missing
 
 
-def test_fused_layer_norm_path_equals_torch_path(monkeypatch) -> None:
-    """The tower with its LayerNorms on the Triton kernel (interpreter on a CPU) equals nn.LayerNorm's path: output
-    and every gradient (fp32)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    model = _model().train()
+def test_fused_layer_norm_path_equals_torch_path(monkeypatch, device) -> None:
+    """The tower with its LayerNorms on the Triton kernel (on the GPU, else the interpreter on the CPU) equals
+    nn.LayerNorm's path: output and every gradient (fp32)."""
+    model = _model().train().to(device)
     grid = torch.tensor([[1, 4, 4], [2, 2, 2]])
-    pv = _pixels(grid)
+    pv = _pixels(grid).to(device)
     results = {}
     for backend in ("torch", "triton"):
         monkeypatch.setenv("KVL_NORM_BACKEND", backend)
