@@ -4,6 +4,8 @@
 #       for 64 steps, the code in OLD (a folder: the commit before) and this one interleaved (OLD, new, OLD, new), the
 #       per-step time ratio of the same batches and the median mfu of steps 33-64 of each run
 #       (call1: OLD = ad8e601, new = 8cba7dd; call2: OLD = 8cba7dd, new = the fused vision LayerNorm, with TESTS set)
+#   bash scripts/gpu_session14.sh confirm DATA  the norm / tower tests on the GPU, bench_backbone (hybrid, block AttnRes,
+#       all-MLA at 4096 and 32768, same run), then the app at batch 24 for 64 steps (mfu of steps 33-64)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -32,6 +34,15 @@ ab)
   APP_STEPS=64 app_compare old_a new_a
   APP_STEPS=64 app_compare old_b new_b
   for n in old_a new_a old_b new_b; do mfu64 $n; done
+  ;;
+confirm)
+  DATA=${2:?usage: gpu_session14.sh confirm DATA}
+  PART_TAIL=8 part "GPU tests: norms, tower" 120 python3 -m pytest -q -n 8 -p no:cacheprovider \
+    tests/kernels/test_norm.py tests/vision/test_encoder.py
+  PART_TAIL=30 part "bench_backbone" 240 python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 32768 \
+    --decode-contexts --iters 5 --variants hybrid hybrid_attnres full_attn
+  APP_STEPS=64 APP_OVERRIDES="data.batch_size=24" app16 final
+  mfu64 final
   ;;
 esac
 ls -la "$OUT"
