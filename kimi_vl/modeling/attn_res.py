@@ -253,6 +253,7 @@ class AttnResStream:
             if impl == "two_phase" and record is None and two_phase_backend(embeddings) == "triton" else None
         self.sinks: list | None = None  # one GradSink per completed state (fused training path)
         self._u_rows: tuple[torch.Tensor, ...] | None = None  # every query's w * gain, one product per forward
+        # (empty under FSDP2, where only the running layer's queries are gathered)
         self._deferred: dict | None = None  # block index -> DeferredBlock (KVL_ATTNRES_DEFER_GRAD, on by default)
         if impl == "fused" and torch.is_grad_enabled() and grad_sinks_enabled():
             from kernels.attn_res.mix_triton import MAX_ARGS, GradSink
@@ -276,7 +277,9 @@ class AttnResStream:
         else:
             sinks = None if self.sinks is None else self.sinks + [None] * (len(sources) - len(self.sinks))
             if self._u_rows is None and resolve_mix_backend(sources[0]) == "triton":
-                self._u_rows = stacked_u(self.queries).unbind(0)  # autograd: one stack of the grads, not Q products
+                # one stack of every query's u (autograd: one stack of the grads, not Q products), unless FSDP2
+                # holds the other layers' queries sharded now: then () and each mix forms its own query's u
+                self._u_rows = () if queries_sharded(self.queries) else stacked_u(self.queries).unbind(0)
             u = self._u_rows[i] if self._u_rows else None
             h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources))
         if self.record is not None:

@@ -42,6 +42,13 @@ def test_fsdp2_attnres_reshard_after_forward() -> None:
     _run("lm", "reshard")
 
 
+def test_fsdp2_attnres_triton_mix_reshard_after_forward() -> None:
+    """The Triton mix path (interpreted here): its first mix must not read every layer's query at once, because
+    under FSDP2 only the running layer is gathered (the app's FSDP2 launch failed there on 2 H100s, session 14)."""
+    pytest.importorskip("accelerate")
+    _run("lm", "reshard", backend="triton")
+
+
 def test_fsdp2_qk_clip_on_sharded_weights_equals_one_process() -> None:
     """QK-Clip scales MLA and MoonViT q/k rows in place on FSDP2's DTensor shards (it runs on every optimizer
     step, on the device), exactly as one process does."""
