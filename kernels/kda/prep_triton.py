@@ -20,6 +20,8 @@ Fixed configurations (no autotune), so all four run under ``TRITON_INTERPRET=1``
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -81,6 +83,19 @@ def _rows(D: int) -> tuple[int, int]:
     return BD, max(1, ELEMS // BD)
 
 
+def _l2_fwd(x: torch.Tensor, shape: tuple[int, ...], xs: int, hx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, r)``: rows of ``x`` (``hx`` rows of D per token, tokens ``xs`` elements apart) normalised into a new
+    contiguous ``y`` of ``shape`` (x's dtype), and their fp32 inverse norms ``r [M]``."""
+    D = shape[-1]
+    M = math.prod(shape) // max(D, 1)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    r = torch.empty(M, dtype=torch.float32, device=x.device)
+    BD, BM = _rows(D)
+    if M:
+        _l2_fwd_kernel[(triton.cdiv(M, BM),)](x, y, r, M, xs, hx, D=D, BD=BD, BM=BM, eps=EPS, num_warps=4)
+    return y, r
+
+
 class L2NormFunction(torch.autograd.Function):
     """``l2norm_ref(x.float()).to(x.dtype)`` over the last dim in one Triton pass; saves x and fp32 1/norm."""
 
@@ -92,12 +107,7 @@ class L2NormFunction(torch.autograd.Function):
             hx = x.shape[2]
         else:
             xc, xs, hx = x.contiguous(), D, 1
-        M = x.numel() // max(D, 1)
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        r = torch.empty(M, dtype=torch.float32, device=x.device)
-        BD, BM = _rows(D)
-        if M:
-            _l2_fwd_kernel[(triton.cdiv(M, BM),)](xc, y, r, M, xs, hx, D=D, BD=BD, BM=BM, eps=EPS, num_warps=4)
+        y, r = _l2_fwd(xc, x.shape, xs, hx)
         ctx.save_for_backward(xc, r)
         ctx.rows = (xs, hx)
         return y
@@ -149,21 +159,13 @@ class QKVL2NormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, H: int, D: int):
         B, T, _ = qkv.shape
-        M, HD = B * T * H, H * D
-        BD, BM = _rows(D)
-        ys, rs = [], []
-        for part in (qkv, qkv[..., HD:]):  # q, then k: rows of D elements, H per token, tokens 3 H D apart
-            y = torch.empty(B, T, H, D, dtype=qkv.dtype, device=qkv.device)
-            r = torch.empty(M, dtype=torch.float32, device=qkv.device)
-            if M:
-                _l2_fwd_kernel[(triton.cdiv(M, BM),)](part, y, r, M, 3 * HD, H, D=D, BD=BD, BM=BM, eps=EPS,
-                                                      num_warps=4)
-            ys.append(y)
-            rs.append(r)
-        ctx.save_for_backward(qkv, *rs)
+        HD = H * D
+        # q, then k: rows of D elements, H per token, tokens 3 H D apart
+        (yq, rq), (yk, rk) = (_l2_fwd(part, (B, T, H, D), 3 * HD, H) for part in (qkv, qkv[..., HD:]))
+        ctx.save_for_backward(qkv, rq, rk)
         ctx.dims = (H, D)
         ctx.set_materialize_grads(False)
-        return ys[0], ys[1], qkv[..., 2 * HD:].view(B, T, H, D)
+        return yq, yk, qkv[..., 2 * HD:].view(B, T, H, D)
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
