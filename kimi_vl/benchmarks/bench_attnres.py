@@ -311,7 +311,10 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     cfgs = {r: _config(flavor, layers, r) for r in ("standard", "attnres_block")}
     models = {r: _build(c, device, dtype) for r, c in cfgs.items()}
     if args.decode_only:
-        return {"decode": bench_decode_variants(models, cfgs["standard"], layers, args, device)}
+        out = {"decode": bench_decode_variants(models, cfgs["standard"], layers, args, device)}
+        if args.graph_decode:
+            out["graph_decode"] = bench_graph_decode(models, cfgs["standard"], args, device)
+        return out
     ids = torch.randint(0, cfgs["standard"].vocab_size, (args.batch, args.seq), device=device)
     triton = {"KVL_ATTNRES_BACKEND": "triton"}
     variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
@@ -389,6 +392,48 @@ def bench_decode_variants(models: dict, cfg: KimiVLConfig, layers: str, args, de
     if "attnres_two_phase_torch" in best:
         out["two_phase_torch_overhead_pct"] = 100 * (best["attnres_two_phase_torch"] / best["standard"] - 1)
     return out
+
+
+def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.device) -> dict:
+    """Batch-1 greedy decode with each step replayed as a CUDA graph (``kimi_vl.generation.GraphDecoder``), standard
+    vs block AttnRes: seconds per token over ``decode_steps`` replays (greedy pick outside the graph), rounds
+    interleaved; overhead of the best rounds and the median of the per-round ratios. A replayed step costs the host
+    one launch, so this times the GPU work that wall-clock decode without graphs hides under launch overhead."""
+    from kimi_vl.generation import GraphDecoder
+
+    if device.type != "cuda":
+        return {"skipped": "graph decode needs CUDA"}
+    steps, rounds = args.decode_steps, args.graph_rounds
+    capacity = args.decode_context + steps * (rounds + 1) + 8
+    ids = torch.randint(0, cfg.vocab_size, (1, args.decode_context), device=device)
+    decoders, tokens = {}, {}
+    for name, model in models.items():
+        model.eval()
+        decoders[name] = GraphDecoder(model, 1, capacity, use_graph=True)
+        tokens[name] = decoders[name].prefill(ids, chunk=8192).argmax(-1)
+        for _ in range(steps):  # warm: one untimed round
+            tokens[name] = decoders[name].step(tokens[name]).argmax(-1)
+    best = {name: float("inf") for name in models}
+    ratios = []
+    for _ in range(rounds):
+        seconds = {}
+        for name, dec in decoders.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            tok = tokens[name]
+            for _ in range(steps):
+                tok = dec.step(tok).argmax(-1)
+            torch.cuda.synchronize()
+            seconds[name] = (time.perf_counter() - t0) / steps
+            tokens[name] = tok
+            best[name] = min(best[name], seconds[name])
+        ratios.append(seconds["attnres_block"] / seconds["standard"])
+    for model in models.values():
+        model.train()
+    return {"context": args.decode_context, "steps": steps, "rounds": rounds, "capacity": capacity,
+            **{f"{name}_tokens_per_s": 1 / sec for name, sec in best.items()},
+            "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1),
+            "round_ratios": ratios, "overhead_median_pct": 100 * (statistics.median(ratios) - 1)}
 
 
 def bench_stream_cost(cfg: KimiVLConfig, device: torch.device, dtype: torch.dtype, tokens: int = 300,
@@ -513,6 +558,9 @@ def main() -> None:
                    help="also profile one step of standard and attnres_triton: the kernels whose time differs most")
     p.add_argument("--profile-top", type=int, default=15)
     p.add_argument("--decode-only", action="store_true", help="train section: decode timing only")
+    p.add_argument("--graph-decode", action="store_true",
+                   help="with --decode-only: also decode with each step replayed as a CUDA graph")
+    p.add_argument("--graph-rounds", type=int, default=12, help="interleaved rounds of the graph decode")
     p.add_argument("--stream-cost", action="store_true",
                    help="also the residual stream's host time per decoded token alone (standard vs two-phase AttnRes)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (debug flavor), checks the script")
@@ -596,6 +644,7 @@ def table(results: dict) -> str:
             lines.append(f"| {layers} | {v} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
         lines += _decode_lines(layers, group.get("decode", {}))
+        lines += _decode_lines(layers, group.get("graph_decode", {}), "CUDA-graph decode")
         if "variants" not in group:  # --decode-only
             continue
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
@@ -608,13 +657,13 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _decode_lines(layers: str, dec: dict) -> list[str]:
+def _decode_lines(layers: str, dec: dict, what: str = "decode") -> list[str]:
     if "overhead_pct" not in dec:
         return []
-    lines = [f"| {layers} | decode @ {dec['context']} (no_grad): standard {dec['standard_tokens_per_s']:.1f} vs "
+    lines = [f"| {layers} | {what} @ {dec['context']} (no_grad): standard {dec['standard_tokens_per_s']:.1f} vs "
              f"two-phase Triton {dec['attnres_block_tokens_per_s']:.1f} tok/s | | | {dec['overhead_pct']:+.1f}% | | |"]
     if "overhead_median_pct" in dec:
-        lines.append(f"| {layers} | decode, median of {len(dec['round_ratios'])} per-round ratios | | | "
+        lines.append(f"| {layers} | {what}, median of {len(dec['round_ratios'])} per-round ratios | | | "
                      f"{dec['overhead_median_pct']:+.1f}% | | |")
     if "two_phase_torch_overhead_pct" in dec:
         lines.append(f"| {layers} | decode, two-phase PyTorch form: {dec['attnres_two_phase_torch_tokens_per_s']:.1f} "

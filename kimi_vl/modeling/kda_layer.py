@@ -67,7 +67,7 @@ class KDALayer(nn.Module):
                       output_final_state=cache is not None, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                       A_log=self.A_log, dt_bias=self.dt_bias, lower_bound=self.lower_bound, cu_seqlens=cu_seqlens)
         if cache is not None:
-            cache.recurrent_state = state
+            cache.store(recurrent_state=state)
         gate = self.g_b_proj(g_a).view(b, t, self.num_heads, self.head_dim)
         return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
 
@@ -81,14 +81,14 @@ class KDALayer(nn.Module):
     def _conv(self, qkv_BTC: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: KDALayerCache | None,
               decode: bool) -> torch.Tensor:
         if decode:
-            y, cache.conv_state = causal_conv1d_update(qkv_BTC[:, 0], cache.conv_state, self.conv1d_weight,
-                                                       activation="silu")
+            y, state = causal_conv1d_update(qkv_BTC[:, 0], cache.conv_state, self.conv1d_weight, activation="silu")
+            cache.store(conv_state=state)
             return y[:, None]
         y, state = causal_conv1d(qkv_BTC, self.conv1d_weight, activation="silu", cu_seqlens=cu_seqlens,
                                  initial_state=None if cache is None else cache.conv_state,
                                  output_final_state=cache is not None)
         if cache is not None:
-            cache.conv_state = state
+            cache.store(conv_state=state)
         return y
 
 

@@ -27,9 +27,9 @@ from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.modeling.attention import MLAttention
 from kimi_vl.modeling.attn_res import AttnResStream, ModuleResQuery, ResProj, StandardStream, queries_sharded
 from kimi_vl.modeling.block import DecoderLayer, LayerInputs
-from kimi_vl.modeling.cache import CACHE_FIELD, KimiVLCache, output_cache, pick_cache
+from kimi_vl.modeling.cache import CACHE_FIELD, KimiVLCache, StaticKimiVLCache, output_cache, pick_cache
 from kimi_vl.modeling.kda_layer import KDALayer, kda_init_values
-from kimi_vl.modeling.masks import build_mask
+from kimi_vl.modeling.masks import MaskSpec, build_mask
 from kimi_vl.modeling.moe import Experts, Router
 from kimi_vl.modeling.norm import GatedRMSNorm, RMSNorm
 
@@ -121,6 +121,18 @@ class KimiVLModel(KimiVLPreTrainedModel):
             impl = "fused" if per_use else "two_phase"
         return AttnResStream(x, queries, size, impl, record, token_mask)
 
+    def _masks(self, x: torch.Tensor, attention_mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+               cache: KimiVLCache | None) -> tuple[MaskSpec, torch.Tensor | None]:
+        """The MLA mask and the KDA token mask (None when every current token is real) of a dynamic forward."""
+        past = cache.get_seq_length() if cache is not None else 0
+        kda_mask = None if attention_mask is None else attention_mask[:, -x.shape[1]:]
+        if kda_mask is not None and bool(kda_mask.all()):
+            kda_mask = None
+        use_flex = any(getattr(layer.self_attn, "use_flex", False) for layer in self.layers)
+        mask = build_mask(x.shape[1], past + x.shape[1], attention_mask, cu_seqlens, x.device,
+                          use_flex and cu_seqlens is not None)
+        return mask, kda_mask
+
     def forward(self, input_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, past_key_values: KimiVLCache | None = None,
@@ -136,13 +148,10 @@ class KimiVLModel(KimiVLPreTrainedModel):
             x, attention_mask, use_cache = x.reshape(1, b * t, d), None, False
         if use_cache and past_key_values is None:
             past_key_values = KimiVLCache(self.config)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        kda_mask = None if attention_mask is None else attention_mask[:, -x.shape[1]:]
-        if kda_mask is not None and bool(kda_mask.all()):
-            kda_mask = None
-        use_flex = any(getattr(layer.self_attn, "use_flex", False) for layer in self.layers)
-        mask = build_mask(x.shape[1], past + x.shape[1], attention_mask, cu_seqlens, x.device,
-                          use_flex and cu_seqlens is not None)
+        if isinstance(past_key_values, StaticKimiVLCache):
+            mask, kda_mask = _static_step_mask(past_key_values, x.shape[1], attention_mask), None
+        else:
+            mask, kda_mask = self._masks(x, attention_mask, cu_seqlens, past_key_values)
         inputs = LayerInputs(mask, kda_mask, cu_seqlens, past_key_values)
         stream = self._stream(x, kda_mask)
         for layer in self.layers:
@@ -151,6 +160,15 @@ class KimiVLModel(KimiVLPreTrainedModel):
             past_key_values.advance(x.shape[1])
         hidden = stream.final(self.norm)
         return BaseModelOutputWithPast(last_hidden_state=hidden.reshape(b, t, d), **{CACHE_FIELD: past_key_values})
+
+
+def _static_step_mask(cache: StaticKimiVLCache, num_tokens: int, attention_mask: torch.Tensor | None) -> MaskSpec:
+    """A decode step on a static cache: one token, no attention mask (the cache holds the key mask), no host reads."""
+    if num_tokens != 1 or attention_mask is not None:
+        raise ValueError(f"KimiVLModel.forward: a StaticKimiVLCache step takes one token per row and no "
+                         f"attention_mask (the cache holds the prefill's), got {num_tokens} tokens and "
+                         f"attention_mask={'given' if attention_mask is not None else None}")
+    return MaskSpec(dense_B1TS=cache.decode_mask_B11S())
 
 
 def enable_activation_checkpointing(model: nn.Module) -> None:
