@@ -404,7 +404,7 @@ def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.devi
     if device.type != "cuda":
         return {"skipped": "graph decode needs CUDA"}
     steps, rounds = args.decode_steps, args.graph_rounds
-    capacity = args.decode_context + steps * (rounds + 1) + 8
+    capacity = args.decode_context + steps * (rounds + 1) + 8 + 4
     ids = torch.randint(0, cfg.vocab_size, (1, args.decode_context), device=device)
     decoders, tokens = {}, {}
     for name, model in models.items():
@@ -428,12 +428,17 @@ def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.devi
             tokens[name] = tok
             best[name] = min(best[name], seconds[name])
         ratios.append(seconds["attnres_block"] / seconds["standard"])
+    out = {"context": args.decode_context, "steps": steps, "rounds": rounds, "capacity": capacity,
+           **{f"{name}_tokens_per_s": 1 / sec for name, sec in best.items()},
+           "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1),
+           "round_ratios": ratios, "overhead_median_pct": 100 * (statistics.median(ratios) - 1)}
+    if args.profile:  # the kernels of 4 eager steps on the same static caches (a kernel's GPU time is the graph's)
+        times = {name: _profile_step(lambda dec=dec: [dec._forward_step() for _ in range(4)])
+                 for name, dec in decoders.items()}
+        out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_block"], top=args.profile_top)
     for model in models.values():
         model.train()
-    return {"context": args.decode_context, "steps": steps, "rounds": rounds, "capacity": capacity,
-            **{f"{name}_tokens_per_s": 1 / sec for name, sec in best.items()},
-            "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1),
-            "round_ratios": ratios, "overhead_median_pct": 100 * (statistics.median(ratios) - 1)}
+    return out
 
 
 def bench_stream_cost(cfg: KimiVLConfig, device: torch.device, dtype: torch.dtype, tokens: int = 300,
@@ -603,7 +608,7 @@ def _kernel_diff_lines(layers: str, rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
         lines.append(f"| {layers} | profile: {r['name'][:70]} ({r['base_calls']} -> {r['other_calls']} calls) | "
-                     f"{r['base_ms']:.2f} -> {r['other_ms']:.2f} ms | | {r['diff_ms']:+.2f} ms | | |")
+                     f"{r['base_ms']:.3f} -> {r['other_ms']:.3f} ms | | {r['diff_ms']:+.3f} ms | | |")
     return lines
 
 
@@ -645,6 +650,7 @@ def table(results: dict) -> str:
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
         lines += _decode_lines(layers, group.get("decode", {}))
         lines += _decode_lines(layers, group.get("graph_decode", {}), "CUDA-graph decode")
+        lines += _kernel_diff_lines(f"{layers} (4 decode steps)", group.get("graph_decode", {}).get("kernel_diff", []))
         if "variants" not in group:  # --decode-only
             continue
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))

@@ -91,7 +91,7 @@ class MLAttention(nn.Module):
             had_past = cache.seq_length() > 0
             ckv, krope = cache.update(ckv, krope)
             if had_past and t <= ABSORB_MAX_QUERY:
-                return self.o_proj(self._absorbed(q_BTHd, ckv, krope, mask).reshape(b, t, -1))
+                return self.o_proj(self._absorbed(q_BTHd, ckv, krope, mask, cache.joint()).reshape(b, t, -1))
         k_BSHd, v_BSHV = self._expand(ckv, krope)
         q, k, v = q_BTHd.transpose(1, 2), k_BSHd.transpose(1, 2), v_BSHV.transpose(1, 2)
         if cache is not None and cache.mode == "expanded":
@@ -112,19 +112,25 @@ class MLAttention(nn.Module):
                                               is_causal=mask.is_causal, scale=self.scaling)
 
     def _absorbed(self, q_BTHd: torch.Tensor, ckv_BSR: torch.Tensor, krope_BSd: torch.Tensor,
-                  mask: MaskSpec) -> torch.Tensor:
-        """Attention against the latent cache without expanding it; returns ``[B, T, H, V]``."""
+                  mask: MaskSpec, key_BSE: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention against the latent cache without expanding it; returns ``[B, T, H, V]``.
+
+        Every head attends the same key ``[c, kr]`` and value ``c``, so the heads are folded into the query rows
+        of one attention head (row ``h T + t``): the cache is read once per step, not copied per head.
+        ``key_BSE``: ``[c, kr]`` as one tensor when the cache keeps it so (else concatenated here)."""
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         w_uk, w_uv = w[:, : self.nope_dim], w[:, self.nope_dim:]  # [H, dn, R], [H, V, R]
         q_nope, q_rope = torch.split(q_BTHd, [self.nope_dim, self.rope_dim], dim=-1)
         q_lat = torch.einsum("bthn,hnr->bhtr", q_nope, w_uk)
         query = torch.cat([q_lat, q_rope.transpose(1, 2)], dim=-1)  # [B, H, T, R+dr]
-        b, s, _ = ckv_BSR.shape
-        key = torch.cat([ckv_BSR, krope_BSd], dim=-1)[:, None].expand(b, self.num_heads, s, -1)
-        value = ckv_BSR[:, None].expand(b, self.num_heads, s, self.kv_lora_rank)
-        out_lat = F.scaled_dot_product_attention(query, key, value, attn_mask=mask.dense_B1TS,
-                                                 is_causal=False, scale=self.scaling)  # [B, H, T, R]
-        return torch.einsum("bhtr,hvr->bthv", out_lat, w_uv)
+        b, h, t, e = query.shape
+        key = torch.cat([ckv_BSR, krope_BSd], dim=-1) if key_BSE is None else key_BSE
+        dense = mask.dense_B1TS
+        if dense is not None and t > 1:  # row h T + t of the folded query takes mask row t
+            dense = dense[:, :, None].expand(-1, -1, h, -1, -1).reshape(dense.shape[0], 1, h * t, -1)
+        out_lat = F.scaled_dot_product_attention(query.reshape(b, 1, h * t, e), key[:, None], ckv_BSR[:, None],
+                                                 attn_mask=dense, is_causal=False, scale=self.scaling)
+        return torch.einsum("bhtr,hvr->bthv", out_lat.view(b, h, t, -1), w_uv)
 
     @torch.no_grad()
     def _track(self, q_BTHd: torch.Tensor, k_BSHd: torch.Tensor, mask: MaskSpec) -> None:

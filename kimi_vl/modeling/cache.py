@@ -80,6 +80,11 @@ class MLALayerCache:
     def seq_length(self) -> int:
         return 0 if self.first is None else self.first.shape[self.seq_dim]
 
+    def joint(self) -> torch.Tensor | None:
+        """Latent mode: ``[c_kv, k_rope]`` ``[B, S, R + dr]`` when ``first`` and ``second`` are views of one such
+        tensor (a static cache), else None."""
+        return None
+
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.first, self.second) if t is not None]
 
@@ -132,6 +137,10 @@ class StaticMLALayerCache(MLALayerCache):
     cache's key mask, so shapes and addresses never change (the step can be a CUDA graph)."""
 
     position: torch.Tensor | None = None  # int64 [1]
+    _joint: torch.Tensor | None = None  # latent: [B, capacity, R + dr], first and second are its column views
+
+    def joint(self) -> torch.Tensor | None:
+        return self._joint
 
     def update(self, first: torch.Tensor, second: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if first.shape[self.seq_dim] != 1:
@@ -173,10 +182,7 @@ class StaticKimiVLCache(KimiVLCache):
             else:
                 if src.first is None:
                     raise ValueError(f"StaticKimiVLCache: MLA layer {i} of the prefill cache is empty")
-                self.layers[i] = StaticMLALayerCache(
-                    mode=src.mode, position=self.position,
-                    first=_with_length(src.first, src.seq_dim, capacity), second=_with_length(src.second,
-                                                                                              src.seq_dim, capacity))
+                self.layers[i] = _static_mla(src, capacity, self.position)
 
     @classmethod
     def from_prefill(cls, config, prefill: KimiVLCache, capacity: int,
@@ -244,3 +250,15 @@ def _with_length(t: torch.Tensor, dim: int, length: int) -> torch.Tensor:
     shape = list(t.shape)
     shape[dim] = length
     return t.new_zeros(shape)
+
+
+def _static_mla(src: MLALayerCache, capacity: int, position: torch.Tensor) -> StaticMLALayerCache:
+    """Buffers shaped like ``src``'s with ``capacity`` entries; in latent mode ``c_kv`` and ``k_rope`` are column
+    views of one ``[B, capacity, R + dr]`` tensor, the absorbed attention's key (no concatenation per step)."""
+    if src.mode != "latent":
+        return StaticMLALayerCache(mode=src.mode, position=position, first=_with_length(src.first, 2, capacity),
+                                   second=_with_length(src.second, 2, capacity))
+    r = src.first.shape[-1]
+    joint = src.first.new_zeros(src.first.shape[0], capacity, r + src.second.shape[-1])
+    return StaticMLALayerCache(mode="latent", position=position, first=joint[..., :r], second=joint[..., r:],
+                               _joint=joint)
