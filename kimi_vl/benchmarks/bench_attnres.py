@@ -433,8 +433,12 @@ def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.devi
            "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1),
            "round_ratios": ratios, "overhead_median_pct": 100 * (statistics.median(ratios) - 1)}
     if args.profile:  # the kernels of 4 eager steps on the same static caches (a kernel's GPU time is the graph's)
-        times = {name: _profile_step(lambda dec=dec: [dec._forward_step() for _ in range(4)])
-                 for name, dec in decoders.items()}
+        def four_steps(dec: GraphDecoder) -> None:
+            with torch.no_grad():
+                for _ in range(4):
+                    dec._forward_step()
+
+        times = {name: _profile_step(partial(four_steps, dec)) for name, dec in decoders.items()}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_block"], top=args.profile_top)
     for model in models.values():
         model.train()
