@@ -64,9 +64,10 @@ def main() -> None:
         ref = _bmm(q.float(), key.float(), value.float(), mask, scale)
         for name, fn in impls.items():
             try:
-                out = fn(q, key, value, mask, scale)
+                inputs = (q, key, value, mask, scale)
+                out = fn(*inputs)
                 err = float((out.float() - ref).norm() / ref.norm())
-                ms = do_bench(lambda fn=fn: fn(q, key, value, mask, scale), warmup=5, rep=50)
+                ms = do_bench(lambda fn=fn, inputs=inputs: fn(*inputs), warmup=5, rep=50)
                 rows.append({"context": s, "impl": name, "us": 1e3 * ms, "rel_err": err,
                              "cache_GBps": key.numel() * 2 / (ms * 1e-3) / 1e9})
             except Exception as e:  # noqa: BLE001 - a missing out_dtype is a result here
