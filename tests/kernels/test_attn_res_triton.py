@@ -215,10 +215,15 @@ def _phase_ref(v: torch.Tensor, u: torch.Tensor, eps: float):
     return torch.einsum("snm,nmd->smd", p, v), m, p.sum(1)
 
 
+@pytest.mark.parametrize("rows", [True, False])
 @pytest.mark.parametrize("first", [True, False])
-def test_two_phase_kernels_equal_reference(first):
-    """phase 1 (with the pending output absorbed into the last completed slot) and phase 2, fp32 vs fp64."""
+def test_two_phase_kernels_equal_reference(monkeypatch, first, rows):
+    """phase 1 (with the pending output absorbed into the last completed slot) and phase 2, fp32 vs fp64; phase 1
+    in both layouts (one program per token, for decode, and per tile of tokens)."""
+    from kernels.attn_res import two_phase_triton
     from kernels.attn_res.two_phase_triton import phase1_triton, phase2_triton
+
+    monkeypatch.setattr(two_phase_triton, "ROWS_MAX_TOKENS", 64 if rows else 0)
 
     gen = torch.Generator().manual_seed(10)
     k_slots, m, d, eps = 4, 9, 40, 1e-6
