@@ -5,7 +5,9 @@
 #       then bench_backbone's decode tokens/s at 32K / 128K context, eager and graph-replayed (call1; call2 with the
 #       kernels of 4 eager decode steps profiled and the absorbed MLA attention reading the latent cache once; call3
 #       the same (its SKIP_BACKBONE had not reached the script); call4: phase 1 one program per token for decode, the
-#       two-phase kernel tests, bench_mla_decode (the absorbed attention alone at 4K-128K), SKIP_BACKBONE=1)
+#       two-phase kernel tests, bench_mla_decode (the absorbed attention alone at 4K-128K), SKIP_BACKBONE=1 (its tests
+#       ran past the part's limit: the -k filter since); call5: phase 1's query loop unrolled, the absorbed attention
+#       as two matmuls, SKIP_MLA=1)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -14,10 +16,11 @@ gpu_header
 case "${1:?usage: gpu_session15.sh decode}" in
 decode)
   PART_TAIL=8 part "GPU tests: static / graph decode" 150 python3 -m pytest -q -p no:cacheprovider \
-    tests/model/test_static_decode.py tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+    tests/model/test_static_decode.py tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py \
+    -k "${TEST_FILTER:-static or graph or two_phase}"
   PART_TAIL=30 part "bench_attnres decode (eager + graph)" 200 python3 -m kimi_vl.benchmarks.bench_attnres \
     --decode-only --graph-decode --decode-steps 48 --rounds 4 --graph-rounds 12 --sources 2 --profile --profile-top 14
-  PART_TAIL=20 part "bench_mla_decode" 100 python3 -m kimi_vl.benchmarks.bench_mla_decode
+  [ -z "${SKIP_MLA:-}" ] && PART_TAIL=20 part "bench_mla_decode" 100 python3 -m kimi_vl.benchmarks.bench_mla_decode
   [ -n "${SKIP_BACKBONE:-}" ] && { ls -la "$OUT"; exit 0; }
   PART_TAIL=30 part "bench_backbone decode (eager + graph)" 200 python3 -m kimi_vl.benchmarks.bench_backbone \
     --train-seqs --decode-contexts 32768 131072 --decode-steps 64 --graph-decode --variants hybrid full_attn \

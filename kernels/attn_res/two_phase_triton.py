@@ -106,11 +106,12 @@ def _phase1_kernel(
 @triton.jit(do_not_specialize=["n_src", "q0", "n_q", "M"])
 def _phase1_rows_kernel(
     v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, n_src, q0, n_q, M, D: tl.constexpr, eps,
-    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, KP: tl.constexpr, BLOCK_D: tl.constexpr,
+    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, KP: tl.constexpr, BLOCK_D: tl.constexpr, QMAX: tl.constexpr,
 ):
     """``_phase1_kernel`` for few tokens (decode): one program per token holds all its slots as one ``[KP, D]``
     tile, so the slot loads are issued together and each query costs one reduction over D and one softmax over the
-    slots, instead of a chain of dependent loads and reductions per (query, slot)."""
+    slots; the query loop is unrolled to ``QMAX`` (masked past ``n_q``) so that the queries' loads are not a chain
+    of round trips (a single-token launch is latency-bound)."""
     t = tl.program_id(0).to(tl.int64)
     offs_k = tl.arange(0, KP)
     offs_d = tl.arange(0, BLOCK_D)
@@ -124,17 +125,20 @@ def _phase1_rows_kernel(
         x = tl.where((offs_k == n_mem)[:, None], last[None, :], x)
     valid = offs_k < n_src
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    for q in range(n_q):
-        u = tl.load(u_ptr + (q0 + q) * D + offs_d, mask=d_ok, other=0.0)
+    for q in tl.static_range(QMAX):
+        q_ok = q < n_q
+        u = tl.load(u_ptr + (q0 + q) * D + offs_d, mask=d_ok & (offs_d * 0 + q < n_q), other=0.0)
         s = tl.where(valid, tl.sum(x * u[None, :], axis=1) * rstd, float("-inf"))
         m = tl.max(s, axis=0)
         p = tl.exp(s - m)
         l = tl.sum(p, axis=0)
         o = tl.sum(p[:, None] * x, axis=0)
-        tl.store(o_ptr + q * slot + t * D + offs_d, o, mask=d_ok)
-        tl.store(m_ptr + q * M + t, m)
-        tl.store(l_ptr + q * M + t, l)
-        tl.store(h_ptr + t * D + offs_d, (o / l).to(h_ptr.dtype.element_ty), mask=d_ok & (q == 0))
+        if q_ok:
+            tl.store(o_ptr + q * slot + t * D + offs_d, o, mask=d_ok)
+            tl.store(m_ptr + q * M + t, m)
+            tl.store(l_ptr + q * M + t, l)
+        if q == 0:
+            tl.store(h_ptr + t * D + offs_d, (o / l).to(h_ptr.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit(do_not_specialize=["j", "k", "qi", "M"])
@@ -266,7 +270,7 @@ class TwoPhaseLauncher:
         self.out_shape = tuple(v_KMD.shape[1:]) if out_shape is None else tuple(out_shape)
         self.block_t, self.block_d = _blocks(self.d)
         self.grid = (triton.cdiv(self.mm, self.block_t),)
-        self.slots_p2 = triton.next_power_of_2(v_KMD.shape[0])
+        self.slots_p2, self.max_queries = triton.next_power_of_2(v_KMD.shape[0]), max_queries
         self.rows = self.mm <= ROWS_MAX_TOKENS and self.slots_p2 * self.block_d <= ROWS_MAX_ELEMS
         self._phase1 = _Launch(_phase1_rows_kernel, (self.mm,), ROWS_NUM_WARPS) if self.rows \
             else _Launch(_phase1_kernel, self.grid, NUM_WARPS)
@@ -283,9 +287,13 @@ class TwoPhaseLauncher:
         """``out``: where to write ``h`` (contiguous, ``out_shape``, ``v``'s dtype), else a new tensor."""
         h = self._out(out)
         pend = self.v if pending is None else pending
-        self._phase1((pending is not None, pending_first, _aligned(h), _aligned(pend)),
-                     self.v, self.u, self.o, self.m, self.l, h, pend, n_src, q0, n_q, self.mm, self.d, eps,
-                     pending is not None, pending_first, self.slots_p2 if self.rows else self.block_t, self.block_d)
+        args = (self.v, self.u, self.o, self.m, self.l, h, pend, n_src, q0, n_q, self.mm, self.d, eps,
+                pending is not None, pending_first)
+        key = (pending is not None, pending_first, _aligned(h), _aligned(pend))
+        if self.rows:
+            self._phase1(key, *args, self.slots_p2, self.block_d, self.max_queries)
+        else:
+            self._phase1(key, *args, self.block_t, self.block_d)
         return h
 
     def phase2(self, j: int, k: int, qi: int, eps: float, pending: torch.Tensor | None,

@@ -117,7 +117,8 @@ class MLAttention(nn.Module):
 
         Every head attends the same key ``[c, kr]`` and value ``c``, so the heads are folded into the query rows
         of one attention head (row ``h T + t``): the cache is read once per step, not copied per head.
-        ``key_BSE``: ``[c, kr]`` as one tensor when the cache keeps it so (else concatenated here)."""
+        ``key_BSE``: ``[c, kr]`` as one tensor when the cache keeps it so (else concatenated here). The attention
+        is two batched matmuls around an fp32 softmax (:func:`_latent_attention`)."""
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         w_uk, w_uv = w[:, : self.nope_dim], w[:, self.nope_dim:]  # [H, dn, R], [H, V, R]
         q_nope, q_rope = torch.split(q_BTHd, [self.nope_dim, self.rope_dim], dim=-1)
@@ -125,11 +126,10 @@ class MLAttention(nn.Module):
         query = torch.cat([q_lat, q_rope.transpose(1, 2)], dim=-1)  # [B, H, T, R+dr]
         b, h, t, e = query.shape
         key = torch.cat([ckv_BSR, krope_BSd], dim=-1) if key_BSE is None else key_BSE
-        dense = mask.dense_B1TS
+        dense = None if mask.dense_B1TS is None else mask.dense_B1TS[:, 0]  # [B, T, S]
         if dense is not None and t > 1:  # row h T + t of the folded query takes mask row t
-            dense = dense[:, :, None].expand(-1, -1, h, -1, -1).reshape(dense.shape[0], 1, h * t, -1)
-        out_lat = F.scaled_dot_product_attention(query.reshape(b, 1, h * t, e), key[:, None], ckv_BSR[:, None],
-                                                 attn_mask=dense, is_causal=False, scale=self.scaling)
+            dense = dense[:, None].expand(-1, h, -1, -1).reshape(dense.shape[0], h * t, -1)
+        out_lat = _latent_attention(query.reshape(b, h * t, e), key, ckv_BSR, dense, self.scaling)
         return torch.einsum("bhtr,hvr->bthv", out_lat.view(b, h, t, -1), w_uv)
 
     @torch.no_grad()
@@ -157,6 +157,23 @@ class MLAttention(nn.Module):
                          dim=1).reshape(-1)
         scale_rows_(q_lin.weight, q_R)  # DTensor-aware (FSDP2 shards these rows), no host read
         scale_rows_(self.kv_b_proj.weight, kv_R)
+
+
+def _latent_attention(q_BQE: torch.Tensor, key_BSE: torch.Tensor, value_BSR: torch.Tensor,
+                      visible_BQS: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Few query rows against one shared key/value head: ``softmax(q k^T scale) v`` as two batched matmuls, scores
+    and softmax in fp32, probabilities in v's dtype for the second matmul. SDPA's kernels give one such head a
+    single thread block that walks every key (7.7 ms at 131,072 keys against 0.13 ms here, H100,
+    ``kimi_vl/benchmarks/bench_mla_decode.py``); a matmul spreads the keys over the GPU. ``visible_BQS``: bool,
+    broadcastable, True = attend."""
+    if q_BQE.is_cuda:  # bf16 inputs, fp32 scores
+        scores = torch.bmm(q_BQE, key_BSE.transpose(1, 2), out_dtype=torch.float32)
+    else:
+        scores = torch.bmm(q_BQE.float(), key_BSE.float().transpose(1, 2))
+    scores = scores * scale
+    if visible_BQS is not None:
+        scores = scores.masked_fill(~visible_BQS, float("-inf"))
+    return torch.bmm(scores.softmax(-1).to(value_BSR.dtype), value_BSR)
 
 
 def _eager_attention(q, k, v, dense_B1TS, is_causal: bool, scale: float) -> torch.Tensor:

@@ -245,6 +245,11 @@ def test_two_phase_kernels_equal_reference(monkeypatch, first, rows):
     assert_rel_rms(v[2], pend2, 0.0, "slot 2")
     full = _phase_ref(torch.cat([expect[:2], pend2[None]]), u[3:4], eps)
     assert_rel_rms(h, (full[0] / full[2][..., None])[0], 1e-6, "h after the merge")
+    run = two_phase_triton.TwoPhaseLauncher(expect.clone(), u, 4)  # fewer queries than the launcher holds
+    h1 = run.phase1(3, 2, 2, eps, None, False)
+    o_ref, m_ref, l_ref = _phase_ref(expect[:3], u[2:4], eps)
+    assert_rel_rms(run.o[:2].double() / run.l[:2].double()[..., None], o_ref / l_ref[..., None], 1e-6, "n_q < max")
+    assert_rel_rms(h1, (o_ref / l_ref[..., None])[0], 1e-6, "h, n_q < max")
     with pytest.raises(ValueError, match="n_src"):
         phase1_triton(v, 5, u, 0, 1, eps)
     with pytest.raises(ValueError, match="pending"):
