@@ -1,0 +1,75 @@
+"""GPU time of the two-phase AttnRes decode kernels alone (``kernels/attn_res/two_phase_triton.py``), by layout and
+warp count, with host launch overhead removed (``triton.testing.do_bench_cudagraph``). JSON to
+``$OUT/bench_two_phase.json`` and a table.
+
+    python kernels/benchmarks/bench_two_phase.py --d 768 --slots 5 --queries 6 --tokens 1 8 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+from kernels.attn_res import two_phase_triton as tp
+
+
+def _time(fn) -> float:
+    return 1e3 * do_bench_cudagraph(fn, rep=50)
+
+
+def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    v = torch.randn(slots, tokens, d, device="cuda", generator=gen).to(torch.bfloat16)
+    u = torch.randn(4 * queries + 1, d, device="cuda", generator=gen)
+    pend = torch.randn(tokens, d, device="cuda", generator=gen).to(torch.bfloat16)
+    out = torch.empty(tokens, d, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    configs = [("rows", w) for w in (1, 2, 4, 8)] + [("tiled", tp.NUM_WARPS)]
+    for layout, warps in configs:
+        old = (tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS)
+        tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS = (1 << 30 if layout == "rows" else 0), warps
+        try:
+            run = tp.TwoPhaseLauncher(v, u, queries)
+            for n_q in sorted({1, queries}):
+                us = _time(lambda run=run, n_q=n_q: run.phase1(slots, 0, n_q, 1e-6, pend, True, out))
+                rows.append({"kernel": "phase1", "layout": layout, "warps": warps, "tokens": tokens, "n_q": n_q,
+                             "us": us})
+            us = _time(lambda run=run: run.phase1(slots, 0, queries, 1e-6, None, False, out))
+            rows.append({"kernel": "phase1 (nothing pending)", "layout": layout, "warps": warps, "tokens": tokens,
+                         "n_q": queries, "us": us})
+        finally:
+            tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS = old
+    run = tp.TwoPhaseLauncher(v, u, queries)
+    run.phase1(slots, 0, queries, 1e-6, pend, True, out)
+    rows.append({"kernel": "phase2", "layout": "tiled", "warps": tp.NUM_WARPS, "tokens": tokens, "n_q": 1,
+                 "us": _time(lambda: run.phase2(1, slots - 1, 1, 1e-6, pend, False, out))})
+    x = v[0]
+    rows.append({"kernel": "torch.add", "layout": "-", "warps": 0, "tokens": tokens, "n_q": 0,
+                 "us": _time(lambda: torch.add(x, pend, out=out))})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--d", type=int, default=768)
+    p.add_argument("--slots", type=int, default=5)
+    p.add_argument("--queries", type=int, default=6)
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64])
+    args = p.parse_args()
+    rows = [r for m in args.tokens for r in bench(args.d, args.slots, args.queries, m)]
+    out_dir = Path(os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench_two_phase.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                                              "args": vars(args), "rows": rows}, indent=2))
+    print("| kernel | layout | warps | tokens | queries | us |\n| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['layout']} | {r['warps']} | {r['tokens']} | {r['n_q']} | {r['us']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
