@@ -7,7 +7,8 @@
 #       the same (its SKIP_BACKBONE had not reached the script); call4: phase 1 one program per token for decode, the
 #       two-phase kernel tests, bench_mla_decode (the absorbed attention alone at 4K-128K), SKIP_BACKBONE=1 (its tests
 #       ran past the part's limit: the -k filter since); call5: phase 1's query loop unrolled, the absorbed attention
-#       as two matmuls, SKIP_MLA=1)
+#       as two matmuls, SKIP_MLA=1; call6: `python3 kernels/benchmarks/bench_two_phase.py` alone (PYTHONPATH=.);
+#       call7: phase 1's rows kernel at 4 warps, TWO_PHASE=1 SKIP_MLA=1 SKIP_BACKBONE=1)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -18,6 +19,7 @@ decode)
   PART_TAIL=8 part "GPU tests: static / graph decode" 150 python3 -m pytest -q -p no:cacheprovider \
     tests/model/test_static_decode.py tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py \
     -k "${TEST_FILTER:-static or graph or two_phase}"
+  [ -n "${TWO_PHASE:-}" ] && PART_TAIL=50 part "bench_two_phase" 100 python3 kernels/benchmarks/bench_two_phase.py --tokens 1
   PART_TAIL=30 part "bench_attnres decode (eager + graph)" 200 python3 -m kimi_vl.benchmarks.bench_attnres \
     --decode-only --graph-decode --decode-steps 48 --rounds 4 --graph-rounds 12 --sources 2 --profile --profile-top 14
   [ -z "${SKIP_MLA:-}" ] && PART_TAIL=20 part "bench_mla_decode" 100 python3 -m kimi_vl.benchmarks.bench_mla_decode
