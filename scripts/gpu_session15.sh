@@ -8,7 +8,8 @@
 #       two-phase kernel tests, bench_mla_decode (the absorbed attention alone at 4K-128K), SKIP_BACKBONE=1 (its tests
 #       ran past the part's limit: the -k filter since); call5: phase 1's query loop unrolled, the absorbed attention
 #       as two matmuls, SKIP_MLA=1; call6: `python3 kernels/benchmarks/bench_two_phase.py` alone (PYTHONPATH=.);
-#       call7: phase 1's rows kernel at 4 warps, TWO_PHASE=1 SKIP_MLA=1 SKIP_BACKBONE=1)
+#       call7: phase 1's rows kernel at 4 warps, TWO_PHASE=1 SKIP_MLA=1 SKIP_BACKBONE=1; call8: phase 2 at 4 warps and
+#       the queries' u in three kernels, the same flags)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false

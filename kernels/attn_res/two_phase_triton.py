@@ -32,6 +32,7 @@ from kernels.attn_res.mix_triton import NUM_WARPS, _blocks
 
 _WHERE = "kernels/attn_res/two_phase_triton.py"
 FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the JIT's per-call work (see _Launch)
+PHASE2_NUM_WARPS = 4  # session 15 call8 (bench_two_phase.py): see kimi_vl/README.md's decode section
 ROWS_MAX_TOKENS = 64  # phase 1 over at most this many tokens (decode) runs one program per token (_phase1_rows_kernel)
 ROWS_MAX_ELEMS = 16384  # ... when a token's slots fit one tile of this many elements (registers)
 ROWS_NUM_WARPS = 4  # one token, 6 queries over 5 slots at D = 768 (H100, graph-timed, bench_two_phase.py, session 15
@@ -275,7 +276,7 @@ class TwoPhaseLauncher:
         self.rows = self.mm <= ROWS_MAX_TOKENS and self.slots_p2 * self.block_d <= ROWS_MAX_ELEMS
         self._phase1 = _Launch(_phase1_rows_kernel, (self.mm,), ROWS_NUM_WARPS) if self.rows \
             else _Launch(_phase1_kernel, self.grid, NUM_WARPS)
-        self._phase2 = _Launch(_phase2_kernel, self.grid, NUM_WARPS)
+        self._phase2 = _Launch(_phase2_kernel, self.grid, PHASE2_NUM_WARPS)
         if max_queries > 0:
             self.o = torch.empty(max_queries, self.mm, self.d, device=v_KMD.device, dtype=torch.float32)
             self.m, self.l = torch.empty(2, max_queries, self.mm, device=v_KMD.device, dtype=torch.float32)

@@ -44,10 +44,16 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
                          "n_q": queries, "us": us})
         finally:
             tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS = old
-    run = tp.TwoPhaseLauncher(v, u, queries)
-    run.phase1(slots, 0, queries, 1e-6, pend, True, out)
-    rows.append({"kernel": "phase2", "layout": "tiled", "warps": tp.NUM_WARPS, "tokens": tokens, "n_q": 1,
-                 "us": _time(lambda: run.phase2(1, slots - 1, 1, 1e-6, pend, False, out))})
+    for warps in (2, 4, 8):
+        old = tp.PHASE2_NUM_WARPS
+        tp.PHASE2_NUM_WARPS = warps
+        try:
+            run = tp.TwoPhaseLauncher(v, u, queries)
+        finally:
+            tp.PHASE2_NUM_WARPS = old
+        run.phase1(slots, 0, queries, 1e-6, pend, True, out)
+        rows.append({"kernel": "phase2", "layout": "tiled", "warps": warps, "tokens": tokens, "n_q": 1,
+                     "us": _time(lambda run=run: run.phase2(1, slots - 1, 1, 1e-6, pend, False, out))})
     x = v[0]
     rows.append({"kernel": "torch.add", "layout": "-", "warps": 0, "tokens": tokens, "n_q": 0,
                  "us": _time(lambda: torch.add(x, pend, out=out))})
