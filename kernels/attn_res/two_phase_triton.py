@@ -32,7 +32,7 @@ from kernels.attn_res.mix_triton import NUM_WARPS, _blocks
 
 _WHERE = "kernels/attn_res/two_phase_triton.py"
 FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the JIT's per-call work (see _Launch)
-PHASE2_NUM_WARPS = 4  # session 15 call8 (bench_two_phase.py): see kimi_vl/README.md's decode section
+PHASE2_NUM_WARPS = 4  # one decode token (bench_two_phase.py, session 15 call8): 2 warps 2.35 us, 4 2.03, 8 2.02
 ROWS_MAX_TOKENS = 64  # phase 1 over at most this many tokens (decode) runs one program per token (_phase1_rows_kernel)
 ROWS_MAX_ELEMS = 16384  # ... when a token's slots fit one tile of this many elements (registers)
 ROWS_NUM_WARPS = 4  # one token, 6 queries over 5 slots at D = 768 (H100, graph-timed, bench_two_phase.py, session 15
