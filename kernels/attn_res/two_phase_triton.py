@@ -54,6 +54,20 @@ def _absorb(v_ptr, pend_ptr, slot_off, offs, tile_ok, PEND_FIRST: tl.constexpr):
 
 
 @triton.jit
+def _store_h(h_ptr, offs, mask, h, nw_ptr, offs_d, d_ok, D, norm_eps, NORM: tl.constexpr):
+    """Store the mix ``h [T, BLOCK_D]`` (fp32) in ``h``'s dtype; with ``NORM`` its RMSNorm instead, as
+    ``kernels.norm.rms_norm`` computes it on the stored ``h``: fp32 statistics of the rounded values, the normalised
+    row cast back before the gain ``nw``."""
+    hb = h.to(h_ptr.dtype.element_ty)
+    if NORM:
+        x = hb.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + norm_eps)
+        w = tl.load(nw_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        hb = (w[None, :] * (x * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + offs, hb, mask=mask)
+
+
+@triton.jit
 def _score(x, u, D, eps):
     """``u . x * rstd(x)`` per row of an fp32 tile."""
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
@@ -62,8 +76,8 @@ def _score(x, u, D, eps):
 
 @triton.jit(do_not_specialize=["n_src", "q0", "n_q", "M"])
 def _phase1_kernel(
-    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, n_src, q0, n_q, M, D: tl.constexpr, eps,
-    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, q0, n_q, M, D: tl.constexpr, eps, norm_eps,
+    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -102,13 +116,15 @@ def _phase1_kernel(
         tl.store(o_ptr + q * slot + offs, acc, mask=tile_ok)
         tl.store(m_ptr + q * M + offs_t, m, mask=t_ok)
         tl.store(l_ptr + q * M + offs_t, l, mask=t_ok)
-        tl.store(h_ptr + offs, (acc / l[:, None]).to(h_ptr.dtype.element_ty), mask=tile_ok & (q == 0))
+        if q == 0:
+            _store_h(h_ptr, offs, tile_ok, acc / l[:, None], nw_ptr, offs_d, d_ok, D, norm_eps, NORM)
 
 
 @triton.jit(do_not_specialize=["n_src", "q0", "n_q", "M"])
 def _phase1_rows_kernel(
-    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, n_src, q0, n_q, M, D: tl.constexpr, eps,
+    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, q0, n_q, M, D: tl.constexpr, eps, norm_eps,
     PEND: tl.constexpr, PEND_FIRST: tl.constexpr, KP: tl.constexpr, BLOCK_D: tl.constexpr, QMAX: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     """``_phase1_kernel`` for few tokens (decode): one program per token holds all its slots as one ``[KP, D]``
     tile, so the slot loads are issued together and each query costs one reduction over D and one softmax over the
@@ -140,13 +156,14 @@ def _phase1_rows_kernel(
             tl.store(m_ptr + q * M + t, m)
             tl.store(l_ptr + q * M + t, l)
         if q == 0:
-            tl.store(h_ptr + t * D + offs_d, (o / l).to(h_ptr.dtype.element_ty), mask=d_ok)
+            _store_h(h_ptr, (t * D + offs_d)[None, :], d_ok[None, :], (o / l)[None, :], nw_ptr, offs_d, d_ok, D,
+                     norm_eps, NORM)
 
 
 @triton.jit(do_not_specialize=["j", "k", "qi", "M"])
 def _phase2_kernel(
-    o_ptr, m_ptr, l_ptr, j, v_ptr, k, u_ptr, qi, h_ptr, pend_ptr, M, D: tl.constexpr, eps,
-    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    o_ptr, m_ptr, l_ptr, j, v_ptr, k, u_ptr, qi, h_ptr, pend_ptr, nw_ptr, M, D: tl.constexpr, eps, norm_eps,
+    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -169,7 +186,7 @@ def _phase2_kernel(
     a = tl.exp(m - m_new)
     b = tl.exp(s - m_new)
     h = (o * a[:, None] + p * b[:, None]) / (l * a + b)[:, None]
-    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=tile_ok)
+    _store_h(h_ptr, offs, tile_ok, h, nw_ptr, offs_d, d_ok, D, norm_eps, NORM)
 
 
 def _check(v_KMD: torch.Tensor, u_QD: torch.Tensor) -> None:
@@ -285,24 +302,27 @@ class TwoPhaseLauncher:
         return torch.empty(self.out_shape, device=self.v.device, dtype=self.v.dtype) if out is None else out
 
     def phase1(self, n_src: int, q0: int, n_q: int, eps: float, pending: torch.Tensor | None,
-               pending_first: bool, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``out``: where to write ``h`` (contiguous, ``out_shape``, ``v``'s dtype), else a new tensor."""
+               pending_first: bool, out: torch.Tensor | None = None, norm: tuple | None = None) -> torch.Tensor:
+        """``out``: where to write ``h`` (contiguous, ``out_shape``, ``v``'s dtype), else a new tensor. ``norm``:
+        ``(gain [D], eps)`` of an RMSNorm to apply to ``h`` on the way out (what ``kernels.norm.rms_norm`` gives)."""
         h = self._out(out)
         pend = self.v if pending is None else pending
-        args = (self.v, self.u, self.o, self.m, self.l, h, pend, n_src, q0, n_q, self.mm, self.d, eps,
+        nw, norm_eps = (h, 0.0) if norm is None else norm
+        args = (self.v, self.u, self.o, self.m, self.l, h, pend, nw, n_src, q0, n_q, self.mm, self.d, eps, norm_eps,
                 pending is not None, pending_first)
-        key = (pending is not None, pending_first, _aligned(h), _aligned(pend))
+        key = (pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw))
         if self.rows:
-            self._phase1(key, *args, self.slots_p2, self.block_d, self.max_queries)
+            self._phase1(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None)
         else:
-            self._phase1(key, *args, self.block_t, self.block_d)
+            self._phase1(key, *args, self.block_t, self.block_d, norm is not None)
         return h
 
     def phase2(self, j: int, k: int, qi: int, eps: float, pending: torch.Tensor | None,
-               pending_first: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+               pending_first: bool, out: torch.Tensor | None = None, norm: tuple | None = None) -> torch.Tensor:
         h = self._out(out)
         pend = self.v if pending is None else pending
-        self._phase2((pending is not None, pending_first, _aligned(h), _aligned(pend)),
-                     self.o, self.m, self.l, j, self.v, k, self.u, qi, h, pend, self.mm, self.d, eps,
-                     pending is not None, pending_first, self.block_t, self.block_d)
+        nw, norm_eps = (h, 0.0) if norm is None else norm
+        self._phase2((pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw)),
+                     self.o, self.m, self.l, j, self.v, k, self.u, qi, h, pend, nw, self.mm, self.d, eps, norm_eps,
+                     pending is not None, pending_first, self.block_t, self.block_d, norm is not None)
         return h

@@ -398,48 +398,64 @@ def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.devi
     """Batch-1 greedy decode with each step replayed as a CUDA graph (``kimi_vl.generation.GraphDecoder``), standard
     vs block AttnRes: seconds per token over ``decode_steps`` replays (greedy pick outside the graph), rounds
     interleaved; overhead of the best rounds and the median of the per-round ratios. A replayed step costs the host
-    one launch, so this times the GPU work that wall-clock decode without graphs hides under launch overhead."""
+    one launch, so this times the GPU work that wall-clock decode without graphs hides under launch overhead.
+    ``attnres_block_fused_norm``: the same model captured with ``KVL_ATTNRES_FUSED_NORM=1`` (the input norms inside
+    the two-phase kernels)."""
     from kimi_vl.generation import GraphDecoder
 
-    if device.type != "cuda":
-        return {"skipped": "graph decode needs CUDA"}
     steps, rounds = args.decode_steps, args.graph_rounds
+    graph = device.type == "cuda"  # on a CPU the same static-cache steps run eagerly (a check of this code only)
+    sync = torch.cuda.synchronize if graph else (lambda: None)
     capacity = args.decode_context + steps * (rounds + 1) + 8 + 4
     ids = torch.randint(0, cfg.vocab_size, (1, args.decode_context), device=device)
+    variants = {"standard": ("standard", "0"), "attnres_block": ("attnres_block", "0"),
+                "attnres_block_fused_norm": ("attnres_block", "1")}
     decoders, tokens = {}, {}
-    for name, model in models.items():
-        model.eval()
-        decoders[name] = GraphDecoder(model, 1, capacity, use_graph=True)
-        tokens[name] = decoders[name].prefill(ids, chunk=8192).argmax(-1)
-        for _ in range(steps):  # warm: one untimed round
-            tokens[name] = decoders[name].step(tokens[name]).argmax(-1)
-    best = {name: float("inf") for name in models}
+    for name, (res, fused) in variants.items():
+        models[res].eval()
+
+        def start(name=name, res=res) -> None:  # the env is read while capturing, so it holds for the replays
+            decoders[name] = GraphDecoder(models[res], 1, capacity, use_graph=graph)
+            tokens[name] = decoders[name].prefill(ids, chunk=8192).argmax(-1)
+            for _ in range(steps):  # warm: one untimed round
+                tokens[name] = decoders[name].step(tokens[name]).argmax(-1)
+
+        _with_env({"KVL_ATTNRES_FUSED_NORM": fused}, start)
+    best = {name: float("inf") for name in variants}
+    fused_ratios = []
     ratios = []
     for _ in range(rounds):
         seconds = {}
         for name, dec in decoders.items():
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             tok = tokens[name]
             for _ in range(steps):
                 tok = dec.step(tok).argmax(-1)
-            torch.cuda.synchronize()
+            sync()
             seconds[name] = (time.perf_counter() - t0) / steps
             tokens[name] = tok
             best[name] = min(best[name], seconds[name])
         ratios.append(seconds["attnres_block"] / seconds["standard"])
+        fused_ratios.append(seconds["attnres_block_fused_norm"] / seconds["standard"])
     out = {"context": args.decode_context, "steps": steps, "rounds": rounds, "capacity": capacity,
            **{f"{name}_tokens_per_s": 1 / sec for name, sec in best.items()},
            "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1),
-           "round_ratios": ratios, "overhead_median_pct": 100 * (statistics.median(ratios) - 1)}
+           "round_ratios": ratios, "overhead_median_pct": 100 * (statistics.median(ratios) - 1),
+           "fused_norm_overhead_pct": 100 * (best["attnres_block_fused_norm"] / best["standard"] - 1),
+           "fused_norm_overhead_median_pct": 100 * (statistics.median(fused_ratios) - 1)}
     if args.profile:  # the kernels of 4 eager steps on the same static caches (a kernel's GPU time is the graph's)
         def four_steps(dec: GraphDecoder) -> None:
             with torch.no_grad():
                 for _ in range(4):
                     dec._forward_step()
 
-        times = {name: _profile_step(partial(four_steps, dec)) for name, dec in decoders.items()}
+        times = {name: _with_env({"KVL_ATTNRES_FUSED_NORM": variants[name][1]}, partial(_profile_step,
+                                                                                        partial(four_steps, dec)))
+                 for name, dec in decoders.items()}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_block"], top=args.profile_top)
+        out["kernel_diff_fused_norm"] = diff_by_name(times["standard"], times["attnres_block_fused_norm"],
+                                                     top=args.profile_top)
     for model in models.values():
         model.train()
     return out
@@ -654,7 +670,9 @@ def table(results: dict) -> str:
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
         lines += _decode_lines(layers, group.get("decode", {}))
         lines += _decode_lines(layers, group.get("graph_decode", {}), "CUDA-graph decode")
-        lines += _kernel_diff_lines(f"{layers} (4 decode steps)", group.get("graph_decode", {}).get("kernel_diff", []))
+        graph = group.get("graph_decode", {})
+        lines += _kernel_diff_lines(f"{layers} (4 decode steps)", graph.get("kernel_diff", []))
+        lines += _kernel_diff_lines(f"{layers} (4 decode steps, fused norm)", graph.get("kernel_diff_fused_norm", []))
         if "variants" not in group:  # --decode-only
             continue
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
@@ -675,6 +693,11 @@ def _decode_lines(layers: str, dec: dict, what: str = "decode") -> list[str]:
     if "overhead_median_pct" in dec:
         lines.append(f"| {layers} | {what}, median of {len(dec['round_ratios'])} per-round ratios | | | "
                      f"{dec['overhead_median_pct']:+.1f}% | | |")
+    if "fused_norm_overhead_pct" in dec:
+        lines.append(f"| {layers} | {what}, norms inside the two-phase kernels: "
+                     f"{dec['attnres_block_fused_norm_tokens_per_s']:.1f} tok/s (median of rounds "
+                     f"{dec['fused_norm_overhead_median_pct']:+.1f}%) | | | "
+                     f"{dec['fused_norm_overhead_pct']:+.1f}% | | |")
     if "two_phase_torch_overhead_pct" in dec:
         lines.append(f"| {layers} | decode, two-phase PyTorch form: {dec['attnres_two_phase_torch_tokens_per_s']:.1f} "
                      f"tok/s | | | {dec['two_phase_torch_overhead_pct']:+.1f}% | | |")

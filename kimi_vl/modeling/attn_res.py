@@ -35,10 +35,11 @@ from torch import nn
 
 from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 from kernels.attn_res import resolve_backend as resolve_mix_backend
+from kimi_vl.modeling.norm import RMSNorm
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
-           "StandardStream", "alpha_stats", "defer_grads_enabled", "grad_sinks_enabled", "mix", "mix_naive", "phase1",
-           "phase2", "stacked_u", "two_phase_backend"]
+           "StandardStream", "alpha_stats", "defer_grads_enabled", "fused_norm_enabled", "grad_sinks_enabled", "mix",
+           "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
 
@@ -144,6 +145,17 @@ def defer_grads_enabled() -> bool:
     flag = os.environ.get("KVL_ATTNRES_DEFER_GRAD") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_DEFER_GRAD must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
+def fused_norm_enabled() -> bool:
+    """``KVL_ATTNRES_FUSED_NORM`` (``0`` default | ``1``): whether the buffered two-phase stream (inference on CUDA)
+    applies the sublayer's input RMSNorm inside its phase kernels instead of a separate norm launch (one launch a
+    sublayer fewer in launch-bound decode). Off until timed on a GPU; tested against the unfused path on the CPU
+    through the interpreter (``tests/model/test_attn_res.py``)."""
+    flag = os.environ.get("KVL_ATTNRES_FUSED_NORM") or "0"
+    if flag not in ("0", "1"):
+        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_FUSED_NORM must be 0 or 1, got {flag!r}")
     return flag == "1"
 
 
@@ -270,6 +282,8 @@ class AttnResStream:
     def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
         """Sublayer ``i``'s input ``h``, through its input ``norm`` (an ``RMSNorm``) when given."""
         if self._buffered is not None:  # with a norm, h goes straight into it: a reused buffer will do
+            if norm is not None and fused_norm_enabled() and isinstance(norm, RMSNorm):
+                return self._buffered.input(i, scratch=True, norm=(norm.weight, norm.eps))
             return _normed(self._buffered.input(i, scratch=norm is not None), norm)
         if self.impl == "two_phase":
             return _normed(self._two_phase_input(i), norm)
@@ -354,10 +368,11 @@ class BufferedTwoPhase:
         self._pending: tuple[torch.Tensor, bool] | None = None  # (output of the last sublayer, first of its slot)
         self._scratch: torch.Tensor | None = None  # one h buffer for every scratch input of this forward
 
-    def input(self, i: int, scratch: bool = False) -> torch.Tensor:
+    def input(self, i: int, scratch: bool = False, norm: tuple | None = None) -> torch.Tensor:
         """Sublayer ``i``'s ``h [B, T, D]``. ``scratch``: written into one buffer that every scratch call of this
-        stream reuses (valid until the next ``input``; for a caller that only feeds it to a norm at once), which
-        saves an allocation per sublayer in launch-bound decode."""
+        stream reuses (valid until the next ``input``; for a caller that only feeds it to a norm, or a sublayer, at
+        once), which saves an allocation per sublayer in launch-bound decode. ``norm``: ``(gain, eps)`` of an RMSNorm
+        the kernels apply to ``h`` before writing it."""
         j, k = i % self.block_size, i // self.block_size + 1
         pending, first = self._pending if self._pending is not None else (None, False)
         self._pending = None
@@ -368,8 +383,8 @@ class BufferedTwoPhase:
             out = self._scratch
         if j == 0:
             return self.run.phase1(k, i, min(self.block_size, self.num_queries - i), self.eps[i], pending, first,
-                                   out)
-        return self.run.phase2(j, k, i, self.eps[i], pending, first, out)
+                                   out, norm)
+        return self.run.phase2(j, k, i, self.eps[i], pending, first, out, norm)
 
     def add(self, i: int, out: torch.Tensor) -> None:
         if self._pending is not None:

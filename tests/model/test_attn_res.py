@@ -278,6 +278,47 @@ def test_buffered_two_phase_scratch_input_reuses_one_buffer(monkeypatch):
     assert_rel_rms(torch.stack(scratch), torch.stack(fresh), 0.0, "normed inputs")
 
 
+@pytest.mark.parametrize(("num_sublayers", "block_size", "tokens", "dtype", "tol"),
+                         [(7, 3, 1, torch.float32, 1e-6), (7, 3, 70, torch.float32, 1e-6),
+                          (5, 2, 1, torch.bfloat16, 4e-3), (5, 2, 70, torch.bfloat16, 4e-3)])
+def test_buffered_two_phase_fused_norm_equals_norm_after(monkeypatch, num_sublayers, block_size, tokens, dtype, tol):
+    """``KVL_ATTNRES_FUSED_NORM=1``: the phase kernels apply the sublayer's RMSNorm themselves; the inputs equal the
+    unfused stream's norm(h) through the Triton norm kernel (the decode kernel at 1 token, the tiled phase 1 at 70
+    tokens; a ragged last block and the output mix). The interpreter's bf16 casts differ from PyTorch's CPU ones,
+    hence the Triton norm as the reference."""
+    from kimi_vl.modeling.norm import RMSNorm
+
+    dev = _triton_two_phase(monkeypatch)
+    monkeypatch.setenv("KVL_NORM_BACKEND", "triton")
+    d = 40
+    gen = torch.Generator().manual_seed(5)
+    queries = [ResQuery(torch.randn(1, d, generator=gen).to(dev), (1 + 0.3 * torch.randn(d, generator=gen)).to(dev),
+                        1e-6) for _ in range(num_sublayers + 1)]
+    outs = [(torch.randn(1, tokens, d, generator=gen) * (i + 1)).to(dev, dtype) for i in range(num_sublayers)]
+    emb = torch.randn(1, tokens, d, generator=gen).to(dev, dtype)
+    norms = [RMSNorm(d, eps=1e-5).to(dev, dtype) for _ in range(num_sublayers + 1)]
+    with torch.no_grad():
+        for n in norms:
+            n.weight.uniform_(0.5, 1.5)
+        calls = []
+        for n in norms:
+            n.register_forward_hook(lambda *_: calls.append(1))
+        results = {}
+        for fused in ("0", "1"):
+            monkeypatch.setenv("KVL_ATTNRES_FUSED_NORM", fused)
+            calls.clear()
+            stream, got = AttnResStream(emb, queries, block_size, "two_phase"), []
+            for i, out in enumerate(outs):
+                got.append(stream.input(i, norms[i]).clone())
+                stream.add(i, out)
+            got.append(stream.final(norms[-1]).clone())
+            results[fused] = torch.stack(got).float()
+            assert len(calls) == (0 if fused == "1" else num_sublayers + 1)  # fused: no norm module runs
+    assert_rel_rms(results["1"], results["0"], tol, "fused norm")
+    if dev == "cpu":  # the interpreter sums in the same order in both kernels: bit-equal
+        assert torch.equal(results["1"], results["0"])
+
+
 def test_two_phase_backend_choice(monkeypatch):
     from kimi_vl.modeling.attn_res import two_phase_backend
 

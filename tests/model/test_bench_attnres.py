@@ -35,3 +35,22 @@ def test_decode_lines_report_the_median_of_round_ratios():
     text = "\n".join(_decode_lines("hybrid", dec))
     assert "standard 100.0 vs two-phase Triton 98.0 tok/s | | | +2.0%" in text
     assert "decode, median of 3 per-round ratios | | | +1.0%" in text
+
+
+def test_graph_decode_bench_runs_its_variants_on_cpu(monkeypatch):
+    """The graph-decode benchmark's bookkeeping on the CPU (eager static-cache steps, debug flavor): three variants,
+    interleaved rounds, the fused-norm variant under its flag, the decode-step profile and its table rows."""
+    import argparse
+
+    from kimi_vl.benchmarks.bench_attnres import _build, _config, bench_graph_decode
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_ATTNRES_TWO_PHASE", "triton")
+    models = {r: _build(_config("debug", "hybrid", r), torch.device("cpu"), torch.float32)
+              for r in ("standard", "attnres_block")}
+    args = argparse.Namespace(decode_steps=2, graph_rounds=2, decode_context=6, profile=True, profile_top=3)
+    out = bench_graph_decode(models, _config("debug", "hybrid", "standard"), args, torch.device("cpu"))
+    assert len(out["round_ratios"]) == 2 and out["attnres_block_fused_norm_tokens_per_s"] > 0
+    assert out["kernel_diff"][0]["name"] == "(total)" and out["kernel_diff_fused_norm"]
+    text = "\n".join(_decode_lines("hybrid", out, "CUDA-graph decode"))
+    assert "norms inside the two-phase kernels" in text
