@@ -19,17 +19,21 @@ host, so a model with MoE decodes through the static cache without a graph.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 from kimi_vl.modeling.cache import StaticKimiVLCache, output_cache
 
-__all__ = ["GraphDecoder"]
+__all__ = ["GraphDecoder", "has_moe"]
 
 _WHERE = "kimi_vl.generation.GraphDecoder"
 
 
-def _has_moe(model: nn.Module) -> bool:
+def has_moe(model: nn.Module) -> bool:
+    """Whether ``model`` has MoE layers (their expert dispatch reads counts on the host: no graph capture)."""
     from kimi_vl.modeling.moe import MoE
 
     return any(isinstance(m, MoE) for m in model.modules())
@@ -46,7 +50,7 @@ class GraphDecoder:
         if batch_size < 1 or capacity < 2:
             raise ValueError(f"{_WHERE}: batch_size must be >= 1 and capacity >= 2, got {batch_size}, {capacity}")
         device = next(model.parameters()).device
-        moe = _has_moe(model)
+        moe = has_moe(model)
         if use_graph is None:
             use_graph = device.type == "cuda" and not moe
         if use_graph and moe:
@@ -63,10 +67,11 @@ class GraphDecoder:
 
     @torch.no_grad()
     def prefill(self, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor | None = None,
-                chunk: int | None = None) -> torch.Tensor:
+                chunk: int | None = None, **media: torch.Tensor | None) -> torch.Tensor:
         """Run the prompt (left padding marked by ``attention_mask``) and load its state; returns the last
         position's logits ``[B, V]``. ``chunk``: run the prompt in pieces of this many tokens (bounds the
-        activation memory of long prompts)."""
+        activation memory of long prompts). ``media``: the multimodal model's ``pixel_values``, ``image_grid_thw``,
+        ... for the prompt's placeholders (the prompt then runs in one piece)."""
         if input_ids_BL.dim() != 2 or input_ids_BL.shape[0] != self.batch_size:
             raise ValueError(f"{_WHERE}.prefill: input_ids must be [B={self.batch_size}, L], got "
                              f"{tuple(input_ids_BL.shape)}")
@@ -77,11 +82,16 @@ class GraphDecoder:
         step = length if chunk is None else chunk
         if step < 1:
             raise ValueError(f"{_WHERE}.prefill: chunk must be >= 1, got {chunk}")
+        media = {k: v for k, v in media.items() if v is not None}
+        if media and step < length:
+            raise ValueError(f"{_WHERE}.prefill: a prompt with media ({sorted(media)}) runs in one piece, got "
+                             f"chunk={chunk} for {length} tokens")
         prefill = None
         for start in range(0, length, step):
             end = min(start + step, length)
             out = self.model(input_ids=input_ids_BL[:, start:end], use_cache=True, logits_to_keep=1, cache=prefill,
-                             attention_mask=None if attention_mask_BL is None else attention_mask_BL[:, :end])
+                             attention_mask=None if attention_mask_BL is None else attention_mask_BL[:, :end],
+                             **media)
             prefill = output_cache(out)
         if self.cache is None:
             self.cache = StaticKimiVLCache.from_prefill(self.model.config, prefill, self.capacity, attention_mask_BL)
@@ -126,11 +136,13 @@ class GraphDecoder:
     @torch.no_grad()
     def generate(self, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor | None = None,
                  max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int | None = None, eos_token_id: int | None = None, pad_token_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 top_k: int | None = None, eos_token_id: int | Sequence[int] | None = None,
+                 pad_token_id: int | None = None, generator: torch.Generator | None = None,
+                 max_time: float | None = None, **media: torch.Tensor | None) -> torch.Tensor:
         """The prompt followed by up to ``max_new_tokens`` tokens ``[B, L + n]``: greedy, or sampled at
-        ``temperature`` (over the ``top_k`` most likely tokens when given). Rows that produced ``eos_token_id``
-        continue with ``pad_token_id`` (``eos_token_id`` when unset); generation stops when every row has."""
+        ``temperature`` (over the ``top_k`` most likely tokens when given). Rows that produced an ``eos_token_id``
+        (one id or several) continue with ``pad_token_id`` (the first eos id when unset); generation stops when
+        every row has, or after ``max_time`` seconds. ``media``: see :meth:`prefill`."""
         if max_new_tokens < 1:
             raise ValueError(f"{_WHERE}.generate: max_new_tokens must be >= 1, got {max_new_tokens}")
         if input_ids_BL.shape[1] + max_new_tokens > self.capacity:
@@ -138,17 +150,22 @@ class GraphDecoder:
                              f"exceed the capacity {self.capacity}")
         if do_sample and not temperature > 0:
             raise ValueError(f"{_WHERE}.generate: temperature must be > 0 when sampling, got {temperature}")
-        pad = eos_token_id if pad_token_id is None else pad_token_id
-        logits = self.prefill(input_ids_BL, attention_mask_BL)
+        start = time.perf_counter()
+        eos = None if eos_token_id is None else torch.tensor(
+            [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=self.device)
+        pad = (None if eos is None else int(eos[0])) if pad_token_id is None else pad_token_id
+        logits = self.prefill(input_ids_BL, attention_mask_BL, **media)
         done = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         new = []
         for n in range(max_new_tokens):
             token = _pick(logits, do_sample, temperature, top_k, generator)
-            if eos_token_id is not None:
+            if eos is not None:
                 token = torch.where(done, torch.full_like(token, pad), token)
-                done |= token == eos_token_id
+                done |= torch.isin(token, eos)
             new.append(token)
-            if n + 1 == max_new_tokens or (eos_token_id is not None and bool(done.all())):
+            if n + 1 == max_new_tokens or (eos is not None and bool(done.all())):
+                break
+            if max_time is not None and time.perf_counter() - start > max_time:
                 break
             logits = self.step(token)
         return torch.cat([input_ids_BL, torch.stack(new, dim=1)], dim=1)

@@ -12,7 +12,10 @@ The processor's patch budget must be the one the model was trained with: it is r
 an export (``RUN/config.yaml`` for ``RUN/final``, key ``data.max_patches``), else given explicitly.
 
 Several prompts decode as one left-padded batch (:meth:`WebsiteGenerator.generate_batch`; rows never interact:
-the model zeroes padded positions for KDA and masks them for MLA).
+the model zeroes padded positions for KDA and masks them for MLA). Decoding (``decode=``): ``"generate"``
+(transformers' ``generate``), ``"static"`` / ``"graph"`` (``kimi_vl.generation.GraphDecoder``: a static cache, on
+CUDA each token one CUDA-graph replay; the same greedy tokens), ``"auto"`` (``"graph"`` on CUDA for a model
+without MoE layers, else ``"generate"``).
 
 Shapes: ``T`` prompt tokens, ``P`` packed patches.
 """
@@ -39,6 +42,7 @@ from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
 VIDEO_FPS = 2.0  # the training loader's sampling rate (data_pipelines.loader.LoaderConfig.video_fps)
 MAX_VIDEO_FRAMES = 32
 MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+DECODES = ("auto", "generate", "static", "graph")
 
 
 @dataclass
@@ -79,7 +83,10 @@ def load_video(path_or_bytes: str | os.PathLike | bytes, fps: float = VIDEO_FPS,
 class WebsiteGenerator:
     """A loaded checkpoint (model, tokenizer, processor) that writes HTML for a screenshot or a scroll video."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_patches: int, device: str = "cpu") -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_patches: int, device: str = "cpu",
+                 decode: str = "auto") -> None:
+        if decode not in DECODES:
+            raise ValueError(f"WebsiteGenerator: decode must be one of {DECODES}, got {decode!r}")
         missing = [k for k in MEDIA_KEYS if k not in _forward_params(model)]
         if missing:
             raise ValueError(f"{type(model).__name__} takes no {missing}: the checkpoint has no vision tower "
@@ -90,10 +97,16 @@ class WebsiteGenerator:
         self.encoder = Encoder(tokenizer, "sft", geo, geo)
         vocab = tokenizer.get_vocab()
         self.stop_ids = sorted({vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab})
+        if decode == "auto":
+            from kimi_vl.generation import has_moe
+
+            decode = "graph" if self.device.type == "cuda" and not has_moe(model) else "generate"
+        self.decode = decode
+        self._decoder: Any = None  # the last GraphDecoder (one per batch size and capacity; its graph is reused)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: str | os.PathLike, max_patches: int | None = None, device: str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> WebsiteGenerator:
+                        dtype: torch.dtype = torch.float32, decode: str = "auto") -> WebsiteGenerator:
         """``import kimi_vl``, ``AutoModelForImageTextToText.from_pretrained`` (weights in ``dtype``) and the
         tokenizer saved beside it."""
         from transformers import AutoModelForImageTextToText
@@ -112,7 +125,7 @@ class WebsiteGenerator:
             raise ValueError(f"checkpoint {folder}: no run config with data.max_patches beside it; pass max_patches "
                              "(the processor budget the model was trained with)")
         model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=dtype)
-        return cls(model, load_tokenizer(folder), patches, device)
+        return cls(model, load_tokenizer(folder), patches, device, decode)
 
     def prompt(self, image: Image.Image | None = None, video: DecodedVideo | None = None,
                text: str | None = None) -> tuple[dict[str, Any], int]:
@@ -160,11 +173,29 @@ class WebsiteGenerator:
         width = inputs["input_ids"].shape[1]
         prompt_tokens = inputs["attention_mask"].sum(1).tolist()
         t0 = time.perf_counter()
-        out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, max_time=max_time,
-                                  eos_token_id=self.stop_ids, pad_token_id=self.encoder.ids.pad)
+        if self.decode == "generate":
+            out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, max_time=max_time,
+                                      eos_token_id=self.stop_ids, pad_token_id=self.encoder.ids.pad)
+        else:
+            ids, mask = inputs.pop("input_ids"), inputs.pop("attention_mask")
+            out = self._graph_decoder(ids.shape[0], width + max_new_tokens).generate(
+                ids, mask, max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids,
+                pad_token_id=self.encoder.ids.pad, max_time=max_time, **inputs)
         seconds = time.perf_counter() - t0
         return [self._finish(row[width:].tolist(), int(n), v, seconds)
                 for row, n, v in zip(out, prompt_tokens, vision_tokens)]
+
+    def _graph_decoder(self, batch: int, tokens: int) -> Any:
+        """A ``GraphDecoder`` for ``batch`` rows of up to ``tokens`` tokens: the last one when it fits (its graph is
+        reused), else a new one whose capacity is rounded up to a multiple of 512 (the earlier one is dropped)."""
+        from kimi_vl.generation import GraphDecoder
+
+        dec = self._decoder
+        if dec is None or dec.batch_size != batch or dec.capacity < tokens:
+            self._decoder = dec = None
+            dec = GraphDecoder(self.model, batch, -(-tokens // 512) * 512, use_graph=self.decode == "graph")
+            self._decoder = dec
+        return dec
 
     def generate(self, image: Image.Image | None = None, video: DecodedVideo | None = None,
                  max_new_tokens: int = 1024) -> Generation:

@@ -160,13 +160,12 @@ def fused_norm_enabled() -> bool:
 
 
 def stacked_u(queries: Sequence[ResQuery]) -> torch.Tensor:
-    """``u = w * gain`` of every query as one contiguous fp32 ``[Q, D]`` in three kernels (one stack of all the
-    weights and gains, one cast, one product), not a few per query: decode runs this every token."""
-    rows = [q.weight.reshape(-1) for q in queries] + [q.gain.reshape(-1) for q in queries]
-    if len({t.dtype for t in rows}) > 1:
-        rows = [t.float() for t in rows]
-    w_and_g = torch.stack(rows).float().view(2, len(queries), -1)
-    return w_and_g[0] * w_and_g[1]
+    """``u = w * gain`` of every query as one contiguous fp32 ``[Q, D]`` (a few ops, not a few per query). Session
+    15 tried one stack of all weights and gains (3 kernels instead of 5): it needs a view per query, 18 more host
+    operators a decode token in ``tests/model/test_decode_ops.py``'s count, for ~2 launches (~3 us) a graph-replayed
+    token; kept as it was."""
+    w = torch.stack([q.weight for q in queries]).reshape(len(queries), -1).float()
+    return (w * torch.stack([q.gain for q in queries]).float()).contiguous()
 
 
 def two_phase_backend(x: torch.Tensor) -> str:

@@ -79,6 +79,27 @@ def test_batched_generation_equals_one_page_at_a_time(web_data, generator):
     assert single.text == batched[0].text  # generate() is the one-row batch, default instruction = the sample's
 
 
+def test_static_cache_decoding_writes_what_generate_writes(web_data, checkpoint, generator):
+    """``decode="static"`` (``kimi_vl.generation.GraphDecoder`` without the graph, the path a GPU replays): the same
+    greedy pages as transformers' ``generate`` for a left-padded batch with media and stop tokens; the decoder is
+    reused for a shorter request and replaced for another batch size."""
+    pages = interleave(heldout_pages(str(web_data)))[:3]
+    inputs = [generation_inputs(p) for p in pages]
+    static = WebsiteGenerator.from_checkpoint(checkpoint, decode="static")
+    assert generator.decode == "generate" and static.decode == "static"  # "auto" on a CPU: generate
+    want = generator.generate_batch(inputs, max_new_tokens=12)
+    got = static.generate_batch(inputs, max_new_tokens=12)
+    assert [(g.text, g.new_tokens, g.stopped) for g in got] == [(w.text, w.new_tokens, w.stopped) for w in want]
+    first = static._decoder
+    assert static.generate_batch(inputs, max_new_tokens=4)[0].text == \
+        generator.generate_batch(inputs, max_new_tokens=4)[0].text
+    assert static._decoder is first
+    static.generate_batch(inputs[:1], max_new_tokens=4)  # another batch size: a new decoder
+    assert static._decoder is not first and static._decoder.batch_size == 1
+    with pytest.raises(ValueError, match="decode must be one of"):
+        WebsiteGenerator.from_checkpoint(checkpoint, decode="fast")
+
+
 class StubGenerator:
     """Writes a fixed page; fails on batches of more than one row when ``fail_batches``."""
 
