@@ -40,7 +40,8 @@ def has_moe(model: nn.Module) -> bool:
 
 
 class GraphDecoder:
-    """Decode steps of a ``KimiVLForCausalLM`` over a static cache of ``capacity`` tokens (prompt included).
+    """Decode steps of a ``KimiVLForCausalLM`` (or the multimodal ``KimiVLForConditionalGeneration``, media given to
+    :meth:`prefill`) over a static cache of ``capacity`` tokens (prompt included).
 
     ``use_graph``: capture the step as a CUDA graph (default: on CUDA for models without MoE layers). The logits a
     graphed :meth:`step` returns live in a buffer that the next step overwrites (clone to keep them).
@@ -151,8 +152,9 @@ class GraphDecoder:
         if do_sample and not temperature > 0:
             raise ValueError(f"{_WHERE}.generate: temperature must be > 0 when sampling, got {temperature}")
         start = time.perf_counter()
-        eos = None if eos_token_id is None else torch.tensor(
-            [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=self.device)
+        eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) \
+            else list(eos_token_id)
+        eos = torch.tensor(eos_ids, device=self.device) if eos_ids else None
         pad = (None if eos is None else int(eos[0])) if pad_token_id is None else pad_token_id
         logits = self.prefill(input_ids_BL, attention_mask_BL, **media)
         done = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)

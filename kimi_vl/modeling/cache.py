@@ -165,8 +165,8 @@ class StaticKimiVLCache(KimiVLCache):
     a step on the device advances ``position`` by itself (a replayed graph runs no Python), so whoever replays
     steps keeps ``length`` (:meth:`note_replayed`)."""
 
-    def __init__(self, config, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype,
-                 like: KimiVLCache) -> None:
+    def __init__(self, config, batch_size: int, capacity: int, device: torch.device, like: KimiVLCache) -> None:
+        """Zeroed buffers shaped like ``like``'s layers (a prefill cache of ``batch_size`` rows); see :meth:`load`."""
         super().__init__(config)
         self.batch_size, self.capacity, self.length = batch_size, capacity, 0
         self.position = torch.zeros(1, dtype=torch.long, device=device)
@@ -189,9 +189,7 @@ class StaticKimiVLCache(KimiVLCache):
                      attention_mask_BL: torch.Tensor | None = None) -> StaticKimiVLCache:
         """A static cache of ``capacity`` tokens holding ``prefill``'s state (see :meth:`load`)."""
         ref = next(t for layer in prefill.layers for t in layer.tensors())
-        mla = [layer for layer in prefill.layers if isinstance(layer, MLALayerCache)]
-        dtype = mla[0].first.dtype if mla else ref.dtype
-        cache = cls(config, ref.shape[0], capacity, ref.device, dtype, prefill)
+        cache = cls(config, ref.shape[0], capacity, ref.device, prefill)
         cache.load(prefill, attention_mask_BL)
         return cache
 
