@@ -10,12 +10,15 @@
 #       as two matmuls, SKIP_MLA=1; call6: `python3 kernels/benchmarks/bench_two_phase.py` alone (PYTHONPATH=.);
 #       call7: phase 1's rows kernel at 4 warps, TWO_PHASE=1 SKIP_MLA=1 SKIP_BACKBONE=1; call8: phase 2 at 4 warps and
 #       the queries' u in three kernels, the same flags)
+#   bash scripts/gpu_session15.sh pending  prepared for the next session, not run in session 15: the graph-decode
+#       overhead with the norms inside the two-phase kernels (bench_attnres's attnres_block_fused_norm variant), and
+#       hybrid vs all-MLA graph decode at 128K context and batch 16 (the cache's share grows with the batch)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session15.sh decode}" in
+case "${1:?usage: gpu_session15.sh decode|pending}" in
 decode)
   PART_TAIL=8 part "GPU tests: static / graph decode" 150 python3 -m pytest -q -p no:cacheprovider \
     tests/model/test_static_decode.py tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py \
@@ -28,6 +31,16 @@ decode)
   PART_TAIL=30 part "bench_backbone decode (eager + graph)" 200 python3 -m kimi_vl.benchmarks.bench_backbone \
     --train-seqs --decode-contexts 32768 131072 --decode-steps 64 --graph-decode --variants hybrid full_attn \
     hybrid_attnres
+  ;;
+pending)
+  PART_TAIL=8 part "GPU tests: static / graph decode, fused norm" 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/model/test_static_decode.py tests/model/test_attn_res.py tests/kernels/test_attn_res_triton.py \
+    -k "static or graph or two_phase or fused"
+  PART_TAIL=30 part "bench_attnres decode (graph, fused norm)" 200 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --decode-only --graph-decode --decode-steps 48 --rounds 2 --graph-rounds 12 --sources 2 --profile --profile-top 10
+  PART_TAIL=30 part "bench_backbone decode, batch 16" 300 python3 -m kimi_vl.benchmarks.bench_backbone \
+    --train-seqs --decode-contexts 131072 --decode-batch 16 --decode-steps 16 --graph-decode --variants hybrid \
+    full_attn
   ;;
 esac
 ls -la "$OUT"
