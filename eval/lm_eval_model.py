@@ -16,7 +16,9 @@ scored. Caching: lm-eval's ``--use_cache DIR`` wraps any LM (keyed on request ar
 
 model_args (strings from the command line): ``checkpoint`` (or ``pretrained``) = export dir, ``tokenizer``
 (default: the checkpoint), ``batch_size``, ``max_length``, ``max_gen_toks``, ``device``, ``dtype``,
-``video_fps``, ``add_bos_token``.
+``video_fps``, ``add_bos_token``, ``decode`` (``auto`` | ``generate`` | ``static`` | ``graph``: generation through
+transformers' ``generate`` or ``kimi_vl.generation.GraphDecoder``, a static cache replayed as a CUDA graph per
+token; ``auto`` picks ``graph`` on CUDA for a kimi_vl model without MoE; the same greedy texts).
 
 Generations come back with the special tokens removed, unless the task's ``generation_kwargs`` hold
 ``keep_special_tokens: true`` (a key of this model only; lm-eval's ``hf`` model would pass it on to
@@ -66,6 +68,28 @@ def load_checkpoint(path: str, dtype: str = "float32", device: str = "cpu") -> t
     return model.to(device).eval()
 
 
+DECODES = ("auto", "generate", "static", "graph")
+MEDIA_ARGS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+
+
+def _decode_mode(decode: str, model: torch.nn.Module, device: torch.device) -> str:
+    """``decode`` model argument: ``generate`` (transformers), ``static`` / ``graph`` (``kimi_vl.generation``:
+    static cache, CUDA-graph replay), ``auto``: ``graph`` on CUDA for a kimi_vl model without MoE, else
+    ``generate``. Requests with options the fast path lacks (e.g. ``top_p``) always take ``generate``."""
+    if decode not in DECODES:
+        raise ValueError(f"kimi_vl: decode must be one of {DECODES}, got {decode!r}")
+    from kimi_vl.generation import has_moe
+    from kimi_vl.modeling.model import KimiVLModel
+
+    ours = any(isinstance(m, KimiVLModel) for m in model.modules())
+    if decode in ("static", "graph") and not ours:
+        raise ValueError(f"kimi_vl: decode={decode} needs a kimi_vl model (its static cache), got "
+                         f"{type(model).__name__}; use decode=generate")
+    if decode != "auto":
+        return decode
+    return "graph" if device.type == "cuda" and ours and not has_moe(model) else "generate"
+
+
 class StopStrings:
     """``generate`` stopping criterion: every row's new text contains a stop string (checked on decoded text, so
     a stop string split across tokens is still found)."""
@@ -88,7 +112,8 @@ class KimiVLLM(TemplateLM):
     def __init__(self, checkpoint: str | None = None, pretrained: Any = None, tokenizer: Any = None,
                  batch_size: int | str = 8, max_length: int | str | None = None, max_gen_toks: int | str = 256,
                  device: str | None = None, dtype: str = "float32", video_fps: float | str = 1.0,
-                 add_bos_token: bool | str = False, processor: Any = None, **_ignored: Any) -> None:
+                 add_bos_token: bool | str = False, processor: Any = None, decode: str = "auto",
+                 **_ignored: Any) -> None:
         super().__init__()
         from transformers import AutoTokenizer
 
@@ -113,6 +138,8 @@ class KimiVLLM(TemplateLM):
         self.add_bos_token = _as_bool(add_bos_token)
         self._processor = processor
         self._forward_params = set(inspect.signature(self.model.forward).parameters)
+        self.decode = _decode_mode(decode, self.model, self._device)
+        self._decoder: Any = None  # the last GraphDecoder (per batch size and capacity; its graph is reused)
 
     @property
     def eot_token_id(self) -> int:
@@ -266,11 +293,18 @@ class KimiVLLM(TemplateLM):
             gen_kwargs.update({k: v.to(self._device) for k, v in media.items()})
         from transformers import StoppingCriteriaList
 
-        stopping = StoppingCriteriaList([StopStrings(self.tokenizer, until, ids.shape[1])])
-        with torch.no_grad():
-            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_gen,
-                                      stopping_criteria=stopping, pad_token_id=self.eot_token_id,
-                                      eos_token_id=self.eot_token_id, **gen_kwargs)
+        stop = StopStrings(self.tokenizer, until, ids.shape[1])
+        fast = {k: v for k, v in gen_kwargs.items() if k not in MEDIA_ARGS}
+        if self.decode != "generate" and set(fast) <= {"do_sample", "temperature", "top_k"}:
+            out = self._graph_decoder(ids.shape[0], ids.shape[1] + max_gen).generate(
+                ids, max_new_tokens=max_gen, stop=stop, pad_token_id=self.eot_token_id,
+                eos_token_id=self.eot_token_id, **gen_kwargs)
+        else:
+            with torch.no_grad():
+                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_gen,
+                                          stopping_criteria=StoppingCriteriaList([stop]),
+                                          pad_token_id=self.eot_token_id, eos_token_id=self.eot_token_id,
+                                          **gen_kwargs)
         texts = []
         for row in out[:, ids.shape[1]:].tolist():
             text = self.tok_decode(row, skip_special_tokens=False)
@@ -281,6 +315,18 @@ class KimiVLLM(TemplateLM):
                 text = text.replace(special, "")
             texts.append(text)
         return texts
+
+    def _graph_decoder(self, batch: int, tokens: int) -> Any:
+        """The last ``GraphDecoder`` when it fits ``batch`` rows of ``tokens`` tokens (its graph is reused), else a
+        new one with the capacity rounded up to a multiple of 512."""
+        from kimi_vl.generation import GraphDecoder
+
+        dec = self._decoder
+        if dec is None or dec.batch_size != batch or dec.capacity < tokens:
+            self._decoder = dec = None  # free the old cache before the new one is allocated
+            self._decoder = dec = GraphDecoder(self.model, batch, -(-tokens // 512) * 512,
+                                               use_graph=self.decode == "graph")
+        return dec
 
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
         """Greedy (unless ``do_sample``) generation cut at the first stop string; batches of equal-length

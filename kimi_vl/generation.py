@@ -20,7 +20,7 @@ host, so a model with MoE decodes through the static cache without a graph.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -139,11 +139,14 @@ class GraphDecoder:
                  max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, eos_token_id: int | Sequence[int] | None = None,
                  pad_token_id: int | None = None, generator: torch.Generator | None = None,
-                 max_time: float | None = None, **media: torch.Tensor | None) -> torch.Tensor:
+                 max_time: float | None = None, stop: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 **media: torch.Tensor | None) -> torch.Tensor:
         """The prompt followed by up to ``max_new_tokens`` tokens ``[B, L + n]``: greedy, or sampled at
         ``temperature`` (over the ``top_k`` most likely tokens when given). Rows that produced an ``eos_token_id``
-        (one id or several) continue with ``pad_token_id`` (the first eos id when unset); generation stops when
-        every row has, or after ``max_time`` seconds. ``media``: see :meth:`prefill`."""
+        (one id or several), or that ``stop`` (called with the ids so far ``[B, L + n]``, returning bool ``[B]``,
+        like a transformers ``StoppingCriteria``) reports done, continue with ``pad_token_id`` (the first eos id
+        when unset); generation stops when every row is done, or after ``max_time`` seconds. ``media``: see
+        :meth:`prefill`."""
         if max_new_tokens < 1:
             raise ValueError(f"{_WHERE}.generate: max_new_tokens must be >= 1, got {max_new_tokens}")
         if input_ids_BL.shape[1] + max_new_tokens > self.capacity:
@@ -156,16 +159,23 @@ class GraphDecoder:
             else list(eos_token_id)
         eos = torch.tensor(eos_ids, device=self.device) if eos_ids else None
         pad = (None if eos is None else int(eos[0])) if pad_token_id is None else pad_token_id
+        if stop is not None and pad is None:
+            raise ValueError(f"{_WHERE}.generate: a stop criterion needs pad_token_id (or eos_token_id) for the rows "
+                             "it ends")
+        checks = eos is not None or stop is not None
         logits = self.prefill(input_ids_BL, attention_mask_BL, **media)
         done = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         new = []
         for n in range(max_new_tokens):
             token = _pick(logits, do_sample, temperature, top_k, generator)
-            if eos is not None:
+            if checks:
                 token = torch.where(done, torch.full_like(token, pad), token)
+            if eos is not None:
                 done |= torch.isin(token, eos)
             new.append(token)
-            if n + 1 == max_new_tokens or (eos is not None and bool(done.all())):
+            if stop is not None:
+                done |= stop(torch.cat([input_ids_BL, torch.stack(new, dim=1)], dim=1)).to(done.device)
+            if n + 1 == max_new_tokens or (checks and bool(done.all())):
                 break
             if max_time is not None and time.perf_counter() - start > max_time:
                 break

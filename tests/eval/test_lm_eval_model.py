@@ -68,6 +68,37 @@ def test_generate_until_respects_stop_strings_and_batching(lm):
     assert together == alone
 
 
+def test_static_cache_decoding_gives_the_same_texts(lm):
+    """``decode=static`` (``kimi_vl.generation.GraphDecoder``'s static cache, eagerly: the path a GPU replays as a
+    graph) writes what transformers' ``generate`` writes, with stop strings, batching and ``max_gen_toks``; an
+    option the fast path lacks (``top_p`` with sampling) falls back to ``generate``."""
+    from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+
+    with pytest.raises(ValueError, match="needs a kimi_vl model"):  # the fixture's model is transformers' own
+        KimiVLLM(pretrained=lm.model, tokenizer=lm.tokenizer, device="cpu", decode="static")
+    torch.manual_seed(0)
+    model = KimiVLForCausalLM(KimiVLConfig.from_flavor("debug", vocab_size=lm.model.config.vocab_size)).eval()
+    lm = KimiVLLM(pretrained=model, tokenizer=lm.tokenizer, batch_size=3, device="cpu")
+    fast = KimiVLLM(pretrained=model, tokenizer=lm.tokenizer, batch_size=3, device="cpu", decode="static")
+    assert lm.decode == "generate" and fast.decode == "static"  # auto on a CPU: generate
+    prompts = ["Count the objects:", "Count the object:", "The red square is"]
+    for until in ([], ["\n\n"]):
+        reqs = [req("generate_until", p, {"until": until, "max_gen_toks": 9}) for p in prompts]
+        assert fast.generate_until(reqs) == lm.generate_until(reqs)
+    free = lm.generate_until([req("generate_until", prompts[0], {"until": [], "max_gen_toks": 12})])[0]
+    assert len(free) >= 4, free
+    stop = free[2:4]
+    cut = fast.generate_until([req("generate_until", prompts[0], {"until": [stop], "max_gen_toks": 12})])[0]
+    assert cut == free.split(stop)[0]
+    sampled = {"until": [], "max_gen_toks": 4, "do_sample": True, "top_p": 0.9}
+    torch.manual_seed(0)
+    a = fast.generate_until([req("generate_until", prompts[0], sampled)])
+    torch.manual_seed(0)
+    assert a == lm.generate_until([req("generate_until", prompts[0], sampled)])  # both through generate
+    with pytest.raises(ValueError, match="decode must be one of"):
+        KimiVLLM(pretrained=lm.model, tokenizer=lm.tokenizer, device="cpu", decode="fast")
+
+
 def test_loglikelihood_rolling_equals_manual_and_windows(lm):
     text = "Two cats and one dog sit on the fence."
     ids = lm.tok_encode(text)

@@ -77,6 +77,18 @@ def test_sampling_and_eos():
     eos = int(greedy[0, 5])  # row 0's second new token ends it: it is padded after that
     out = dec.generate(ids, max_new_tokens=6, eos_token_id=eos, pad_token_id=cfg.pad_token_id)
     assert out[0, 5] == eos and (out[0, 6:] == cfg.pad_token_id).all()
+    # a stop criterion (transformers' StoppingCriteria form): row 1 ends after its third new token
+    calls = []
+
+    def stop(ids_BT: torch.Tensor) -> torch.Tensor:
+        calls.append(ids_BT.shape[1])
+        return torch.tensor([False, ids_BT.shape[1] >= 7])
+
+    out = dec.generate(ids, max_new_tokens=6, stop=stop, pad_token_id=cfg.pad_token_id)
+    assert torch.equal(out[:, :7], greedy[:, :7]) and (out[1, 7:] == cfg.pad_token_id).all()
+    assert torch.equal(out[0], greedy[0]) and calls == [5, 6, 7, 8, 9, 10]
+    with pytest.raises(ValueError, match="needs pad_token_id"):
+        dec.generate(ids, max_new_tokens=2, stop=stop)
 
 
 def test_errors_name_the_problem():
