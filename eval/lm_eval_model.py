@@ -18,7 +18,7 @@ model_args (strings from the command line): ``checkpoint`` (or ``pretrained``) =
 (default: the checkpoint), ``batch_size``, ``max_length``, ``max_gen_toks``, ``device``, ``dtype``,
 ``video_fps``, ``add_bos_token``, ``decode`` (``auto`` | ``generate`` | ``static`` | ``graph``: generation through
 transformers' ``generate`` or ``kimi_vl.generation.GraphDecoder``, a static cache replayed as a CUDA graph per
-token; ``auto`` picks ``graph`` on CUDA for a kimi_vl model without MoE; the same greedy texts).
+token, for greedy requests; ``auto`` picks ``graph`` on CUDA for a kimi_vl model without MoE; the same texts).
 
 Generations come back with the special tokens removed, unless the task's ``generation_kwargs`` hold
 ``keep_special_tokens: true`` (a key of this model only; lm-eval's ``hf`` model would pass it on to
@@ -75,7 +75,7 @@ MEDIA_ARGS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_gr
 def _decode_mode(decode: str, model: torch.nn.Module, device: torch.device) -> str:
     """``decode`` model argument: ``generate`` (transformers), ``static`` / ``graph`` (``kimi_vl.generation``:
     static cache, CUDA-graph replay), ``auto``: ``graph`` on CUDA for a kimi_vl model without MoE, else
-    ``generate``. Requests with options the fast path lacks (e.g. ``top_p``) always take ``generate``."""
+    ``generate``. Sampling requests always take ``generate`` (its sampling defaults)."""
     if decode not in DECODES:
         raise ValueError(f"kimi_vl: decode must be one of {DECODES}, got {decode!r}")
     from kimi_vl.generation import has_moe
@@ -139,7 +139,11 @@ class KimiVLLM(TemplateLM):
         self._processor = processor
         self._forward_params = set(inspect.signature(self.model.forward).parameters)
         self.decode = _decode_mode(decode, self.model, self._device)
-        self._decoder: Any = None  # the last GraphDecoder (per batch size and capacity; its graph is reused)
+        self._decoders: Any = None  # kimi_vl.generation.DecoderSlot when decode is static or graph
+        if self.decode != "generate":
+            from kimi_vl.generation import DecoderSlot
+
+            self._decoders = DecoderSlot(self.model, use_graph=self.decode == "graph")
 
     @property
     def eot_token_id(self) -> int:
@@ -294,9 +298,10 @@ class KimiVLLM(TemplateLM):
         from transformers import StoppingCriteriaList
 
         stop = StopStrings(self.tokenizer, until, ids.shape[1])
-        fast = {k: v for k, v in gen_kwargs.items() if k not in MEDIA_ARGS}
-        if self.decode != "generate" and set(fast) <= {"do_sample", "temperature", "top_k"}:
-            out = self._graph_decoder(ids.shape[0], ids.shape[1] + max_gen).generate(
+        options = {k: v for k, v in gen_kwargs.items() if k not in MEDIA_ARGS}
+        if self.decode != "generate" and options == {"do_sample": False}:  # greedy; sampling keeps generate's
+            # defaults (transformers' top_k = 50 ...)
+            out = self._decoders.get(ids.shape[0], ids.shape[1] + max_gen).generate(
                 ids, max_new_tokens=max_gen, stop=stop, pad_token_id=self.eot_token_id,
                 eos_token_id=self.eot_token_id, **gen_kwargs)
         else:
@@ -315,18 +320,6 @@ class KimiVLLM(TemplateLM):
                 text = text.replace(special, "")
             texts.append(text)
         return texts
-
-    def _graph_decoder(self, batch: int, tokens: int) -> Any:
-        """The last ``GraphDecoder`` when it fits ``batch`` rows of ``tokens`` tokens (its graph is reused), else a
-        new one with the capacity rounded up to a multiple of 512."""
-        from kimi_vl.generation import GraphDecoder
-
-        dec = self._decoder
-        if dec is None or dec.batch_size != batch or dec.capacity < tokens:
-            self._decoder = dec = None  # free the old cache before the new one is allocated
-            self._decoder = dec = GraphDecoder(self.model, batch, -(-tokens // 512) * 512,
-                                               use_graph=self.decode == "graph")
-        return dec
 
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
         """Greedy (unless ``do_sample``) generation cut at the first stop string; batches of equal-length

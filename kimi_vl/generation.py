@@ -27,7 +27,7 @@ from torch import nn
 
 from kimi_vl.modeling.cache import StaticKimiVLCache, output_cache
 
-__all__ = ["GraphDecoder", "has_moe"]
+__all__ = ["DecoderSlot", "GraphDecoder", "has_moe"]
 
 _WHERE = "kimi_vl.generation.GraphDecoder"
 
@@ -181,6 +181,25 @@ class GraphDecoder:
                 break
             logits = self.step(token)
         return torch.cat([input_ids_BL, torch.stack(new, dim=1)], dim=1)
+
+
+class DecoderSlot:
+    """The last :class:`GraphDecoder` of a model, for callers whose batch size and length vary (the demo, lm-eval):
+    :meth:`get` reuses it when it fits (its captured graph too), else frees it and builds one whose capacity is
+    rounded up to a multiple of ``round_to``."""
+
+    def __init__(self, model: nn.Module, use_graph: bool, round_to: int = 512) -> None:
+        self.model, self.use_graph, self.round_to = model, use_graph, round_to
+        self.current: GraphDecoder | None = None
+
+    def get(self, batch_size: int, tokens: int) -> GraphDecoder:
+        """A decoder for ``batch_size`` rows of up to ``tokens`` tokens (prompt + new)."""
+        dec = self.current
+        if dec is None or dec.batch_size != batch_size or dec.capacity < tokens:
+            self.current = dec = None  # the old cache and graph go before the new ones are allocated
+            capacity = -(-tokens // self.round_to) * self.round_to
+            self.current = dec = GraphDecoder(self.model, batch_size, capacity, use_graph=self.use_graph)
+        return dec
 
 
 def _pick(logits_BV: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None,

@@ -102,7 +102,11 @@ class WebsiteGenerator:
 
             decode = "graph" if self.device.type == "cuda" and not has_moe(model) else "generate"
         self.decode = decode
-        self._decoder: Any = None  # the last GraphDecoder (one per batch size and capacity; its graph is reused)
+        self._decoders: Any = None  # kimi_vl.generation.DecoderSlot when decode is static or graph
+        if decode != "generate":
+            from kimi_vl.generation import DecoderSlot
+
+            self._decoders = DecoderSlot(self.model, use_graph=decode == "graph")
 
     @classmethod
     def from_checkpoint(cls, checkpoint: str | os.PathLike, max_patches: int | None = None, device: str = "cpu",
@@ -178,24 +182,12 @@ class WebsiteGenerator:
                                       eos_token_id=self.stop_ids, pad_token_id=self.encoder.ids.pad)
         else:
             ids, mask = inputs.pop("input_ids"), inputs.pop("attention_mask")
-            out = self._graph_decoder(ids.shape[0], width + max_new_tokens).generate(
+            out = self._decoders.get(ids.shape[0], width + max_new_tokens).generate(
                 ids, mask, max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids,
                 pad_token_id=self.encoder.ids.pad, max_time=max_time, **inputs)
         seconds = time.perf_counter() - t0
         return [self._finish(row[width:].tolist(), int(n), v, seconds)
                 for row, n, v in zip(out, prompt_tokens, vision_tokens)]
-
-    def _graph_decoder(self, batch: int, tokens: int) -> Any:
-        """A ``GraphDecoder`` for ``batch`` rows of up to ``tokens`` tokens: the last one when it fits (its graph is
-        reused), else a new one whose capacity is rounded up to a multiple of 512 (the earlier one is dropped)."""
-        from kimi_vl.generation import GraphDecoder
-
-        dec = self._decoder
-        if dec is None or dec.batch_size != batch or dec.capacity < tokens:
-            self._decoder = dec = None
-            dec = GraphDecoder(self.model, batch, -(-tokens // 512) * 512, use_graph=self.decode == "graph")
-            self._decoder = dec
-        return dec
 
     def generate(self, image: Image.Image | None = None, video: DecodedVideo | None = None,
                  max_new_tokens: int = 1024) -> Generation:

@@ -70,8 +70,8 @@ def test_generate_until_respects_stop_strings_and_batching(lm):
 
 def test_static_cache_decoding_gives_the_same_texts(lm):
     """``decode=static`` (``kimi_vl.generation.GraphDecoder``'s static cache, eagerly: the path a GPU replays as a
-    graph) writes what transformers' ``generate`` writes, with stop strings, batching and ``max_gen_toks``; an
-    option the fast path lacks (``top_p`` with sampling) falls back to ``generate``."""
+    graph) writes what transformers' ``generate`` writes, with stop strings, batching and ``max_gen_toks``; a
+    sampling request falls back to ``generate`` (its sampling defaults)."""
     from kimi_vl import KimiVLConfig, KimiVLForCausalLM
 
     with pytest.raises(ValueError, match="needs a kimi_vl model"):  # the fixture's model is transformers' own
@@ -90,7 +90,7 @@ def test_static_cache_decoding_gives_the_same_texts(lm):
     stop = free[2:4]
     cut = fast.generate_until([req("generate_until", prompts[0], {"until": [stop], "max_gen_toks": 12})])[0]
     assert cut == free.split(stop)[0]
-    sampled = {"until": [], "max_gen_toks": 4, "do_sample": True, "top_p": 0.9}
+    sampled = {"until": [], "max_gen_toks": 4, "do_sample": True, "temperature": 0.9}
     torch.manual_seed(0)
     a = fast.generate_until([req("generate_until", prompts[0], sampled)])
     torch.manual_seed(0)

@@ -90,12 +90,12 @@ def test_static_cache_decoding_writes_what_generate_writes(web_data, checkpoint,
     want = generator.generate_batch(inputs, max_new_tokens=12)
     got = static.generate_batch(inputs, max_new_tokens=12)
     assert [(g.text, g.new_tokens, g.stopped) for g in got] == [(w.text, w.new_tokens, w.stopped) for w in want]
-    first = static._decoder
+    first = static._decoders.current
     assert static.generate_batch(inputs, max_new_tokens=4)[0].text == \
         generator.generate_batch(inputs, max_new_tokens=4)[0].text
-    assert static._decoder is first
+    assert static._decoders.current is first
     static.generate_batch(inputs[:1], max_new_tokens=4)  # another batch size: a new decoder
-    assert static._decoder is not first and static._decoder.batch_size == 1
+    assert static._decoders.current is not first and static._decoders.current.batch_size == 1
     with pytest.raises(ValueError, match="decode must be one of"):
         WebsiteGenerator.from_checkpoint(checkpoint, decode="fast")
 
