@@ -54,6 +54,17 @@ def _norm_fwd_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rstd_ptr, M, D, eps, BLOCK_M: t
 
 
 @triton.jit
+def _bwd_tile(x_ptr, dy_ptr, pid, it, TILES: tl.constexpr, BLOCK_M: tl.constexpr, cols, M, D):
+    """Tile ``it`` of a backward program's ``TILES`` row tiles: rows, mask, offsets, x and dy in fp32."""
+    rows = (pid * TILES + it) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m = (rows < M)[:, None] & (cols < D)[None, :]
+    off = rows[:, None] * D + cols[None, :]
+    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
+    return rows, m, off, x, dy
+
+
+@triton.jit
 def _norm_bwd_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_ptr, M, D, BLOCK_M: tl.constexpr,
                      BLOCK_D: tl.constexpr, TILES: tl.constexpr, GATED: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
@@ -61,11 +72,7 @@ def _norm_bwd_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_p
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
     dw = tl.zeros([BLOCK_D], dtype=tl.float32)
     for it in range(TILES):
-        rows = (pid * TILES + it) * BLOCK_M + tl.arange(0, BLOCK_M)
-        m = (rows < M)[:, None] & (cols < D)[None, :]
-        off = rows[:, None] * D + cols[None, :]
-        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
+        rows, m, off, x, dy = _bwd_tile(x_ptr, dy_ptr, pid, it, TILES, BLOCK_M, cols, M, D)
         rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
         x_hat = x * rstd[:, None]
         if GATED:
@@ -108,11 +115,7 @@ def _ln_bwd_kernel(x_ptr, w_ptr, mean_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_ptr, db_
     dw = tl.zeros([BLOCK_D], dtype=tl.float32)
     db = tl.zeros([BLOCK_D], dtype=tl.float32)
     for it in range(TILES):
-        rows = (pid * TILES + it) * BLOCK_M + tl.arange(0, BLOCK_M)
-        m = (rows < M)[:, None] & (cols < D)[None, :]
-        off = rows[:, None] * D + cols[None, :]
-        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
+        rows, m, off, x, dy = _bwd_tile(x_ptr, dy_ptr, pid, it, TILES, BLOCK_M, cols, M, D)
         mean = tl.load(mean_ptr + rows, mask=rows < M, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
         x_hat = tl.where(m, (x - mean[:, None]) * rstd[:, None], 0.0)
@@ -176,13 +179,19 @@ def norm_fwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     return y, rstd
 
 
+def _bwd_grid(M: int, D: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_D, TILES, programs)`` of a backward launch: each program walks ``TILES`` row tiles and
+    writes one fp32 partial sum of the affine gradients."""
+    block_m, block_d = _norm_blocks(D)
+    tiles = max(1, min(NORM_BWD_TILES, triton.cdiv(M, block_m)))
+    return block_m, block_d, tiles, triton.cdiv(M, block_m * tiles)
+
+
 def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Tensor, rstd_M: torch.Tensor,
              dy_MD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``(dx, dgate or None, dweight in weight's dtype)``."""
     M, D = x_MD.shape
-    block_m, block_d = _norm_blocks(D)
-    tiles = max(1, min(NORM_BWD_TILES, triton.cdiv(M, block_m)))
-    n_prog = triton.cdiv(M, block_m * tiles)
+    block_m, block_d, tiles, n_prog = _bwd_grid(M, D)
     dx = torch.empty_like(x_MD)
     dg = torch.empty_like(gate_MD) if gate_MD is not None else None
     dw_part = torch.zeros(n_prog, D, dtype=torch.float32, device=x_MD.device)
@@ -212,9 +221,7 @@ def layer_norm_bwd(x_MD: torch.Tensor, weight: torch.Tensor, mean_M: torch.Tenso
                    dy_MD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dx in x's dtype, dweight, dbias in weight's dtype)``, the affine gradients summed per program in fp32."""
     M, D = x_MD.shape
-    block_m, block_d = _norm_blocks(D)
-    tiles = max(1, min(NORM_BWD_TILES, triton.cdiv(M, block_m)))
-    n_prog = triton.cdiv(M, block_m * tiles)
+    block_m, block_d, tiles, n_prog = _bwd_grid(M, D)
     dx = torch.empty_like(x_MD)
     part = torch.zeros(2, n_prog, D, dtype=torch.float32, device=x_MD.device)
     if M:
