@@ -68,26 +68,7 @@ def load_checkpoint(path: str, dtype: str = "float32", device: str = "cpu") -> t
     return model.to(device).eval()
 
 
-DECODES = ("auto", "generate", "static", "graph")
 MEDIA_ARGS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-
-
-def _decode_mode(decode: str, model: torch.nn.Module, device: torch.device) -> str:
-    """``decode`` model argument: ``generate`` (transformers), ``static`` / ``graph`` (``kimi_vl.generation``:
-    static cache, CUDA-graph replay), ``auto``: ``graph`` on CUDA for a kimi_vl model without MoE, else
-    ``generate``. Sampling requests always take ``generate`` (its sampling defaults)."""
-    if decode not in DECODES:
-        raise ValueError(f"kimi_vl: decode must be one of {DECODES}, got {decode!r}")
-    from kimi_vl.generation import has_moe
-    from kimi_vl.modeling.model import KimiVLModel
-
-    ours = any(isinstance(m, KimiVLModel) for m in model.modules())
-    if decode in ("static", "graph") and not ours:
-        raise ValueError(f"kimi_vl: decode={decode} needs a kimi_vl model (its static cache), got "
-                         f"{type(model).__name__}; use decode=generate")
-    if decode != "auto":
-        return decode
-    return "graph" if device.type == "cuda" and ours and not has_moe(model) else "generate"
 
 
 class StopStrings:
@@ -138,11 +119,11 @@ class KimiVLLM(TemplateLM):
         self.add_bos_token = _as_bool(add_bos_token)
         self._processor = processor
         self._forward_params = set(inspect.signature(self.model.forward).parameters)
-        self.decode = _decode_mode(decode, self.model, self._device)
+        from kimi_vl.generation import DecoderSlot, resolve_decode
+
+        self.decode = resolve_decode(decode, self.model, self._device)  # sampling requests keep generate
         self._decoders: Any = None  # kimi_vl.generation.DecoderSlot when decode is static or graph
         if self.decode != "generate":
-            from kimi_vl.generation import DecoderSlot
-
             self._decoders = DecoderSlot(self.model, use_graph=self.decode == "graph")
 
     @property

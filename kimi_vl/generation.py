@@ -27,7 +27,7 @@ from torch import nn
 
 from kimi_vl.modeling.cache import StaticKimiVLCache, output_cache
 
-__all__ = ["DecoderSlot", "GraphDecoder", "has_moe"]
+__all__ = ["DECODES", "DecoderSlot", "GraphDecoder", "has_moe", "resolve_decode"]
 
 _WHERE = "kimi_vl.generation.GraphDecoder"
 
@@ -94,8 +94,8 @@ class GraphDecoder:
                              attention_mask=None if attention_mask_BL is None else attention_mask_BL[:, :end],
                              **media)
             prefill = output_cache(out)
-        if self.cache is None:
-            self.cache = StaticKimiVLCache.from_prefill(self.model.config, prefill, self.capacity, attention_mask_BL)
+        if self.cache is None:  # zeroed buffers shaped like the prefill's; the capture's warm-up steps write them
+            self.cache = StaticKimiVLCache(self.model.config, self.batch_size, self.capacity, self.device, prefill)
             if self.use_graph:
                 self._capture()
         self.cache.load(prefill, attention_mask_BL)
@@ -107,7 +107,7 @@ class GraphDecoder:
 
     def _capture(self) -> None:
         """Warm up (Triton compiles, the AttnRes launchers bind their kernels) on a side stream, then capture one
-        step. Both write the cache; the caller reloads the prefill state afterwards."""
+        step. Both write the cache; the caller loads the prefill state afterwards."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -181,6 +181,26 @@ class GraphDecoder:
                 break
             logits = self.step(token)
         return torch.cat([input_ids_BL, torch.stack(new, dim=1)], dim=1)
+
+
+DECODES = ("auto", "generate", "static", "graph")
+
+
+def resolve_decode(decode: str, model: nn.Module, device: torch.device) -> str:
+    """A caller's ``decode`` option: ``generate`` (transformers' ``generate``), ``static`` (:class:`GraphDecoder`
+    without the graph), ``graph``, or ``auto``: ``graph`` on CUDA for a kimi_vl model without MoE layers, else
+    ``generate``. ``static`` and ``graph`` need a kimi_vl model."""
+    if decode not in DECODES:
+        raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
+    from kimi_vl.modeling.model import KimiVLModel
+
+    ours = any(isinstance(m, KimiVLModel) for m in model.modules())
+    if decode in ("static", "graph") and not ours:
+        raise ValueError(f"decode={decode} needs a kimi_vl model (its static cache), got {type(model).__name__}; "
+                         "use decode=generate")
+    if decode != "auto":
+        return decode
+    return "graph" if device.type == "cuda" and ours and not has_moe(model) else "generate"
 
 
 class DecoderSlot:

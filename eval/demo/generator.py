@@ -42,7 +42,6 @@ from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
 VIDEO_FPS = 2.0  # the training loader's sampling rate (data_pipelines.loader.LoaderConfig.video_fps)
 MAX_VIDEO_FRAMES = 32
 MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-DECODES = ("auto", "generate", "static", "graph")
 
 
 @dataclass
@@ -85,8 +84,6 @@ class WebsiteGenerator:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_patches: int, device: str = "cpu",
                  decode: str = "auto") -> None:
-        if decode not in DECODES:
-            raise ValueError(f"WebsiteGenerator: decode must be one of {DECODES}, got {decode!r}")
         missing = [k for k in MEDIA_KEYS if k not in _forward_params(model)]
         if missing:
             raise ValueError(f"{type(model).__name__} takes no {missing}: the checkpoint has no vision tower "
@@ -97,15 +94,11 @@ class WebsiteGenerator:
         self.encoder = Encoder(tokenizer, "sft", geo, geo)
         vocab = tokenizer.get_vocab()
         self.stop_ids = sorted({vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab})
-        if decode == "auto":
-            from kimi_vl.generation import has_moe
+        from kimi_vl.generation import DecoderSlot, resolve_decode
 
-            decode = "graph" if self.device.type == "cuda" and not has_moe(model) else "generate"
-        self.decode = decode
+        self.decode = decode = resolve_decode(decode, self.model, self.device)
         self._decoders: Any = None  # kimi_vl.generation.DecoderSlot when decode is static or graph
         if decode != "generate":
-            from kimi_vl.generation import DecoderSlot
-
             self._decoders = DecoderSlot(self.model, use_graph=decode == "graph")
 
     @classmethod

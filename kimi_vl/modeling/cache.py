@@ -225,11 +225,8 @@ class StaticKimiVLCache(KimiVLCache):
         return self.length
 
     def advance(self, num_tokens: int) -> None:
-        if self.length + num_tokens > self.capacity:
-            raise ValueError(f"StaticKimiVLCache: {self.length} + {num_tokens} tokens exceed the capacity "
-                             f"{self.capacity}")
+        self.note_replayed(num_tokens)
         self.position.add_(num_tokens)
-        self.length += num_tokens
 
     def note_replayed(self, num_tokens: int = 1) -> None:
         """Count ``num_tokens`` steps that ran without Python (a replayed graph already advanced ``position``)."""
