@@ -31,6 +31,7 @@ Measured in one run, bf16, CUDA events after warm-up:
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
   two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``). (The first benchmark decoded with autograd on, so AttnRes
   took the training mix kernel, and its pinned address table, for every sublayer.)
+The decode parts (``decode``, ``--graph-decode``, ``--stream-cost``) live in ``attnres_decode.py``.
 ``--budget-s`` skips the hybrid when the run is already past it (recorded in the JSON); ``--smoke`` runs tiny
 sizes on the CPU to check the script itself (``TRITON_INTERPRET=1 python -m ... --smoke``).
 """
@@ -40,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable
 from functools import partial
@@ -49,9 +49,10 @@ from pathlib import Path
 import torch
 
 from kernels.attn_res import attn_res_mix, attn_res_mix_naive
-from kernels.profiling import diff_by_name, time_by_name
+from kernels.profiling import diff_by_name
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
-from kimi_vl.benchmarks.bench_backbone import bench_decode
+from kimi_vl.benchmarks.attnres_common import profile_step, restore_env, with_env
+from kimi_vl.benchmarks.attnres_decode import bench_decode_variants, bench_graph_decode, bench_stream_cost, decode_lines
 
 
 def _triton_table(xs: list[torch.Tensor], w: torch.Tensor, g: torch.Tensor):
@@ -60,7 +61,7 @@ def _triton_table(xs: list[torch.Tensor], w: torch.Tensor, g: torch.Tensor):
     try:
         return attn_res_mix(xs, w, g, 1e-5, backend="triton")
     finally:
-        _restore("KVL_ATTNRES_ADDRESSING", old)
+        restore_env("KVL_ATTNRES_ADDRESSING", old)
 
 
 MIX_IMPLS: dict[str, Callable] = {
@@ -69,13 +70,6 @@ MIX_IMPLS: dict[str, Callable] = {
     "triton": lambda xs, w, g: attn_res_mix(xs, w, g, 1e-5, backend="triton"),
     "triton_table": _triton_table,
 }
-
-
-def _restore(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
 
 
 def time_per_iter(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:
@@ -248,29 +242,6 @@ def _step_peak_gib(step: Callable[[], None], device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def _profile_step(step: Callable[[], None]) -> dict[str, tuple[float, int]]:
-    """One (warm) step under ``torch.profiler``: time and calls per GPU kernel (per ``aten::`` op on a CPU)."""
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=acts) as prof:
-        step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    return time_by_name(prof)
-
-
-def _with_env(env: dict[str, str], fn: Callable[[], float]):
-    """``fn()`` with the environment variables ``env`` set (and restored afterwards)."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return fn()
-    finally:
-        for k, v in old.items():
-            _restore(k, v)
-
-
 def mix_traffic(num_sublayers: int, block_size: int, state_bytes: int) -> dict[str, float]:
     """HBM bytes (GB) the step's AttnRes mixes must move at least, from the block structure alone: per mix over
     ``N`` sources, forward reads N states and writes h; backward reads N states and dh and writes N gradients
@@ -328,11 +299,11 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     peak = {}
     steps = {v: _step_fn(models[res], ids) for v, (res, _) in variants.items()}
     for v, (_, env) in variants.items():
-        peak[v] = _with_env(env, partial(_step_peak_gib, steps[v], device))
-        _with_env(env, partial(time_per_iter, steps[v], 1, 1, device))
+        peak[v] = with_env(env, partial(_step_peak_gib, steps[v], device))
+        with_env(env, partial(time_per_iter, steps[v], 1, 1, device))
     for _ in range(args.rounds):
         for v, (_, env) in variants.items():
-            best[v] = min(best[v], _with_env(env, partial(time_per_iter, steps[v], 0, iters, device)))
+            best[v] = min(best[v], with_env(env, partial(time_per_iter, steps[v], 0, iters, device)))
     cfg = cfgs["attnres_block"]
     n_blocks = -(-cfg.num_sublayers // cfg.attnres_block_size)
     block_state_gib = n_blocks * args.batch * args.seq * cfg.hidden_size * torch.finfo(dtype).bits / 8 / 2**30
@@ -345,7 +316,7 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
                               "overhead_pct": 100 * (best[v] / best["standard"] - 1),
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
     if args.profile:
-        times = {v: _with_env(variants[v][1], partial(_profile_step, steps[v]))
+        times = {v: with_env(variants[v][1], partial(profile_step, steps[v]))
                  for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_triton"], top=args.profile_top)
         out["kernel_diff_defer"] = diff_by_name(times["attnres_triton_nodefer"], times["attnres_triton"],
@@ -356,195 +327,6 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
-
-
-def _decode_variants(layers: str) -> dict[str, tuple[str, dict[str, str], bool]]:
-    """name -> (residual mode, environment, autograd on)."""
-    variants = {"standard": ("standard", {}, False), "attnres_block": ("attnres_block", {}, False)}
-    if layers == "mla":
-        variants["attnres_two_phase_torch"] = ("attnres_block", {"KVL_ATTNRES_TWO_PHASE": "torch"}, False)
-    return variants
-
-
-def bench_decode_variants(models: dict, cfg: KimiVLConfig, layers: str, args, device: torch.device) -> dict:
-    """Greedy decode seconds per token of each variant (best of ``rounds``), overheads against the standard
-    residual under the same autograd setting: of the best rounds, and the median of the per-round ratios."""
-    if device.type != "cuda":
-        return {"skipped": "decode timing needs CUDA"}
-    variants = _decode_variants(layers)
-    best = {v: float("inf") for v in variants}
-    ratios = []  # attnres_block / standard within each round: slow drifts of the machine cancel
-    for _ in range(args.rounds):
-        seconds = {}
-        for v, (res, env, grad) in variants.items():
-            with torch.set_grad_enabled(grad):
-                row = _with_env(env, partial(bench_decode, models[res], cfg, args.decode_context, 1,
-                                             args.decode_steps))
-            seconds[v] = row["step_s"]
-            best[v] = min(best[v], row["step_s"])
-        ratios.append(seconds["attnres_block"] / seconds["standard"])
-    for model in models.values():
-        model.train()
-    out = {"context": args.decode_context, "steps": args.decode_steps,
-           **{f"{v}_tokens_per_s": 1 / s for v, s in best.items()},
-           "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1),
-           "round_ratios": ratios, "overhead_median_pct": 100 * (statistics.median(ratios) - 1)}
-    if "attnres_two_phase_torch" in best:
-        out["two_phase_torch_overhead_pct"] = 100 * (best["attnres_two_phase_torch"] / best["standard"] - 1)
-    return out
-
-
-def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.device) -> dict:
-    """Batch-1 greedy decode with each step replayed as a CUDA graph (``kimi_vl.generation.GraphDecoder``), standard
-    vs block AttnRes: seconds per token over ``decode_steps`` replays (greedy pick outside the graph), rounds
-    interleaved; overhead of the best rounds and the median of the per-round ratios. A replayed step costs the host
-    one launch, so this times the GPU work that wall-clock decode without graphs hides under launch overhead.
-    ``attnres_block_fused_norm``: the same model captured with ``KVL_ATTNRES_FUSED_NORM=1`` (the input norms inside
-    the two-phase kernels)."""
-    from kimi_vl.generation import GraphDecoder
-
-    steps, rounds = args.decode_steps, args.graph_rounds
-    graph = device.type == "cuda"  # on a CPU the same static-cache steps run eagerly (a check of this code only)
-    sync = torch.cuda.synchronize if graph else (lambda: None)
-    capacity = args.decode_context + steps * (rounds + 1) + 8 + 4
-    ids = torch.randint(0, cfg.vocab_size, (1, args.decode_context), device=device)
-    variants = {"standard": ("standard", "0"), "attnres_block": ("attnres_block", "0"),
-                "attnres_block_fused_norm": ("attnres_block", "1")}
-    decoders, tokens = {}, {}
-    for name, (res, fused) in variants.items():
-        models[res].eval()
-
-        def start(name=name, res=res) -> None:  # the env is read while capturing, so it holds for the replays
-            decoders[name] = GraphDecoder(models[res], 1, capacity, use_graph=graph)
-            tokens[name] = decoders[name].prefill(ids, chunk=8192).argmax(-1)
-            for _ in range(steps):  # warm: one untimed round
-                tokens[name] = decoders[name].step(tokens[name]).argmax(-1)
-
-        _with_env({"KVL_ATTNRES_FUSED_NORM": fused}, start)
-    best = {name: float("inf") for name in variants}
-    fused_ratios = []
-    ratios = []
-    for _ in range(rounds):
-        seconds = {}
-        for name, dec in decoders.items():
-            sync()
-            t0 = time.perf_counter()
-            tok = tokens[name]
-            for _ in range(steps):
-                tok = dec.step(tok).argmax(-1)
-            sync()
-            seconds[name] = (time.perf_counter() - t0) / steps
-            tokens[name] = tok
-            best[name] = min(best[name], seconds[name])
-        ratios.append(seconds["attnres_block"] / seconds["standard"])
-        fused_ratios.append(seconds["attnres_block_fused_norm"] / seconds["standard"])
-    out = {"context": args.decode_context, "steps": steps, "rounds": rounds, "capacity": capacity,
-           **{f"{name}_tokens_per_s": 1 / sec for name, sec in best.items()},
-           "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1),
-           "round_ratios": ratios, "overhead_median_pct": 100 * (statistics.median(ratios) - 1),
-           "fused_norm_overhead_pct": 100 * (best["attnres_block_fused_norm"] / best["standard"] - 1),
-           "fused_norm_overhead_median_pct": 100 * (statistics.median(fused_ratios) - 1)}
-    if args.profile:  # the kernels of 4 eager steps on the same static caches (a kernel's GPU time is the graph's)
-        def four_steps(dec: GraphDecoder) -> None:
-            with torch.no_grad():
-                for _ in range(4):
-                    dec._forward_step()
-
-        times = {name: _with_env({"KVL_ATTNRES_FUSED_NORM": variants[name][1]}, partial(_profile_step,
-                                                                                        partial(four_steps, dec)))
-                 for name, dec in decoders.items()}
-        out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_block"], top=args.profile_top)
-        out["kernel_diff_fused_norm"] = diff_by_name(times["standard"], times["attnres_block_fused_norm"],
-                                                     top=args.profile_top)
-    for model in models.values():
-        model.train()
-    return out
-
-
-def bench_stream_cost(cfg: KimiVLConfig, device: torch.device, dtype: torch.dtype, tokens: int = 300,
-                      rounds: int = 5, launches: int = 2000) -> dict:
-    """The residual stream alone in a batch-1 decode step of ``cfg`` (no model): per sublayer ``input(i, norm)`` then
-    ``add(i, out)`` with fixed outputs, then the final input, for the standard residual and the buffered Triton
-    two-phase block AttnRes stream, under ``no_grad``. Per token: host microseconds with no synchronisation
-    inside the loop (decode is launch-bound, so this is what a token's residual work costs the host) and the
-    wall time with a synchronisation after every token (host + GPU latency); best of ``rounds``, interleaved. Also
-    the host cost of one launch: ``torch.add`` into a preallocated output vs one phase-2 kernel, called directly
-    (``two_phase_triton._Launch``) and through the JIT."""
-    from kimi_vl.modeling.attn_res import AttnResStream, ResQuery, StandardStream
-    from kimi_vl.modeling.norm import RMSNorm
-
-    d, n_sub, block = cfg.hidden_size, cfg.num_sublayers, cfg.attnres_block_size
-    gen = torch.Generator().manual_seed(0)
-    emb = torch.randn(1, 1, d, generator=gen).to(device, dtype)
-    outs = [torch.randn(1, 1, d, generator=gen).to(device, dtype) for _ in range(n_sub)]
-    queries = [ResQuery(torch.randn(1, d, generator=gen).to(device), torch.ones(d, device=device), 1e-6)
-               for _ in range(n_sub + 1)]
-    norm = RMSNorm(d).to(device, dtype)
-    makers = {"standard": lambda: StandardStream(emb),
-              "attnres_block": lambda: AttnResStream(emb, queries, block, "two_phase")}
-
-    def token(make) -> torch.Tensor:
-        stream = make()
-        for i in range(n_sub):
-            stream.input(i, norm)
-            stream.add(i, outs[i])
-        return stream.final(norm)
-
-    def timed(make, sync_each: bool) -> float:
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(tokens):
-            token(make)
-            if sync_each:
-                _sync(device)
-        host = time.perf_counter() - t0
-        _sync(device)
-        return 1e6 * host / tokens
-
-    best: dict[str, float] = {}
-    with torch.no_grad():
-        for make in makers.values():
-            token(make)  # compile and warm
-        for _ in range(rounds):
-            for name, make in makers.items():
-                for sync_each, key in ((False, "host_us"), (True, "synced_us")):
-                    best[f"{name}_{key}"] = min(best.get(f"{name}_{key}", float("inf")), timed(make, sync_each))
-        best |= _launch_cost(device, dtype, d, queries, block, launches)
-    for key in ("host_us", "synced_us"):
-        best[f"overhead_{key}_pct"] = 100 * (best[f"attnres_block_{key}"] / best[f"standard_{key}"] - 1)
-    return {"sublayers": n_sub, "block_size": block, "tokens": tokens, "rounds": rounds, **best}
-
-
-def _launch_cost(device: torch.device, dtype: torch.dtype, d: int, queries: list, block: int, n: int = 2000
-                 ) -> dict[str, float]:
-    """Host microseconds per launch, no synchronisation in the loop: ``torch.add(out=)`` and one phase-2 kernel."""
-    from kimi_vl.modeling.attn_res import BufferedTwoPhase
-
-    x, y, z = (torch.randn(1, 1, d, device=device, dtype=dtype) for _ in range(3))
-    two = BufferedTwoPhase(x, queries, block)
-    two.input(0)  # phase 1 of block 0: the phase-2 buffers hold values
-    from kernels.attn_res import two_phase_triton
-
-    calls = {"add": lambda: torch.add(x, y, out=z), "phase2": lambda: two.run.phase2(1, 1, 1, 1e-6, None, False, z)}
-    out = {}
-    for name, fn in [*calls.items(), ("phase2_jit", calls["phase2"])]:
-        two_phase_triton.FAST_LAUNCH = name != "phase2_jit"
-        try:
-            fn()
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            out[f"launch_{name}_us"] = 1e6 * (time.perf_counter() - t0) / n
-            _sync(device)
-        finally:
-            two_phase_triton.FAST_LAUNCH = True
-    return out
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def _guarded(fn: Callable[..., dict], *args) -> dict:
@@ -668,8 +450,8 @@ def table(results: dict) -> str:
         for v, r in group.get("variants", {}).items():
             lines.append(f"| {layers} | {v} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
                          f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
-        lines += _decode_lines(layers, group.get("decode", {}))
-        lines += _decode_lines(layers, group.get("graph_decode", {}), "CUDA-graph decode")
+        lines += decode_lines(layers, group.get("decode", {}))
+        lines += decode_lines(layers, group.get("graph_decode", {}), "CUDA-graph decode")
         graph = group.get("graph_decode", {})
         lines += _kernel_diff_lines(f"{layers} (4 decode steps)", graph.get("kernel_diff", []))
         lines += _kernel_diff_lines(f"{layers} (4 decode steps, fused norm)", graph.get("kernel_diff_fused_norm", []))
@@ -683,25 +465,6 @@ def table(results: dict) -> str:
                      f"= {t['ms_at_2.5TBps_sinks']:.1f} ms at 2.5 TB/s; no sinks {t['ms_at_2.5TBps_no_sinks']:.1f} ms; "
                      f"deferred {t['backward_deferred']:.1f} GB bwd, {t['ms_at_2.5TBps_deferred']:.1f} ms) | | | | | |")
     return "\n".join(lines)
-
-
-def _decode_lines(layers: str, dec: dict, what: str = "decode") -> list[str]:
-    if "overhead_pct" not in dec:
-        return []
-    lines = [f"| {layers} | {what} @ {dec['context']} (no_grad): standard {dec['standard_tokens_per_s']:.1f} vs "
-             f"two-phase Triton {dec['attnres_block_tokens_per_s']:.1f} tok/s | | | {dec['overhead_pct']:+.1f}% | | |"]
-    if "overhead_median_pct" in dec:
-        lines.append(f"| {layers} | {what}, median of {len(dec['round_ratios'])} per-round ratios | | | "
-                     f"{dec['overhead_median_pct']:+.1f}% | | |")
-    if "fused_norm_overhead_pct" in dec:
-        lines.append(f"| {layers} | {what}, norms inside the two-phase kernels: "
-                     f"{dec['attnres_block_fused_norm_tokens_per_s']:.1f} tok/s (median of rounds "
-                     f"{dec['fused_norm_overhead_median_pct']:+.1f}%) | | | "
-                     f"{dec['fused_norm_overhead_pct']:+.1f}% | | |")
-    if "two_phase_torch_overhead_pct" in dec:
-        lines.append(f"| {layers} | decode, two-phase PyTorch form: {dec['attnres_two_phase_torch_tokens_per_s']:.1f} "
-                     f"tok/s | | | {dec['two_phase_torch_overhead_pct']:+.1f}% | | |")
-    return lines
 
 
 if __name__ == "__main__":

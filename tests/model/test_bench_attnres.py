@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kimi_vl import KimiVLConfig
-from kimi_vl.benchmarks.bench_attnres import _decode_lines, bench_stream_cost, mix_traffic
+from kimi_vl.benchmarks.attnres_decode import bench_stream_cost, decode_lines
+from kimi_vl.benchmarks.bench_attnres import mix_traffic
 
 
 def test_mix_traffic_of_the_small_flavor():
@@ -32,7 +33,7 @@ def test_decode_lines_report_the_median_of_round_ratios():
     """The decode table shows the best rounds' overhead and the median of the per-round ratios beside it."""
     dec = {"context": 4096, "steps": 32, "standard_tokens_per_s": 100.0, "attnres_block_tokens_per_s": 98.0,
            "overhead_pct": 2.04, "round_ratios": [1.01, 1.03, 0.99], "overhead_median_pct": 1.0}
-    text = "\n".join(_decode_lines("hybrid", dec))
+    text = "\n".join(decode_lines("hybrid", dec))
     assert "standard 100.0 vs two-phase Triton 98.0 tok/s | | | +2.0%" in text
     assert "decode, median of 3 per-round ratios | | | +1.0%" in text
 
@@ -42,7 +43,8 @@ def test_graph_decode_bench_runs_its_variants_on_cpu(monkeypatch):
     interleaved rounds, the fused-norm variant under its flag, the decode-step profile and its table rows."""
     import argparse
 
-    from kimi_vl.benchmarks.bench_attnres import _build, _config, bench_graph_decode
+    from kimi_vl.benchmarks.attnres_decode import bench_graph_decode
+    from kimi_vl.benchmarks.bench_attnres import _build, _config
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("KVL_ATTNRES_TWO_PHASE", "triton")
@@ -52,5 +54,5 @@ def test_graph_decode_bench_runs_its_variants_on_cpu(monkeypatch):
     out = bench_graph_decode(models, _config("debug", "hybrid", "standard"), args, torch.device("cpu"))
     assert len(out["round_ratios"]) == 2 and out["attnres_block_fused_norm_tokens_per_s"] > 0
     assert out["kernel_diff"][0]["name"] == "(total)" and out["kernel_diff_fused_norm"]
-    text = "\n".join(_decode_lines("hybrid", out, "CUDA-graph decode"))
+    text = "\n".join(decode_lines("hybrid", out, "CUDA-graph decode"))
     assert "norms inside the two-phase kernels" in text
