@@ -1,6 +1,7 @@
 """RMSNorm, gated RMSNorm (the KDA output norm), LayerNorm (the vision tower's) and the SwiGLU activation, fused.
 
     rms_norm(x, weight, eps)             = weight * (x / sqrt(mean(x^2) + eps)).to(x.dtype)
+    add_rms_norm(x, r, weight, eps)      = (s, rms_norm(s, weight, eps)) with s = (x + r).to(x.dtype)
     gated_rms_norm(x, gate, weight, eps) = (weight * x / sqrt(mean(x^2) + eps) * sigmoid(gate)).to(x.dtype)
     layer_norm(x, weight, bias, eps)     = ((x - mean(x)) / sqrt(var(x) + eps) * weight + bias).to(x.dtype)
     silu_mul(gate_up)                    = silu(gate_up[..., :I]) * gate_up[..., I:]
@@ -21,7 +22,7 @@ import torch
 from kernels.backend import choose_backend
 from kernels.norm.norm_torch import gated_rms_norm_torch, layer_norm_torch, rms_norm_torch, silu_mul_torch
 
-__all__ = ["rms_norm", "gated_rms_norm", "layer_norm", "silu_mul", "rms_norm_torch", "gated_rms_norm_torch",
+__all__ = ["add_rms_norm", "rms_norm", "gated_rms_norm", "layer_norm", "silu_mul", "rms_norm_torch", "gated_rms_norm_torch",
            "layer_norm_torch", "silu_mul_torch"]
 
 MAX_D = 16384  # the fused kernels hold a whole row of D in registers; wider rows take the PyTorch path
@@ -51,6 +52,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, backend: 
     if resolve_backend(backend, x.device, "rms_norm") == "torch" or x.shape[-1] > MAX_D:
         return rms_norm_torch(x, weight, eps)
     return _triton_norm(x, None, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                 backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, rms_norm(s, weight, eps))`` with ``s = x + residual`` in x's dtype: a PreNorm residual update and the
+    next sublayer's input norm. The Triton backend does both in one launch without autograd (inference); with a
+    gradient to record, or on the PyTorch backend, it is the two ops (same values)."""
+    _check_norm("add_rms_norm", x, weight, None)
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        _fail("add_rms_norm", f"residual must match x {x.dtype} {tuple(x.shape)}, got {residual.dtype} "
+                              f"{tuple(residual.shape)}")
+    grad = torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad)
+    if grad or resolve_backend(backend, x.device, "add_rms_norm") == "torch" or x.shape[-1] > MAX_D:
+        s = x + residual
+        return s, rms_norm(s, weight, eps, backend)
+    from kernels.norm.norm_triton import add_norm_fwd
+
+    return add_norm_fwd(x.contiguous(), residual.contiguous(), weight.contiguous(), eps)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,

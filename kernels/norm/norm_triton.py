@@ -34,23 +34,28 @@ ACT_BLOCK_M, ACT_BLOCK_I, ACT_WARPS = 4, 1024, 4
 
 
 @triton.jit
-def _norm_fwd_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rstd_ptr, M, D, eps, BLOCK_M: tl.constexpr,
-                     BLOCK_D: tl.constexpr, GATED: tl.constexpr):
+def _norm_fwd_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rstd_ptr, r_ptr, s_ptr, M, D, eps, BLOCK_M: tl.constexpr,
+                     BLOCK_D: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     m = (rows < M)[:, None] & (cols < D)[None, :]
     off = rows[:, None] * D + cols[None, :]
-    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + off, mask=m, other=0.0)
+    if RESIDUAL:  # the residual update s = x + r, rounded and stored as torch.add would, normalised after
+        x = (x.to(tl.float32) + tl.load(r_ptr + off, mask=m, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + off, x, mask=m)
+    x = x.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)
     x_hat = x * rstd[:, None]
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
     if GATED:
-        s = tl.sigmoid(tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32))
-        y = w * x_hat * s
+        sg = tl.sigmoid(tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32))
+        y = w * x_hat * sg
     else:
         y = w * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=m)
-    tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+    if not RESIDUAL:  # the residual form is inference-only: no backward reads rstd
+        tl.store(rstd_ptr + rows, rstd, mask=rows < M)
 
 
 @triton.jit
@@ -162,21 +167,44 @@ def _norm_blocks(D: int) -> tuple[int, int]:
     return max(1, NORM_TILE_ELEMS // block_d), block_d
 
 
+def _out_dtype(x: torch.Tensor, weight: torch.Tensor, gated: bool) -> torch.dtype:
+    """x's dtype when gated, else the promoted dtype of x and weight (what ``weight * x_hat.to(x.dtype)`` gives in
+    PyTorch, e.g. fp32 for bf16 x under autocast with fp32 weights); promote_types is a dispatched op: skipped when
+    the dtypes are equal."""
+    return x.dtype if gated or x.dtype == weight.dtype else torch.promote_types(x.dtype, weight.dtype)
+
+
 def norm_fwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Tensor,
              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y [M, D], rstd [M] fp32)``; y in x's dtype when gated, else in the promoted dtype of x and weight
-    (what ``weight * x_hat.to(x.dtype)`` gives in PyTorch, e.g. fp32 for bf16 x under autocast with fp32 weights)."""
+    """``(y [M, D], rstd [M] fp32)``, y in :func:`_out_dtype`."""
     M, D = x_MD.shape
-    same = gate_MD is not None or x_MD.dtype == weight.dtype  # promote_types is a dispatched op: skip it when equal
-    out_dtype = x_MD.dtype if same else torch.promote_types(x_MD.dtype, weight.dtype)
-    y = torch.empty(M, D, dtype=out_dtype, device=x_MD.device)
+    y = torch.empty(M, D, dtype=_out_dtype(x_MD, weight, gate_MD is not None), device=x_MD.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x_MD.device)
     block_m, block_d = _norm_blocks(D)
     if M:
         _norm_fwd_kernel[(triton.cdiv(M, block_m),)](
-            x_MD, gate_MD if gate_MD is not None else x_MD, weight, y, rstd, M, D, eps, BLOCK_M=block_m,
-            BLOCK_D=block_d, GATED=gate_MD is not None, num_warps=NORM_WARPS)
+            x_MD, gate_MD if gate_MD is not None else x_MD, weight, y, rstd, x_MD, x_MD, M, D, eps,
+            BLOCK_M=block_m, BLOCK_D=block_d, GATED=gate_MD is not None, RESIDUAL=False, num_warps=NORM_WARPS)
     return y, rstd
+
+
+def add_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, y)``: ``s = x + residual`` rounded to x's dtype, ``y`` the RMSNorm of ``s`` (in :func:`_out_dtype`), in
+    one launch: a residual update and the next sublayer's input norm (inference: no ``rstd`` for a backward).
+    ``x``, ``residual`` contiguous ``[..., D]`` of one shape and dtype, ``weight`` contiguous ``[D]``; the outputs
+    take x's shape, and no views are made (decode is launch-bound: two allocations are this call's only
+    operators)."""
+    D = x.shape[-1]
+    M = x.numel() // D if D else 0
+    s = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=_out_dtype(x, weight, False), device=x.device)
+    block_m, block_d = _norm_blocks(D)
+    if M:
+        _norm_fwd_kernel[(triton.cdiv(M, block_m),)](
+            x, x, weight, y, x, residual, s, M, D, eps, BLOCK_M=block_m, BLOCK_D=block_d, GATED=False,
+            RESIDUAL=True, num_warps=NORM_WARPS)
+    return s, y
 
 
 def _bwd_grid(M: int, D: int) -> tuple[int, int, int, int]:

@@ -2,7 +2,7 @@
 
 - :func:`bench_decode_variants`: wall-clock decode through ``generate``'s path (launch-bound at batch 1);
 - :func:`bench_graph_decode`: each step replayed as a CUDA graph (``kimi_vl.generation.GraphDecoder``), the GPU
-  time of a token, with and without the input norms inside the two-phase kernels;
+  time of a token, with the input norms fused into the residual's kernels (both residuals) and without;
 - :func:`bench_stream_cost`: the residual stream alone, host microseconds per token and per launch;
 - :func:`decode_lines`: their table rows.
 """
@@ -57,13 +57,19 @@ def bench_decode_variants(models: dict, cfg: KimiVLConfig, layers: str, args, de
     return out
 
 
+GRAPH_VARIANTS = {"standard": ("standard", "1"), "attnres_block": ("attnres_block", "1"),
+                  "standard_unfused": ("standard", "0"), "attnres_block_unfused": ("attnres_block", "0")}
+
+
 def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.device) -> dict:
     """Batch-1 greedy decode with each step replayed as a CUDA graph (``kimi_vl.generation.GraphDecoder``), standard
     vs block AttnRes: seconds per token over ``decode_steps`` replays (greedy pick outside the graph), rounds
     interleaved; overhead of the best rounds and the median of the per-round ratios. A replayed step costs the host
     one launch, so this times the GPU work that wall-clock decode without graphs hides under launch overhead.
-    ``attnres_block_fused_norm``: the same model captured with ``KVL_ATTNRES_FUSED_NORM=1`` (the input norms inside
-    the two-phase kernels)."""
+
+    Both residuals run twice (:data:`GRAPH_VARIANTS`): with ``KVL_FUSED_NORM=1`` (the default: the standard
+    residual's add and the next input norm in one kernel, AttnRes's norms inside its two-phase kernels), the
+    headline ``overhead_*``, and with ``KVL_FUSED_NORM=0`` (separate norm launches in both), ``unfused_overhead_*``."""
     from kimi_vl.generation import GraphDecoder
 
     steps, rounds = args.decode_steps, args.graph_rounds
@@ -71,10 +77,8 @@ def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.devi
     sync = torch.cuda.synchronize if graph else (lambda: None)
     capacity = args.decode_context + steps * (rounds + 1) + 8 + 4
     ids = torch.randint(0, cfg.vocab_size, (1, args.decode_context), device=device)
-    variants = {"standard": ("standard", "0"), "attnres_block": ("attnres_block", "0"),
-                "attnres_block_fused_norm": ("attnres_block", "1")}
     decoders, tokens = {}, {}
-    for name, (res, fused) in variants.items():
+    for name, (res, fused) in GRAPH_VARIANTS.items():
         models[res].eval()
 
         def start(name=name, res=res) -> None:  # the env is read while capturing, so it holds for the replays
@@ -83,10 +87,9 @@ def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.devi
             for _ in range(steps):  # warm: one untimed round
                 tokens[name] = decoders[name].step(tokens[name]).argmax(-1)
 
-        with_env({"KVL_ATTNRES_FUSED_NORM": fused}, start)
-    best = {name: float("inf") for name in variants}
-    fused_ratios = []
-    ratios = []
+        with_env({"KVL_FUSED_NORM": fused}, start)
+    best = {name: float("inf") for name in GRAPH_VARIANTS}
+    ratios: dict[str, list[float]] = {"": [], "unfused_": []}
     for _ in range(rounds):
         seconds = {}
         for name, dec in decoders.items():
@@ -99,26 +102,31 @@ def bench_graph_decode(models: dict, cfg: KimiVLConfig, args, device: torch.devi
             seconds[name] = (time.perf_counter() - t0) / steps
             tokens[name] = tok
             best[name] = min(best[name], seconds[name])
-        ratios.append(seconds["attnres_block"] / seconds["standard"])
-        fused_ratios.append(seconds["attnres_block_fused_norm"] / seconds["standard"])
+        for tag in ratios:
+            ratios[tag].append(seconds[f"attnres_block{tag and '_unfused'}"] / seconds[f"standard{tag and '_unfused'}"])
     out = {"context": args.decode_context, "steps": steps, "rounds": rounds, "capacity": capacity,
            **{f"{name}_tokens_per_s": 1 / sec for name, sec in best.items()},
-           "overhead_pct": 100 * (best["attnres_block"] / best["standard"] - 1),
-           "round_ratios": ratios, "overhead_median_pct": 100 * (statistics.median(ratios) - 1),
-           "fused_norm_overhead_pct": 100 * (best["attnres_block_fused_norm"] / best["standard"] - 1),
-           "fused_norm_overhead_median_pct": 100 * (statistics.median(fused_ratios) - 1)}
+           "fused_norm_gain_pct": {res: 100 * (best[f"{res}_unfused"] / best[res] - 1)
+                                   for res in ("standard", "attnres_block")}}
+    for tag, rs in ratios.items():
+        suffix = tag and "_unfused"
+        out[f"{tag}overhead_pct"] = 100 * (best[f"attnres_block{suffix}"] / best[f"standard{suffix}"] - 1)
+        out[f"{tag}round_ratios"] = rs
+        out[f"{tag}overhead_median_pct"] = 100 * (statistics.median(rs) - 1)
     if args.profile:  # the kernels of 4 eager steps on the same static caches (a kernel's GPU time is the graph's)
         def four_steps(dec: GraphDecoder) -> None:
             with torch.no_grad():
                 for _ in range(4):
                     dec._forward_step()
 
-        times = {name: with_env({"KVL_ATTNRES_FUSED_NORM": variants[name][1]}, partial(profile_step,
-                                                                                        partial(four_steps, dec)))
+        times = {name: with_env({"KVL_FUSED_NORM": GRAPH_VARIANTS[name][1]}, partial(profile_step,
+                                                                                  partial(four_steps, dec)))
                  for name, dec in decoders.items()}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_block"], top=args.profile_top)
-        out["kernel_diff_fused_norm"] = diff_by_name(times["standard"], times["attnres_block_fused_norm"],
-                                                     top=args.profile_top)
+        out["kernel_diff_unfused"] = diff_by_name(times["standard_unfused"], times["attnres_block_unfused"],
+                                                  top=args.profile_top)
+        out["kernel_diff_standard_fused"] = diff_by_name(times["standard_unfused"], times["standard"],
+                                                         top=args.profile_top)
     for model in models.values():
         model.train()
     return out
@@ -213,11 +221,13 @@ def decode_lines(layers: str, dec: dict, what: str = "decode") -> list[str]:
     if "overhead_median_pct" in dec:
         lines.append(f"| {layers} | {what}, median of {len(dec['round_ratios'])} per-round ratios | | | "
                      f"{dec['overhead_median_pct']:+.1f}% | | |")
-    if "fused_norm_overhead_pct" in dec:
-        lines.append(f"| {layers} | {what}, norms inside the two-phase kernels: "
-                     f"{dec['attnres_block_fused_norm_tokens_per_s']:.1f} tok/s (median of rounds "
-                     f"{dec['fused_norm_overhead_median_pct']:+.1f}%) | | | "
-                     f"{dec['fused_norm_overhead_pct']:+.1f}% | | |")
+    if "unfused_overhead_pct" in dec:
+        gain = dec["fused_norm_gain_pct"]
+        lines.append(f"| {layers} | {what}, separate norm launches (KVL_FUSED_NORM=0): standard "
+                     f"{dec['standard_unfused_tokens_per_s']:.1f} vs {dec['attnres_block_unfused_tokens_per_s']:.1f} "
+                     f"tok/s (median of rounds {dec['unfused_overhead_median_pct']:+.1f}%; the fused norms gain "
+                     f"{gain['standard']:+.1f}% / {gain['attnres_block']:+.1f}%) | | | "
+                     f"{dec['unfused_overhead_pct']:+.1f}% | | |")
     if "two_phase_torch_overhead_pct" in dec:
         lines.append(f"| {layers} | decode, two-phase PyTorch form: {dec['attnres_two_phase_torch_tokens_per_s']:.1f} "
                      f"tok/s | | | {dec['two_phase_torch_overhead_pct']:+.1f}% | | |")

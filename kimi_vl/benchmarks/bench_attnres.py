@@ -454,7 +454,9 @@ def table(results: dict) -> str:
         lines += decode_lines(layers, group.get("graph_decode", {}), "CUDA-graph decode")
         graph = group.get("graph_decode", {})
         lines += _kernel_diff_lines(f"{layers} (4 decode steps)", graph.get("kernel_diff", []))
-        lines += _kernel_diff_lines(f"{layers} (4 decode steps, fused norm)", graph.get("kernel_diff_fused_norm", []))
+        lines += _kernel_diff_lines(f"{layers} (4 decode steps, separate norms)", graph.get("kernel_diff_unfused", []))
+        lines += _kernel_diff_lines(f"{layers} (4 decode steps, standard: fused add + norm against separate)",
+                                    graph.get("kernel_diff_standard_fused", []))
         if "variants" not in group:  # --decode-only
             continue
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))

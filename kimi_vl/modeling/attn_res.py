@@ -35,6 +35,8 @@ from torch import nn
 
 from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 from kernels.attn_res import resolve_backend as resolve_mix_backend
+from kernels.norm import add_rms_norm
+from kernels.norm import resolve_backend as resolve_norm_backend
 from kimi_vl.modeling.norm import RMSNorm
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
@@ -149,13 +151,14 @@ def defer_grads_enabled() -> bool:
 
 
 def fused_norm_enabled() -> bool:
-    """``KVL_ATTNRES_FUSED_NORM`` (``0`` default | ``1``): whether the buffered two-phase stream (inference on CUDA)
-    applies the sublayer's input RMSNorm inside its phase kernels instead of a separate norm launch (one launch a
-    sublayer fewer in launch-bound decode). Off until timed on a GPU; tested against the unfused path on the CPU
-    through the interpreter (``tests/model/test_attn_res.py``)."""
-    flag = os.environ.get("KVL_ATTNRES_FUSED_NORM") or "0"
+    """``KVL_FUSED_NORM`` (``1`` default | ``0``): whether inference on CUDA applies each sublayer's input RMSNorm
+    in the kernel that updates the residual stream instead of a separate norm launch (one launch a sublayer fewer
+    in launch-bound decode), in both streams: the standard residual's add and norm as one kernel
+    (``kernels.norm.add_rms_norm``), block AttnRes's norm inside its two-phase kernels. Equal to the separate
+    Triton norm bit for bit in the interpreter (``tests/model/test_attn_res.py``)."""
+    flag = os.environ.get("KVL_FUSED_NORM") or "1"
     if flag not in ("0", "1"):
-        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_FUSED_NORM must be 0 or 1, got {flag!r}")
+        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_FUSED_NORM must be 0 or 1, got {flag!r}")
     return flag == "1"
 
 
@@ -227,16 +230,34 @@ def rms(x: torch.Tensor) -> float:
 
 
 class StandardStream:
-    """PreNorm residual: ``x <- x + f(norm(x))``."""
+    """PreNorm residual: ``x <- x + f(norm(x))``.
+
+    Without autograd on the Triton norm backend (inference on CUDA) and with :func:`fused_norm_enabled`, a
+    sublayer's output is held back and added by the next input's RMSNorm kernel (``kernels.norm.add_rms_norm``:
+    the add and the norm in one launch), as the block AttnRes stream's phase kernels apply the norm."""
 
     def __init__(self, embeddings: torch.Tensor, record: dict | None = None) -> None:
         self.x, self.record = embeddings, record
+        self._pending: torch.Tensor | None = None
+        self._fuse = (record is None and not torch.is_grad_enabled() and fused_norm_enabled()
+                      and resolve_norm_backend(None, embeddings.device, "StandardStream") == "triton")
 
     def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
         """Sublayer ``i``'s input, through its input ``norm`` when given."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            if isinstance(norm, RMSNorm) and pending.dtype == self.x.dtype:
+                self.x, h = add_rms_norm(self.x, pending, norm.weight, norm.eps)
+                return h
+            self.x = self.x + pending
         return self.x if norm is None else norm(self.x)
 
     def add(self, i: int, out: torch.Tensor) -> None:
+        if self._fuse:
+            if self._pending is not None:  # two adds without an input between them
+                self.x = self.x + self._pending
+            self._pending = out
+            return
         self.x = self.x + out
         if self.record is not None:
             self.record.setdefault("sublayer_output_rms", []).append(rms(out))

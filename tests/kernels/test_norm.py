@@ -10,7 +10,7 @@ import pytest
 import torch
 from kvl_testing import kernel_device
 
-from kernels.norm import gated_rms_norm, layer_norm, rms_norm, silu_mul
+from kernels.norm import add_rms_norm, gated_rms_norm, layer_norm, rms_norm, silu_mul
 from kernels.norm.norm_torch import gated_rms_norm_torch, layer_norm_torch, rms_norm_torch, silu_mul_torch
 
 
@@ -44,6 +44,35 @@ def norm_fn(gated: bool, backend: str | None):
     if backend is None:
         return lambda x, w: rms_norm_torch(x, w, 1e-6)
     return lambda x, w: rms_norm(x, w, 1e-6, backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(37, 64), (1, 1, 768), (1, 1)])
+def test_add_rms_norm_equals_add_then_norm(dtype, shape):
+    """The one-launch residual update + norm: its sum is ``x + r`` and its output the Triton norm of that sum, bit for
+    bit (same kernel body); the PyTorch backend gives the two ops' values. The interpreter truncates fp32 -> bf16
+    where PyTorch rounds, so there the bf16 sum is compared to within one bf16 step."""
+    x, _, w, r = norm_inputs(shape, dtype, False, seed=3)
+    with torch.no_grad():
+        s, y = add_rms_norm(x, r, w, 1e-5, backend="triton")
+        s_ref = x + r
+        if dtype == torch.float32 or x.is_cuda:
+            assert torch.equal(s, s_ref)
+        else:
+            assert rel(s, s_ref) < 1e-2
+        assert torch.equal(y, rms_norm(s, w, 1e-5, backend="triton"))
+        s_t, y_t = add_rms_norm(x, r, w, 1e-5, backend="torch")
+        assert torch.equal(s_t, s_ref) and torch.equal(y_t, rms_norm_torch(s_ref, w, 1e-5))
+
+
+def test_add_rms_norm_keeps_autograd_and_checks_shapes():
+    x, _, w, r = norm_inputs((5, 16), torch.float32, False, seed=4)
+    x.requires_grad_(True)
+    s, y = add_rms_norm(x, r, w, 1e-6, backend="triton")  # a gradient to record: the two autograd ops
+    y.sum().backward()
+    assert x.grad is not None and s.requires_grad
+    with pytest.raises(ValueError, match="residual must match x"):
+        add_rms_norm(x.detach(), r[:, :8], w, 1e-6)
 
 
 @pytest.mark.parametrize("gated", [False, True])

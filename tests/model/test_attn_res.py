@@ -7,7 +7,15 @@ import torch
 from backbone_utils import build, tiny_config
 from kvl_testing import assert_rel_rms
 
-from kimi_vl.modeling.attn_res import AttnResMix, AttnResStream, BufferedTwoPhase, ResQuery, mix, mix_naive
+from kimi_vl.modeling.attn_res import (
+    AttnResMix,
+    AttnResStream,
+    BufferedTwoPhase,
+    ResQuery,
+    StandardStream,
+    mix,
+    mix_naive,
+)
 
 
 def _query(d: int, scale: float = 1.0, dtype=torch.float32) -> ResQuery:
@@ -282,7 +290,7 @@ def test_buffered_two_phase_scratch_input_reuses_one_buffer(monkeypatch):
                          [(7, 3, 1, torch.float32, 1e-6), (7, 3, 70, torch.float32, 1e-6),
                           (5, 2, 1, torch.bfloat16, 4e-3), (5, 2, 70, torch.bfloat16, 4e-3)])
 def test_buffered_two_phase_fused_norm_equals_norm_after(monkeypatch, num_sublayers, block_size, tokens, dtype, tol):
-    """``KVL_ATTNRES_FUSED_NORM=1``: the phase kernels apply the sublayer's RMSNorm themselves; the inputs equal the
+    """``KVL_FUSED_NORM=1``: the phase kernels apply the sublayer's RMSNorm themselves; the inputs equal the
     unfused stream's norm(h) through the Triton norm kernel (the decode kernel at 1 token, the tiled phase 1 at 70
     tokens; a ragged last block and the output mix). The interpreter's bf16 casts differ from PyTorch's CPU ones,
     hence the Triton norm as the reference."""
@@ -305,7 +313,7 @@ def test_buffered_two_phase_fused_norm_equals_norm_after(monkeypatch, num_sublay
             n.register_forward_hook(lambda *_: calls.append(1))
         results = {}
         for fused in ("0", "1"):
-            monkeypatch.setenv("KVL_ATTNRES_FUSED_NORM", fused)
+            monkeypatch.setenv("KVL_FUSED_NORM", fused)
             calls.clear()
             stream, got = AttnResStream(emb, queries, block_size, "two_phase"), []
             for i, out in enumerate(outs):
@@ -317,6 +325,47 @@ def test_buffered_two_phase_fused_norm_equals_norm_after(monkeypatch, num_sublay
     assert_rel_rms(results["1"], results["0"], tol, "fused norm")
     if dev == "cpu":  # the interpreter sums in the same order in both kernels: bit-equal
         assert torch.equal(results["1"], results["0"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_standard_stream_fused_add_norm_equals_separate(monkeypatch, dtype):
+    """``KVL_FUSED_NORM=1`` without autograd on the Triton norm: each output is added by the next input's norm
+    kernel (``add_rms_norm``); inputs, final output and the stream itself equal the separate add and norm, bit for
+    bit (bf16 in the interpreter, whose casts truncate where PyTorch's add rounds: to bf16 precision). Under
+    autograd, and with ``KVL_FUSED_NORM=0``, the stream adds at once."""
+    from kimi_vl.modeling.norm import RMSNorm
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_NORM_BACKEND", "triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    d, n = 40, 5
+    gen = torch.Generator().manual_seed(8)
+    outs = [(torch.randn(2, 3, d, generator=gen) * (i + 1)).to(dev, dtype) for i in range(n)]
+    emb = torch.randn(2, 3, d, generator=gen).to(dev, dtype)
+    norms = [RMSNorm(d, eps=1e-5).to(dev, dtype) for _ in range(n + 1)]
+    results, pending = {}, {}
+    with torch.no_grad():
+        for nm in norms:
+            nm.weight.uniform_(0.5, 1.5)
+        for fused in ("0", "1"):
+            monkeypatch.setenv("KVL_FUSED_NORM", fused)
+            stream, got = StandardStream(emb), []
+            for i, out in enumerate(outs):
+                got.append(stream.input(i, norms[i]))
+                stream.add(i, out)
+                pending[fused] = stream._pending is not None
+            got.append(stream.final(norms[-1]))
+            results[fused] = torch.stack(got + [stream.x])
+    assert pending == {"0": False, "1": True}
+    if dtype == torch.float32 or dev == "cuda":
+        assert torch.equal(results["1"], results["0"])
+    else:
+        assert_rel_rms(results["1"].float(), results["0"].float(), 1e-2, "fused add + norm, bf16 interpreter")
+    monkeypatch.setenv("KVL_FUSED_NORM", "1")
+    stream = StandardStream(emb)  # autograd on: no holding back
+    stream.add(0, outs[0])
+    assert stream._pending is None and torch.equal(stream.x, emb + outs[0])
 
 
 def test_two_phase_backend_choice(monkeypatch):

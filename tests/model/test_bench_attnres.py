@@ -39,20 +39,24 @@ def test_decode_lines_report_the_median_of_round_ratios():
 
 
 def test_graph_decode_bench_runs_its_variants_on_cpu(monkeypatch):
-    """The graph-decode benchmark's bookkeeping on the CPU (eager static-cache steps, debug flavor): three variants,
-    interleaved rounds, the fused-norm variant under its flag, the decode-step profile and its table rows."""
+    """The graph-decode benchmark's bookkeeping on the CPU (eager static-cache steps, debug flavor): both residuals
+    with and without the fused norms (the standard's fused add + norm through the Triton norm in the interpreter),
+    interleaved rounds, the decode-step profiles and the table rows."""
     import argparse
 
-    from kimi_vl.benchmarks.attnres_decode import bench_graph_decode
+    from kimi_vl.benchmarks.attnres_decode import GRAPH_VARIANTS, bench_graph_decode
     from kimi_vl.benchmarks.bench_attnres import _build, _config
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("KVL_ATTNRES_TWO_PHASE", "triton")
+    monkeypatch.setenv("KVL_NORM_BACKEND", "triton")
     models = {r: _build(_config("debug", "hybrid", r), torch.device("cpu"), torch.float32)
               for r in ("standard", "attnres_block")}
     args = argparse.Namespace(decode_steps=2, graph_rounds=2, decode_context=6, profile=True, profile_top=3)
     out = bench_graph_decode(models, _config("debug", "hybrid", "standard"), args, torch.device("cpu"))
-    assert len(out["round_ratios"]) == 2 and out["attnres_block_fused_norm_tokens_per_s"] > 0
-    assert out["kernel_diff"][0]["name"] == "(total)" and out["kernel_diff_fused_norm"]
+    assert len(out["round_ratios"]) == 2 and len(out["unfused_round_ratios"]) == 2
+    assert all(out[f"{name}_tokens_per_s"] > 0 for name in GRAPH_VARIANTS)
+    assert out["kernel_diff"][0]["name"] == "(total)" and out["kernel_diff_unfused"]
+    assert out["kernel_diff_standard_fused"][0]["name"] == "(total)"
     text = "\n".join(decode_lines("hybrid", out, "CUDA-graph decode"))
-    assert "norms inside the two-phase kernels" in text
+    assert "separate norm launches (KVL_FUSED_NORM=0)" in text

@@ -18,20 +18,31 @@ def gpu_path(monkeypatch):
     count_triton_launches()
 
 
-def test_attnres_decode_costs_one_launch_per_sublayer_instead_of_an_add(gpu_path):
+def test_attnres_decode_costs_one_launch_per_sublayer_instead_of_an_add(gpu_path, monkeypatch):
     cfg = KimiVLConfig.from_flavor("debug")
     sublayers = 2 * cfg.num_hidden_layers
-    std, res = (ops_per_token("debug", mode, prompt=8) for mode in ("standard", "attnres_block"))
-    assert std["triton_launches"] > 0, "the Triton kernels were not taken (or not counted)"
     kernels = ("triton:_phase1_kernel", "triton:_phase1_rows_kernel", "triton:_phase2_kernel")
-    phase = sum(res["counts"].get(name, 0) for name in kernels)
-    assert phase == sublayers + 1  # every sublayer's input and the output mix
-    assert res["counts"].get("triton:_phase1_rows_kernel", 0) > 0  # decode: one program per token
-    assert not any(name in std["counts"] for name in kernels)
-    assert std["counts"]["aten.add"] - res["counts"].get("aten.add", 0) == sublayers
-    # a fixed set-up per token (block-state buffer, query product, one h buffer): 13 ops in session 11; without the
-    # reused h buffer, one allocation per sublayer more
-    assert res["ops"] - std["ops"] <= 16, (res["ops"], std["ops"])
+    counts = {}
+    for fused in ("0", "1"):
+        monkeypatch.setenv("KVL_FUSED_NORM", fused)
+        std, res = (ops_per_token("debug", mode, prompt=8) for mode in ("standard", "attnres_block"))
+        counts[fused] = std, res
+        assert std["triton_launches"] > 0, "the Triton kernels were not taken (or not counted)"
+        phase = sum(res["counts"].get(name, 0) for name in kernels)
+        assert phase == sublayers + 1  # every sublayer's input and the output mix
+        assert res["counts"].get("triton:_phase1_rows_kernel", 0) > 0  # decode: one program per token
+        assert not any(name in std["counts"] for name in kernels)
+        # a fixed set-up per token (block-state buffer, query product, one h buffer): 13 ops in session 11; without
+        # the reused h buffer, one allocation per sublayer more
+        assert res["ops"] - std["ops"] <= 16, (fused, res["ops"], std["ops"])
+    (std0, res0), (std1, res1) = counts["0"], counts["1"]
+    assert std0["counts"]["aten.add"] - res0["counts"].get("aten.add", 0) == sublayers  # phase launches absorb adds
+    # KVL_FUSED_NORM=1: the standard residual's adds go into its norm launches, AttnRes's norms into its phase ones
+    assert std0["counts"]["aten.add"] - std1["counts"].get("aten.add", 0) == sublayers
+    assert std1["counts"]["triton:_norm_fwd_kernel"] == std0["counts"]["triton:_norm_fwd_kernel"]
+    norms0, norms1 = (r["counts"].get("triton:_norm_fwd_kernel", 0) for r in (res0, res1))
+    assert norms0 - norms1 == sublayers + 1
+    assert std1["ops"] < std0["ops"] and res1["ops"] < res0["ops"]
 
 
 def test_decode_builds_no_launch_tables_per_token(gpu_path):
