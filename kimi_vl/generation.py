@@ -204,21 +204,33 @@ def resolve_decode(decode: str, model: nn.Module, device: torch.device) -> str:
 
 
 class DecoderSlot:
-    """The last :class:`GraphDecoder` of a model, for callers whose batch size and length vary (the demo, lm-eval):
-    :meth:`get` reuses it when it fits (its captured graph too), else frees it and builds one whose capacity is
-    rounded up to a multiple of ``round_to``."""
+    """The :class:`GraphDecoder` s of a model for callers whose batch size and length vary (the demo, lm-eval): one
+    per batch size, the ``keep`` most recently used (a length group of lm-eval alternates between its full batches
+    and a smaller last one: a single decoder would be rebuilt, and its graph re-captured, at every change).
+    :meth:`get` reuses the batch size's decoder when its capacity suffices (its captured graph too), else frees it
+    and builds one whose capacity is rounded up to a multiple of ``round_to``."""
 
-    def __init__(self, model: nn.Module, use_graph: bool, round_to: int = 512) -> None:
-        self.model, self.use_graph, self.round_to = model, use_graph, round_to
-        self.current: GraphDecoder | None = None
+    def __init__(self, model: nn.Module, use_graph: bool, round_to: int = 512, keep: int = 4) -> None:
+        if keep < 1:
+            raise ValueError(f"DecoderSlot: keep must be >= 1, got {keep}")
+        self.model, self.use_graph, self.round_to, self.keep = model, use_graph, round_to, keep
+        self.decoders: dict[int, GraphDecoder] = {}  # batch size -> decoder, least recently used first
+
+    @property
+    def current(self) -> GraphDecoder | None:
+        """The most recently used decoder."""
+        return next(reversed(self.decoders.values()), None)
 
     def get(self, batch_size: int, tokens: int) -> GraphDecoder:
         """A decoder for ``batch_size`` rows of up to ``tokens`` tokens (prompt + new)."""
-        dec = self.current
-        if dec is None or dec.batch_size != batch_size or dec.capacity < tokens:
-            self.current = dec = None  # the old cache and graph go before the new ones are allocated
+        dec = self.decoders.pop(batch_size, None)
+        if dec is None or dec.capacity < tokens:
+            dec = None  # the old cache and graph go before the new ones are allocated
+            while len(self.decoders) >= self.keep:
+                del self.decoders[next(iter(self.decoders))]
             capacity = -(-tokens // self.round_to) * self.round_to
-            self.current = dec = GraphDecoder(self.model, batch_size, capacity, use_graph=self.use_graph)
+            dec = GraphDecoder(self.model, batch_size, capacity, use_graph=self.use_graph)
+        self.decoders[batch_size] = dec
         return dec
 
 

@@ -17,18 +17,13 @@ from __future__ import annotations
 
 import random
 
+from data_pipelines.page_prompts import IMAGE_PROMPT, INTERACTIVE_VIDEO_PROMPT, VIDEO_PROMPT
 from data_pipelines.synth.common import Media, Sample
 from data_pipelines.synth.families import FAMILIES, FamilyContext, SampleFamily, register_family
 from data_pipelines.web.browser import Viewport
 from data_pipelines.web.generator import GeneratedPage, generate_page
 from data_pipelines.web.render import ScrollVideoConfig, decode_png, encode_mp4, render_screenshot, render_scroll_frames
 
-IMAGE_PROMPT = "Write the HTML and CSS of this web page."
-VIDEO_PROMPT = "This video scrolls through a web page from top to bottom. Write the page's HTML and CSS."
-INTERACTIVE_VIDEO_PROMPT = (
-    "This video scrolls through a web page from top to bottom and hovers and clicks some of its elements. "
-    "Write the page's HTML and CSS, with the hover and active styles."
-)
 MAX_PAGE_HEIGHT = 1536
 
 

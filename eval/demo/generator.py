@@ -34,6 +34,7 @@ import yaml
 from PIL import Image
 
 from data_pipelines.packing import IGNORE, Encoder, TokenDoc, collate, left_pad
+from data_pipelines.page_prompts import IMAGE_PROMPT, VIDEO_PROMPT
 from data_pipelines.tokenizer import ROLE_HEADERS
 from data_pipelines.video import DecodedVideo, decode_mp4
 from vision_encoder.geometry import PatchGeometry
@@ -196,10 +197,8 @@ class WebsiteGenerator:
 
 
 def page_instruction(kind: str) -> str:
-    """The page families' instruction for ``kind`` (``image`` or ``video``). Imported when needed: the page
-    families' module also loads the renderer (PyAV), which a machine that only generates may not have."""
-    from data_pipelines.web.family import IMAGE_PROMPT, VIDEO_PROMPT
-
+    """The page families' instruction for ``kind`` (``image`` or ``video``), from ``data_pipelines.page_prompts``
+    (not the families' module, which loads the renderer and PyAV)."""
     return {"image": IMAGE_PROMPT, "video": VIDEO_PROMPT}[kind]
 
 

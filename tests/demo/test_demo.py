@@ -172,3 +172,13 @@ def test_recover_html(text, how, expect):
         assert html == expect
     else:
         assert "a &lt; b &gt; c" in html and html.startswith("<!DOCTYPE html>")
+
+
+def test_generator_prompts_do_not_load_the_renderer():
+    """Generating needs no PyAV (a GPU machine that only generates may lack it): the generator module and its
+    page instructions come without the page families' renderer."""
+    import subprocess
+
+    code = ("import sys, eval.demo.generator as g; text = g.page_instruction('video'); "
+            "assert 'av' not in sys.modules and 'data_pipelines.web.render' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

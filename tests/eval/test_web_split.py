@@ -82,7 +82,7 @@ def test_batched_generation_equals_one_page_at_a_time(web_data, generator):
 def test_static_cache_decoding_writes_what_generate_writes(web_data, checkpoint, generator):
     """``decode="static"`` (``kimi_vl.generation.GraphDecoder`` without the graph, the path a GPU replays): the same
     greedy pages as transformers' ``generate`` for a left-padded batch with media and stop tokens; the decoder is
-    reused for a shorter request and replaced for another batch size."""
+    reused for a shorter request, another batch size gets its own, and the first is reused when its size returns."""
     pages = interleave(heldout_pages(str(web_data)))[:3]
     inputs = [generation_inputs(p) for p in pages]
     static = WebsiteGenerator.from_checkpoint(checkpoint, decode="static")
@@ -94,8 +94,10 @@ def test_static_cache_decoding_writes_what_generate_writes(web_data, checkpoint,
     assert static.generate_batch(inputs, max_new_tokens=4)[0].text == \
         generator.generate_batch(inputs, max_new_tokens=4)[0].text
     assert static._decoders.current is first
-    static.generate_batch(inputs[:1], max_new_tokens=4)  # another batch size: a new decoder
+    static.generate_batch(inputs[:1], max_new_tokens=4)  # another batch size: a new decoder, the first one kept
     assert static._decoders.current is not first and static._decoders.current.batch_size == 1
+    static.generate_batch(inputs, max_new_tokens=4)
+    assert static._decoders.current is first  # its batch size again: reused, not rebuilt
     with pytest.raises(ValueError, match="decode must be one of"):
         WebsiteGenerator.from_checkpoint(checkpoint, decode="fast")
 

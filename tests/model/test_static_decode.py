@@ -157,3 +157,20 @@ def test_chunked_prefill_equals_whole():
     for _ in range(4):
         tokens.append(dec.step(tokens[-1]).argmax(-1))
     assert torch.equal(torch.stack(tokens, 1), whole[:, 9:])
+
+
+def test_decoder_slot_keeps_one_decoder_per_batch_size():
+    """lm-eval's length groups alternate full batches with a smaller last one: each size keeps its decoder (and on
+    CUDA its graph); the least recently used goes past ``keep``; a longer request rebuilds its size's decoder."""
+    from kimi_vl.generation import DecoderSlot
+
+    model = build(tiny_config(moe=False))
+    slot = DecoderSlot(model, use_graph=False, round_to=16, keep=2)
+    eight, three = slot.get(8, 10), slot.get(3, 10)
+    assert slot.get(8, 16) is eight and eight.capacity == 16 and slot.current is eight
+    assert slot.get(3, 17) is not three  # capacity 16 < 17: rebuilt at 32
+    assert slot.get(3, 5).capacity == 32
+    slot.get(1, 5)  # a third size: 8, the least recently used, goes
+    assert sorted(slot.decoders) == [1, 3] and slot.get(8, 5) is not eight
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        DecoderSlot(model, use_graph=False, keep=0)
