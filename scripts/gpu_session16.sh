@@ -2,13 +2,17 @@
 # Session 16's GPU parts, one H100 call per PART (results: docs/results/gpu-2026-11-27-s16/):
 #   bash scripts/gpu_session16.sh decode   session 15's prepared `pending` part: the fused-norm GPU tests, the
 #       graph-decode overhead of block AttnRes with the input norms inside the two-phase kernels (bench_attnres's
-#       attnres_block_fused_norm variant), and hybrid vs all-MLA decode at 128K context and batch 16
+#       attnres_block_fused_norm variant), and hybrid vs all-MLA decode at 128K context and batch 16 (call1)
+#   bash scripts/gpu_session16.sh fused    the fused add + RMSNorm of the standard residual (KVL_FUSED_NORM): its GPU
+#       tests, bench_attnres's graph decode of both residuals with and without the fused norms, then the demo's and
+#       lm-eval's decode paths against generate (`python -m eval.bench_decode`; lm_eval, dill, chardet, defusedxml,
+#       truststore carried as wheels in .whl)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session16.sh decode}" in
+case "${1:?usage: gpu_session16.sh decode|fused}" in
 decode)
   PART_TAIL=8 part "GPU tests: graph decode, fused norm" 120 python3 -m pytest -q -p no:cacheprovider \
     tests/model/test_static_decode.py tests/model/test_attn_res.py tests/kernels/test_attn_res_triton.py \
@@ -18,6 +22,17 @@ decode)
   PART_TAIL=30 part "bench_backbone decode, batch 16" 280 python3 -m kimi_vl.benchmarks.bench_backbone \
     --train-seqs --decode-contexts 131072 --decode-batch 16 --decode-steps 16 --graph-decode --variants hybrid \
     full_attn
+  ;;
+fused)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/lm_eval*.whl .whl/dill*.whl \
+    .whl/chardet*.whl .whl/defusedxml*.whl .whl/truststore*.whl 2>&1 | tail -2
+  PART_TAIL=8 part "GPU tests: fused add + norm, graph decode, decoder slot" 150 python3 -m pytest -q \
+    -p no:cacheprovider tests/kernels/test_norm.py tests/model/test_attn_res.py tests/model/test_static_decode.py \
+    tests/model/test_decode_ops.py -k "${TEST_FILTER:-add_rms or standard_stream or fused or graph or slot}"
+  PART_TAIL=40 part "bench_attnres decode (graph, fused and separate norms)" 200 python3 -m \
+    kimi_vl.benchmarks.bench_attnres --decode-only --graph-decode --decode-steps 48 --rounds 2 --graph-rounds 12 \
+    --sources 2 --profile --profile-top 8
+  PART_TAIL=30 part "eval.bench_decode (demo, lm-eval)" 200 python3 -m eval.bench_decode
   ;;
 esac
 ls -la "$OUT"
