@@ -6,13 +6,15 @@
 #   bash scripts/gpu_session16.sh fused    the fused add + RMSNorm of the standard residual (KVL_FUSED_NORM): its GPU
 #       tests, bench_attnres's graph decode of both residuals with and without the fused norms, then the demo's and
 #       lm-eval's decode paths against generate (`python -m eval.bench_decode`; lm_eval, dill, chardet, defusedxml,
-#       truststore carried as wheels in .whl)
+#       truststore carried as wheels in .whl) (call2)
+#   bash scripts/gpu_session16.sh qpar     decode phase 1 with one program per (token, query) over a running-sum slot
+#       of its own: the two-phase GPU tests, bench_two_phase (layouts, warps, phase 2 with the norm), graph decode
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session16.sh decode|fused}" in
+case "${1:?usage: gpu_session16.sh decode|fused|qpar}" in
 decode)
   PART_TAIL=8 part "GPU tests: graph decode, fused norm" 120 python3 -m pytest -q -p no:cacheprovider \
     tests/model/test_static_decode.py tests/model/test_attn_res.py tests/kernels/test_attn_res_triton.py \
@@ -33,6 +35,15 @@ fused)
     kimi_vl.benchmarks.bench_attnres --decode-only --graph-decode --decode-steps 48 --rounds 2 --graph-rounds 12 \
     --sources 2 --profile --profile-top 8
   PART_TAIL=30 part "eval.bench_decode (demo, lm-eval)" 200 python3 -m eval.bench_decode
+  ;;
+qpar)
+  PART_TAIL=8 part "GPU tests: two-phase kernels and streams" 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py tests/model/test_static_decode.py \
+    -k "${TEST_FILTER:-two_phase or buffered or fused or graph or launcher}"
+  PART_TAIL=50 part "bench_two_phase" 120 python3 kernels/benchmarks/bench_two_phase.py --tokens 1 8
+  PART_TAIL=14 part "bench_attnres decode (graph, fused and separate norms)" 200 python3 -m \
+    kimi_vl.benchmarks.bench_attnres --decode-only --graph-decode --decode-steps 48 --rounds 2 --graph-rounds 12 \
+    --sources 2 --profile --profile-top 8
   ;;
 esac
 ls -la "$OUT"

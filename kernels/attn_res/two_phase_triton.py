@@ -35,21 +35,24 @@ FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the J
 PHASE2_NUM_WARPS = 4  # one decode token (bench_two_phase.py, session 15 call8): 2 warps 2.35 us, 4 2.03, 8 2.02
 ROWS_MAX_TOKENS = 64  # phase 1 over at most this many tokens (decode) runs one program per token (_phase1_rows_kernel)
 ROWS_MAX_ELEMS = 16384  # ... when a token's slots fit one tile of this many elements (registers)
+ROWS_QUERY_PROGRAMS = True  # decode phase 1: one program per (token, query) where race-free (see _phase1_rows_kernel)
 ROWS_NUM_WARPS = 4  # one token, 6 queries over 5 slots at D = 768 (H100, graph-timed, bench_two_phase.py, session 15
 # call6): 1 warp 8.3 us, 2 7.3, 4 6.3, 8 14.0; the tiled kernel 21.6 (a phase 2 launch 1.9, a torch.add 1.6)
 
 
 @triton.jit
-def _absorb(v_ptr, pend_ptr, slot_off, offs, tile_ok, PEND_FIRST: tl.constexpr):
-    """Add the pending sublayer output into its block slot (or start the slot with it); return the new slot
-    tile in fp32 (kept in registers: the caller must not re-load it)."""
+def _absorb(v_ptr, pend_ptr, src_off, dst_off, offs, tile_ok, PEND_FIRST: tl.constexpr, STORE):
+    """The pending sublayer output added to the running sum in slot ``src`` (or alone, ``PEND_FIRST``), stored in
+    slot ``dst`` when ``STORE`` (``src == dst``: in place); returns the new tile in fp32 (kept in registers: the
+    caller must not re-load it)."""
     pend = tl.load(pend_ptr + offs, mask=tile_ok, other=0.0)
     if PEND_FIRST:
         new = pend
     else:
-        new = (tl.load(v_ptr + slot_off + offs, mask=tile_ok, other=0.0).to(tl.float32) + pend.to(tl.float32))
+        new = (tl.load(v_ptr + src_off + offs, mask=tile_ok, other=0.0).to(tl.float32) + pend.to(tl.float32))
     new = new.to(v_ptr.dtype.element_ty)
-    tl.store(v_ptr + slot_off + offs, new, mask=tile_ok)
+    if STORE:
+        tl.store(v_ptr + dst_off + offs, new, mask=tile_ok)
     return new.to(tl.float32)
 
 
@@ -74,10 +77,11 @@ def _score(x, u, D, eps):
     return tl.sum(x * u[None, :], axis=1) * rstd
 
 
-@triton.jit(do_not_specialize=["n_src", "q0", "n_q", "M"])
+@triton.jit(do_not_specialize=["n_src", "src", "q0", "n_q", "M"])
 def _phase1_kernel(
-    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, q0, n_q, M, D: tl.constexpr, eps, norm_eps,
-    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
+    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, src, q0, n_q, M, D: tl.constexpr, eps,
+    norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -90,7 +94,8 @@ def _phase1_kernel(
     n_mem = n_src
     if PEND:
         n_mem = n_src - 1
-        last = _absorb(v_ptr, pend_ptr, n_mem.to(tl.int64) * slot, offs, tile_ok, PEND_FIRST)
+        last = _absorb(v_ptr, pend_ptr, src.to(tl.int64) * slot, n_mem.to(tl.int64) * slot, offs, tile_ok, PEND_FIRST,
+                       True)
     for q in range(n_q):
         u = tl.load(u_ptr + (q0 + q) * D + offs_d, mask=d_ok, other=0.0)
         m = tl.full([BLOCK_T], float("-inf"), tl.float32)
@@ -120,44 +125,62 @@ def _phase1_kernel(
             _store_h(h_ptr, offs, tile_ok, acc / l[:, None], nw_ptr, offs_d, d_ok, D, norm_eps, NORM)
 
 
-@triton.jit(do_not_specialize=["n_src", "q0", "n_q", "M"])
+@triton.jit
+def _rows_query(x, rstd, valid, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, q, n_q, t, M, slot, offs_d, d_ok, D,
+                norm_eps, NORM: tl.constexpr):
+    """Query ``q0 + q`` of :func:`_phase1_rows_kernel` against a token's slots ``x [KP, BLOCK_D]`` (fp32, with
+    their ``rstd``; ``valid`` rows): one reduction over D for the scores, one softmax over the slots."""
+    u = tl.load(u_ptr + (q0 + q) * D + offs_d, mask=d_ok & (offs_d * 0 + q < n_q), other=0.0)
+    s = tl.where(valid, tl.sum(x * u[None, :], axis=1) * rstd, float("-inf"))
+    m = tl.max(s, axis=0)
+    p = tl.exp(s - m)
+    l = tl.sum(p, axis=0)
+    o = tl.sum(p[:, None] * x, axis=0)
+    if q < n_q:
+        tl.store(o_ptr + q * slot + t * D + offs_d, o, mask=d_ok)
+        tl.store(m_ptr + q * M + t, m)
+        tl.store(l_ptr + q * M + t, l)
+    if q == 0:
+        _store_h(h_ptr, (t * D + offs_d)[None, :], d_ok[None, :], (o / l)[None, :], nw_ptr, offs_d, d_ok, D,
+                 norm_eps, NORM)
+
+
+@triton.jit(do_not_specialize=["n_src", "src", "q0", "n_q", "M"])
 def _phase1_rows_kernel(
-    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, q0, n_q, M, D: tl.constexpr, eps, norm_eps,
-    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, KP: tl.constexpr, BLOCK_D: tl.constexpr, QMAX: tl.constexpr,
-    NORM: tl.constexpr,
+    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, src, q0, n_q, M, D: tl.constexpr, eps,
+    norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, KP: tl.constexpr, BLOCK_D: tl.constexpr,
+    QMAX: tl.constexpr, NORM: tl.constexpr, QPAR: tl.constexpr,
 ):
-    """``_phase1_kernel`` for few tokens (decode): one program per token holds all its slots as one ``[KP, D]``
-    tile, so the slot loads are issued together and each query costs one reduction over D and one softmax over the
-    slots; the query loop is unrolled to ``QMAX`` (masked past ``n_q``) so that the queries' loads are not a chain
-    of round trips (a single-token launch is latency-bound)."""
+    """``_phase1_kernel`` for few tokens (decode): a program holds all of a token's slots as one ``[KP, D]`` tile,
+    so the slot loads are issued together and each query costs one reduction over D and one softmax over the
+    slots. ``QPAR``: one program per (token, query) (grid ``[M, QMAX]``, programs past ``n_q`` do nothing), the
+    queries on as many SMs; each program forms the pending sum itself and the query-0 program stores it, which is
+    race-free only when no program reads the slot being written (``src`` differs from ``n_src - 1``, or nothing is
+    read: no pending output, or ``PEND_FIRST``). Otherwise one program per token walks the queries, unrolled to
+    ``QMAX`` (masked past ``n_q``) so that their loads are not a chain of round trips."""
     t = tl.program_id(0).to(tl.int64)
-    offs_k = tl.arange(0, KP)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    slot = M.to(tl.int64) * D
-    n_mem = n_src - 1 if PEND else n_src
-    rows = offs_k.to(tl.int64)[:, None] * slot + t * D + offs_d[None, :]
-    x = tl.load(v_ptr + rows, mask=(offs_k < n_mem)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    if PEND:
-        last = _absorb(v_ptr, pend_ptr, n_mem.to(tl.int64) * slot, t * D + offs_d, d_ok, PEND_FIRST)
-        x = tl.where((offs_k == n_mem)[:, None], last[None, :], x)
-    valid = offs_k < n_src
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    for q in tl.static_range(QMAX):
-        q_ok = q < n_q
-        u = tl.load(u_ptr + (q0 + q) * D + offs_d, mask=d_ok & (offs_d * 0 + q < n_q), other=0.0)
-        s = tl.where(valid, tl.sum(x * u[None, :], axis=1) * rstd, float("-inf"))
-        m = tl.max(s, axis=0)
-        p = tl.exp(s - m)
-        l = tl.sum(p, axis=0)
-        o = tl.sum(p[:, None] * x, axis=0)
-        if q_ok:
-            tl.store(o_ptr + q * slot + t * D + offs_d, o, mask=d_ok)
-            tl.store(m_ptr + q * M + t, m)
-            tl.store(l_ptr + q * M + t, l)
-        if q == 0:
-            _store_h(h_ptr, (t * D + offs_d)[None, :], d_ok[None, :], (o / l)[None, :], nw_ptr, offs_d, d_ok, D,
-                     norm_eps, NORM)
+    qp = tl.program_id(1)
+    if qp < n_q:
+        offs_k = tl.arange(0, KP)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        slot = M.to(tl.int64) * D
+        n_mem = n_src - 1 if PEND else n_src
+        rows = offs_k.to(tl.int64)[:, None] * slot + t * D + offs_d[None, :]
+        x = tl.load(v_ptr + rows, mask=(offs_k < n_mem)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        if PEND:
+            last = _absorb(v_ptr, pend_ptr, src.to(tl.int64) * slot, n_mem.to(tl.int64) * slot, t * D + offs_d, d_ok,
+                           PEND_FIRST, qp == 0)
+            x = tl.where((offs_k == n_mem)[:, None], last[None, :], x)
+        valid = offs_k < n_src
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        if QPAR:
+            _rows_query(x, rstd, valid, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, qp, n_q, t, M, slot, offs_d,
+                        d_ok, D, norm_eps, NORM)
+        else:
+            for q in tl.static_range(QMAX):
+                _rows_query(x, rstd, valid, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, q, n_q, t, M, slot,
+                            offs_d, d_ok, D, norm_eps, NORM)
 
 
 @triton.jit(do_not_specialize=["j", "k", "qi", "M"])
@@ -177,7 +200,7 @@ def _phase2_kernel(
     m = tl.load(m_ptr + j * M + offs_t, mask=t_ok, other=0.0)
     l = tl.load(l_ptr + j * M + offs_t, mask=t_ok, other=1.0)
     if PEND:
-        p = _absorb(v_ptr, pend_ptr, k * slot, offs, tile_ok, PEND_FIRST)
+        p = _absorb(v_ptr, pend_ptr, k * slot, k * slot, offs, tile_ok, PEND_FIRST, True)
     else:
         p = tl.load(v_ptr + k * slot + offs, mask=tile_ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + qi * D + offs_d, mask=d_ok, other=0.0)
@@ -209,19 +232,23 @@ def _pending(v_KMD: torch.Tensor, pending: torch.Tensor | None) -> torch.Tensor:
 
 
 def phase1_triton(v_KMD: torch.Tensor, n_src: int, u_QD: torch.Tensor, q0: int, n_q: int, eps: float,
-                  pending: torch.Tensor | None = None, pending_first: bool = False
+                  pending: torch.Tensor | None = None, pending_first: bool = False, src_slot: int | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries ``u[q0 : q0 + n_q]`` against slots ``v[:n_src]`` -> fp32 ``o [n_q, M, D]``, ``m, l [n_q, M]``
     and the first query's mix ``h [M, D] = o[0] / l[0]`` in the buffer's dtype.
 
-    ``pending [M, D]`` (the previous sublayer's output, not yet added) is first added into slot ``n_src - 1``
-    (``pending_first``: the slot starts with it), in place, as ``v[n_src - 1] += pending`` would."""
+    ``pending [M, D]`` (the previous sublayer's output, not yet added) is first added to the running sum in slot
+    ``src_slot`` (default ``n_src - 1``, in place; ``pending_first``: nothing to add it to) and the sum stored in
+    slot ``n_src - 1``, as ``v[n_src - 1] = v[src_slot] + pending`` would."""
     _check(v_KMD, u_QD)
-    if not (1 <= n_src <= v_KMD.shape[0] and n_q >= 1 and 0 <= q0 and q0 + n_q <= u_QD.shape[0]):
-        raise ValueError(f"{_WHERE}: phase1 needs 1 <= n_src <= K={v_KMD.shape[0]} and queries inside "
-                         f"Q={u_QD.shape[0]}, got n_src={n_src}, q0={q0}, n_q={n_q}")
+    src = n_src - 1 if src_slot is None else src_slot
+    if not (1 <= n_src <= v_KMD.shape[0] and n_q >= 1 and 0 <= q0 and q0 + n_q <= u_QD.shape[0]
+            and 0 <= src < v_KMD.shape[0]):
+        raise ValueError(f"{_WHERE}: phase1 needs 1 <= n_src <= K={v_KMD.shape[0]}, queries inside "
+                         f"Q={u_QD.shape[0]} and a slot src_slot < K, got n_src={n_src}, q0={q0}, n_q={n_q}, "
+                         f"src_slot={src_slot}")
     run = TwoPhaseLauncher(v_KMD, u_QD, n_q)
-    h = run.phase1(n_src, q0, n_q, eps, _pending(v_KMD, pending), pending_first)
+    h = run.phase1(n_src, q0, n_q, eps, _pending(v_KMD, pending), pending_first, src_slot=src)
     return run.o, run.m, run.l, h
 
 
@@ -293,6 +320,8 @@ class TwoPhaseLauncher:
         self.rows = self.mm <= ROWS_MAX_TOKENS and self.slots_p2 * self.block_d <= ROWS_MAX_ELEMS
         self._phase1 = _Launch(_phase1_rows_kernel, (self.mm,), ROWS_NUM_WARPS) if self.rows \
             else _Launch(_phase1_kernel, self.grid, NUM_WARPS)
+        self._phase1_par = _Launch(_phase1_rows_kernel, (self.mm, max(1, max_queries)), ROWS_NUM_WARPS) \
+            if self.rows and ROWS_QUERY_PROGRAMS else None
         self._phase2 = _Launch(_phase2_kernel, self.grid, PHASE2_NUM_WARPS)
         if max_queries > 0:
             self.o = torch.empty(max_queries, self.mm, self.d, device=v_KMD.device, dtype=torch.float32)
@@ -302,19 +331,25 @@ class TwoPhaseLauncher:
         return torch.empty(self.out_shape, device=self.v.device, dtype=self.v.dtype) if out is None else out
 
     def phase1(self, n_src: int, q0: int, n_q: int, eps: float, pending: torch.Tensor | None,
-               pending_first: bool, out: torch.Tensor | None = None, norm: tuple | None = None) -> torch.Tensor:
+               pending_first: bool, out: torch.Tensor | None = None, norm: tuple | None = None,
+               src_slot: int | None = None) -> torch.Tensor:
         """``out``: where to write ``h`` (contiguous, ``out_shape``, ``v``'s dtype), else a new tensor. ``norm``:
-        ``(gain [D], eps)`` of an RMSNorm to apply to ``h`` on the way out (what ``kernels.norm.rms_norm`` gives)."""
+        ``(gain [D], eps)`` of an RMSNorm to apply to ``h`` on the way out (what ``kernels.norm.rms_norm`` gives).
+        ``src_slot``: the running sum ``pending`` completes (default ``n_src - 1``: in place); a separate slot lets
+        the decode kernel run one program per query (:data:`ROWS_QUERY_PROGRAMS`)."""
         h = self._out(out)
         pend = self.v if pending is None else pending
         nw, norm_eps = (h, 0.0) if norm is None else norm
-        args = (self.v, self.u, self.o, self.m, self.l, h, pend, nw, n_src, q0, n_q, self.mm, self.d, eps, norm_eps,
-                pending is not None, pending_first)
+        src = n_src - 1 if src_slot is None else src_slot
+        args = (self.v, self.u, self.o, self.m, self.l, h, pend, nw, n_src, src, q0, n_q, self.mm, self.d, eps,
+                norm_eps, pending is not None, pending_first)
         key = (pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw))
-        if self.rows:
-            self._phase1(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None)
-        else:
+        if not self.rows:
             self._phase1(key, *args, self.block_t, self.block_d, norm is not None)
+        elif self._phase1_par is not None and (pending is None or pending_first or src != n_src - 1):
+            self._phase1_par(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, True)
+        else:
+            self._phase1(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, False)
         return h
 
     def phase2(self, j: int, k: int, qi: int, eps: float, pending: torch.Tensor | None,

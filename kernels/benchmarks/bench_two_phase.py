@@ -1,6 +1,6 @@
 """GPU time of the two-phase AttnRes decode kernels alone (``kernels/attn_res/two_phase_triton.py``), by layout and
-warp count, with host launch overhead removed (``triton.testing.do_bench_cudagraph``). JSON to
-``$OUT/bench_two_phase.json`` and a table.
+warp count, against the standard residual's add and norm, with host launch overhead removed
+(``triton.testing.do_bench_cudagraph``). JSON to ``$OUT/bench_two_phase.json`` and a table.
 
     python kernels/benchmarks/bench_two_phase.py --d 768 --slots 5 --queries 6 --tokens 1 8 64
 """
@@ -23,28 +23,34 @@ def _time(fn) -> float:
 
 
 def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
+    """Phase 1 (``slots`` completed slots, the pending output completing the last one from a running sum in a slot
+    of its own, as ``BufferedTwoPhase`` lays them out) by layout, query programs and warps; phase 2 by warps, with
+    and without the input RMSNorm applied in the kernel; a ``torch.add`` and the fused add + RMSNorm (the standard
+    residual's decode step) for scale."""
+    from kernels.norm import add_rms_norm, rms_norm
+
     gen = torch.Generator(device="cuda").manual_seed(0)
-    v = torch.randn(slots, tokens, d, device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn(slots + 1, tokens, d, device="cuda", generator=gen).to(torch.bfloat16)
     u = torch.randn(4 * queries + 1, d, device="cuda", generator=gen)
     pend = torch.randn(tokens, d, device="cuda", generator=gen).to(torch.bfloat16)
     out = torch.empty(tokens, d, device="cuda", dtype=torch.bfloat16)
+    gain = torch.rand(d, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
     rows = []
-    configs = [("rows", w) for w in (1, 2, 4, 8)] + [("tiled", tp.NUM_WARPS)]
-    for layout, warps in configs:
-        old = (tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS)
+    configs = [("rows", w, par) for w in (2, 4, 8) for par in (False, True)] + [("tiled", tp.NUM_WARPS, False)]
+    for layout, warps, par in configs:
+        old = (tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS)
         tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS = (1 << 30 if layout == "rows" else 0), warps
+        tp.ROWS_QUERY_PROGRAMS = par
         try:
             run = tp.TwoPhaseLauncher(v, u, queries)
             for n_q in sorted({1, queries}):
-                us = _time(lambda run=run, n_q=n_q: run.phase1(slots, 0, n_q, 1e-6, pend, True, out))
-                rows.append({"kernel": "phase1", "layout": layout, "warps": warps, "tokens": tokens, "n_q": n_q,
-                             "us": us})
-            us = _time(lambda run=run: run.phase1(slots, 0, queries, 1e-6, None, False, out))
-            rows.append({"kernel": "phase1 (nothing pending)", "layout": layout, "warps": warps, "tokens": tokens,
-                         "n_q": queries, "us": us})
+                us = _time(lambda run=run, n_q=n_q: run.phase1(slots, 0, n_q, 1e-6, pend, False, out,
+                                                               src_slot=slots))
+                rows.append({"kernel": "phase1", "layout": layout + (" per query" if par else ""), "warps": warps,
+                             "tokens": tokens, "n_q": n_q, "us": us})
         finally:
-            tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS = old
-    for warps in (2, 4, 8):
+            tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS = old
+    for warps in (1, 2, 4, 8):
         old = tp.PHASE2_NUM_WARPS
         tp.PHASE2_NUM_WARPS = warps
         try:
@@ -52,11 +58,18 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
         finally:
             tp.PHASE2_NUM_WARPS = old
         run.phase1(slots, 0, queries, 1e-6, pend, True, out)
-        rows.append({"kernel": "phase2", "layout": "tiled", "warps": warps, "tokens": tokens, "n_q": 1,
-                     "us": _time(lambda run=run: run.phase2(1, slots - 1, 1, 1e-6, pend, False, out))})
+        for norm in (None, (gain, 1e-6)):
+            rows.append({"kernel": "phase2" + (" + norm" if norm else ""), "layout": "tiled", "warps": warps,
+                         "tokens": tokens, "n_q": 1, "us": _time(lambda run=run, norm=norm: run.phase2(
+                             1, slots, 1, 1e-6, pend, False, out, norm))})
     x = v[0]
-    rows.append({"kernel": "torch.add", "layout": "-", "warps": 0, "tokens": tokens, "n_q": 0,
-                 "us": _time(lambda: torch.add(x, pend, out=out))})
+    with torch.no_grad():
+        rows.append({"kernel": "torch.add", "layout": "-", "warps": 0, "tokens": tokens, "n_q": 0,
+                     "us": _time(lambda: torch.add(x, pend, out=out))})
+        rows.append({"kernel": "rms_norm", "layout": "-", "warps": 4, "tokens": tokens, "n_q": 0,
+                     "us": _time(lambda: rms_norm(x, gain, 1e-6))})
+        rows.append({"kernel": "add_rms_norm", "layout": "-", "warps": 4, "tokens": tokens, "n_q": 0,
+                     "us": _time(lambda: add_rms_norm(x, pend, gain, 1e-6))})
     return rows
 
 

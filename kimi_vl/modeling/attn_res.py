@@ -369,11 +369,14 @@ class AttnResStream:
 
 class BufferedTwoPhase:
     """Two-phase block AttnRes without autograd through the Triton kernels: the block states are slots of one
-    buffer ``v [K, M, D]`` (slot 0 the embedding, slot ``k`` block ``k``'s running sum), the queries one fp32
-    ``u [Q, D]``. ``add`` only holds the sublayer output; the next ``input``'s kernel adds it into its slot in
-    place (same rounding as ``slot + out``), then a block's first sublayer runs phase 1 for all the block's
-    queries over the completed slots (and gets its own mix from it), the others a phase-2 merge with their slot.
-    One kernel launch per sublayer in all. Same interface as the stream's core."""
+    buffer ``v [K + 1, M, D]`` (slot 0 the embedding, slot ``k`` block ``k``'s completed sum, the last slot the
+    current block's running sum), the queries one fp32 ``u [Q, D]``. ``add`` only holds the sublayer output; the
+    next ``input``'s kernel adds it to the running sum (same rounding as ``slot + out``): a block's first sublayer
+    runs phase 1, which stores the previous block's completed sum in its own slot and scores all the block's
+    queries over the completed slots (and gives the sublayer its own mix); the others a phase-2 merge with the
+    running sum. One kernel launch per sublayer in all. The running sum has a slot of its own so that phase 1's
+    programs never read a slot that one of them writes (decode runs one program per query). Same interface as the
+    stream's core."""
 
     def __init__(self, embeddings: torch.Tensor, queries: Sequence[ResQuery], block_size: int) -> None:
         from kernels.attn_res.two_phase_triton import TwoPhaseLauncher
@@ -381,7 +384,8 @@ class BufferedTwoPhase:
         self.shape, d = embeddings.shape, embeddings.shape[-1]
         self.block_size, self.num_queries = block_size, len(queries)
         num_slots = 1 + -(-(len(queries) - 1) // block_size)
-        v = embeddings.new_empty(num_slots, embeddings.numel() // d, d)  # [K, M, D]
+        self.running = num_slots  # the running sum's slot
+        v = embeddings.new_empty(num_slots + 1, embeddings.numel() // d, d)  # [K + 1, M, D]
         v[0].copy_(embeddings.reshape(-1, d))
         self.run = TwoPhaseLauncher(v, stacked_u(queries), min(block_size, len(queries)), embeddings.shape)
         self.eps = [q.eps for q in queries]
@@ -403,8 +407,8 @@ class BufferedTwoPhase:
             out = self._scratch
         if j == 0:
             return self.run.phase1(k, i, min(self.block_size, self.num_queries - i), self.eps[i], pending, first,
-                                   out, norm)
-        return self.run.phase2(j, k, i, self.eps[i], pending, first, out, norm)
+                                   out, norm, src_slot=self.running)
+        return self.run.phase2(j, self.running, i, self.eps[i], pending, first, out, norm)
 
     def add(self, i: int, out: torch.Tensor) -> None:
         if self._pending is not None:

@@ -218,8 +218,9 @@ def _phase_ref(v: torch.Tensor, u: torch.Tensor, eps: float):
 @pytest.mark.parametrize("rows", [True, False])
 @pytest.mark.parametrize("first", [True, False])
 def test_two_phase_kernels_equal_reference(monkeypatch, first, rows):
-    """phase 1 (with the pending output absorbed into the last completed slot) and phase 2, fp32 vs fp64; phase 1
-    in both layouts (one program per token, for decode, and per tile of tokens)."""
+    """phase 1 (with the pending output absorbed into the last completed slot, in place or from a running sum in
+    another slot) and phase 2, fp32 vs fp64; phase 1 in both layouts (few tokens: one program per token, or per
+    token and query where race-free; else per tile of tokens)."""
     from kernels.attn_res import two_phase_triton
     from kernels.attn_res.two_phase_triton import phase1_triton, phase2_triton
 
@@ -250,8 +251,18 @@ def test_two_phase_kernels_equal_reference(monkeypatch, first, rows):
     o_ref, m_ref, l_ref = _phase_ref(expect[:3], u[2:4], eps)
     assert_rel_rms(run.o[:2].double() / run.l[:2].double()[..., None], o_ref / l_ref[..., None], 1e-6, "n_q < max")
     assert_rel_rms(h1, (o_ref / l_ref[..., None])[0], 1e-6, "h, n_q < max")
+    src_v = expect.clone()  # the running sum in a slot of its own (slot 3), completed into slot 2
+    o, mx, l, h2 = phase1_triton(src_v, 3, u, 1, 3, eps, pend, first, src_slot=3)
+    done = expect.clone()
+    done[2] = pend if first else expect[3] + pend
+    assert_rel_rms(src_v, done, 1e-7, "completed slot (running sum read from slot 3, which is left as it was)")
+    o_ref, m_ref, l_ref = _phase_ref(done[:3], u[1:4], eps)
+    assert_rel_rms(o.double() / l.double()[..., None], o_ref / l_ref[..., None], 1e-6, "o / l, src_slot")
+    assert_rel_rms(h2, (o_ref / l_ref[..., None])[0], 1e-6, "h, src_slot")
     with pytest.raises(ValueError, match="n_src"):
         phase1_triton(v, 5, u, 0, 1, eps)
+    with pytest.raises(ValueError, match="src_slot"):
+        phase1_triton(v, 2, u, 0, 1, eps, pend, False, src_slot=4)
     with pytest.raises(ValueError, match="pending"):
         phase2_triton(o, mx, l, 1, v, 2, u, 2, eps, pend2.double(), False)
 
