@@ -32,7 +32,8 @@ from kernels.attn_res.mix_triton import NUM_WARPS, _blocks
 
 _WHERE = "kernels/attn_res/two_phase_triton.py"
 FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the JIT's per-call work (see _Launch)
-PHASE2_NUM_WARPS = 4  # one decode token (bench_two_phase.py, session 15 call8): 2 warps 2.35 us, 4 2.03, 8 2.02
+PHASE2_NUM_WARPS = 8  # one decode token (bench_two_phase.py, session 16 call3): 1 warp 2.41 us, 2 2.29, 4 2.01, 8 1.94;
+# with the input norm in the kernel 3.40, 3.47, 2.62, 2.46 (session 15 call8: 2 warps 2.35, 4 2.03, 8 2.02)
 ROWS_MAX_TOKENS = 64  # phase 1 over at most this many tokens (decode) runs one program per token (_phase1_rows_kernel)
 ROWS_MAX_ELEMS = 16384  # ... when a token's slots fit one tile of this many elements (registers)
 ROWS_QUERY_PROGRAMS = True  # decode phase 1: one program per (token, query) where race-free (see _phase1_rows_kernel)
@@ -71,6 +72,22 @@ def _store_h(h_ptr, offs, mask, h, nw_ptr, offs_d, d_ok, D, norm_eps, NORM: tl.c
 
 
 @triton.jit
+def _load_u(qtab, w0_ptr, g0_ptr, q, Q, offs_d, d_ok, q_end, ALIGNED: tl.constexpr):
+    """Query ``q``'s ``u = w * gain`` (fp32 ``[BLOCK_D]``; zeros unless ``q < q_end``) from its live parameters:
+    ``qtab [2, Q]`` holds the addresses of every query's ``w`` and gain (``w0`` / ``g0``: tensors of their dtypes,
+    for the pointer types)."""
+    row = tl.minimum(q, Q - 1)  # a query past the end reads a valid address, masked below
+    wp = tl.load(qtab + row).to(w0_ptr.dtype)
+    gp = tl.load(qtab + Q + row).to(g0_ptr.dtype)
+    if ALIGNED:
+        wp = tl.multiple_of(wp, 16)
+        gp = tl.multiple_of(gp, 16)
+    ok = d_ok & (offs_d * 0 + q < q_end)
+    w = tl.load(wp + offs_d, mask=ok, other=0.0).to(tl.float32)
+    return w * tl.load(gp + offs_d, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _score(x, u, D, eps):
     """``u . x * rstd(x)`` per row of an fp32 tile."""
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
@@ -79,9 +96,9 @@ def _score(x, u, D, eps):
 
 @triton.jit(do_not_specialize=["n_src", "src", "q0", "n_q", "M"])
 def _phase1_kernel(
-    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, src, q0, n_q, M, D: tl.constexpr, eps,
-    norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-    NORM: tl.constexpr,
+    v_ptr, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, src, q0, n_q, M,
+    D: tl.constexpr, eps, norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, U_ALIGNED: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -97,7 +114,7 @@ def _phase1_kernel(
         last = _absorb(v_ptr, pend_ptr, src.to(tl.int64) * slot, n_mem.to(tl.int64) * slot, offs, tile_ok, PEND_FIRST,
                        True)
     for q in range(n_q):
-        u = tl.load(u_ptr + (q0 + q) * D + offs_d, mask=d_ok, other=0.0)
+        u = _load_u(qtab, w0_ptr, g0_ptr, q0 + q, Q, offs_d, d_ok, Q, U_ALIGNED)
         m = tl.full([BLOCK_T], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_T], dtype=tl.float32)
         acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
@@ -126,11 +143,11 @@ def _phase1_kernel(
 
 
 @triton.jit
-def _rows_query(x, rstd, valid, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, q, n_q, t, M, slot, offs_d, d_ok, D,
-                norm_eps, NORM: tl.constexpr):
+def _rows_query(x, rstd, valid, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, q, n_q, t, M, slot,
+                offs_d, d_ok, D, norm_eps, NORM: tl.constexpr, U_ALIGNED: tl.constexpr):
     """Query ``q0 + q`` of :func:`_phase1_rows_kernel` against a token's slots ``x [KP, BLOCK_D]`` (fp32, with
     their ``rstd``; ``valid`` rows): one reduction over D for the scores, one softmax over the slots."""
-    u = tl.load(u_ptr + (q0 + q) * D + offs_d, mask=d_ok & (offs_d * 0 + q < n_q), other=0.0)
+    u = _load_u(qtab, w0_ptr, g0_ptr, q0 + q, Q, offs_d, d_ok, q0 + n_q, U_ALIGNED)
     s = tl.where(valid, tl.sum(x * u[None, :], axis=1) * rstd, float("-inf"))
     m = tl.max(s, axis=0)
     p = tl.exp(s - m)
@@ -147,9 +164,9 @@ def _rows_query(x, rstd, valid, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, q
 
 @triton.jit(do_not_specialize=["n_src", "src", "q0", "n_q", "M"])
 def _phase1_rows_kernel(
-    v_ptr, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, src, q0, n_q, M, D: tl.constexpr, eps,
-    norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, KP: tl.constexpr, BLOCK_D: tl.constexpr,
-    QMAX: tl.constexpr, NORM: tl.constexpr, QPAR: tl.constexpr,
+    v_ptr, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, src, q0, n_q, M,
+    D: tl.constexpr, eps, norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, U_ALIGNED: tl.constexpr,
+    KP: tl.constexpr, BLOCK_D: tl.constexpr, QMAX: tl.constexpr, NORM: tl.constexpr, QPAR: tl.constexpr,
 ):
     """``_phase1_kernel`` for few tokens (decode): a program holds all of a token's slots as one ``[KP, D]`` tile,
     so the slot loads are issued together and each query costs one reduction over D and one softmax over the
@@ -175,18 +192,19 @@ def _phase1_rows_kernel(
         valid = offs_k < n_src
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
         if QPAR:
-            _rows_query(x, rstd, valid, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, qp, n_q, t, M, slot, offs_d,
-                        d_ok, D, norm_eps, NORM)
+            _rows_query(x, rstd, valid, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, qp, n_q, t,
+                        M, slot, offs_d, d_ok, D, norm_eps, NORM, U_ALIGNED)
         else:
             for q in tl.static_range(QMAX):
-                _rows_query(x, rstd, valid, u_ptr, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, q, n_q, t, M, slot,
-                            offs_d, d_ok, D, norm_eps, NORM)
+                _rows_query(x, rstd, valid, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, q, n_q,
+                            t, M, slot, offs_d, d_ok, D, norm_eps, NORM, U_ALIGNED)
 
 
 @triton.jit(do_not_specialize=["j", "k", "qi", "M"])
 def _phase2_kernel(
-    o_ptr, m_ptr, l_ptr, j, v_ptr, k, u_ptr, qi, h_ptr, pend_ptr, nw_ptr, M, D: tl.constexpr, eps, norm_eps,
-    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
+    o_ptr, m_ptr, l_ptr, j, v_ptr, k, qtab, w0_ptr, g0_ptr, Q, qi, h_ptr, pend_ptr, nw_ptr, M, D: tl.constexpr, eps,
+    norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, U_ALIGNED: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -203,7 +221,7 @@ def _phase2_kernel(
         p = _absorb(v_ptr, pend_ptr, k * slot, k * slot, offs, tile_ok, PEND_FIRST, True)
     else:
         p = tl.load(v_ptr + k * slot + offs, mask=tile_ok, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + qi * D + offs_d, mask=d_ok, other=0.0)
+    u = _load_u(qtab, w0_ptr, g0_ptr, qi, Q, offs_d, d_ok, Q, U_ALIGNED)
     s = _score(p, u, D, eps)
     m_new = tl.maximum(m, s)
     a = tl.exp(m - m_new)
@@ -212,14 +230,50 @@ def _phase2_kernel(
     _store_h(h_ptr, offs, tile_ok, h, nw_ptr, offs_d, d_ok, D, norm_eps, NORM)
 
 
-def _check(v_KMD: torch.Tensor, u_QD: torch.Tensor) -> None:
+class QueryTable:
+    """Where the kernels read the queries ``u_q = w_q * gain_q`` from: the addresses of every query's pseudo-query
+    ``w_q`` and key-norm gain (``D`` contiguous elements each, one dtype per kind) in one ``int64 [2, Q]`` device
+    table. The kernels form ``u`` from the live parameters, so a decode step spends no launches on it (it was five:
+    two stacks, two casts and a product), a parameter updated in place is read as it is, and the table stays valid
+    as long as the parameters keep their storage (as a CUDA graph's weights must). ``from_u`` wraps a computed fp32
+    ``u [Q, D]`` (rows as ``w``, a gain of ones)."""
+
+    __slots__ = ("aligned", "d", "g0", "num", "tab", "w0")
+
+    def __init__(self, weights: list[torch.Tensor], gains: list[torch.Tensor]) -> None:
+        d = weights[0].numel()
+        for kind, ts in (("pseudo-query", weights), ("gain", gains)):
+            if any(t.numel() != d or not t.is_contiguous() or t.dtype != ts[0].dtype or t.device != ts[0].device
+                   for t in ts):
+                raise ValueError(f"{_WHERE}: every {kind} must be a contiguous tensor of D={d} elements of one "
+                                 f"dtype and device, got {[(t.dtype, tuple(t.shape)) for t in ts]}")
+        ptrs = [t.data_ptr() for t in weights] + [t.data_ptr() for t in gains]
+        self.tab = torch.tensor(ptrs, dtype=torch.int64).to(weights[0].device)
+        self.w0, self.g0, self.num, self.d = weights[0], gains[0], len(weights), d
+        self.aligned = all(p % 16 == 0 for p in ptrs)
+
+    @classmethod
+    def from_u(cls, u_QD: torch.Tensor) -> QueryTable:
+        if u_QD.dtype != torch.float32 or u_QD.dim() != 2 or not u_QD.is_contiguous():
+            raise ValueError(f"{_WHERE}: queries u must be a contiguous fp32 [Q, D], got {u_QD.dtype} "
+                             f"{tuple(u_QD.shape)}")
+        # w0 (a row of u) and g0 (the ones) keep the storage the addresses point into alive with the table
+        return cls(list(u_QD), [torch.ones(u_QD.shape[1], device=u_QD.device)] * u_QD.shape[0])
+
+    def args(self) -> tuple:
+        return self.tab, self.w0, self.g0, self.num
+
+
+def _queries(u: torch.Tensor | QueryTable) -> QueryTable:
+    return u if isinstance(u, QueryTable) else QueryTable.from_u(u)
+
+
+def _check(v_KMD: torch.Tensor, queries: QueryTable) -> None:
     if v_KMD.dim() != 3 or not v_KMD.is_contiguous():
         raise ValueError(f"{_WHERE}: the block-state buffer must be a contiguous [K, M, D], got "
                          f"{tuple(v_KMD.shape)} (contiguous={v_KMD.is_contiguous()})")
-    if u_QD.dtype != torch.float32 or u_QD.dim() != 2 or u_QD.shape[1] != v_KMD.shape[2] \
-            or not u_QD.is_contiguous():
-        raise ValueError(f"{_WHERE}: queries u must be a contiguous fp32 [Q, D={v_KMD.shape[2]}], got "
-                         f"{u_QD.dtype} {tuple(u_QD.shape)}")
+    if queries.d != v_KMD.shape[2]:
+        raise ValueError(f"{_WHERE}: queries have D={queries.d}, the block states D={v_KMD.shape[2]}")
 
 
 def _pending(v_KMD: torch.Tensor, pending: torch.Tensor | None) -> torch.Tensor:
@@ -231,7 +285,7 @@ def _pending(v_KMD: torch.Tensor, pending: torch.Tensor | None) -> torch.Tensor:
     return pending
 
 
-def phase1_triton(v_KMD: torch.Tensor, n_src: int, u_QD: torch.Tensor, q0: int, n_q: int, eps: float,
+def phase1_triton(v_KMD: torch.Tensor, n_src: int, u_QD: torch.Tensor | QueryTable, q0: int, n_q: int, eps: float,
                   pending: torch.Tensor | None = None, pending_first: bool = False, src_slot: int | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries ``u[q0 : q0 + n_q]`` against slots ``v[:n_src]`` -> fp32 ``o [n_q, M, D]``, ``m, l [n_q, M]``
@@ -240,26 +294,28 @@ def phase1_triton(v_KMD: torch.Tensor, n_src: int, u_QD: torch.Tensor, q0: int, 
     ``pending [M, D]`` (the previous sublayer's output, not yet added) is first added to the running sum in slot
     ``src_slot`` (default ``n_src - 1``, in place; ``pending_first``: nothing to add it to) and the sum stored in
     slot ``n_src - 1``, as ``v[n_src - 1] = v[src_slot] + pending`` would."""
-    _check(v_KMD, u_QD)
+    queries = _queries(u_QD)
+    _check(v_KMD, queries)
     src = n_src - 1 if src_slot is None else src_slot
-    if not (1 <= n_src <= v_KMD.shape[0] and n_q >= 1 and 0 <= q0 and q0 + n_q <= u_QD.shape[0]
+    if not (1 <= n_src <= v_KMD.shape[0] and n_q >= 1 and 0 <= q0 and q0 + n_q <= queries.num
             and 0 <= src < v_KMD.shape[0]):
         raise ValueError(f"{_WHERE}: phase1 needs 1 <= n_src <= K={v_KMD.shape[0]}, queries inside "
-                         f"Q={u_QD.shape[0]} and a slot src_slot < K, got n_src={n_src}, q0={q0}, n_q={n_q}, "
+                         f"Q={queries.num} and a slot src_slot < K, got n_src={n_src}, q0={q0}, n_q={n_q}, "
                          f"src_slot={src_slot}")
-    run = TwoPhaseLauncher(v_KMD, u_QD, n_q)
+    run = TwoPhaseLauncher(v_KMD, queries, n_q)
     h = run.phase1(n_src, q0, n_q, eps, _pending(v_KMD, pending), pending_first, src_slot=src)
     return run.o, run.m, run.l, h
 
 
 def phase2_triton(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, j: int, v_KMD: torch.Tensor, k: int,
-                  u_QD: torch.Tensor, qi: int, eps: float, pending: torch.Tensor | None = None,
+                  u_QD: torch.Tensor | QueryTable, qi: int, eps: float, pending: torch.Tensor | None = None,
                   pending_first: bool = False) -> torch.Tensor:
     """Sublayer ``j >= 1`` of the block (query ``u[qi]``) merges its partial sum ``v[k]`` with phase 1's
     ``o[j], m[j], l[j]`` -> ``h [M, D]`` in the buffer's dtype; ``pending`` is first added into ``v[k]`` (see
     :func:`phase1_triton`)."""
-    _check(v_KMD, u_QD)
-    run = TwoPhaseLauncher(v_KMD, u_QD, 0)
+    queries = _queries(u_QD)
+    _check(v_KMD, queries)
+    run = TwoPhaseLauncher(v_KMD, queries, 0)
     run.o, run.m, run.l = o, m, l
     return run.phase2(j, k, qi, eps, _pending(v_KMD, pending), pending_first)
 
@@ -301,7 +357,8 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 class TwoPhaseLauncher:
-    """Launches over one block-state buffer ``v [K, M, D]`` and queries ``u [Q, D]`` with the least host work
+    """Launches over one block-state buffer ``v [K, M, D]`` and queries (a :class:`QueryTable`, or ``u [Q, D]``
+    fp32) with the least host work
     per call (decode is launch-bound): sizes, grid and the phase-1 outputs ``o [S, M, D]``, ``m, l [S, M]``
     (fp32, reused by every block) are set up once, and the compiled kernels are called directly after their first
     launch (:class:`_Launch`). Arguments are not checked here (:func:`phase1_triton` and :func:`phase2_triton`
@@ -309,9 +366,10 @@ class TwoPhaseLauncher:
     address is used). ``out_shape``: the shape ``h`` is allocated in (``M * D`` elements, e.g. ``[B, T, D]``), so
     that callers need no view."""
 
-    def __init__(self, v_KMD: torch.Tensor, u_QD: torch.Tensor, max_queries: int,
+    def __init__(self, v_KMD: torch.Tensor, queries: torch.Tensor | QueryTable, max_queries: int,
                  out_shape: tuple[int, ...] | None = None) -> None:
-        self.v, self.u = v_KMD, u_QD
+        self.v, self.queries = v_KMD, _queries(queries)
+        self._q_args = self.queries.args()
         _, self.mm, self.d = v_KMD.shape
         self.out_shape = tuple(v_KMD.shape[1:]) if out_shape is None else tuple(out_shape)
         self.block_t, self.block_d = _blocks(self.d)
@@ -341,9 +399,10 @@ class TwoPhaseLauncher:
         pend = self.v if pending is None else pending
         nw, norm_eps = (h, 0.0) if norm is None else norm
         src = n_src - 1 if src_slot is None else src_slot
-        args = (self.v, self.u, self.o, self.m, self.l, h, pend, nw, n_src, src, q0, n_q, self.mm, self.d, eps,
-                norm_eps, pending is not None, pending_first)
-        key = (pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw))
+        args = (self.v, *self._q_args, self.o, self.m, self.l, h, pend, nw, n_src, src, q0, n_q, self.mm, self.d,
+                eps, norm_eps, pending is not None, pending_first, self.queries.aligned)
+        key = (pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw),
+               self.queries.aligned)
         if not self.rows:
             self._phase1(key, *args, self.block_t, self.block_d, norm is not None)
         elif self._phase1_par is not None and (pending is None or pending_first or src != n_src - 1):
@@ -357,7 +416,9 @@ class TwoPhaseLauncher:
         h = self._out(out)
         pend = self.v if pending is None else pending
         nw, norm_eps = (h, 0.0) if norm is None else norm
-        self._phase2((pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw)),
-                     self.o, self.m, self.l, j, self.v, k, self.u, qi, h, pend, nw, self.mm, self.d, eps, norm_eps,
-                     pending is not None, pending_first, self.block_t, self.block_d, norm is not None)
+        self._phase2((pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw),
+                      self.queries.aligned),
+                     self.o, self.m, self.l, j, self.v, k, *self._q_args, qi, h, pend, nw, self.mm, self.d, eps,
+                     norm_eps, pending is not None, pending_first, self.queries.aligned, self.block_t, self.block_d,
+                     norm is not None)
         return h

@@ -171,6 +171,31 @@ def stacked_u(queries: Sequence[ResQuery]) -> torch.Tensor:
     return (w * torch.stack([q.gain for q in queries]).float()).contiguous()
 
 
+_QUERY_TABLES: dict[tuple, object] = {}  # parameter addresses -> kernels.attn_res.two_phase_triton.QueryTable
+_QUERY_TABLES_MAX = 8
+
+
+def query_table(queries: Sequence[ResQuery]):
+    """The two-phase kernels' :class:`~kernels.attn_res.two_phase_triton.QueryTable` of ``queries`` (their ``w`` and
+    gain addresses), kept per set of addresses: a decode step reads the parameters' addresses, not their values,
+    and launches nothing for its queries. Falls back to a table over ``stacked_u`` (computed now) when a parameter
+    is not contiguous or the kinds mix dtypes."""
+    from kernels.attn_res.two_phase_triton import QueryTable
+
+    weights, gains = [q.weight for q in queries], [q.gain for q in queries]
+    key = tuple((t.data_ptr(), t.dtype, t.numel()) for t in weights + gains)
+    table = _QUERY_TABLES.get(key)
+    if table is None:
+        try:
+            table = QueryTable(weights, gains)
+        except ValueError:
+            return QueryTable.from_u(stacked_u(queries))
+        if len(_QUERY_TABLES) >= _QUERY_TABLES_MAX:
+            del _QUERY_TABLES[next(iter(_QUERY_TABLES))]
+        _QUERY_TABLES[key] = table
+    return table
+
+
 def two_phase_backend(x: torch.Tensor) -> str:
     """The two-phase form for a stream on ``x``: ``KVL_ATTNRES_TWO_PHASE`` if set, else ``triton`` on CUDA
     without autograd (fp32/fp16/bf16) and ``torch`` otherwise. The Triton kernels have no backward, so with
@@ -387,7 +412,7 @@ class BufferedTwoPhase:
         self.running = num_slots  # the running sum's slot
         v = embeddings.new_empty(num_slots + 1, embeddings.numel() // d, d)  # [K + 1, M, D]
         v[0].copy_(embeddings.reshape(-1, d))
-        self.run = TwoPhaseLauncher(v, stacked_u(queries), min(block_size, len(queries)), embeddings.shape)
+        self.run = TwoPhaseLauncher(v, query_table(queries), min(block_size, len(queries)), embeddings.shape)
         self.eps = [q.eps for q in queries]
         self._pending: tuple[torch.Tensor, bool] | None = None  # (output of the last sublayer, first of its slot)
         self._scratch: torch.Tensor | None = None  # one h buffer for every scratch input of this forward

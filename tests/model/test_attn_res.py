@@ -262,6 +262,37 @@ def test_buffered_triton_two_phase_equals_naive_stream(monkeypatch, num_sublayer
     assert_rel_rms(results["two_phase"], results["naive"], tol, "buffered two-phase")
 
 
+def test_buffered_two_phase_reads_the_live_query_parameters(monkeypatch):
+    """The two-phase kernels form ``u = w * gain`` from the parameters' addresses (``attn_res.query_table``, kept
+    per set of addresses): after an in-place update the same table serves the next forward, which sees the new
+    values; a non-contiguous pseudo-query falls back to a table over ``stacked_u``."""
+    from kimi_vl.modeling.attn_res import query_table
+
+    dev = _triton_two_phase(monkeypatch)
+    d = 24
+    queries = [ResQuery(torch.randn(1, d, device=dev), 1 + 0.3 * torch.randn(d, device=dev), 1e-6) for _ in range(5)]
+    outs = [torch.randn(1, 2, d, device=dev) * (i + 1) for i in range(4)]
+    emb = torch.randn(1, 2, d, device=dev)
+
+    def run(impl: str) -> torch.Tensor:
+        stream, got = AttnResStream(emb, queries, 2, impl), []
+        for i, out in enumerate(outs):
+            got.append(stream.input(i))
+            stream.add(i, out)
+        return torch.stack(got + [stream.final()])
+
+    with torch.no_grad():
+        table = query_table(queries)
+        assert_rel_rms(run("two_phase"), run("naive"), 1e-6, "before the update")
+        for q in queries:
+            q.weight.mul_(-3.0)
+            q.gain.add_(0.5)
+        assert query_table(queries) is table
+        assert_rel_rms(run("two_phase"), run("naive"), 1e-6, "after an in-place update")
+        strided = [ResQuery(torch.randn(d, 2, device=dev)[:, 0], q.gain, q.eps) for q in queries]
+        assert query_table(strided).num == len(queries)  # from stacked_u
+
+
 def test_buffered_two_phase_scratch_input_reuses_one_buffer(monkeypatch):
     """With a norm to feed (the model's path), the buffered stream writes every sublayer's h into one buffer (one
     allocation per forward instead of one per sublayer in decode); the normed inputs equal those of fresh buffers."""

@@ -43,6 +43,9 @@ def test_attnres_decode_costs_one_launch_per_sublayer_instead_of_an_add(gpu_path
     norms0, norms1 = (r["counts"].get("triton:_norm_fwd_kernel", 0) for r in (res0, res1))
     assert norms0 - norms1 == sublayers + 1
     assert std1["ops"] < std0["ops"] and res1["ops"] < res0["ops"]
+    # fused: as many launches as the standard residual, and no more host operators (the queries' u is formed in
+    # the kernels from the parameters' addresses: no stacks, casts or products per token)
+    assert res1["triton_launches"] == std1["triton_launches"] and res1["ops"] <= std1["ops"], (res1["ops"], std1["ops"])
 
 
 def test_decode_builds_no_launch_tables_per_token(gpu_path):
