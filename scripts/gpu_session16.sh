@@ -8,7 +8,8 @@
 #       lm-eval's decode paths against generate (`python -m eval.bench_decode`; lm_eval, dill, chardet, defusedxml,
 #       truststore carried as wheels in .whl) (call2)
 #   bash scripts/gpu_session16.sh qpar     decode phase 1 with one program per (token, query) over a running-sum slot (call3;
-#       call4: the queries' u formed in the kernels from the parameters' addresses, phase 2 at 8 warps)
+#       call4: the queries' u formed in the kernels from the parameters' addresses, phase 2 at 8 warps; call5: phase 2
+#       takes its query's w and gain as pointer arguments)
 #       of its own: the two-phase GPU tests, bench_two_phase (layouts, warps, phase 2 with the norm), graph decode
 set -u
 source "$(dirname "$0")/gpu_parts.sh"

@@ -202,9 +202,8 @@ def _phase1_rows_kernel(
 
 @triton.jit(do_not_specialize=["j", "k", "qi", "M"])
 def _phase2_kernel(
-    o_ptr, m_ptr, l_ptr, j, v_ptr, k, qtab, w0_ptr, g0_ptr, Q, qi, h_ptr, pend_ptr, nw_ptr, M, D: tl.constexpr, eps,
-    norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, U_ALIGNED: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr, NORM: tl.constexpr,
+    o_ptr, m_ptr, l_ptr, j, v_ptr, k, w_ptr, g_ptr, h_ptr, pend_ptr, nw_ptr, M, D: tl.constexpr, eps, norm_eps,
+    PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -221,7 +220,8 @@ def _phase2_kernel(
         p = _absorb(v_ptr, pend_ptr, k * slot, k * slot, offs, tile_ok, PEND_FIRST, True)
     else:
         p = tl.load(v_ptr + k * slot + offs, mask=tile_ok, other=0.0).to(tl.float32)
-    u = _load_u(qtab, w0_ptr, g0_ptr, qi, Q, offs_d, d_ok, Q, U_ALIGNED)
+    u = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32) * \
+        tl.load(g_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)  # the one query's u = w * gain
     s = _score(p, u, D, eps)
     m_new = tl.maximum(m, s)
     a = tl.exp(m - m_new)
@@ -233,12 +233,14 @@ def _phase2_kernel(
 class QueryTable:
     """Where the kernels read the queries ``u_q = w_q * gain_q`` from: the addresses of every query's pseudo-query
     ``w_q`` and key-norm gain (``D`` contiguous elements each, one dtype per kind) in one ``int64 [2, Q]`` device
-    table. The kernels form ``u`` from the live parameters, so a decode step spends no launches on it (it was five:
-    two stacks, two casts and a product), a parameter updated in place is read as it is, and the table stays valid
-    as long as the parameters keep their storage (as a CUDA graph's weights must). ``from_u`` wraps a computed fp32
-    ``u [Q, D]`` (rows as ``w``, a gain of ones)."""
+    table (phase 1: a program picks its query's row), and the tensors themselves (phase 2 passes its one query's
+    as pointer arguments, saving the table load on its critical path). The kernels form ``u`` from the live
+    parameters, so a decode step spends no launches on it (it was five: two stacks, two casts and a product), a
+    parameter updated in place is read as it is, and the table stays valid as long as the parameters keep their
+    storage (as a CUDA graph's weights must; the table holds them). ``from_u`` wraps a computed fp32 ``u [Q, D]``
+    (rows as ``w``, a gain of ones)."""
 
-    __slots__ = ("aligned", "d", "g0", "num", "tab", "w0")
+    __slots__ = ("aligned", "d", "gains", "num", "tab", "weights")
 
     def __init__(self, weights: list[torch.Tensor], gains: list[torch.Tensor]) -> None:
         d = weights[0].numel()
@@ -249,7 +251,7 @@ class QueryTable:
                                  f"dtype and device, got {[(t.dtype, tuple(t.shape)) for t in ts]}")
         ptrs = [t.data_ptr() for t in weights] + [t.data_ptr() for t in gains]
         self.tab = torch.tensor(ptrs, dtype=torch.int64).to(weights[0].device)
-        self.w0, self.g0, self.num, self.d = weights[0], gains[0], len(weights), d
+        self.weights, self.gains, self.num, self.d = list(weights), list(gains), len(weights), d  # kept alive
         self.aligned = all(p % 16 == 0 for p in ptrs)
 
     @classmethod
@@ -257,11 +259,11 @@ class QueryTable:
         if u_QD.dtype != torch.float32 or u_QD.dim() != 2 or not u_QD.is_contiguous():
             raise ValueError(f"{_WHERE}: queries u must be a contiguous fp32 [Q, D], got {u_QD.dtype} "
                              f"{tuple(u_QD.shape)}")
-        # w0 (a row of u) and g0 (the ones) keep the storage the addresses point into alive with the table
         return cls(list(u_QD), [torch.ones(u_QD.shape[1], device=u_QD.device)] * u_QD.shape[0])
 
     def args(self) -> tuple:
-        return self.tab, self.w0, self.g0, self.num
+        """The phase-1 kernels' table arguments (the first ``w`` and gain give the pointer types)."""
+        return self.tab, self.weights[0], self.gains[0], self.num
 
 
 def _queries(u: torch.Tensor | QueryTable) -> QueryTable:
@@ -416,9 +418,9 @@ class TwoPhaseLauncher:
         h = self._out(out)
         pend = self.v if pending is None else pending
         nw, norm_eps = (h, 0.0) if norm is None else norm
+        w, g = self.queries.weights[qi], self.queries.gains[qi]  # pointer arguments: no table load on the way
         self._phase2((pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw),
-                      self.queries.aligned),
-                     self.o, self.m, self.l, j, self.v, k, *self._q_args, qi, h, pend, nw, self.mm, self.d, eps,
-                     norm_eps, pending is not None, pending_first, self.queries.aligned, self.block_t, self.block_d,
-                     norm is not None)
+                      _aligned(w), _aligned(g)),
+                     self.o, self.m, self.l, j, self.v, k, w, g, h, pend, nw, self.mm, self.d, eps, norm_eps,
+                     pending is not None, pending_first, self.block_t, self.block_d, norm is not None)
         return h
