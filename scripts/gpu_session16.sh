@@ -10,13 +10,16 @@
 #   bash scripts/gpu_session16.sh qpar     decode phase 1 with one program per (token, query) over a running-sum slot (call3;
 #       call4: the queries' u formed in the kernels from the parameters' addresses, phase 2 at 8 warps; call5: phase 2
 #       takes its query's w and gain as pointer arguments)
+#   bash scripts/gpu_session16.sh final    the final code: bench_backbone's decode at 32K / 128K context, batch 1 and
+#       16, hybrid vs all-MLA (graph-replayed and eager); then the kernel tests on the GPU machine (which of them
+#       assume a CPU), under a time limit
 #       of its own: the two-phase GPU tests, bench_two_phase (layouts, warps, phase 2 with the norm), graph decode
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session16.sh decode|fused|qpar}" in
+case "${1:?usage: gpu_session16.sh decode|fused|qpar|final}" in
 decode)
   PART_TAIL=8 part "GPU tests: graph decode, fused norm" 120 python3 -m pytest -q -p no:cacheprovider \
     tests/model/test_static_decode.py tests/model/test_attn_res.py tests/kernels/test_attn_res_triton.py \
@@ -46,6 +49,16 @@ qpar)
   PART_TAIL=14 part "bench_attnres decode (graph, fused and separate norms)" 200 python3 -m \
     kimi_vl.benchmarks.bench_attnres --decode-only --graph-decode --decode-steps 48 --rounds 2 --graph-rounds 12 \
     --sources 2 --profile --profile-top 8
+  ;;
+final)
+  for batch in 16 1; do
+    OUT_JSON=$OUT/b$batch; mkdir -p "$OUT_JSON"
+    PART_TAIL=14 part "bench_backbone decode, batch $batch" 200 env OUT="$OUT_JSON" python3 -m \
+      kimi_vl.benchmarks.bench_backbone --train-seqs --decode-contexts 32768 131072 --decode-batch $batch \
+      --decode-steps 16 --graph-decode --variants hybrid full_attn
+  done
+  PART_TAIL=60 part "kernel tests on the GPU machine" 240 python3 -m pytest -q -p no:cacheprovider --timeout 60 \
+    tests/kernels -m "not slow" -rf
   ;;
 esac
 ls -la "$OUT"
