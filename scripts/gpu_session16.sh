@@ -9,7 +9,8 @@
 #       truststore carried as wheels in .whl) (call2)
 #   bash scripts/gpu_session16.sh qpar     decode phase 1 with one program per (token, query) over a running-sum slot (call3;
 #       call4: the queries' u formed in the kernels from the parameters' addresses, phase 2 at 8 warps; call5: phase 2
-#       takes its query's w and gain as pointer arguments; call7: phase 2's norm statistics from expanded sums)
+#       takes its query's w and gain as pointer arguments; call7 (d790058): phase 2's norm statistics from expanded
+#       sums, slower (2.78 against 2.57 us a launch; hybrid +5.2% against call5's +4.4%) and removed)
 #   bash scripts/gpu_session16.sh final    the final code: bench_backbone's decode at 32K / 128K context, batch 1 and
 #       16, hybrid vs all-MLA (graph-replayed and eager); then the kernel tests on the GPU machine (which of them
 #       assume a CPU), under a time limit

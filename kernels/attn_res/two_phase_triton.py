@@ -39,8 +39,6 @@ PHASE2_NUM_WARPS = 8  # one decode token (bench_two_phase.py, session 16 call3):
 # with the input norm in the kernel 3.40, 3.47, 2.62, 2.46 (session 15 call8: 2 warps 2.35, 4 2.03, 8 2.02)
 ROWS_MAX_TOKENS = 64  # phase 1 over at most this many tokens (decode) runs one program per token (_phase1_rows_kernel)
 ROWS_MAX_ELEMS = 16384  # ... when a token's slots fit one tile of this many elements (registers)
-PHASE2_NORM_STATS = "expanded"  # phase 2's input norm: "expanded" sums (one reduction round) | "exact" (two); see
-# _phase2_kernel. H100, one decode token (session 16 call7): see kernels/benchmarks/bench_two_phase.py
 ROWS_QUERY_PROGRAMS = True  # decode phase 1: one program per (token, query) where race-free (see _phase1_rows_kernel)
 ROWS_NUM_WARPS = 4  # one token, 6 queries over 5 slots at D = 768 (H100, graph-timed, bench_two_phase.py, session 15
 # call6): 1 warp 8.3 us, 2 7.3, 4 6.3, 8 14.0; the tiled kernel 21.6 (a phase 2 launch 1.9, a torch.add 1.6)
@@ -63,25 +61,17 @@ def _absorb(v_ptr, pend_ptr, src_off, dst_off, offs, tile_ok, PEND_FIRST: tl.con
 
 
 @triton.jit
-def _store_normed(h_ptr, offs, mask, x, sq, nw_ptr, offs_d, d_ok, D, norm_eps):
-    """Store the RMSNorm of the rounded mix ``x`` (fp32 ``[T, BLOCK_D]``) with row sums of squares ``sq``, as
-    ``kernels.norm.rms_norm`` computes it: the normalised row cast back before the gain ``nw``."""
-    rstd = tl.math.rsqrt(sq / D + norm_eps)
-    w = tl.load(nw_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    y = w[None, :] * (x * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(h_ptr + offs, y.to(h_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _store_h(h_ptr, offs, mask, h, nw_ptr, offs_d, d_ok, D, norm_eps, NORM: tl.constexpr):
-    """Store the mix ``h [T, BLOCK_D]`` (fp32) in ``h``'s dtype; with ``NORM`` its RMSNorm instead, with the
-    statistics of the rounded values (what the separate norm kernel sees)."""
+    """Store the mix ``h [T, BLOCK_D]`` (fp32) in ``h``'s dtype; with ``NORM`` its RMSNorm instead, as
+    ``kernels.norm.rms_norm`` computes it on the stored ``h``: fp32 statistics of the rounded values, the normalised
+    row cast back before the gain ``nw``."""
     hb = h.to(h_ptr.dtype.element_ty)
     if NORM:
         x = hb.to(tl.float32)
-        _store_normed(h_ptr, offs, mask, x, tl.sum(x * x, axis=1), nw_ptr, offs_d, d_ok, D, norm_eps)
-    else:
-        tl.store(h_ptr + offs, hb, mask=mask)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + norm_eps)
+        w = tl.load(nw_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        hb = (w[None, :] * (x * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + offs, hb, mask=mask)
 
 
 @triton.jit
@@ -217,14 +207,7 @@ def _phase1_rows_kernel(
 def _phase2_kernel(
     o_ptr, m_ptr, l_ptr, j, v_ptr, k, w_ptr, g_ptr, h_ptr, pend_ptr, nw_ptr, M, D: tl.constexpr, eps, norm_eps,
     PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
-    EXPANDED: tl.constexpr,
 ):
-    """With ``NORM`` and ``EXPANDED`` the norm's sum of squares comes without a reduction after ``h``: with
-    ``A = a o``, ``B = b p`` and ``h = (A + B) / den``, ``sum h^2 = (sum A^2 + 2 sum A.B + sum B^2) / den^2``, whose
-    sums are reduced together with ``p``'s own (one round of reductions instead of two on the critical path). It is
-    the sum of the unrounded ``h`` (the separate norm sums the rounded one: ~1e-5 relative apart), and rows where
-    the expansion cancels (``sum h^2`` under 1/1024 of ``sum A^2 + sum B^2``, where fp32 would lose digits) take the
-    exact sum of the rounded ``h`` instead."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
@@ -242,26 +225,12 @@ def _phase2_kernel(
         p = tl.load(v_ptr + k * slot + offs, mask=tile_ok, other=0.0).to(tl.float32)
     u = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32) * \
         tl.load(g_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)  # the one query's u = w * gain
-    sq_p = tl.sum(p * p, axis=1)
-    s = tl.sum(p * u[None, :], axis=1) * (1.0 / tl.sqrt(sq_p / D + eps))  # as _score: u . p * rstd(p)
-    if NORM and EXPANDED:
-        sq_o = tl.sum(o * o, axis=1)
-        op = tl.sum(o * p, axis=1)
+    s = _score(p, u, D, eps)
     m_new = tl.maximum(m, s)
     a = tl.exp(m - m_new)
     b = tl.exp(s - m_new)
-    den = l * a + b
-    h = (o * a[:, None] + p * b[:, None]) / den[:, None]
-    if NORM and EXPANDED:
-        apart = (a * a * sq_o + b * b * sq_p) / (den * den)
-        sq = apart + 2 * a * b * op / (den * den)
-        x = h.to(h_ptr.dtype.element_ty).to(tl.float32)
-        cancels = (sq * 1024 < apart) & t_ok
-        if tl.sum(cancels.to(tl.int32), axis=0) > 0:
-            sq = tl.where(cancels, tl.sum(x * x, axis=1), sq)
-        _store_normed(h_ptr, offs, tile_ok, x, sq, nw_ptr, offs_d, d_ok, D, norm_eps)
-    else:
-        _store_h(h_ptr, offs, tile_ok, h, nw_ptr, offs_d, d_ok, D, norm_eps, NORM)
+    h = (o * a[:, None] + p * b[:, None]) / (l * a + b)[:, None]
+    _store_h(h_ptr, offs, tile_ok, h, nw_ptr, offs_d, d_ok, D, norm_eps, NORM)
 
 
 class QueryTable:
@@ -454,8 +423,7 @@ class TwoPhaseLauncher:
         nw, norm_eps = (h, 0.0) if norm is None else norm
         w, g = self.queries.weights[qi], self.queries.gains[qi]  # pointer arguments: no table load on the way
         self._phase2((pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw),
-                      _aligned(w), _aligned(g), PHASE2_NORM_STATS),
+                      _aligned(w), _aligned(g)),
                      self.o, self.m, self.l, j, self.v, k, w, g, h, pend, nw, self.mm, self.d, eps, norm_eps,
-                     pending is not None, pending_first, self.block_t, self.block_d, norm is not None,
-                     PHASE2_NORM_STATS == "expanded")
+                     pending is not None, pending_first, self.block_t, self.block_d, norm is not None)
         return h

@@ -26,7 +26,7 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
     """Phase 1 (``slots`` completed slots, the pending output completing the last one from a running sum in a slot
     of its own, as ``BufferedTwoPhase`` lays them out) by layout, query programs and warps; phase 2 by warps, with
     and without the input RMSNorm applied in the kernel; a ``torch.add`` and the fused add + RMSNorm (the standard
-    residual's decode step) for scale. Phase 2's norm with its ``exact`` and ``expanded`` statistics."""
+    residual's decode step) for scale."""
     from kernels.norm import add_rms_norm, rms_norm
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -58,14 +58,10 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
         finally:
             tp.PHASE2_NUM_WARPS = old
         run.phase1(slots, 0, queries, 1e-6, pend, True, out)
-        for norm, stats in ((None, "exact"), ((gain, 1e-6), "exact"), ((gain, 1e-6), "expanded")):
-            old_stats, tp.PHASE2_NORM_STATS = tp.PHASE2_NORM_STATS, stats
-            try:
-                us = _time(lambda run=run, norm=norm: run.phase2(1, slots, 1, 1e-6, pend, False, out, norm))
-            finally:
-                tp.PHASE2_NORM_STATS = old_stats
-            rows.append({"kernel": "phase2" + (f" + norm ({stats} sums)" if norm else ""), "layout": "tiled",
-                         "warps": warps, "tokens": tokens, "n_q": 1, "us": us})
+        for norm in (None, (gain, 1e-6)):
+            rows.append({"kernel": "phase2" + (" + norm" if norm else ""), "layout": "tiled", "warps": warps,
+                         "tokens": tokens, "n_q": 1, "us": _time(lambda run=run, norm=norm: run.phase2(
+                             1, slots, 1, 1e-6, pend, False, out, norm))})
     x = v[0]
     with torch.no_grad():
         rows.append({"kernel": "torch.add", "layout": "-", "warps": 0, "tokens": tokens, "n_q": 0,
