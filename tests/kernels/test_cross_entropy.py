@@ -1,7 +1,9 @@
 """Fused cross entropy (``kernels/cross_entropy``): Triton kernels vs the PyTorch reference, and the model's losses.
 
-On a CPU the Triton kernels run under the interpreter (``tests/conftest.py`` sets ``TRITON_INTERPRET=1``) at small
-shapes; ``gpu``-marked tests check V = 32768, N = 8192 in bf16 on a device.
+The Triton tests put their tensors on ``kvl_testing.kernel_device()``: compiled kernels on a GPU; on a CPU the
+interpreter (``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` there) at small shapes. Inputs come from seeded CPU
+generators and are then moved, so the values are the same on both. ``gpu``-marked tests check V = 32768, N = 8192
+in bf16 on a device.
 
 Tolerances. fp32 loss: both paths sum the same exps in fp32 in a different order, a few ulp of the loss
 (ulp(8) ~ 1e-6), so ``rtol=1e-6, atol=4e-6`` per row. fp32 gradient: ``g * (p - onehot)`` with p differing by a
@@ -19,6 +21,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from kvl_testing import kernel_device
 
 from kernels.cross_entropy import cross_entropy, cross_entropy_torch
 from kernels.cross_entropy.api import resolve_backend
@@ -28,13 +31,17 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 VOCABS = (1000, 1531, 4099)  # one chunk (pow2 block > V), non-power-of-two, two chunks with a 3-wide tail
 
 
-def make(shape: tuple[int, ...], V: int, dtype: torch.dtype, scale: float = 4.0, seed: int = 0):
+def make(shape: tuple[int, ...], V: int, dtype: torch.dtype, scale: float = 4.0, seed: int = 0,
+         device: torch.device | None = None):
+    """Logits and targets drawn on the CPU (same values everywhere), then moved to ``device`` (default
+    ``kernel_device()``)."""
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(*shape, V, generator=g) * scale).to(dtype)
     target = torch.randint(0, V, shape, generator=g)
     flat = target.view(-1)
     flat[::5] = IGN  # every fifth row ignored
-    return logits, target
+    device = kernel_device() if device is None else device
+    return logits.to(device), target.to(device)
 
 
 def loss_and_grad(logits: torch.Tensor, target: torch.Tensor, reduction: str, backend: str, w=None, **kw):
@@ -46,10 +53,11 @@ def loss_and_grad(logits: torch.Tensor, target: torch.Tensor, reduction: str, ba
 
 
 def upstream(target: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Per-row weights for "none" (so the backward sees a non-uniform g_n), 0.7 for a scalar."""
+    """Per-row weights for "none" (so the backward sees a non-uniform g_n), 0.7 for a scalar; on the target's
+    device."""
     if reduction == "none":
-        return torch.randn(target.shape, generator=torch.Generator().manual_seed(1))
-    return torch.tensor(0.7)
+        return torch.randn(target.shape, generator=torch.Generator().manual_seed(1)).to(target.device)
+    return torch.tensor(0.7, device=target.device)
 
 
 def assert_bf16_grad(dx: torch.Tensor, ref_fp32: torch.Tensor, ref_bf16: torch.Tensor) -> None:
@@ -112,8 +120,8 @@ def test_strided_rows_are_read_in_place():
     torch.testing.assert_close(loss, ref, rtol=1e-6, atol=4e-6)
     assert dx.shape == view.shape
     assert_bf16_grad(dx, dref32, dref)
-    rows_VN = torch.randn(1000, 7)  # [V, N]: .t() has stride (1, 7): copied to contiguous first
-    t = torch.randint(0, 1000, (7,))
+    rows_VN = torch.randn(1000, 7).to(kernel_device())  # [V, N]: .t() has stride (1, 7): copied to contiguous first
+    t = torch.randint(0, 1000, (7,)).to(kernel_device())
     torch.testing.assert_close(cross_entropy(rows_VN.t(), t, reduction="none", backend="triton"),
                                cross_entropy(rows_VN.t(), t, reduction="none", backend="torch"), rtol=1e-6, atol=4e-6)
 
@@ -138,8 +146,9 @@ def test_ignored_rows_and_empty_input():
     for backend in ("triton", "torch"):  # mean over no targets is 0/0, like F.cross_entropy
         assert torch.isnan(cross_entropy(logits, target, backend=backend))
         assert cross_entropy(logits, target, reduction="sum", backend=backend) == 0
-    empty = cross_entropy(torch.randn(0, 10, requires_grad=True), torch.zeros(0, dtype=torch.long),
-                          reduction="none", backend="triton")
+    dev = kernel_device()
+    empty = cross_entropy(torch.randn(0, 10, device=dev, requires_grad=True),
+                          torch.zeros(0, dtype=torch.long, device=dev), reduction="none", backend="triton")
     assert empty.shape == (0,)
 
 
@@ -163,13 +172,14 @@ def test_inplace_backward_reuses_the_logits():
 
 
 def test_out_of_range_target_gives_nan_on_triton():
-    logits = torch.randn(3, 50)
-    loss = cross_entropy(logits, torch.tensor([1, 50, -3]), reduction="none", backend="triton")
+    logits = torch.randn(3, 50).to(kernel_device())
+    target = torch.tensor([1, 50, -3], device=kernel_device())
+    loss = cross_entropy(logits, target, reduction="none", backend="triton")
     assert torch.isfinite(loss[0]) and torch.isnan(loss[1:]).all()
 
 
 def test_reference_is_the_former_formula_bit_for_bit():
-    logits, target = make((4, 7), 1000, torch.bfloat16)
+    logits, target = make((4, 7), 1000, torch.bfloat16, device=torch.device("cpu"))
     old = F.cross_entropy(logits.float().reshape(-1, 1000), target.reshape(-1), ignore_index=IGN)
     assert torch.equal(cross_entropy_torch(logits, target), old)
     assert torch.equal(cross_entropy(logits, target), old)  # CPU default: the torch path
@@ -177,11 +187,12 @@ def test_reference_is_the_former_formula_bit_for_bit():
 
 def test_model_losses_on_cpu_are_unchanged_and_triton_matches():
     """``token_losses`` and ``causal_lm_loss`` equal the former sliced ``F.cross_entropy(logits.float())`` exactly
-    on CPU (values and gradients), and the Triton path (``KVL_CE_BACKEND=triton``) to the tolerances above."""
+    on CPU (values and gradients), and the Triton path (``KVL_CE_BACKEND=triton``, on ``kernel_device()``) to the
+    tolerances above."""
     from kimi_vl.modeling.model import causal_lm_loss
     from kimi_vl.train.loss import token_losses
 
-    logits, labels = make((2, 9), 1000, torch.bfloat16)
+    logits, labels = make((2, 9), 1000, torch.bfloat16, device=torch.device("cpu"))
     pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]] * 2)
     x = logits.clone().requires_grad_()
     old = F.cross_entropy(x[:, :-1].float().reshape(-1, 1000), labels[:, 1:].reshape(-1), ignore_index=IGN,
@@ -191,15 +202,16 @@ def test_model_losses_on_cpu_are_unchanged_and_triton_matches():
     assert torch.equal(loss_BL[:, 1:], old * mask[:, 1:])
     (g_new,) = torch.autograd.grad(token_losses(x, labels)[0].sum(), x)
     assert torch.equal(g_new, g_old)
+    dev = kernel_device()
+    xd, labels_d, pos_d, cu = (t.to(dev) for t in (x, labels, pos, torch.tensor([0, 4, 9])))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KVL_CE_BACKEND", "triton")
-        loss_t, mask_t = token_losses(x, labels, pos)
-        torch.testing.assert_close(loss_t, loss_BL, rtol=1e-6, atol=4e-6)
-        assert torch.equal(mask_t, mask)
-        cu = torch.tensor([0, 4, 9])
-        a = causal_lm_loss(x[:1], labels[:1], cu)
+        loss_t, mask_t = token_losses(xd, labels_d, pos_d)
+        torch.testing.assert_close(loss_t, loss_BL.to(dev), rtol=1e-6, atol=4e-6)
+        assert torch.equal(mask_t, mask.to(dev))
+        a = causal_lm_loss(xd[:1], labels_d[:1], cu)
         mp.setenv("KVL_CE_BACKEND", "torch")
-        torch.testing.assert_close(a, causal_lm_loss(x[:1], labels[:1], cu), rtol=1e-6, atol=4e-6)
+        torch.testing.assert_close(a, causal_lm_loss(xd[:1], labels_d[:1], cu), rtol=1e-6, atol=4e-6)
 
 
 def test_dispatch_and_errors(monkeypatch):
