@@ -14,13 +14,14 @@
 #   bash scripts/gpu_session16.sh final    the final code: bench_backbone's decode at 32K / 128K context, batch 1 and
 #       16, hybrid vs all-MLA (graph-replayed and eager); then the kernel tests on the GPU machine (which of them
 #       assume a CPU), under a time limit
+#   bash scripts/gpu_session16.sh ktests   the kernel tests on the GPU machine again, cross entropy first (call8)
 #       of its own: the two-phase GPU tests, bench_two_phase (layouts, warps, phase 2 with the norm), graph decode
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
 
 gpu_header
-case "${1:?usage: gpu_session16.sh decode|fused|qpar|final}" in
+case "${1:?usage: gpu_session16.sh decode|fused|qpar|final|ktests}" in
 decode)
   PART_TAIL=8 part "GPU tests: graph decode, fused norm" 120 python3 -m pytest -q -p no:cacheprovider \
     tests/model/test_static_decode.py tests/model/test_attn_res.py tests/kernels/test_attn_res_triton.py \
@@ -60,6 +61,13 @@ final)
   done
   PART_TAIL=60 part "kernel tests on the GPU machine" 240 python3 -m pytest -q -p no:cacheprovider --timeout 60 \
     tests/kernels -m "not slow" -rf
+  ;;
+ktests)
+  PART_TAIL=20 part "cross-entropy tests on the GPU" 120 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_cross_entropy.py -rf
+  PART_TAIL=40 part "the other kernel tests on the GPU" 330 python3 -m pytest -q -p no:cacheprovider --timeout 60 \
+    tests/kernels -m "not slow" -rf --deselect tests/kernels/test_attnres_compiles.py \
+    --ignore tests/kernels/test_cross_entropy.py --ignore tests/kernels/test_attn_res_triton.py
   ;;
 esac
 ls -la "$OUT"
