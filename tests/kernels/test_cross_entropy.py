@@ -219,6 +219,8 @@ def test_dispatch_and_errors(monkeypatch):
     monkeypatch.delenv("KVL_CE_BACKEND", raising=False)
     assert resolve_backend(None, cpu, "f") == "torch" and resolve_backend(None, torch.device("cuda"), "f") == "triton"
     monkeypatch.setenv("KVL_CE_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a forced Triton on a CPU tensor needs the interpreter (a GPU
+    # machine's session does not set it)
     assert resolve_backend(None, cpu, "f") == "triton" and resolve_backend("torch", cpu, "f") == "torch"
     monkeypatch.setenv("KVL_CE_BACKEND", "cuda")
     with pytest.raises(ValueError, match="KVL_CE_BACKEND"):
