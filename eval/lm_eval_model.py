@@ -72,16 +72,32 @@ MEDIA_ARGS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_gr
 
 
 class StopStrings:
-    """``generate`` stopping criterion: every row's new text contains a stop string (checked on decoded text, so
-    a stop string split across tokens is still found)."""
+    """``generate`` stopping criterion: per row, whether its new text contains a stop string (checked on decoded
+    text, so a stop string split across tokens is still found), for calls on one batch's growing ids.
 
-    def __init__(self, tokenizer: Any, stops: list[str], prompt_len: int) -> None:
+    Each call decodes only the tokens added since the previous call plus ``back`` tokens before them (a stop string
+    of ``c`` characters spans at most ``4 c`` tokens when every token decodes to at least one byte, as in byte-level
+    BPE), and a row once found stays done. Decoding every row's whole new text at every step cost time quadratic in
+    the generation's length: ``python scripts/time_stop_strings.py`` (2-core CPU, batch 8) 56.7 -> 33.1 ms over
+    256 steps, 853.8 -> 141.3 ms over 1024 (a 256-token graph-replayed batch of 8 took ~0.5 s on an H100).
+    ``back``: default ``4 * longest stop + 8``."""
+
+    def __init__(self, tokenizer: Any, stops: list[str], prompt_len: int, back: int | None = None) -> None:
         self.tokenizer, self.stops, self.prompt_len = tokenizer, [s for s in stops if s], prompt_len
+        self.back = 4 * max((len(s) for s in self.stops), default=0) + 8 if back is None else back
+        self.seen = 0  # new tokens at the previous call
+        self.done: list[bool] | None = None
 
     def __call__(self, input_ids_BT: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
-        new = self.tokenizer.batch_decode(input_ids_BT[:, self.prompt_len:], skip_special_tokens=False)
-        done = [any(s in text for s in self.stops) for text in new]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids_BT.device)
+        new_len = input_ids_BT.shape[1] - self.prompt_len
+        if self.done is None or len(self.done) != input_ids_BT.shape[0] or new_len < self.seen:
+            self.done, self.seen = [False] * input_ids_BT.shape[0], 0  # another batch: start over
+        start = self.prompt_len + max(0, self.seen - self.back)
+        self.seen = new_len
+        if self.stops:
+            tails = self.tokenizer.batch_decode(input_ids_BT[:, start:], skip_special_tokens=False)
+            self.done = [d or any(s in text for s in self.stops) for d, text in zip(self.done, tails)]
+        return torch.tensor(self.done, dtype=torch.bool, device=input_ids_BT.device)
 
 
 @register_model("kimi_vl")

@@ -194,3 +194,36 @@ def test_kimi_vl_and_lm_eval_hf_agree_on_a_checkpoint(ckpt, tmp_path):
         for key, value in ma.items():
             if isinstance(value, float) and "stderr" not in key:
                 assert value == pytest.approx(mb[key], rel=1e-3, abs=1e-6), (task, key)
+
+
+def test_stop_strings_decode_only_the_tail_and_agree_with_whole_texts():
+    """``StopStrings`` decodes only the newest tokens (plus a margin) at each call, yet reports exactly what a check
+    of every row's whole new text reports, step by step: stop strings of several tokens, multi-byte characters,
+    rows stopping at different steps; a new batch starts over."""
+    import random
+
+    from eval.lm_eval_model import StopStrings
+    from tests.eval.tiny_lm import make_tokenizer
+
+    tok = make_tokenizer()
+    stops = ["Answer: 3", "\n\n", "héllo ☃"]
+    rng = random.Random(0)
+    pieces = ["The red square", " is left", " of", " the blue circle.", "\n", "Answer:", " 3", "é", "héllo", " ☃",
+              " Count", " two cats"]
+    prompt = tok.encode("Question: what colour?")
+    found, open_rows = 0, 0
+    for trial in range(20):
+        rows = [prompt + tok.encode("".join(rng.choice(pieces) for _ in range(12))) for _ in range(3)]
+        width = min(len(r) for r in rows)
+        ids = torch.tensor([r[:width] for r in rows])
+        crit = StopStrings(tok, stops, len(prompt))
+        every = 1 + trial % 3  # called after every token, or after every 2 or 3 (several new tokens at once)
+        for n in range(len(prompt) + every, width + 1, every):
+            texts = tok.batch_decode(ids[:, len(prompt):n], skip_special_tokens=False)
+            whole = torch.tensor([any(s in t for s in stops) for t in texts])
+            assert torch.equal(crit(ids[:, :n]), whole), (n, texts)
+        found, open_rows = found + int(whole.sum()), open_rows + int((~whole).sum())
+    assert found > 5 and open_rows > 5  # both outcomes were exercised
+    crit(ids[:, :len(prompt) + 1])  # shorter ids: another batch, checked from scratch
+    assert crit.seen == 1
+    assert not StopStrings(tok, [], len(prompt))(ids).any()  # no stop strings: never done
