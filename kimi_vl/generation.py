@@ -165,22 +165,24 @@ class GraphDecoder:
         checks = eos is not None or stop is not None
         logits = self.prefill(input_ids_BL, attention_mask_BL, **media)
         done = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
-        new = []
+        width = input_ids_BL.shape[1]
+        out = input_ids_BL.new_empty(self.batch_size, width + max_new_tokens, device=self.device)  # written in
+        out[:, :width] = input_ids_BL  # place, so that a step stacks and concatenates nothing
         for n in range(max_new_tokens):
             token = _pick(logits, do_sample, temperature, top_k, generator)
             if checks:
                 token = torch.where(done, torch.full_like(token, pad), token)
             if eos is not None:
                 done |= torch.isin(token, eos)
-            new.append(token)
+            out[:, width + n] = token
             if stop is not None:
-                done |= stop(torch.cat([input_ids_BL, torch.stack(new, dim=1)], dim=1)).to(done.device)
+                done |= stop(out[:, :width + n + 1]).to(done.device)
             if n + 1 == max_new_tokens or (checks and bool(done.all())):
                 break
             if max_time is not None and time.perf_counter() - start > max_time:
                 break
             logits = self.step(token)
-        return torch.cat([input_ids_BL, torch.stack(new, dim=1)], dim=1)
+        return out[:, :width + n + 1]
 
 
 DECODES = ("auto", "generate", "static", "graph")
