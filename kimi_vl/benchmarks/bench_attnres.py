@@ -366,7 +366,8 @@ def main() -> None:
     p.add_argument("--profile-top", type=int, default=15)
     p.add_argument("--decode-only", action="store_true", help="train section: decode timing only")
     p.add_argument("--graph-decode", action="store_true",
-                   help="with --decode-only: also decode with each step replayed as a CUDA graph")
+                   help="with --decode-only: also decode with each step replayed as a CUDA graph, both residuals "
+                        "with their input norms fused (KVL_FUSED_NORM=1) and separate")
     p.add_argument("--graph-rounds", type=int, default=12, help="interleaved rounds of the graph decode")
     p.add_argument("--stream-cost", action="store_true",
                    help="also the residual stream's host time per decoded token alone (standard vs two-phase AttnRes)")
