@@ -95,17 +95,23 @@ ADDRESSING = ("args", "table")
 
 
 @triton.jit
-def _attn_res_fwd_kernel(
-    src_tab, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr,
-):
-    pid = tl.program_id(0)
+def _token_tile(pid, M, D, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program ``pid``'s tile of ``BLOCK_T`` tokens x ``BLOCK_D`` features of an ``[M, D]`` row-major tensor:
+    ``(offs_t, offs_d, t_ok, d_ok, tile_ok, offs)``, ``offs`` the tile's int64 element offsets."""
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
     t_ok = offs_t < M
     d_ok = offs_d < D
     tile_ok = t_ok[:, None] & d_ok[None, :]
-    offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
+    return offs_t, offs_d, t_ok, d_ok, tile_ok, offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
+
+
+@triton.jit
+def _attn_res_fwd_kernel(
+    src_tab, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr,
+):
+    offs_t, offs_d, t_ok, d_ok, tile_ok, offs = _token_tile(tl.program_id(0), M, D, BLOCK_T, BLOCK_D)
     u = tl.load(u_ptr + offs_d, mask=d_ok, other=0.0)
     m = tl.full([BLOCK_T], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_T], dtype=tl.float32)

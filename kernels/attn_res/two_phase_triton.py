@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from triton.runtime import driver
 
-from kernels.attn_res.mix_triton import NUM_WARPS, _blocks
+from kernels.attn_res.mix_triton import NUM_WARPS, _blocks, _token_tile
 
 _WHERE = "kernels/attn_res/two_phase_triton.py"
 FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the JIT's per-call work (see _Launch)
@@ -103,13 +103,7 @@ def _phase1_kernel(
     D: tl.constexpr, eps, norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, U_ALIGNED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    t_ok = offs_t < M
-    d_ok = offs_d < D
-    tile_ok = t_ok[:, None] & d_ok[None, :]
-    offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
+    offs_t, offs_d, t_ok, d_ok, tile_ok, offs = _token_tile(tl.program_id(0), M, D, BLOCK_T, BLOCK_D)
     slot = M.to(tl.int64) * D
     n_mem = n_src
     if PEND:
@@ -208,13 +202,7 @@ def _phase2_kernel(
     o_ptr, m_ptr, l_ptr, j, v_ptr, k, w_ptr, g_ptr, h_ptr, pend_ptr, nw_ptr, M, D: tl.constexpr, eps, norm_eps,
     PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    t_ok = offs_t < M
-    d_ok = offs_d < D
-    tile_ok = t_ok[:, None] & d_ok[None, :]
-    offs = offs_t.to(tl.int64)[:, None] * D + offs_d[None, :]
+    offs_t, offs_d, t_ok, d_ok, tile_ok, offs = _token_tile(tl.program_id(0), M, D, BLOCK_T, BLOCK_D)
     slot = M.to(tl.int64) * D
     o = tl.load(o_ptr + j * slot + offs, mask=tile_ok, other=0.0)
     m = tl.load(m_ptr + j * M + offs_t, mask=t_ok, other=0.0)

@@ -182,5 +182,46 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": 2}, aligned)
 
 
+def two_phase_ptxas_report(kernel: str, d: int = 768, slots: int = 6, queries: int = 6, norm: bool = True,
+                           qpar: bool = True) -> str:
+    """Registers and spills of a two-phase AttnRes kernel (``kernels/attn_res/two_phase_triton.py``) for bf16 block
+    states of width ``d``, with the launcher's own constants: ``kernel`` is ``rows`` (decode phase 1; ``qpar``: one
+    program per token and query), ``tiled`` (phase 1 over token tiles) or ``phase2``; ``norm``: the input RMSNorm
+    applied in the kernel; a pending output absorbed.
+
+        .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import two_phase_ptxas_report as r; print(r('rows'))"
+    """
+    from kernels.attn_res import mix_triton as mt
+    from kernels.attn_res import two_phase_triton as tp
+
+    block_t, block_d = mt._blocks(d)
+    flags = dict(D=d, PEND=True, PEND_FIRST=False, NORM=norm)
+    if kernel == "rows":
+        fn, warps = tp._phase1_rows_kernel, tp.ROWS_NUM_WARPS
+        consts = flags | dict(U_ALIGNED=True, KP=triton.next_power_of_2(slots), BLOCK_D=block_d, QMAX=queries,
+                              QPAR=qpar)
+    elif kernel == "tiled":
+        fn, warps = tp._phase1_kernel, mt.NUM_WARPS
+        consts = flags | dict(U_ALIGNED=True, BLOCK_T=block_t, BLOCK_D=block_d)
+    elif kernel == "phase2":
+        fn, warps = tp._phase2_kernel, tp.PHASE2_NUM_WARPS
+        consts = flags | dict(BLOCK_T=block_t, BLOCK_D=block_d)
+    else:
+        raise ValueError(f"two_phase_ptxas_report: kernel must be rows, tiled or phase2, got {kernel!r}")
+
+    def arg_type(a: str) -> str:
+        if a in consts:
+            return "constexpr"
+        if a == "qtab":
+            return "*i64"
+        if a.endswith("_ptr"):
+            return "*fp32" if a in ("o_ptr", "m_ptr", "l_ptr") else "*bf16"
+        return "fp32" if a in ("eps", "norm_eps") else "i32"
+
+    sig = {a: arg_type(a) for a in fn.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if sig[a].startswith("*")}
+    return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": 2}, aligned)
+
+
 if __name__ == "__main__":
     main()
