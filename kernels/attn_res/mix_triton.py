@@ -107,6 +107,16 @@ def _token_tile(pid, M, D, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _online_softmax_step(m, l, acc, s, x):
+    """One source of an online softmax over sources: running max ``m``, sum ``l`` ``[T]`` and weighted sum
+    ``acc [T, BLOCK_D]`` (fp32) updated with the source ``x`` of score ``s``."""
+    m_new = tl.maximum(m, s)
+    scale = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    return m_new, l * scale + p, acc * scale[:, None] + p[:, None] * x
+
+
+@triton.jit
 def _attn_res_fwd_kernel(
     src_tab, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr,
@@ -125,12 +135,7 @@ def _attn_res_fwd_kernel(
         s = tl.sum(x * u[None, :], axis=1) * rstd
         tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
         tl.store(score_ptr + n * M + offs_t, s, mask=t_ok)
-        m_new = tl.maximum(m, s)
-        scale = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        acc = acc * scale[:, None] + p[:, None] * x
-        l = l * scale + p
-        m = m_new
+        m, l, acc = _online_softmax_step(m, l, acc, s, x)
     h = acc / l[:, None]
     tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=tile_ok)
     tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)

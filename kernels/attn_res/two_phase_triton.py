@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from triton.runtime import driver
 
-from kernels.attn_res.mix_triton import NUM_WARPS, _blocks, _token_tile
+from kernels.attn_res.mix_triton import NUM_WARPS, _blocks, _online_softmax_step, _token_tile
 
 _WHERE = "kernels/attn_res/two_phase_triton.py"
 FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the JIT's per-call work (see _Launch)
@@ -117,21 +117,9 @@ def _phase1_kernel(
         acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
         for n in range(n_mem):
             x = tl.load(v_ptr + n * slot + offs, mask=tile_ok, other=0.0).to(tl.float32)
-            s = _score(x, u, D, eps)
-            m_new = tl.maximum(m, s)
-            scale = tl.exp(m - m_new)
-            p = tl.exp(s - m_new)
-            acc = acc * scale[:, None] + p[:, None] * x
-            l = l * scale + p
-            m = m_new
+            m, l, acc = _online_softmax_step(m, l, acc, _score(x, u, D, eps), x)
         if PEND:
-            s = _score(last, u, D, eps)
-            m_new = tl.maximum(m, s)
-            scale = tl.exp(m - m_new)
-            p = tl.exp(s - m_new)
-            acc = acc * scale[:, None] + p[:, None] * last
-            l = l * scale + p
-            m = m_new
+            m, l, acc = _online_softmax_step(m, l, acc, _score(last, u, D, eps), last)
         tl.store(o_ptr + q * slot + offs, acc, mask=tile_ok)
         tl.store(m_ptr + q * M + offs_t, m, mask=t_ok)
         tl.store(l_ptr + q * M + offs_t, l, mask=t_ok)

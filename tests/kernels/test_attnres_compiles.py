@@ -1,5 +1,5 @@
-"""The AttnRes mix and two-phase kernels compile for the H100 (sm_90a) with Triton's own compiler and ptxas, no GPU needed: the
-interpreter runs them as Python and cannot catch what only the compiler rejects (compile-time branches,
+"""The AttnRes mix and two-phase kernels compile for the H100 (sm_90a) with Triton's own compiler and ptxas, no GPU
+needed: the interpreter runs them as Python and cannot catch what only the compiler rejects (compile-time branches,
 loop-carried tuples of accumulators). In a subprocess without ``TRITON_INTERPRET`` (the test session sets it,
 which turns every kernel into an interpreted function at import)."""
 

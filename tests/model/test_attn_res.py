@@ -18,6 +18,16 @@ from kimi_vl.modeling.attn_res import (
 )
 
 
+def run_stream(stream, outs: list[torch.Tensor], norms: list | None = None) -> torch.Tensor:
+    """Every sublayer's input (through ``norms[i]`` when given) and the final mix of ``stream`` fed ``outs``,
+    stacked (cloned: the buffered stream may hand inputs in one reused buffer)."""
+    got = []
+    for i, out in enumerate(outs):
+        got.append(stream.input(i, *([norms[i]] if norms else [])).clone())
+        stream.add(i, out)
+    got.append(stream.final(*([norms[-1]] if norms else [])).clone())
+    return torch.stack(got)
+
 def _query(d: int, scale: float = 1.0, dtype=torch.float32) -> ResQuery:
     return ResQuery(weight=(torch.randn(1, d) * scale).to(dtype).requires_grad_(),
                     gain=(1 + 0.3 * torch.randn(d)).to(dtype).requires_grad_(), eps=1e-6)
@@ -72,12 +82,7 @@ def test_two_phase_equals_naive_stream(num_sublayers, block_size):
     emb = torch.randn(2, 3, d)
     results = {}
     for impl in ("naive", "fused", "two_phase"):
-        stream, got = AttnResStream(emb, queries, block_size, impl), []
-        for i, out in enumerate(outs):
-            got.append(stream.input(i))
-            stream.add(i, out)
-        got.append(stream.final())
-        results[impl] = torch.stack(got).detach()
+        results[impl] = run_stream(AttnResStream(emb, queries, block_size, impl), outs).detach()
     assert_rel_rms(results["fused"], results["naive"], 1e-6, "fused")
     assert_rel_rms(results["two_phase"], results["naive"], 1e-6, "two-phase")
 
@@ -252,13 +257,9 @@ def test_buffered_triton_two_phase_equals_naive_stream(monkeypatch, num_sublayer
     results = {}
     with torch.no_grad():
         for impl in ("naive", "two_phase"):
-            stream, got = AttnResStream(emb, queries, block_size, impl), []
+            stream = AttnResStream(emb, queries, block_size, impl)
             assert (stream._buffered is not None) == (impl == "two_phase")
-            for i, out in enumerate(outs):
-                got.append(stream.input(i))
-                stream.add(i, out)
-            got.append(stream.final())
-            results[impl] = torch.stack(got).float()
+            results[impl] = run_stream(stream, outs).float()
     assert_rel_rms(results["two_phase"], results["naive"], tol, "buffered two-phase")
 
 
@@ -275,11 +276,7 @@ def test_buffered_two_phase_reads_the_live_query_parameters(monkeypatch):
     emb = torch.randn(1, 2, d, device=dev)
 
     def run(impl: str) -> torch.Tensor:
-        stream, got = AttnResStream(emb, queries, 2, impl), []
-        for i, out in enumerate(outs):
-            got.append(stream.input(i))
-            stream.add(i, out)
-        return torch.stack(got + [stream.final()])
+        return run_stream(AttnResStream(emb, queries, 2, impl), outs)
 
     with torch.no_grad():
         table = query_table(queries)
@@ -346,12 +343,7 @@ def test_buffered_two_phase_fused_norm_equals_norm_after(monkeypatch, num_sublay
         for fused in ("0", "1"):
             monkeypatch.setenv("KVL_FUSED_NORM", fused)
             calls.clear()
-            stream, got = AttnResStream(emb, queries, block_size, "two_phase"), []
-            for i, out in enumerate(outs):
-                got.append(stream.input(i, norms[i]).clone())
-                stream.add(i, out)
-            got.append(stream.final(norms[-1]).clone())
-            results[fused] = torch.stack(got).float()
+            results[fused] = run_stream(AttnResStream(emb, queries, block_size, "two_phase"), outs, norms).float()
             assert len(calls) == (0 if fused == "1" else num_sublayers + 1)  # fused: no norm module runs
     assert_rel_rms(results["1"], results["0"], tol, "fused norm")
     if dev == "cpu":  # the interpreter sums in the same order in both kernels: bit-equal
@@ -454,13 +446,9 @@ def test_buffered_two_phase_bf16_small_flavor_width_on_gpu(tokens):
     results = {}
     with torch.no_grad():
         for impl in ("naive", "two_phase"):
-            stream, got = AttnResStream(emb, queries, block_size, impl), []
+            stream = AttnResStream(emb, queries, block_size, impl)
             assert (stream._buffered is not None) == (impl == "two_phase")
-            for i, out in enumerate(outs):
-                got.append(stream.input(i))
-                stream.add(i, out)
-            got.append(stream.final())
-            results[impl] = torch.stack(got).float()
+            results[impl] = run_stream(stream, outs).float()
     assert_rel_rms(results["two_phase"], results["naive"], 2e-2, "buffered two-phase bf16")
 
 
