@@ -7,18 +7,18 @@
 #       tests, bench_attnres's graph decode of both residuals with and without the fused norms, then the demo's and
 #       lm-eval's decode paths against generate (`python -m eval.bench_decode`; lm_eval, dill, chardet, defusedxml,
 #       truststore carried as wheels in .whl) (call2)
-#   bash scripts/gpu_session16.sh qpar     decode phase 1 with one program per (token, query) over a running-sum slot (call3;
-#       call4: the queries' u formed in the kernels from the parameters' addresses, phase 2 at 8 warps; call5: phase 2
-#       takes its query's w and gain as pointer arguments; call7 (d790058): phase 2's norm statistics from expanded
-#       sums, slower (2.78 against 2.57 us a launch; hybrid +5.2% against call5's +4.4%) and removed)
-#   bash scripts/gpu_session16.sh final    the final code: bench_backbone's decode at 32K / 128K context, batch 1 and
-#       16, hybrid vs all-MLA (graph-replayed and eager); then the kernel tests on the GPU machine (which of them
-#       assume a CPU), under a time limit
+#   bash scripts/gpu_session16.sh qpar     decode phase 1 with one program per (token, query) over a running-sum slot
+#       of its own: the two-phase GPU tests, bench_two_phase (layouts, warps, phase 2 with the norm), graph decode
+#       (call3; call4: the queries' u formed in the kernels from the parameters' addresses, phase 2 at 8 warps;
+#       call5: phase 2 takes its query's w and gain as pointer arguments; call7 (d790058): phase 2's norm statistics
+#       from expanded sums, slower (2.78 against 2.57 us a launch; hybrid +5.2% against call5's +4.4%) and removed)
+#   bash scripts/gpu_session16.sh final    bench_backbone's decode at 32K / 128K context, batch 1 and 16, hybrid vs
+#       all-MLA (graph-replayed and eager); then the kernel tests on the GPU machine (which of them assume a CPU),
+#       under a time limit (call6)
 #   bash scripts/gpu_session16.sh ktests   the kernel tests on the GPU machine again, cross entropy first (call8)
 #   bash scripts/gpu_session16.sh pending  prepared for the next session, not run in session 16: the cross-entropy
 #       and sm90-compile tests on the GPU machine (fixed / failing in call8), the apps' decode bench after the
 #       tail-only stop-string check and GraphDecoder's preallocated output (lm_eval etc. wheels in .whl)
-#       of its own: the two-phase GPU tests, bench_two_phase (layouts, warps, phase 2 with the norm), graph decode
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
