@@ -73,8 +73,8 @@ class GraphDecoder:
         position's logits ``[B, V]``. ``chunk``: run the prompt in pieces of this many tokens (bounds the
         activation memory of long prompts). ``media``: the multimodal model's ``pixel_values``, ``image_grid_thw``,
         ... for the prompt's placeholders (the prompt then runs in one piece)."""
-        if input_ids_BL.dim() != 2 or input_ids_BL.shape[0] != self.batch_size:
-            raise ValueError(f"{_WHERE}.prefill: input_ids must be [B={self.batch_size}, L], got "
+        if input_ids_BL.dim() != 2 or input_ids_BL.shape[0] != self.batch_size or input_ids_BL.shape[1] < 1:
+            raise ValueError(f"{_WHERE}.prefill: input_ids must be [B={self.batch_size}, L >= 1], got "
                              f"{tuple(input_ids_BL.shape)}")
         if input_ids_BL.shape[1] >= self.capacity:
             raise ValueError(f"{_WHERE}.prefill: the prompt has {input_ids_BL.shape[1]} tokens, the capacity is "

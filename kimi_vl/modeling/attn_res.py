@@ -312,6 +312,7 @@ class AttnResStream:
         self._phase1: tuple | None = None
         self._buffered = BufferedTwoPhase(embeddings, self.queries, block_size) \
             if impl == "two_phase" and record is None and two_phase_backend(embeddings) == "triton" else None
+        self._fused_norm = self._buffered is not None and fused_norm_enabled()  # read once a forward, not a sublayer
         self.sinks: list | None = None  # one GradSink per completed state (fused training path)
         self._u_rows: tuple[torch.Tensor, ...] | None = None  # every query's w * gain, one product per forward
         # (empty under FSDP2, where only the running layer's queries are gathered)
@@ -327,7 +328,7 @@ class AttnResStream:
     def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
         """Sublayer ``i``'s input ``h``, through its input ``norm`` (an ``RMSNorm``) when given."""
         if self._buffered is not None:  # with a norm, h goes straight into it: a reused buffer will do
-            if norm is not None and fused_norm_enabled() and isinstance(norm, RMSNorm):
+            if norm is not None and self._fused_norm and isinstance(norm, RMSNorm):
                 return self._buffered.input(i, scratch=True, norm=(norm.weight, norm.eps))
             return _normed(self._buffered.input(i, scratch=norm is not None), norm)
         if self.impl == "two_phase":

@@ -100,6 +100,8 @@ def test_errors_name_the_problem():
         dec.step(ids[:, 0])
     with pytest.raises(ValueError, match="B=1"):
         dec.prefill(ids.repeat(2, 1))
+    with pytest.raises(ValueError, match="L >= 1"):
+        dec.prefill(ids[:, :0])
     with pytest.raises(ValueError, match="exceed the capacity 8"):
         dec.generate(ids, max_new_tokens=4)
     dec.prefill(ids)
