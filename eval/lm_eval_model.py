@@ -45,6 +45,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from eval.media_prompt import MediaPrompt, build_media_prompt, merge_media
+from kimi_vl.modeling.multimodal import MEDIA_KEYS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
@@ -66,9 +67,6 @@ def load_checkpoint(path: str, dtype: str = "float32", device: str = "cpu") -> t
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
     model = auto.from_pretrained(path, dtype=DTYPES[dtype])
     return model.to(device).eval()
-
-
-MEDIA_ARGS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
 
 class StopStrings:
@@ -295,7 +293,7 @@ class KimiVLLM(TemplateLM):
         from transformers import StoppingCriteriaList
 
         stop = StopStrings(self.tokenizer, until, ids.shape[1])
-        options = {k: v for k, v in gen_kwargs.items() if k not in MEDIA_ARGS}
+        options = {k: v for k, v in gen_kwargs.items() if k not in MEDIA_KEYS}
         if self.decode != "generate" and options == {"do_sample": False}:  # greedy; sampling keeps generate's
             # defaults (transformers' top_k = 50 ...)
             out = self._decoders.get(ids.shape[0], ids.shape[1] + max_gen).generate(

@@ -34,8 +34,7 @@ import torch
 
 from data_pipelines.packing import left_pad
 from kimi_vl.modeling.cache import CACHE_FIELD, output_cache
-
-MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+from kimi_vl.modeling.multimodal import MEDIA_KEYS
 
 
 @dataclass

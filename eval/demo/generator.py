@@ -37,12 +37,12 @@ from data_pipelines.packing import IGNORE, Encoder, TokenDoc, collate, left_pad
 from data_pipelines.page_prompts import IMAGE_PROMPT, VIDEO_PROMPT
 from data_pipelines.tokenizer import ROLE_HEADERS
 from data_pipelines.video import DecodedVideo, decode_mp4
+from kimi_vl.modeling.multimodal import MEDIA_KEYS
 from vision_encoder.geometry import PatchGeometry
 from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
 
 VIDEO_FPS = 2.0  # the training loader's sampling rate (data_pipelines.loader.LoaderConfig.video_fps)
 MAX_VIDEO_FRAMES = 32
-MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
 
 @dataclass
