@@ -26,7 +26,8 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
     """Phase 1 (``slots`` completed slots, the pending output completing the last one from a running sum in a slot
     of its own, as ``BufferedTwoPhase`` lays them out) by layout, query programs and warps; phase 2 by warps, with
     and without the input RMSNorm applied in the kernel; a ``torch.add`` and the fused add + RMSNorm (the standard
-    residual's decode step) for scale."""
+    residual's decode step) for scale. Phase 2 also by rows per program (the tiled layout's, or
+    ``PHASE2_DECODE_ROWS = 1``) and with its norm's ``exact`` or ``expanded`` statistics."""
     from kernels.norm import add_rms_norm, rms_norm
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -51,17 +52,19 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
         finally:
             tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS = old
     for warps in (1, 2, 4, 8):
-        old = tp.PHASE2_NUM_WARPS
-        tp.PHASE2_NUM_WARPS = warps
-        try:
-            run = tp.TwoPhaseLauncher(v, u, queries)
-        finally:
-            tp.PHASE2_NUM_WARPS = old
-        run.phase1(slots, 0, queries, 1e-6, pend, True, out)
-        for norm in (None, (gain, 1e-6)):
-            rows.append({"kernel": "phase2" + (" + norm" if norm else ""), "layout": "tiled", "warps": warps,
-                         "tokens": tokens, "n_q": 1, "us": _time(lambda run=run, norm=norm: run.phase2(
-                             1, slots, 1, 1e-6, pend, False, out, norm))})
+        for rows_per_prog in (0, 1):
+            for norm, stats in ((None, "exact"), ((gain, 1e-6), "exact"), ((gain, 1e-6), "expanded")):
+                old = (tp.PHASE2_NUM_WARPS, tp.PHASE2_DECODE_ROWS, tp.PHASE2_NORM_STATS)
+                tp.PHASE2_NUM_WARPS, tp.PHASE2_DECODE_ROWS, tp.PHASE2_NORM_STATS = warps, rows_per_prog, stats
+                try:
+                    run = tp.TwoPhaseLauncher(v, u, queries)
+                finally:
+                    tp.PHASE2_NUM_WARPS, tp.PHASE2_DECODE_ROWS, tp.PHASE2_NORM_STATS = old
+                run.phase1(slots, 0, queries, 1e-6, pend, True, out)
+                us = _time(lambda run=run, norm=norm: run.phase2(1, slots, 1, 1e-6, pend, False, out, norm))
+                rows.append({"kernel": "phase2" + (f" + norm ({stats} sums)" if norm else ""),
+                             "layout": f"{run.p2_block_t} rows", "warps": warps, "tokens": tokens, "n_q": 1,
+                             "us": us})
     x = v[0]
     with torch.no_grad():
         rows.append({"kernel": "torch.add", "layout": "-", "warps": 0, "tokens": tokens, "n_q": 0,

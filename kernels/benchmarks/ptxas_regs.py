@@ -183,11 +183,12 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
 
 
 def two_phase_ptxas_report(kernel: str, d: int = 768, slots: int = 6, queries: int = 6, norm: bool = True,
-                           qpar: bool = True) -> str:
+                           qpar: bool = True, expanded: bool | None = None) -> str:
     """Registers and spills of a two-phase AttnRes kernel (``kernels/attn_res/two_phase_triton.py``) for bf16 block
     states of width ``d``, with the launcher's own constants: ``kernel`` is ``rows`` (decode phase 1; ``qpar``: one
     program per token and query), ``tiled`` (phase 1 over token tiles) or ``phase2``; ``norm``: the input RMSNorm
-    applied in the kernel; a pending output absorbed.
+    applied in the kernel; a pending output absorbed; ``expanded``: phase 2's norm statistics (default: the
+    launcher's ``PHASE2_NORM_STATS``), at the decode launch's rows per program.
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import two_phase_ptxas_report as r; print(r('rows'))"
     """
@@ -205,7 +206,8 @@ def two_phase_ptxas_report(kernel: str, d: int = 768, slots: int = 6, queries: i
         consts = flags | dict(U_ALIGNED=True, BLOCK_T=block_t, BLOCK_D=block_d)
     elif kernel == "phase2":
         fn, warps = tp._phase2_kernel, tp.PHASE2_NUM_WARPS
-        consts = flags | dict(BLOCK_T=block_t, BLOCK_D=block_d)
+        expanded = tp.PHASE2_NORM_STATS == "expanded" if expanded is None else expanded
+        consts = flags | dict(BLOCK_T=tp.PHASE2_DECODE_ROWS or block_t, BLOCK_D=block_d, EXPANDED=expanded)
     else:
         raise ValueError(f"two_phase_ptxas_report: kernel must be rows, tiled or phase2, got {kernel!r}")
 

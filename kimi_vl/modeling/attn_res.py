@@ -412,10 +412,11 @@ class BufferedTwoPhase:
         num_slots = 1 + -(-(len(queries) - 1) // block_size)
         self.running = num_slots  # the running sum's slot
         v = embeddings.new_empty(num_slots + 1, embeddings.numel() // d, d)  # [K + 1, M, D]
-        v[0].copy_(embeddings.reshape(-1, d))
         self.run = TwoPhaseLauncher(v, query_table(queries), min(block_size, len(queries)), embeddings.shape)
         self.eps = [q.eps for q in queries]
-        self._pending: tuple[torch.Tensor, bool] | None = None  # (output of the last sublayer, first of its slot)
+        # (output of the last sublayer, first of its slot): the embedding is the first "output", stored in slot 0 by
+        # the first phase 1 as it reads it (a copy into the buffer would be one more launch a decode step)
+        self._pending: tuple[torch.Tensor, bool] | None = (embeddings.contiguous(), True)
         self._scratch: torch.Tensor | None = None  # one h buffer for every scratch input of this forward
 
     def input(self, i: int, scratch: bool = False, norm: tuple | None = None) -> torch.Tensor:

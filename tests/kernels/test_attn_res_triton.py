@@ -267,6 +267,32 @@ def test_two_phase_kernels_equal_reference(monkeypatch, first, rows):
         phase2_triton(o, mx, l, 1, v, 2, u, 2, eps, pend2.double(), False)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_phase2_expanded_norm_statistics_fall_back_where_they_cancel(monkeypatch, dtype):
+    """Phase 2 with the input norm: the expanded sum of squares of ``h = (a o + b p) / den`` equals the direct one
+    to fp32 rounding on ordinary rows, and rows where ``a o`` and ``b p`` nearly cancel (``h`` ~1e-4 of them, where
+    the expansion would lose every digit) take the exact sum: the output equals the ``exact`` setting's."""
+    from kernels.attn_res import two_phase_triton as tp
+
+    dev = kernel_device()
+    gen = torch.Generator().manual_seed(41)
+    m_tok, d = 6, 40
+    v = torch.randn(2, m_tok, d, generator=gen).to(dev, dtype)
+    u = torch.zeros(3, d, device=dev)  # s = 0: with m = 0, a = b = 1 and h = (o + p) / (l + 1)
+    o = torch.randn(3, m_tok, d, generator=gen).to(dev)
+    o[1, :3] = -v[1, :3].float() + 1e-4 * torch.randn(3, d, generator=gen).to(dev)  # rows 0-2 cancel
+    mx, l = torch.zeros(3, m_tok, device=dev), torch.ones(3, m_tok, device=dev)
+    gain = (0.5 + torch.rand(d, generator=gen)).to(dev, dtype)
+    out = {}
+    for stats in ("expanded", "exact"):
+        monkeypatch.setattr(tp, "PHASE2_NORM_STATS", stats)
+        run = tp.TwoPhaseLauncher(v.clone(), u, 0)
+        run.o, run.m, run.l = o, mx, l
+        out[stats] = run.phase2(1, 1, 1, 1e-6, None, False, norm=(gain, 1e-6)).float()
+    assert torch.equal(out["expanded"][:3], out["exact"][:3])  # the fallback rows: the same exact sums
+    assert_rel_rms(out["expanded"][3:], out["exact"][3:], 1e-6 if dtype == torch.float32 else 8e-3, "ordinary rows")
+
+
 @pytest.mark.parametrize(("dtype", "n"), [(torch.float32, 3), (torch.bfloat16, 7)])
 def test_triton_small_flavor_width_three_chunks(dtype, n):
     """D = 768: the backward splits a row into 3 chunks of 256 (a count that is not a power of two, no padding);

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Session 17's GPU parts, one H100 call per PART (results: docs/results/gpu-2026-11-28-s17/):
+#   bash scripts/gpu_session17.sh decode   block AttnRes decode: the two-phase GPU tests; bench_two_phase (phase 2 by
+#       warps, rows per program and norm statistics); graph decode with phase 2's exact norm statistics (the default)
+#       and with expanded ones (one reduction); then session 16's pending checks (cross-entropy and sm90-compile tests
+#       on the GPU machine, the apps' decode bench; lm_eval, dill, chardet, defusedxml, truststore wheels in .whl)
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+export TOKENIZERS_PARALLELISM=false
+GRAPH_DECODE=(--decode-only --graph-decode --decode-steps 48 --rounds 2 --graph-rounds 12 --sources 2 --profile
+  --profile-top 8)
+
+graph_decode_with() {  # PHASE2_NORM_STATS value, then bench_attnres arguments
+  local stats=$1
+  shift
+  python3 -c "import runpy, sys
+import kernels.attn_res.two_phase_triton as tp
+tp.PHASE2_NORM_STATS = sys.argv[1]
+sys.argv = ['bench_attnres'] + sys.argv[2:]
+runpy.run_module('kimi_vl.benchmarks.bench_attnres', run_name='__main__')" "$stats" "$@"
+}
+
+gpu_header
+case "${1:?usage: gpu_session17.sh decode}" in
+decode)
+  PART_TAIL=8 part "GPU tests: two-phase kernels and streams" 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py tests/model/test_static_decode.py \
+    -k "${TEST_FILTER:-two_phase or buffered or fused or graph or launcher or expanded or live}"
+  PART_TAIL=70 part "bench_two_phase" 150 python3 kernels/benchmarks/bench_two_phase.py --tokens 1 8
+  for stats in exact expanded; do
+    mkdir -p "$OUT/$stats"
+    PART_TAIL=14 part "bench_attnres graph decode, phase 2 norm statistics: $stats" 150 env OUT="$OUT/$stats" \
+      bash -c "$(declare -f graph_decode_with); graph_decode_with $stats ${GRAPH_DECODE[*]}"
+  done
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/lm_eval*.whl .whl/dill*.whl \
+    .whl/chardet*.whl .whl/defusedxml*.whl .whl/truststore*.whl 2>&1 | tail -2
+  PART_TAIL=40 part "cross-entropy and sm90-compile tests on the GPU" 100 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_cross_entropy.py tests/kernels/test_attnres_compiles.py -rf
+  PART_TAIL=30 part "eval.bench_decode (demo, lm-eval)" 150 python3 -m eval.bench_decode
+  ;;
+esac
+ls -la "$OUT"
