@@ -4,6 +4,11 @@
 #       warps, rows per program and norm statistics); graph decode with phase 2's exact norm statistics (the default)
 #       and with expanded ones (one reduction); then session 16's pending checks (cross-entropy and sm90-compile tests
 #       on the GPU machine, the apps' decode bench; lm_eval, dill, chardet, defusedxml, truststore wheels in .whl)
+#       (call1)
+#   bash scripts/gpu_session17.sh decode2  the same GPU tests, bench_two_phase at one token and graph decode (exact and
+#       expanded statistics) after the norm gain's load moved to the kernels' start and phase 1 loads its query's
+#       addresses first (bench_two_phase also times phase 1 with and without the joint sums); the sm90-compile test
+#       with the PTX version declared for the GPU machine's ptxas
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -21,17 +26,24 @@ runpy.run_module('kimi_vl.benchmarks.bench_attnres', run_name='__main__')" "$sta
 }
 
 gpu_header
-case "${1:?usage: gpu_session17.sh decode}" in
-decode)
+case "${1:?usage: gpu_session17.sh decode|decode2}" in
+decode|decode2)
   PART_TAIL=8 part "GPU tests: two-phase kernels and streams" 150 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py tests/model/test_static_decode.py \
     -k "${TEST_FILTER:-two_phase or buffered or fused or graph or launcher or expanded or live}"
-  PART_TAIL=70 part "bench_two_phase" 150 python3 kernels/benchmarks/bench_two_phase.py --tokens 1 8
+  PART_TAIL=70 part "bench_two_phase" 150 python3 kernels/benchmarks/bench_two_phase.py --tokens 1 \
+    $([ "$1" = decode ] && echo 8)
   for stats in exact expanded; do
     mkdir -p "$OUT/$stats"
     PART_TAIL=14 part "bench_attnres graph decode, phase 2 norm statistics: $stats" 150 env OUT="$OUT/$stats" \
       bash -c "$(declare -f graph_decode_with); graph_decode_with $stats ${GRAPH_DECODE[*]}"
   done
+  if [ "$1" = decode2 ]; then
+    PART_TAIL=20 part "sm90-compile test on the GPU machine" 90 python3 -m pytest -q -p no:cacheprovider \
+      tests/kernels/test_attnres_compiles.py -rf
+    ls -la "$OUT"
+    exit 0
+  fi
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/lm_eval*.whl .whl/dill*.whl \
     .whl/chardet*.whl .whl/defusedxml*.whl .whl/truststore*.whl 2>&1 | tail -2
   PART_TAIL=40 part "cross-entropy and sm90-compile tests on the GPU" 100 python3 -m pytest -q -p no:cacheprovider \

@@ -43,6 +43,7 @@ PHASE2_DECODE_ROWS = 1  # tokens per phase-2 program in decode (at most ROWS_MAX
 ROWS_MAX_TOKENS = 64  # phase 1 over at most this many tokens (decode) runs one program per token (_phase1_rows_kernel)
 ROWS_MAX_ELEMS = 16384  # ... when a token's slots fit one tile of this many elements (registers)
 ROWS_QUERY_PROGRAMS = True  # decode phase 1: one program per (token, query) where race-free (see _phase1_rows_kernel)
+ROWS_JOINT_SUMS = True  # ... whose slots' sums of squares are reduced together with the scores (one reduction)
 ROWS_NUM_WARPS = 4  # one token, 6 queries over 5 slots at D = 768 (H100, graph-timed, bench_two_phase.py, session 15
 # call6): 1 warp 8.3 us, 2 7.3, 4 6.3, 8 14.0; the tiled kernel 21.6 (a phase 2 launch 1.9, a torch.add 1.6)
 
@@ -64,38 +65,54 @@ def _absorb(v_ptr, pend_ptr, src_off, dst_off, offs, tile_ok, PEND_FIRST: tl.con
 
 
 @triton.jit
-def _store_normed(h_ptr, offs, mask, x, sq, nw_ptr, offs_d, d_ok, D, norm_eps):
+def _load_gain(nw_ptr, offs_d, d_ok, NORM: tl.constexpr):
+    """The input norm's gain (fp32 ``[BLOCK_D]``; zeros without ``NORM``). Loaded at a kernel's start: a load placed
+    after a reduction waits for it (no load moves across the reduction's barrier), which cost a memory latency on the
+    critical path."""
+    if NORM:
+        return tl.load(nw_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    return tl.zeros(offs_d.shape, dtype=tl.float32)
+
+
+@triton.jit
+def _store_normed(h_ptr, offs, mask, x, sq, nw, D, norm_eps):
     """Store the RMSNorm of the rounded mix ``x`` (fp32 ``[T, BLOCK_D]``) whose rows' sums of squares are ``sq``, as
-    ``kernels.norm.rms_norm`` computes it: the normalised row cast back to ``h``'s dtype before the gain ``nw``."""
+    ``kernels.norm.rms_norm`` computes it: the normalised row cast back to ``h``'s dtype before the gain ``nw``
+    (:func:`_load_gain`)."""
     rstd = tl.math.rsqrt(sq / D + norm_eps)
-    w = tl.load(nw_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    y = w[None, :] * (x * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
+    y = nw[None, :] * (x * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
     tl.store(h_ptr + offs, y.to(h_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _store_h(h_ptr, offs, mask, h, nw_ptr, offs_d, d_ok, D, norm_eps, NORM: tl.constexpr):
+def _store_h(h_ptr, offs, mask, h, nw, D, norm_eps, NORM: tl.constexpr):
     """Store the mix ``h [T, BLOCK_D]`` (fp32) in ``h``'s dtype; with ``NORM`` its RMSNorm instead, as
     ``kernels.norm.rms_norm`` computes it on the stored ``h``: fp32 statistics of the rounded values."""
     hb = h.to(h_ptr.dtype.element_ty)
     if NORM:
         x = hb.to(tl.float32)
-        _store_normed(h_ptr, offs, mask, x, tl.sum(x * x, axis=1), nw_ptr, offs_d, d_ok, D, norm_eps)
+        _store_normed(h_ptr, offs, mask, x, tl.sum(x * x, axis=1), nw, D, norm_eps)
     else:
         tl.store(h_ptr + offs, hb, mask=mask)
 
 
 @triton.jit
-def _load_u(qtab, w0_ptr, g0_ptr, q, Q, offs_d, d_ok, q_end, ALIGNED: tl.constexpr):
-    """Query ``q``'s ``u = w * gain`` (fp32 ``[BLOCK_D]``; zeros unless ``q < q_end``) from its live parameters:
-    ``qtab [2, Q]`` holds the addresses of every query's ``w`` and gain (``w0`` / ``g0``: tensors of their dtypes,
-    for the pointer types)."""
-    row = tl.minimum(q, Q - 1)  # a query past the end reads a valid address, masked below
+def _query_ptrs(qtab, w0_ptr, g0_ptr, q, Q, ALIGNED: tl.constexpr):
+    """Addresses of query ``q``'s ``w`` and gain: ``qtab [2, Q]`` holds every query's (``w0`` / ``g0``: tensors of
+    their dtypes, for the pointer types); a query past the end reads a valid address (its values are masked)."""
+    row = tl.minimum(q, Q - 1)
     wp = tl.load(qtab + row).to(w0_ptr.dtype)
     gp = tl.load(qtab + Q + row).to(g0_ptr.dtype)
     if ALIGNED:
         wp = tl.multiple_of(wp, 16)
         gp = tl.multiple_of(gp, 16)
+    return wp, gp
+
+
+@triton.jit
+def _load_u(wp, gp, q, offs_d, d_ok, q_end):
+    """Query ``q``'s ``u = w * gain`` (fp32 ``[BLOCK_D]``; zeros unless ``q < q_end``) from its live parameters at
+    ``wp`` / ``gp`` (:func:`_query_ptrs`)."""
     ok = d_ok & (offs_d * 0 + q < q_end)
     w = tl.load(wp + offs_d, mask=ok, other=0.0).to(tl.float32)
     return w * tl.load(gp + offs_d, mask=ok, other=0.0).to(tl.float32)
@@ -126,6 +143,7 @@ def _phase1_kernel(
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
     offs_t, offs_d, t_ok, d_ok, tile_ok, offs = _token_tile(tl.program_id(0), M, D, BLOCK_T, BLOCK_D)
+    nw = _load_gain(nw_ptr, offs_d, d_ok, NORM)
     slot = M.to(tl.int64) * D
     n_mem = n_src
     if PEND:
@@ -133,7 +151,8 @@ def _phase1_kernel(
         last = _absorb(v_ptr, pend_ptr, src.to(tl.int64) * slot, n_mem.to(tl.int64) * slot, offs, tile_ok, PEND_FIRST,
                        True)
     for q in range(n_q):
-        u = _load_u(qtab, w0_ptr, g0_ptr, q0 + q, Q, offs_d, d_ok, Q, U_ALIGNED)
+        wp, gp = _query_ptrs(qtab, w0_ptr, g0_ptr, q0 + q, Q, U_ALIGNED)
+        u = _load_u(wp, gp, q0 + q, offs_d, d_ok, Q)
         m = tl.full([BLOCK_T], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_T], dtype=tl.float32)
         acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
@@ -146,16 +165,15 @@ def _phase1_kernel(
         tl.store(m_ptr + q * M + offs_t, m, mask=t_ok)
         tl.store(l_ptr + q * M + offs_t, l, mask=t_ok)
         if q == 0:
-            _store_h(h_ptr, offs, tile_ok, acc / l[:, None], nw_ptr, offs_d, d_ok, D, norm_eps, NORM)
+            _store_h(h_ptr, offs, tile_ok, acc / l[:, None], nw, D, norm_eps, NORM)
 
 
 @triton.jit
-def _rows_query(x, rstd, valid, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, q, n_q, t, M, slot,
-                offs_d, d_ok, D, eps, norm_eps, NORM: tl.constexpr, U_ALIGNED: tl.constexpr, JOINT: tl.constexpr):
-    """Query ``q0 + q`` of :func:`_phase1_rows_kernel` against a token's slots ``x [KP, BLOCK_D]`` (fp32, with
-    their ``rstd``; ``valid`` rows): one reduction over D for the scores, one softmax over the slots. ``JOINT``: the
-    slots' sums of squares are reduced together with the scores (``rstd`` unused; a program with one query)."""
-    u = _load_u(qtab, w0_ptr, g0_ptr, q0 + q, Q, offs_d, d_ok, q0 + n_q, U_ALIGNED)
+def _rows_query(x, rstd, valid, u, o_ptr, m_ptr, l_ptr, h_ptr, nw, q, n_q, t, M, slot, offs_d, d_ok, D, eps,
+                norm_eps, NORM: tl.constexpr, JOINT: tl.constexpr):
+    """Query ``q`` (its ``u``) of :func:`_phase1_rows_kernel` against a token's slots ``x [KP, BLOCK_D]`` (fp32,
+    with their ``rstd``; ``valid`` rows): one reduction over D for the scores, one softmax over the slots.
+    ``JOINT``: the slots' sums of squares are reduced together with the scores (``rstd`` unused)."""
     if JOINT:
         s = _score(x, u, D, eps)
     else:
@@ -170,8 +188,7 @@ def _rows_query(x, rstd, valid, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_
         tl.store(m_ptr + q * M + t, m)
         tl.store(l_ptr + q * M + t, l)
     if q == 0:
-        _store_h(h_ptr, (t * D + offs_d)[None, :], d_ok[None, :], (o / l)[None, :], nw_ptr, offs_d, d_ok, D,
-                 norm_eps, NORM)
+        _store_h(h_ptr, (t * D + offs_d)[None, :], d_ok[None, :], (o / l)[None, :], nw, D, norm_eps, NORM)
 
 
 @triton.jit(do_not_specialize=["n_src", "src", "q0", "n_q", "M"])
@@ -179,6 +196,7 @@ def _phase1_rows_kernel(
     v_ptr, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, src, q0, n_q, M,
     D: tl.constexpr, eps, norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, U_ALIGNED: tl.constexpr,
     KP: tl.constexpr, BLOCK_D: tl.constexpr, QMAX: tl.constexpr, NORM: tl.constexpr, QPAR: tl.constexpr,
+    JOINT: tl.constexpr,
 ):
     """``_phase1_kernel`` for few tokens (decode): a program holds all of a token's slots as one ``[KP, D]`` tile,
     so the slot loads are issued together and each query costs one reduction over D and one softmax over the
@@ -193,6 +211,9 @@ def _phase1_rows_kernel(
         offs_k = tl.arange(0, KP)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < D
+        if QPAR:  # the query's addresses first: their loads and the parameters' behind them overlap the slots'
+            wp, gp = _query_ptrs(qtab, w0_ptr, g0_ptr, q0 + qp, Q, U_ALIGNED)
+        nw = _load_gain(nw_ptr, offs_d, d_ok, NORM)
         slot = M.to(tl.int64) * D
         n_mem = n_src - 1 if PEND else n_src
         rows = offs_k.to(tl.int64)[:, None] * slot + t * D + offs_d[None, :]
@@ -202,14 +223,19 @@ def _phase1_rows_kernel(
                            PEND_FIRST, qp == 0)
             x = tl.where((offs_k == n_mem)[:, None], last[None, :], x)
         valid = offs_k < n_src
-        if QPAR:
-            _rows_query(x, 0.0, valid, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, qp, n_q, t,
-                        M, slot, offs_d, d_ok, D, eps, norm_eps, NORM, U_ALIGNED, True)
-        else:
+        rstd = 0.0
+        if not JOINT:
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        if QPAR:
+            u = _load_u(wp, gp, qp, offs_d, d_ok, n_q)
+            _rows_query(x, rstd, valid, u, o_ptr, m_ptr, l_ptr, h_ptr, nw, qp, n_q, t, M, slot, offs_d, d_ok, D, eps,
+                        norm_eps, NORM, JOINT)
+        else:
             for q in tl.static_range(QMAX):
-                _rows_query(x, rstd, valid, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, nw_ptr, q0, q, n_q,
-                            t, M, slot, offs_d, d_ok, D, eps, norm_eps, NORM, U_ALIGNED, False)
+                wp, gp = _query_ptrs(qtab, w0_ptr, g0_ptr, q0 + q, Q, U_ALIGNED)
+                u = _load_u(wp, gp, q, offs_d, d_ok, n_q)
+                _rows_query(x, rstd, valid, u, o_ptr, m_ptr, l_ptr, h_ptr, nw, q, n_q, t, M, slot, offs_d, d_ok, D,
+                            eps, norm_eps, NORM, JOINT)
 
 
 @triton.jit(do_not_specialize=["j", "k", "qi", "M"])
@@ -225,6 +251,7 @@ def _phase2_kernel(
     one: ~1e-5 relative apart); rows where the expansion cancels (``sum h^2`` under 1/1024 of its two squared
     terms, where fp32 would lose digits) take the exact sum of the rounded ``h``."""
     offs_t, offs_d, t_ok, d_ok, tile_ok, offs = _token_tile(tl.program_id(0), M, D, BLOCK_T, BLOCK_D)
+    nw = _load_gain(nw_ptr, offs_d, d_ok, NORM)
     slot = M.to(tl.int64) * D
     o = tl.load(o_ptr + j * slot + offs, mask=tile_ok, other=0.0)
     m = tl.load(m_ptr + j * M + offs_t, mask=t_ok, other=0.0)
@@ -252,9 +279,9 @@ def _phase2_kernel(
         cancels = (sq * 1024.0 < apart) & t_ok
         if tl.max(cancels.to(tl.int32), axis=0) > 0:
             sq = tl.where(cancels, tl.sum(x * x, axis=1), sq)
-        _store_normed(h_ptr, offs, tile_ok, x, sq, nw_ptr, offs_d, d_ok, D, norm_eps)
+        _store_normed(h_ptr, offs, tile_ok, x, sq, nw, D, norm_eps)
     else:
-        _store_h(h_ptr, offs, tile_ok, h, nw_ptr, offs_d, d_ok, D, norm_eps, NORM)
+        _store_h(h_ptr, offs, tile_ok, h, nw, D, norm_eps, NORM)
 
 
 class QueryTable:
@@ -409,6 +436,7 @@ class TwoPhaseLauncher:
             else _Launch(_phase1_kernel, self.grid, NUM_WARPS)
         self._phase1_par = _Launch(_phase1_rows_kernel, (self.mm, max(1, max_queries)), ROWS_NUM_WARPS) \
             if self.rows and ROWS_QUERY_PROGRAMS else None
+        self.joint = ROWS_JOINT_SUMS
         self.p2_block_t = PHASE2_DECODE_ROWS if self.rows and PHASE2_DECODE_ROWS else self.block_t
         self.p2_expanded = PHASE2_NORM_STATS == "expanded"
         self._phase2 = _Launch(_phase2_kernel, (triton.cdiv(self.mm, self.p2_block_t),), PHASE2_NUM_WARPS)
@@ -437,9 +465,10 @@ class TwoPhaseLauncher:
         if not self.rows:
             self._phase1(key, *args, self.block_t, self.block_d, norm is not None)
         elif self._phase1_par is not None and (pending is None or pending_first or src != n_src - 1):
-            self._phase1_par(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, True)
+            self._phase1_par(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, True,
+                             self.joint)
         else:
-            self._phase1(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, False)
+            self._phase1(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, False, False)
         return h
 
     def phase2(self, j: int, k: int, qi: int, eps: float, pending: torch.Tensor | None,

@@ -37,20 +37,23 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
     out = torch.empty(tokens, d, device="cuda", dtype=torch.bfloat16)
     gain = torch.rand(d, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
     rows = []
-    configs = [("rows", w, par) for w in (2, 4, 8) for par in (False, True)] + [("tiled", tp.NUM_WARPS, False)]
-    for layout, warps, par in configs:
-        old = (tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS)
+    configs = [("rows", w, par, joint) for w in (2, 4, 8) for par, joint in ((False, False), (True, False),
+                                                                              (True, True))]
+    for layout, warps, par, joint in configs + [("tiled", tp.NUM_WARPS, False, False)]:
+        old = (tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS, tp.ROWS_JOINT_SUMS)
         tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS = (1 << 30 if layout == "rows" else 0), warps
-        tp.ROWS_QUERY_PROGRAMS = par
+        tp.ROWS_QUERY_PROGRAMS, tp.ROWS_JOINT_SUMS = par, joint
         try:
             run = tp.TwoPhaseLauncher(v, u, queries)
-            for n_q in sorted({1, queries}):
-                us = _time(lambda run=run, n_q=n_q: run.phase1(slots, 0, n_q, 1e-6, pend, False, out,
-                                                               src_slot=slots))
-                rows.append({"kernel": "phase1", "layout": layout + (" per query" if par else ""), "warps": warps,
-                             "tokens": tokens, "n_q": n_q, "us": us})
         finally:
-            tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS = old
+            tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS, tp.ROWS_JOINT_SUMS = old
+        name = layout + (" per query" if par else "") + (", joint sums" if joint else "")
+        for n_q in sorted({1, queries}):
+            for norm in (None, (gain, 1e-6)):
+                us = _time(lambda run=run, n_q=n_q, norm=norm: run.phase1(slots, 0, n_q, 1e-6, pend, False, out,
+                                                                          norm, src_slot=slots))
+                rows.append({"kernel": "phase1" + (" + norm" if norm else ""), "layout": name, "warps": warps,
+                             "tokens": tokens, "n_q": n_q, "us": us})
     for warps in (1, 2, 4, 8):
         for rows_per_prog in (0, 1):
             for norm, stats in ((None, "exact"), ((gain, 1e-6), "exact"), ((gain, 1e-6), "expanded")):

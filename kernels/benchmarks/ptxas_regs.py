@@ -77,8 +77,12 @@ def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None =
     ver = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
     m = re.search(r"release (\d+)\.(\d+)", ver)
     ptx = k.asm["ptx"]
-    if m:  # CUDA 12.x's ptxas takes PTX ISA 8.x
-        ptx = re.sub(r"^\.version \d+\.\d+", f".version 8.{min(int(m.group(2)), 8)}", ptx, count=1, flags=re.M)
+    cur = re.search(r"^\.version (\d+)\.(\d+)", ptx, flags=re.M)
+    if m and cur:  # PTX newer than this ptxas reads (CUDA 12.x: ISA 8.x, 13.x: 9.x) is declared at its newest
+        major, minor = int(m.group(1)), int(m.group(2))
+        top = (8, min(minor, 8)) if major == 12 else (major - 4, minor)
+        if (int(cur.group(1)), int(cur.group(2))) > top:
+            ptx = re.sub(r"^\.version \d+\.\d+", f".version {top[0]}.{top[1]}", ptx, count=1, flags=re.M)
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.ptx")
         open(p, "w").write(ptx)
@@ -200,7 +204,7 @@ def two_phase_ptxas_report(kernel: str, d: int = 768, slots: int = 6, queries: i
     if kernel == "rows":
         fn, warps = tp._phase1_rows_kernel, tp.ROWS_NUM_WARPS
         consts = flags | dict(U_ALIGNED=True, KP=triton.next_power_of_2(slots), BLOCK_D=block_d, QMAX=queries,
-                              QPAR=qpar)
+                              QPAR=qpar, JOINT=qpar and tp.ROWS_JOINT_SUMS)
     elif kernel == "tiled":
         fn, warps = tp._phase1_kernel, mt.NUM_WARPS
         consts = flags | dict(U_ALIGNED=True, BLOCK_T=block_t, BLOCK_D=block_d)

@@ -215,16 +215,18 @@ def _phase_ref(v: torch.Tensor, u: torch.Tensor, eps: float):
     return torch.einsum("snm,nmd->smd", p, v), m, p.sum(1)
 
 
-@pytest.mark.parametrize("rows", [True, False])
+@pytest.mark.parametrize("layout", ["rows", "rows, separate sums", "tiled"])
 @pytest.mark.parametrize("first", [True, False])
-def test_two_phase_kernels_equal_reference(monkeypatch, first, rows):
+def test_two_phase_kernels_equal_reference(monkeypatch, first, layout):
     """phase 1 (with the pending output absorbed into the last completed slot, in place or from a running sum in
     another slot) and phase 2, fp32 vs fp64; phase 1 in both layouts (few tokens: one program per token, or per
-    token and query where race-free; else per tile of tokens)."""
+    token and query where race-free, its score and sum of squares reduced together or not; else per tile of
+    tokens)."""
     from kernels.attn_res import two_phase_triton
     from kernels.attn_res.two_phase_triton import phase1_triton, phase2_triton
 
-    monkeypatch.setattr(two_phase_triton, "ROWS_MAX_TOKENS", 64 if rows else 0)
+    monkeypatch.setattr(two_phase_triton, "ROWS_MAX_TOKENS", 0 if layout == "tiled" else 64)
+    monkeypatch.setattr(two_phase_triton, "ROWS_JOINT_SUMS", layout == "rows")
 
     gen = torch.Generator().manual_seed(10)
     k_slots, m, d, eps = 4, 9, 40, 1e-6
