@@ -8,7 +8,11 @@
 #   bash scripts/gpu_session17.sh decode2  the same GPU tests, bench_two_phase at one token and graph decode (exact and
 #       expanded statistics) after the norm gain's load moved to the kernels' start and phase 1 loads its query's
 #       addresses first (bench_two_phase also times phase 1 with and without the joint sums); the sm90-compile test
-#       with the PTX version declared for the GPU machine's ptxas
+#       with the PTX version declared for the GPU machine's ptxas (call2)
+#   bash scripts/gpu_session17.sh decode3  after phase 2's expanded statistics and the joint-sums switch were removed
+#       (no consistent gain in calls 1-2) and the standard's norm kernels got the same two changes (one row a program
+#       for few rows, the gain loaded first): the two-phase and norm GPU tests, bench_two_phase at one token, graph
+#       decode
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -26,7 +30,14 @@ runpy.run_module('kimi_vl.benchmarks.bench_attnres', run_name='__main__')" "$sta
 }
 
 gpu_header
-case "${1:?usage: gpu_session17.sh decode|decode2}" in
+case "${1:?usage: gpu_session17.sh decode|decode2|decode3}" in
+decode3)
+  PART_TAIL=8 part "GPU tests: two-phase kernels and streams, norms" 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py tests/model/test_static_decode.py \
+    tests/kernels/test_norm.py -k "two_phase or buffered or fused or graph or launcher or live or norm"
+  PART_TAIL=50 part "bench_two_phase" 150 python3 kernels/benchmarks/bench_two_phase.py --tokens 1
+  PART_TAIL=14 part "bench_attnres graph decode" 150 python3 -m kimi_vl.benchmarks.bench_attnres "${GRAPH_DECODE[@]}"
+  ;;
 decode|decode2)
   PART_TAIL=8 part "GPU tests: two-phase kernels and streams" 150 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py tests/model/test_static_decode.py \

@@ -37,13 +37,10 @@ _WHERE = "kernels/attn_res/two_phase_triton.py"
 FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the JIT's per-call work (see _Launch)
 PHASE2_NUM_WARPS = 8  # one decode token (bench_two_phase.py, session 16 call3): 1 warp 2.41 us, 2 2.29, 4 2.01, 8 1.94;
 # with the input norm in the kernel 3.40, 3.47, 2.62, 2.46 (session 15 call8: 2 warps 2.35, 4 2.03, 8 2.02)
-PHASE2_NORM_STATS = "exact"  # phase 2's input norm: "exact" (the rounded h's sum of squares, a second reduction) |
-# "expanded" (from sums reduced with the score's; see _phase2_kernel)
 PHASE2_DECODE_ROWS = 1  # tokens per phase-2 program in decode (at most ROWS_MAX_TOKENS tokens); 0: the tiled layout's
 ROWS_MAX_TOKENS = 64  # phase 1 over at most this many tokens (decode) runs one program per token (_phase1_rows_kernel)
 ROWS_MAX_ELEMS = 16384  # ... when a token's slots fit one tile of this many elements (registers)
 ROWS_QUERY_PROGRAMS = True  # decode phase 1: one program per (token, query) where race-free (see _phase1_rows_kernel)
-ROWS_JOINT_SUMS = True  # ... whose slots' sums of squares are reduced together with the scores (one reduction)
 ROWS_NUM_WARPS = 4  # one token, 6 queries over 5 slots at D = 768 (H100, graph-timed, bench_two_phase.py, session 15
 # call6): 1 warp 8.3 us, 2 7.3, 4 6.3, 8 14.0; the tiled kernel 21.6 (a phase 2 launch 1.9, a torch.add 1.6)
 
@@ -75,25 +72,16 @@ def _load_gain(nw_ptr, offs_d, d_ok, NORM: tl.constexpr):
 
 
 @triton.jit
-def _store_normed(h_ptr, offs, mask, x, sq, nw, D, norm_eps):
-    """Store the RMSNorm of the rounded mix ``x`` (fp32 ``[T, BLOCK_D]``) whose rows' sums of squares are ``sq``, as
-    ``kernels.norm.rms_norm`` computes it: the normalised row cast back to ``h``'s dtype before the gain ``nw``
-    (:func:`_load_gain`)."""
-    rstd = tl.math.rsqrt(sq / D + norm_eps)
-    y = nw[None, :] * (x * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(h_ptr + offs, y.to(h_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _store_h(h_ptr, offs, mask, h, nw, D, norm_eps, NORM: tl.constexpr):
     """Store the mix ``h [T, BLOCK_D]`` (fp32) in ``h``'s dtype; with ``NORM`` its RMSNorm instead, as
-    ``kernels.norm.rms_norm`` computes it on the stored ``h``: fp32 statistics of the rounded values."""
+    ``kernels.norm.rms_norm`` computes it on the stored ``h``: fp32 statistics of the rounded values, the normalised
+    row cast back before the gain ``nw`` (:func:`_load_gain`)."""
     hb = h.to(h_ptr.dtype.element_ty)
     if NORM:
         x = hb.to(tl.float32)
-        _store_normed(h_ptr, offs, mask, x, tl.sum(x * x, axis=1), nw, D, norm_eps)
-    else:
-        tl.store(h_ptr + offs, hb, mask=mask)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + norm_eps)
+        hb = (nw[None, :] * (x * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + offs, hb, mask=mask)
 
 
 @triton.jit
@@ -121,11 +109,6 @@ def _load_u(wp, gp, q, offs_d, d_ok, q_end):
 @triton.jit
 def _add_pairs(a0, b0, a1, b1):
     return a0 + a1, b0 + b1
-
-
-@triton.jit
-def _add_quads(a0, b0, c0, d0, a1, b1, c1, d1):
-    return a0 + a1, b0 + b1, c0 + c1, d0 + d1
 
 
 @triton.jit
@@ -196,7 +179,6 @@ def _phase1_rows_kernel(
     v_ptr, qtab, w0_ptr, g0_ptr, Q, o_ptr, m_ptr, l_ptr, h_ptr, pend_ptr, nw_ptr, n_src, src, q0, n_q, M,
     D: tl.constexpr, eps, norm_eps, PEND: tl.constexpr, PEND_FIRST: tl.constexpr, U_ALIGNED: tl.constexpr,
     KP: tl.constexpr, BLOCK_D: tl.constexpr, QMAX: tl.constexpr, NORM: tl.constexpr, QPAR: tl.constexpr,
-    JOINT: tl.constexpr,
 ):
     """``_phase1_kernel`` for few tokens (decode): a program holds all of a token's slots as one ``[KP, D]`` tile,
     so the slot loads are issued together and each query costs one reduction over D and one softmax over the
@@ -223,33 +205,24 @@ def _phase1_rows_kernel(
                            PEND_FIRST, qp == 0)
             x = tl.where((offs_k == n_mem)[:, None], last[None, :], x)
         valid = offs_k < n_src
-        rstd = 0.0
-        if not JOINT:
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
         if QPAR:
             u = _load_u(wp, gp, qp, offs_d, d_ok, n_q)
-            _rows_query(x, rstd, valid, u, o_ptr, m_ptr, l_ptr, h_ptr, nw, qp, n_q, t, M, slot, offs_d, d_ok, D, eps,
-                        norm_eps, NORM, JOINT)
+            _rows_query(x, 0.0, valid, u, o_ptr, m_ptr, l_ptr, h_ptr, nw, qp, n_q, t, M, slot, offs_d, d_ok, D, eps,
+                        norm_eps, NORM, True)
         else:
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)  # once for all the queries
             for q in tl.static_range(QMAX):
                 wp, gp = _query_ptrs(qtab, w0_ptr, g0_ptr, q0 + q, Q, U_ALIGNED)
                 u = _load_u(wp, gp, q, offs_d, d_ok, n_q)
                 _rows_query(x, rstd, valid, u, o_ptr, m_ptr, l_ptr, h_ptr, nw, q, n_q, t, M, slot, offs_d, d_ok, D,
-                            eps, norm_eps, NORM, JOINT)
+                            eps, norm_eps, NORM, False)
 
 
 @triton.jit(do_not_specialize=["j", "k", "qi", "M"])
 def _phase2_kernel(
     o_ptr, m_ptr, l_ptr, j, v_ptr, k, w_ptr, g_ptr, h_ptr, pend_ptr, nw_ptr, M, D: tl.constexpr, eps, norm_eps,
     PEND: tl.constexpr, PEND_FIRST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
-    EXPANDED: tl.constexpr,
 ):
-    """With ``NORM`` and ``EXPANDED`` the norm's sums of squares need no reduction after ``h``: with ``A = a o``,
-    ``B = b p`` and ``h = (A + B) / den``, ``sum h^2 = (a^2 sum o^2 + 2 a b sum o.p + b^2 sum p^2) / den^2``, and
-    the four sums (with the score's ``u . p``) are one reduction, so that one round of cross-warp communication is on
-    the critical path instead of two. That is the sum of the unrounded ``h`` (the separate norm sums the rounded
-    one: ~1e-5 relative apart); rows where the expansion cancels (``sum h^2`` under 1/1024 of its two squared
-    terms, where fp32 would lose digits) take the exact sum of the rounded ``h``."""
     offs_t, offs_d, t_ok, d_ok, tile_ok, offs = _token_tile(tl.program_id(0), M, D, BLOCK_T, BLOCK_D)
     nw = _load_gain(nw_ptr, offs_d, d_ok, NORM)
     slot = M.to(tl.int64) * D
@@ -262,26 +235,12 @@ def _phase2_kernel(
         p = tl.load(v_ptr + k * slot + offs, mask=tile_ok, other=0.0).to(tl.float32)
     u = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32) * \
         tl.load(g_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)  # the one query's u = w * gain
-    if NORM and EXPANDED:
-        pu, pp, op, oo = tl.reduce((p * u[None, :], p * p, o * p, o * o), 1, _add_quads)
-        s = pu * (1.0 / tl.sqrt(pp / D + eps))  # as _score
-    else:
-        s = _score(p, u, D, eps)
+    s = _score(p, u, D, eps)
     m_new = tl.maximum(m, s)
     a = tl.exp(m - m_new)
     b = tl.exp(s - m_new)
-    den = l * a + b
-    h = (o * a[:, None] + p * b[:, None]) / den[:, None]
-    if NORM and EXPANDED:
-        apart = (a * a * oo + b * b * pp) / (den * den)
-        sq = apart + 2.0 * a * b * op / (den * den)
-        x = h.to(h_ptr.dtype.element_ty).to(tl.float32)
-        cancels = (sq * 1024.0 < apart) & t_ok
-        if tl.max(cancels.to(tl.int32), axis=0) > 0:
-            sq = tl.where(cancels, tl.sum(x * x, axis=1), sq)
-        _store_normed(h_ptr, offs, tile_ok, x, sq, nw, D, norm_eps)
-    else:
-        _store_h(h_ptr, offs, tile_ok, h, nw, D, norm_eps, NORM)
+    h = (o * a[:, None] + p * b[:, None]) / (l * a + b)[:, None]
+    _store_h(h_ptr, offs, tile_ok, h, nw, D, norm_eps, NORM)
 
 
 class QueryTable:
@@ -436,9 +395,7 @@ class TwoPhaseLauncher:
             else _Launch(_phase1_kernel, self.grid, NUM_WARPS)
         self._phase1_par = _Launch(_phase1_rows_kernel, (self.mm, max(1, max_queries)), ROWS_NUM_WARPS) \
             if self.rows and ROWS_QUERY_PROGRAMS else None
-        self.joint = ROWS_JOINT_SUMS
         self.p2_block_t = PHASE2_DECODE_ROWS if self.rows and PHASE2_DECODE_ROWS else self.block_t
-        self.p2_expanded = PHASE2_NORM_STATS == "expanded"
         self._phase2 = _Launch(_phase2_kernel, (triton.cdiv(self.mm, self.p2_block_t),), PHASE2_NUM_WARPS)
         if max_queries > 0:
             self.o = torch.empty(max_queries, self.mm, self.d, device=v_KMD.device, dtype=torch.float32)
@@ -465,10 +422,9 @@ class TwoPhaseLauncher:
         if not self.rows:
             self._phase1(key, *args, self.block_t, self.block_d, norm is not None)
         elif self._phase1_par is not None and (pending is None or pending_first or src != n_src - 1):
-            self._phase1_par(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, True,
-                             self.joint)
+            self._phase1_par(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, True)
         else:
-            self._phase1(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, False, False)
+            self._phase1(key, *args, self.slots_p2, self.block_d, self.max_queries, norm is not None, False)
         return h
 
     def phase2(self, j: int, k: int, qi: int, eps: float, pending: torch.Tensor | None,
@@ -480,6 +436,5 @@ class TwoPhaseLauncher:
         self._phase2((pending is not None, pending_first, _aligned(h), _aligned(pend), norm is not None, _aligned(nw),
                       _aligned(w), _aligned(g)),
                      self.o, self.m, self.l, j, self.v, k, w, g, h, pend, nw, self.mm, self.d, eps, norm_eps,
-                     pending is not None, pending_first, self.p2_block_t, self.block_d, norm is not None,
-                     self.p2_expanded)
+                     pending is not None, pending_first, self.p2_block_t, self.block_d, norm is not None)
         return h

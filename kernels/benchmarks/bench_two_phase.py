@@ -27,8 +27,9 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
     of its own, as ``BufferedTwoPhase`` lays them out) by layout, query programs and warps; phase 2 by warps, with
     and without the input RMSNorm applied in the kernel; a ``torch.add`` and the fused add + RMSNorm (the standard
     residual's decode step) for scale. Phase 2 also by rows per program (the tiled layout's, or
-    ``PHASE2_DECODE_ROWS = 1``) and with its norm's ``exact`` or ``expanded`` statistics."""
+    ``PHASE2_DECODE_ROWS = 1``), the norms by rows per program and warps."""
     from kernels.norm import add_rms_norm, rms_norm
+    from kernels.norm import norm_triton as nt
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     v = torch.randn(slots + 1, tokens, d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -37,17 +38,16 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
     out = torch.empty(tokens, d, device="cuda", dtype=torch.bfloat16)
     gain = torch.rand(d, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
     rows = []
-    configs = [("rows", w, par, joint) for w in (2, 4, 8) for par, joint in ((False, False), (True, False),
-                                                                              (True, True))]
-    for layout, warps, par, joint in configs + [("tiled", tp.NUM_WARPS, False, False)]:
-        old = (tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS, tp.ROWS_JOINT_SUMS)
+    configs = [("rows", w, par) for w in (2, 4, 8) for par in (False, True)] + [("tiled", tp.NUM_WARPS, False)]
+    for layout, warps, par in configs:
+        old = (tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS)
         tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS = (1 << 30 if layout == "rows" else 0), warps
-        tp.ROWS_QUERY_PROGRAMS, tp.ROWS_JOINT_SUMS = par, joint
+        tp.ROWS_QUERY_PROGRAMS = par
         try:
             run = tp.TwoPhaseLauncher(v, u, queries)
         finally:
-            tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS, tp.ROWS_JOINT_SUMS = old
-        name = layout + (" per query" if par else "") + (", joint sums" if joint else "")
+            tp.ROWS_MAX_TOKENS, tp.ROWS_NUM_WARPS, tp.ROWS_QUERY_PROGRAMS = old
+        name = layout + (" per query" if par else "")
         for n_q in sorted({1, queries}):
             for norm in (None, (gain, 1e-6)):
                 us = _time(lambda run=run, n_q=n_q, norm=norm: run.phase1(slots, 0, n_q, 1e-6, pend, False, out,
@@ -56,26 +56,32 @@ def bench(d: int, slots: int, queries: int, tokens: int) -> list[dict]:
                              "tokens": tokens, "n_q": n_q, "us": us})
     for warps in (1, 2, 4, 8):
         for rows_per_prog in (0, 1):
-            for norm, stats in ((None, "exact"), ((gain, 1e-6), "exact"), ((gain, 1e-6), "expanded")):
-                old = (tp.PHASE2_NUM_WARPS, tp.PHASE2_DECODE_ROWS, tp.PHASE2_NORM_STATS)
-                tp.PHASE2_NUM_WARPS, tp.PHASE2_DECODE_ROWS, tp.PHASE2_NORM_STATS = warps, rows_per_prog, stats
-                try:
-                    run = tp.TwoPhaseLauncher(v, u, queries)
-                finally:
-                    tp.PHASE2_NUM_WARPS, tp.PHASE2_DECODE_ROWS, tp.PHASE2_NORM_STATS = old
-                run.phase1(slots, 0, queries, 1e-6, pend, True, out)
+            old = (tp.PHASE2_NUM_WARPS, tp.PHASE2_DECODE_ROWS)
+            tp.PHASE2_NUM_WARPS, tp.PHASE2_DECODE_ROWS = warps, rows_per_prog
+            try:
+                run = tp.TwoPhaseLauncher(v, u, queries)
+            finally:
+                tp.PHASE2_NUM_WARPS, tp.PHASE2_DECODE_ROWS = old
+            run.phase1(slots, 0, queries, 1e-6, pend, True, out)
+            for norm in (None, (gain, 1e-6)):
                 us = _time(lambda run=run, norm=norm: run.phase2(1, slots, 1, 1e-6, pend, False, out, norm))
-                rows.append({"kernel": "phase2" + (f" + norm ({stats} sums)" if norm else ""),
-                             "layout": f"{run.p2_block_t} rows", "warps": warps, "tokens": tokens, "n_q": 1,
-                             "us": us})
+                rows.append({"kernel": "phase2" + (" + norm" if norm else ""), "layout": f"{run.p2_block_t} rows",
+                             "warps": warps, "tokens": tokens, "n_q": 1, "us": us})
     x = v[0]
     with torch.no_grad():
         rows.append({"kernel": "torch.add", "layout": "-", "warps": 0, "tokens": tokens, "n_q": 0,
                      "us": _time(lambda: torch.add(x, pend, out=out))})
-        rows.append({"kernel": "rms_norm", "layout": "-", "warps": 4, "tokens": tokens, "n_q": 0,
-                     "us": _time(lambda: rms_norm(x, gain, 1e-6))})
-        rows.append({"kernel": "add_rms_norm", "layout": "-", "warps": 4, "tokens": tokens, "n_q": 0,
-                     "us": _time(lambda: add_rms_norm(x, pend, gain, 1e-6))})
+        for few_rows, warps in ((0, nt.NORM_WARPS), (64, 4), (64, 8)):  # the row tile, or one row a program
+            old = (nt.NORM_FEW_ROWS, nt.NORM_FEW_ROWS_WARPS)
+            nt.NORM_FEW_ROWS, nt.NORM_FEW_ROWS_WARPS = few_rows, warps
+            try:
+                layout = f"{nt._fwd_launch(tokens, d)[0]} rows"
+                for name, fn in (("rms_norm", lambda: rms_norm(x, gain, 1e-6)),
+                                 ("add_rms_norm", lambda: add_rms_norm(x, pend, gain, 1e-6))):
+                    rows.append({"kernel": name, "layout": layout, "warps": warps, "tokens": tokens, "n_q": 0,
+                                 "us": _time(fn)})
+            finally:
+                nt.NORM_FEW_ROWS, nt.NORM_FEW_ROWS_WARPS = old
     return rows
 
 

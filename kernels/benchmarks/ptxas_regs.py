@@ -68,6 +68,9 @@ def ptxas_report(name: str, num_warps: int, num_stages: int = 2, maxnreg: int | 
     return compile_report(fn, sig, consts, opts)
 
 
+_PTX_ISA_12 = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 5, 8: 7, 9: 8}  # CUDA 12.minor -> the newest PTX ISA 8.x it reads
+
+
 def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None = None) -> str:
     """Compile ``fn`` for sm_90a with Triton (no GPU needed) and return ptxas's register / spill lines; ``attrs``:
     Triton's argument specialisations (e.g. ``{(i,): [["tt.divisibility", 16]]}``)."""
@@ -78,9 +81,9 @@ def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None =
     m = re.search(r"release (\d+)\.(\d+)", ver)
     ptx = k.asm["ptx"]
     cur = re.search(r"^\.version (\d+)\.(\d+)", ptx, flags=re.M)
-    if m and cur:  # PTX newer than this ptxas reads (CUDA 12.x: ISA 8.x, 13.x: 9.x) is declared at its newest
+    if m and cur:  # PTX newer than this ptxas reads is declared at its newest ISA (CUDA 12.x: 8.x, 13.x: 9.x)
         major, minor = int(m.group(1)), int(m.group(2))
-        top = (8, min(minor, 8)) if major == 12 else (major - 4, minor)
+        top = (8, _PTX_ISA_12.get(minor, 8)) if major == 12 else (major - 4, minor)
         if (int(cur.group(1)), int(cur.group(2))) > top:
             ptx = re.sub(r"^\.version \d+\.\d+", f".version {top[0]}.{top[1]}", ptx, count=1, flags=re.M)
     with tempfile.TemporaryDirectory() as d:
@@ -187,12 +190,11 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
 
 
 def two_phase_ptxas_report(kernel: str, d: int = 768, slots: int = 6, queries: int = 6, norm: bool = True,
-                           qpar: bool = True, expanded: bool | None = None) -> str:
+                           qpar: bool = True) -> str:
     """Registers and spills of a two-phase AttnRes kernel (``kernels/attn_res/two_phase_triton.py``) for bf16 block
     states of width ``d``, with the launcher's own constants: ``kernel`` is ``rows`` (decode phase 1; ``qpar``: one
     program per token and query), ``tiled`` (phase 1 over token tiles) or ``phase2``; ``norm``: the input RMSNorm
-    applied in the kernel; a pending output absorbed; ``expanded``: phase 2's norm statistics (default: the
-    launcher's ``PHASE2_NORM_STATS``), at the decode launch's rows per program.
+    applied in the kernel; a pending output absorbed; phase 2 at the decode launch's rows per program.
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import two_phase_ptxas_report as r; print(r('rows'))"
     """
@@ -204,14 +206,13 @@ def two_phase_ptxas_report(kernel: str, d: int = 768, slots: int = 6, queries: i
     if kernel == "rows":
         fn, warps = tp._phase1_rows_kernel, tp.ROWS_NUM_WARPS
         consts = flags | dict(U_ALIGNED=True, KP=triton.next_power_of_2(slots), BLOCK_D=block_d, QMAX=queries,
-                              QPAR=qpar, JOINT=qpar and tp.ROWS_JOINT_SUMS)
+                              QPAR=qpar)
     elif kernel == "tiled":
         fn, warps = tp._phase1_kernel, mt.NUM_WARPS
         consts = flags | dict(U_ALIGNED=True, BLOCK_T=block_t, BLOCK_D=block_d)
     elif kernel == "phase2":
         fn, warps = tp._phase2_kernel, tp.PHASE2_NUM_WARPS
-        expanded = tp.PHASE2_NORM_STATS == "expanded" if expanded is None else expanded
-        consts = flags | dict(BLOCK_T=tp.PHASE2_DECODE_ROWS or block_t, BLOCK_D=block_d, EXPANDED=expanded)
+        consts = flags | dict(BLOCK_T=tp.PHASE2_DECODE_ROWS or block_t, BLOCK_D=block_d)
     else:
         raise ValueError(f"two_phase_ptxas_report: kernel must be rows, tiled or phase2, got {kernel!r}")
 

@@ -4,10 +4,10 @@
 Shapes: rows ``x [M, D]`` (leading dims flattened, contiguous), ``weight [D]``, ``gate [M, D]``; the SwiGLU
 input ``gate_up [M, 2I]`` (gate half first) and output ``[M, I]``.
 
-- Norm forward, one program per ``BLOCK_M`` rows x all of ``D`` (``BLOCK_D`` = next power of two): fp32
-  mean of squares, ``rstd`` saved (fp32 ``[M]``, the only extra tensor). Plain RMSNorm rounds ``x * rstd`` to
-  x's dtype before the gain and returns the promoted dtype of x and the gain (like the PyTorch path); the gated
-  form stays fp32 to the end and returns x's dtype.
+- Norm forward, one program per ``BLOCK_M`` rows (one row when there are few: decode) x all of ``D``
+  (``BLOCK_D`` = next power of two): fp32 mean of squares, ``rstd`` saved (fp32 ``[M]``, the only extra
+  tensor). Plain RMSNorm rounds ``x * rstd`` to x's dtype before the gain and returns the promoted dtype of x and
+  the gain (like the PyTorch path); the gated form stays fp32 to the end and returns x's dtype.
 - Norm backward, grid-stride: ``NORM_BWD_TILES`` row tiles per program, recomputes ``x_hat = x * rstd``,
   ``dx = rstd (dn - x_hat mean(dn x_hat))`` with ``dn = dy w [sigmoid(gate)]`` and, gated,
   ``dgate = dy w x_hat s (1 - s)``; the weight gradient is summed per program in fp32 and the ``[P, D]``
@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 
 NORM_TILE_ELEMS = 4096  # BLOCK_M * BLOCK_D per program
+NORM_FEW_ROWS = 64  # forward over at most this many rows (decode): one row a program, NORM_FEW_ROWS_WARPS warps
+NORM_FEW_ROWS_WARPS = 4
 NORM_BWD_TILES = 8  # row tiles per backward program
 NORM_WARPS = 4
 ACT_BLOCK_M, ACT_BLOCK_I, ACT_WARPS = 4, 1024, 4
@@ -40,6 +42,7 @@ def _norm_fwd_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rstd_ptr, r_ptr, s_ptr, M, D, e
     cols = tl.arange(0, BLOCK_D)
     m = (rows < M)[:, None] & (cols < D)[None, :]
     off = rows[:, None] * D + cols[None, :]
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]  # before the reduction's barrier
     x = tl.load(x_ptr + off, mask=m, other=0.0)
     if RESIDUAL:  # the residual update s = x + r, rounded and stored as torch.add would, normalised after
         x = (x.to(tl.float32) + tl.load(r_ptr + off, mask=m, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
@@ -47,7 +50,6 @@ def _norm_fwd_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rstd_ptr, r_ptr, s_ptr, M, D, e
     x = x.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)
     x_hat = x * rstd[:, None]
-    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
     if GATED:
         sg = tl.sigmoid(tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32))
         y = w * x_hat * sg
@@ -167,6 +169,15 @@ def _norm_blocks(D: int) -> tuple[int, int]:
     return max(1, NORM_TILE_ELEMS // block_d), block_d
 
 
+def _fwd_launch(M: int, D: int) -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_D, num_warps)`` of a forward: few rows (decode, latency-bound) one a program, so that no
+    thread works on masked rows."""
+    block_m, block_d = _norm_blocks(D)
+    if M <= NORM_FEW_ROWS:
+        return 1, block_d, NORM_FEW_ROWS_WARPS
+    return block_m, block_d, NORM_WARPS
+
+
 def _out_dtype(x: torch.Tensor, weight: torch.Tensor, gated: bool) -> torch.dtype:
     """x's dtype when gated, else the promoted dtype of x and weight (what ``weight * x_hat.to(x.dtype)`` gives in
     PyTorch, e.g. fp32 for bf16 x under autocast with fp32 weights); promote_types is a dispatched op: skipped when
@@ -180,11 +191,11 @@ def norm_fwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     M, D = x_MD.shape
     y = torch.empty(M, D, dtype=_out_dtype(x_MD, weight, gate_MD is not None), device=x_MD.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x_MD.device)
-    block_m, block_d = _norm_blocks(D)
+    block_m, block_d, warps = _fwd_launch(M, D)
     if M:
         _norm_fwd_kernel[(triton.cdiv(M, block_m),)](
             x_MD, gate_MD if gate_MD is not None else x_MD, weight, y, rstd, x_MD, x_MD, M, D, eps,
-            BLOCK_M=block_m, BLOCK_D=block_d, GATED=gate_MD is not None, RESIDUAL=False, num_warps=NORM_WARPS)
+            BLOCK_M=block_m, BLOCK_D=block_d, GATED=gate_MD is not None, RESIDUAL=False, num_warps=warps)
     return y, rstd
 
 
@@ -199,11 +210,11 @@ def add_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     M = x.numel() // D if D else 0
     s = torch.empty_like(x)
     y = torch.empty(x.shape, dtype=_out_dtype(x, weight, False), device=x.device)
-    block_m, block_d = _norm_blocks(D)
+    block_m, block_d, warps = _fwd_launch(M, D)
     if M:
         _norm_fwd_kernel[(triton.cdiv(M, block_m),)](
             x, x, weight, y, x, residual, s, M, D, eps, BLOCK_M=block_m, BLOCK_D=block_d, GATED=False,
-            RESIDUAL=True, num_warps=NORM_WARPS)
+            RESIDUAL=True, num_warps=warps)
     return s, y
 
 

@@ -47,7 +47,7 @@ def norm_fn(gated: bool, backend: str | None):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(37, 64), (1, 1, 768), (1, 1)])
+@pytest.mark.parametrize("shape", [(37, 64), (70, 64), (1, 1, 768), (1, 1)])  # one row a program up to 64 rows
 def test_add_rms_norm_equals_add_then_norm(dtype, shape):
     """The one-launch residual update + norm: its sum is ``x + r`` and its output the Triton norm of that sum, bit for
     bit (same kernel body); the PyTorch backend gives the two ops' values. The interpreter truncates fp32 -> bf16
@@ -76,7 +76,7 @@ def test_add_rms_norm_keeps_autograd_and_checks_shapes():
 
 
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("shape", [(37, 64), (3, 5, 100), (2, 9, 768), (1, 1)])
+@pytest.mark.parametrize("shape", [(37, 64), (2, 40, 64), (3, 5, 100), (2, 9, 768), (1, 1)])
 def test_norm_fp32_matches_torch(gated, shape):
     x, gate, w, dy = norm_inputs(shape, torch.float32, gated)
     ins = [x, gate, w] if gated else [x, w]
