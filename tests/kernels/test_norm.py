@@ -83,8 +83,10 @@ def test_norm_fp32_matches_torch(gated, shape):
     ours, ref = grads(norm_fn(gated, "triton"), ins, dy), grads(norm_fn(gated, None), ins, dy)
     assert rel(ours[0], ref[0]) < 1e-6
     for name, a, b in zip(["dx", "dgate", "dw"] if gated else ["dx", "dw"], ours[1], ref[1]):
-        # D = 1: dx is rounding noise around 0 (x_hat = +-1), compared absolutely (the GPU's ~1e-10 differs)
-        assert rel(a, b) < 1e-5 or (shape[-1] == 1 and name == "dx" and (a - b).abs().max() < 1e-8), name
+        # D = 1: x_hat = +-1 up to eps / x^2, so dx = rstd dn (1 - x_hat^2) is fp32 rounding noise of rstd dn;
+        # compared absolutely on that scale (on the GPU: ~1e-10 apart before, 4.6e-8 in session 17 call3)
+        noise = 1e-6 * float((dy * w / x).abs().max())
+        assert rel(a, b) < 1e-5 or (shape[-1] == 1 and name == "dx" and (a - b).abs().max() < noise), name
 
 
 @pytest.mark.parametrize("gated", [False, True])
