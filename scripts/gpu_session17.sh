@@ -12,7 +12,10 @@
 #   bash scripts/gpu_session17.sh decode3  after phase 2's expanded statistics and the joint-sums switch were removed
 #       (no consistent gain in calls 1-2) and the standard's norm kernels got the same two changes (one row a program
 #       for few rows, the gain loaded first): the two-phase and norm GPU tests, bench_two_phase at one token, graph
-#       decode
+#       decode (call3)
+#   bash scripts/gpu_session17.sh kda      the KDA training path with its gate inside the prep and inter kernels
+#       (TRAIN_FUSED_GATE): the KDA GPU tests, then kernels/benchmarks/ab_kda.py against the gate kernel first, with
+#       fla-core (carried wheel) in the same run
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -30,7 +33,15 @@ runpy.run_module('kimi_vl.benchmarks.bench_attnres', run_name='__main__')" "$sta
 }
 
 gpu_header
-case "${1:?usage: gpu_session17.sh decode|decode2|decode3}" in
+case "${1:?usage: gpu_session17.sh decode|decode2|decode3|kda}" in
+kda)
+  install_fla
+  PART_TAIL=12 part "KDA GPU tests (training path, gate)" 170 python3 -m pytest -q -p no:cacheprovider -rf \
+    tests/kernels/test_kda_bwd.py tests/kernels/test_kda_triton.py tests/kernels/test_kda_prep.py \
+    -k "${TEST_FILTER:-gpu_bf16 or gate or varlen or wired}"
+  PART_TAIL=30 part "ab_kda: gate in the kernels (default) against the gate kernel" 330 python3 \
+    kernels/benchmarks/ab_kda.py --set TRAIN_FUSED_GATE=False --shapes 1x8192x32 4x4096x32 --rounds 3
+  ;;
 decode3)
   PART_TAIL=8 part "GPU tests: two-phase kernels and streams, norms" 150 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py tests/model/test_static_decode.py \
