@@ -15,7 +15,8 @@
 #       decode (call3)
 #   bash scripts/gpu_session17.sh kda      the KDA training path with its gate inside the prep and inter kernels
 #       (TRAIN_FUSED_GATE): the KDA GPU tests, then kernels/benchmarks/ab_kda.py against the gate kernel first, with
-#       fla-core (carried wheel) in the same run
+#       fla-core (carried wheel) in the same run (call4, at 99dbfb7; slower fwd+bwd, reverted: the part now fails on
+#       the missing constant)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false

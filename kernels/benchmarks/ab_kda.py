@@ -6,7 +6,7 @@ K = V = 128, Kimi Linear flags, inputs requiring grad; median of ``triton.testin
 turn ``--rounds`` times), fla's in the same run, the peak extra memory of a step, and one step's per-kernel times
 of both settings. JSON to ``$OUT/ab_kda.json`` and a table.
 
-    python kernels/benchmarks/ab_kda.py --set TRAIN_FUSED_GATE=False --shapes 1x8192x32 4x4096x32
+    python kernels/benchmarks/ab_kda.py --set SCORES2_BK=32 --shapes 1x8192x32 4x4096x32
 """
 
 from __future__ import annotations

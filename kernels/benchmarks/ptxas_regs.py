@@ -121,7 +121,7 @@ def main() -> None:
 
 def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | None = None, **tiles) -> str:
     """Registers and spills of a backward kernel of ``chunk_triton_bwd`` (``state``, ``dy``, ``pair`` or ``inter``) for a bf16
-    run at K = V = 128 (fp32 dH / dY / dA / gradients); warps, stages and ``tiles``
+    run at K = V = 128 (g fp32 from the PyTorch gate, fp32 dH / dY / dA / gradients); warps, stages and ``tiles``
     (BV, BK) default to the launch's (``chunk_triton_bwd.BWD_LAUNCH`` and tile constants).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('inter'))"
@@ -142,16 +142,10 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         fn, consts = cb._bwd_intra_pair_kernel, dict(H=32, HV=32, K=128, BK=cb.BWD_PAIR_BK, C=64, S=16, PREC="tf32")
         consts |= dict(DPREC=cb.BWD_DIAG_PREC16)
     else:
-        # dq, dk, dg fp32 partial sums in; dq, dk out in bf16, dg out in fp32; dbeta fp32. The training path's gate:
-        # in the kernels (g the raw bf16 gate, softplus form with dt_bias) or a kernel of its own before (g fp32)
-        from kernels.kda import chunk_triton as ct
-
-        g = bf if ct.TRAIN_FUSED_GATE else f32
-        args = [bf, bf, g, bf, f32, f32, bf, bf, f32, bf, f32] + tab + [f32] * 3 + [bf, bf, f32, f32, "fp32", "i32"]
-        args += [f32, f32, "fp32"]
+        # dq, dk, dg fp32 partial sums in; dq, dk out in bf16, dg out in fp32 (the gate's dtype); dbeta fp32
+        args = [bf, bf, f32, bf, f32, f32, bf, bf, f32, bf, f32] + tab + [f32] * 3 + [bf, bf, f32, f32, "fp32", "i32"]
         fn, consts = cb._bwd_inter_kernel, dict(H=32, HV=32, K=128, V=128, BK=cb.BWD_INTER_BK, BV=cb.BWD_INTER_BV)
-        consts |= dict(C=64, FP32=False, PREC="tf32", GATE=ct.TRAIN_FUSED_GATE, LOWER=False,
-                       HAS_DTB=ct.TRAIN_FUSED_GATE)
+        consts |= dict(C=64, FP32=False, PREC="tf32")
     consts |= tiles
     sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
     nw, ns = cb.BWD_LAUNCH[name]

@@ -58,15 +58,7 @@ import triton.language as tl
 
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
-from kernels.kda.prep_triton import (
-    _gate,
-    kda_gate_bwd_triton,
-    kda_gate_triton,
-    l2norm_qkv_triton,
-    l2norm_triton,
-    qkv_base,
-    token_rows,
-)
+from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_qkv_triton, l2norm_triton, qkv_base, token_rows
 
 SUB = 16
 
@@ -535,8 +527,6 @@ WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
-TRAIN_FUSED_GATE = True  # training path: the gate inside the prep (forward) and inter (backward) kernels, not a
-# kernel of its own (False: kda_gate_triton first)
 OUT_WARPS = 4
 
 
@@ -742,15 +732,11 @@ def chunk_kda_fwd_intermediates(
     scale: float,
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
-    gate: tuple | None = None,
 ) -> KDAFwdState:
     """Forward on the core path (q, k already normalised, g already the log-decay), keeping the per-chunk
     intermediates the backward needs (see :class:`KDAFwdState`). q, k [B, T, H, K]; v [B, T, HV, V];
-    g [B, T, HV, K]; beta [B, T, HV]; initial_state [N, HV, K, V] or None; cu_seqlens [N + 1] or None.
-    ``gate = (A_log, dt_bias, lower_bound)``: g is the raw gate, applied by the prep kernel (the log-decay is never
-    stored in the token layout: G, its chunk-local cumulative sum, is)."""
-    flags = (False, True, *gate) if gate is not None else (False, False, None, None, None)
-    return _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
+    g [B, T, HV, K]; beta [B, T, HV]; initial_state [N, HV, K, V] or None; cu_seqlens [N + 1] or None."""
+    return _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, (False, False, None, None, None))
 
 
 # KDAFwdState fields the backward reads (o, ht and U are not kept)
@@ -758,35 +744,26 @@ _SAVED = ("G", "Gl", "Aqk", "T", "W", "qg", "kg", "h", "vn", "cbos", "clen", "s0
 
 
 class ChunkKDAFunction(torch.autograd.Function):
-    """Core op (q, k already normalised; g the log-decay, or the raw gate with ``A_log`` given): Triton forward
-    keeping its per-chunk intermediates (about 11 [B, T, HV, 128]-sized bf16 tensors' worth at K = V = 128), manual
-    backward ``chunk_kda_bwd_triton``. With the gate's parameters the forward's prep kernel and the backward's inter
-    kernel apply the gate themselves, and the gate's backward (``kda_gate_bwd_triton``) follows: no separate gate
-    launch and no fp32 log-decay tensor kept between forward and backward."""
+    """Core op (q, k already normalised, g the log-decay): Triton forward keeping its per-chunk intermediates
+    (about 11 [B, T, HV, 128]-sized bf16 tensors' worth at K = V = 128), manual backward ``chunk_kda_bwd_triton``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, cu_seqlens, A_log=None, dt_bias=None, lower_bound=None):
-        gate = (A_log, dt_bias, lower_bound) if A_log is not None else None
-        st = chunk_kda_fwd_intermediates(q, k, v, g, beta, scale, initial_state, cu_seqlens, gate)
-        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, *(getattr(st, f) for f in _SAVED))
-        ctx.scale, ctx.lower_bound = scale, lower_bound
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, cu_seqlens):
+        st = chunk_kda_fwd_intermediates(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, beta, *(getattr(st, f) for f in _SAVED))
+        ctx.scale = scale
         ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
         return st.o, st.ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, A_log, dt_bias, *saved = ctx.saved_tensors
+        q, k, v, g, beta, *saved = ctx.saved_tensors
         kept = dict(zip(_SAVED, saved))
         st = KDAFwdState(o=None, ht=None, U=None, **kept)
-        gate = (A_log, dt_bias, ctx.lower_bound) if A_log is not None else None
-        gr = chunk_kda_bwd_triton(q, k, v, g, beta, ctx.scale, st, do, dht, gate)
+        gr = chunk_kda_bwd_triton(q, k, v, g, beta, ctx.scale, st, do, dht)
         dh0 = gr.dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None
-        dA = ddtb = None
-        dg = gr.dg
-        if gate is not None:
-            dg, dA, ddtb = kda_gate_bwd_triton(g, A_log, dt_bias, ctx.lower_bound, dg)
-        cast = (gr.dq.to(q.dtype), gr.dk.to(k.dtype), gr.dv.to(v.dtype), dg.to(g.dtype), gr.dbeta.to(beta.dtype))
-        return (*cast, dh0, None, None, dA, ddtb, None)
+        cast = (gr.dq.to(q.dtype), gr.dk.to(k.dtype), gr.dv.to(v.dtype), gr.dg.to(g.dtype), gr.dbeta.to(beta.dtype))
+        return (*cast, dh0, None, None)
 
 
 def chunk_kda_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
@@ -801,9 +778,6 @@ def chunk_kda_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
         qkv = qkv_base(q, k, v)  # views of one q|k|v tensor: their gradients go into one tensor, no concatenation
         q, k, v = l2norm_qkv_triton(qkv, q.shape[2], q.shape[3]) if qkv is not None else \
             (l2norm_triton(q), l2norm_triton(k), v)
-    if use_gate and TRAIN_FUSED_GATE:
-        return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, cu_seqlens, A_log, dt_bias,
-                                      lower_bound)
     if use_gate:
         g = kda_gate_triton(g, A_log, dt_bias, lower_bound)
     return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, cu_seqlens)

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels.kda.chunk_bwd_torch import KDAGrads
-from kernels.kda.prep_triton import _gate, token_rows
+from kernels.kda.prep_triton import token_rows
 
 BWD_STATE_BV = 32  # value columns per program of the reverse state pass
 
@@ -398,9 +398,6 @@ def _bwd_inter_kernel(
     db_ptr,
     scale,
     n_tok,
-    alog_ptr,
-    dtb_ptr,
-    lb,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -410,9 +407,6 @@ def _bwd_inter_kernel(
     C: tl.constexpr,
     FP32: tl.constexpr,
     PREC: tl.constexpr,
-    GATE: tl.constexpr,
-    LOWER: tl.constexpr,
-    HAS_DTB: tl.constexpr,
 ):
     """Per (block of key channels, chunk x value head), after ``_bwd_intra_pair_kernel``: the reductions over V as
     whole-chunk dots (``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dX = -dY h^T``, ``[C, BK]``) and ``dGl = e^Gl sum_v
@@ -420,9 +414,7 @@ def _bwd_inter_kernel(
     g_t``) and ``X = beta k e^G`` added to the intra-chunk parts in dq, dk, dG (fp32, read); the in-chunk
     reverse cumulative sum of dG plus dGl on every row gives dg. The totals go to ``dq_out``, ``dk_out``,
     ``dg_out`` (the fp32 inputs themselves, or tensors in the gradients' dtypes). dbeta's part ``sum_k k e^G dX``
-    goes to slot ``i_k`` of ``db_ptr`` (the caller offsets it past the pairwise kernel's slots). ``GATE``: ``g`` is
-    the raw gate, turned into the log-decay here as the forward's prep kernel does (``A_log``, ``dt_bias``,
-    ``lb``)."""
+    goes to slot ``i_k`` of ``db_ptr`` (the caller offsets it past the pairwise kernel's slots)."""
     i_k = tl.program_id(0)
     sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(1), cbos_ptr, clen_ptr, H, HV)
     rows = tl.arange(0, C)
@@ -459,10 +451,6 @@ def _bwd_inter_kernel(
     off = (bos + rows)[:, None] * GS + i_hv * K + ck[None, :]
     kk = tl.load(k_ptr + qk_off, mask=m, other=0.0).to(tl.float32)
     gg = tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32)
-    if GATE:
-        if HAS_DTB:
-            gg += tl.load(dtb_ptr + i_hv * K + ck, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        gg = tl.where(m, _gate(gg, tl.load(alog_ptr + i_hv).to(tl.float32), lb, LOWER), 0.0)
     eG = tl.exp(tl.load(G_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0))
     eE = tl.exp(tl.cumsum(gg, 0, reverse=True) - gg)
     bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rmask, other=0.0).to(tl.float32)
@@ -536,8 +524,7 @@ BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(2, 1), inter=(4, 2))
 
 
-def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, gate: tuple | None = None
-                     ) -> tuple[torch.Tensor, ...]:
+def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[torch.Tensor, ...]:
     """Chunk-local backward after the reverse state pass: ``_bwd_dy_kernel``, ``_bwd_intra_pair_kernel``, then
     ``_bwd_inter_kernel``.
 
@@ -546,8 +533,6 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, gate: tupl
     ``[NC, HV, K, V]`` fp32 from :func:`bwd_state_pass_triton`. Returns dq, dk ``[B, T, H, K]``, dv ``[B, T, HV, V]``,
     dg ``[B, T, HV, K]`` in the dtypes of q, k, v, g (written so by the kernels: no cast passes; with grouped heads
     HV > H, dq and dk are summed over a head's value heads in fp32 first), and dbeta ``[B, T, HV]`` in fp32.
-    ``gate = (A_log, dt_bias, lower_bound)``: g is the raw gate (the forward applied it in its kernels), and dg, the
-    log-decay's gradient, comes back in fp32 for the gate's own backward.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -626,9 +611,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, gate: tupl
     grouped = HV != H
     dq_out = dqv if grouped or q.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_out = dkv if grouped or k.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
-    dg_out = dg if gate is not None or g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype,
-                                                                                  device=dev)
-    A_log, dt_bias, lower_bound = gate if gate is not None else (None, None, None)
+    dg_out = dg if g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
     _bwd_inter_kernel[(nkt_inter, NC * HV)](
         q,
         k,
@@ -652,9 +635,6 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, gate: tupl
         db[nkt_pair:],
         scale,
         n_tok,
-        A_log if A_log is not None else dg,
-        dt_bias if dt_bias is not None else dg,
-        float(lower_bound) if lower_bound is not None else 0.0,
         H=H,
         HV=HV,
         K=K,
@@ -664,9 +644,6 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, gate: tupl
         C=C,
         FP32=fp32,
         PREC=prec,
-        GATE=gate is not None,
-        LOWER=lower_bound is not None,
-        HAS_DTB=dt_bias is not None,
         num_warps=BWD_LAUNCH["inter"][0],
         num_stages=BWD_LAUNCH["inter"][1],
     )
@@ -675,11 +652,10 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, gate: tupl
     return dq_out, dk_out, dv, dg_out, db.sum(0)
 
 
-def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None,
-                         gate: tuple | None = None) -> KDAGrads:
+def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None) -> KDAGrads:
     """Backward of the core op (q, k normalised ``[B, T, H, K]``, g the log-decay ``[B, T, HV, K]``) from the forward
     intermediates ``st`` (``KDAFwdState`` of ``chunk_kda_fwd_intermediates``). do ``[B, T, HV, V]``; dht
     ``[N, HV, K, V]`` or None. Returns :class:`KDAGrads`: dq, dk, dv, dg in the inputs' dtypes, dbeta and dh0 in
-    fp32. Four kernels, no per-chunk copies of the inputs. ``gate``: see :func:`bwd_intra_triton`."""
+    fp32. Four kernels, no per-chunk copies of the inputs."""
     dvn, dH, dh0 = bwd_state_pass_triton(st, do, dht)
-    return KDAGrads(*bwd_intra_triton(q, k, v, g, beta, scale, st, do, dvn, dH, gate), dh0)
+    return KDAGrads(*bwd_intra_triton(q, k, v, g, beta, scale, st, do, dvn, dH), dh0)

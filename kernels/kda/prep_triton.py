@@ -276,53 +276,41 @@ def _gate_cfg(K: int) -> tuple[int, int]:
     return BK, max(1, ELEMS // BK)
 
 
-def _gate_args(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None, lower_bound: float | None):
-    """``(x contiguous, tokens M, dt_bias or a stand-in pointer, lower bound as a float, kernel keywords)``."""
-    HV, K = x.shape[-2], x.shape[-1]
-    xc = x.contiguous()
-    BK, BT = _gate_cfg(K)
-    dtb = dt_bias.contiguous() if dt_bias is not None else A_log
-    lb = float(lower_bound) if lower_bound is not None else 0.0
-    kw = dict(HV=HV, K=K, BK=BK, BT=BT, LOWER=lower_bound is not None, HAS_DTB=dt_bias is not None, num_warps=4)
-    return xc, xc.numel() // max(HV * K, 1), dtb, lb, kw
-
-
-def kda_gate_bwd_triton(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
-                        lower_bound: float | None, dg: torch.Tensor):
-    """Gradients of the gate ``g = gate(x + dt_bias; A_log)`` (:func:`kda_gate_triton`) from ``dg`` (the log-decay's
-    gradient, ``[B, T, HV, K]``): ``(dx in x's dtype, dA_log, d dt_bias or None)``, the parameter gradients as
-    deterministic two-stage sums. Also the backward of the chunk op's in-kernel gate (``chunk_triton``)."""
-    xc, M, dtb, lb, kw = _gate_args(x, A_log, dt_bias, lower_bound)
-    HV, K, BT = kw["HV"], kw["K"], kw["BT"]
-    nb = triton.cdiv(M, BT)
-    dx = torch.empty_like(xc)
-    pa = torch.zeros(max(nb, 1), HV, dtype=torch.float32, device=xc.device)
-    pb = torch.zeros(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
-    if M:
-        _gate_bwd_kernel[(nb, HV)](xc, A_log.contiguous(), dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
-    dA = pa.sum(0).to(A_log.dtype).reshape(A_log.shape)
-    ddtb = pb.sum(0).reshape(-1).to(dt_bias.dtype).reshape(dt_bias.shape) if dt_bias is not None else None
-    return dx, dA, ddtb
-
-
 class KDAGateFunction(torch.autograd.Function):
     """``kda_gate_ref(g_raw, A_log, dt_bias, lower_bound)``: g_raw [B, T, HV, K] -> fp32 log-decay; gradients
     for g_raw, A_log [HV] and dt_bias [HV * K] (deterministic two-stage reductions)."""
 
     @staticmethod
     def forward(ctx, x, A_log, dt_bias, lower_bound):
-        xc, M, dtb, lb, kw = _gate_args(x, A_log, dt_bias, lower_bound)
+        HV, K = x.shape[-2], x.shape[-1]
+        xc = x.contiguous()
+        M = xc.numel() // max(HV * K, 1)
         g = torch.empty(xc.shape, dtype=torch.float32, device=x.device)
+        BK, BT = _gate_cfg(K)
+        has_dtb = dt_bias is not None
+        dtb = dt_bias.contiguous() if has_dtb else A_log
+        lb = float(lower_bound) if lower_bound is not None else 0.0
+        kw = dict(HV=HV, K=K, BK=BK, BT=BT, LOWER=lower_bound is not None, HAS_DTB=has_dtb, num_warps=4)
         if M:
-            _gate_fwd_kernel[(triton.cdiv(M, kw["BT"]), kw["HV"])](xc, A_log.contiguous(), dtb, g, lb, M, **kw)
-        ctx.save_for_backward(xc, A_log, dt_bias)
-        ctx.lower_bound = lower_bound
+            _gate_fwd_kernel[(triton.cdiv(M, BT), HV)](xc, A_log.contiguous(), dtb, g, lb, M, **kw)
+        ctx.save_for_backward(xc, A_log, dtb)
+        ctx.cfg = (M, lb, kw, has_dtb)
         return g
 
     @staticmethod
     def backward(ctx, dg):
-        xc, A_log, dt_bias = ctx.saved_tensors
-        return (*kda_gate_bwd_triton(xc, A_log, dt_bias, ctx.lower_bound, dg), None)
+        xc, A_log, dtb = ctx.saved_tensors
+        M, lb, kw, has_dtb = ctx.cfg
+        HV, K, BT = kw["HV"], kw["K"], kw["BT"]
+        nb = triton.cdiv(M, BT)
+        dx = torch.empty_like(xc)
+        pa = torch.zeros(max(nb, 1), HV, dtype=torch.float32, device=xc.device)
+        pb = torch.zeros(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
+        if M:
+            _gate_bwd_kernel[(nb, HV)](xc, A_log.contiguous(), dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
+        dA = pa.sum(0).to(A_log.dtype).reshape(A_log.shape)
+        ddtb = pb.sum(0).reshape(-1).to(dtb.dtype).reshape(dtb.shape) if has_dtb else None
+        return dx, dA, ddtb, None
 
 
 def kda_gate_triton(

@@ -82,34 +82,6 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
-@pytest.mark.parametrize("lower_bound", [None, -3.0])
-def test_triton_training_gate_in_kernels_equals_gate_kernel(monkeypatch, lower_bound):
-    """The training path's gate inside the forward's prep and the backward's inter kernel (``TRAIN_FUSED_GATE``)
-    gives the gradients of the gate kernel first, for every input and both gate parameters (softplus with a
-    dt_bias; the lower-bound sigmoid without), over varlen sequences with a ragged chunk and HV = 2 H."""
-    from kernels.kda import chunk_triton
-
-    H, HV, K, V = 1, 2, 20, 12
-    cu = torch.tensor([0, 5, 75], dtype=torch.int32)
-    q, k, v, raw, beta, s0 = make_inputs(1, 75, H, HV, K, V, h0=True, N=2)
-    gen = torch.Generator().manual_seed(3)
-    A_log = torch.log(torch.empty(HV, dtype=torch.float64).uniform_(1, 16, generator=gen))
-    dtb = torch.randn(HV * K, dtype=torch.float64, generator=gen) if lower_bound is None else None
-    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True, cu_seqlens=cu,
-              lower_bound=lower_bound)
-    grads = {}
-    for fused in (True, False):
-        monkeypatch.setattr(chunk_triton, "TRAIN_FUSED_GATE", fused)
-        x = [t.requires_grad_() for t in _to([q, k, v, raw, beta, s0])]
-        params = [t if t is None else t.requires_grad_() for t in _to([A_log, dtb])]
-        o, S = chunk_kda(*x[:5], initial_state=x[5], A_log=params[0], dt_bias=params[1], **kw)
-        (o.square().sum() + S.sum()).backward()
-        grads[fused] = [t.grad for t in x + params if t is not None]
-    assert len(grads[True]) == (8 if lower_bound is None else 7)
-    for i, (a, b) in enumerate(zip(grads[True], grads[False])):
-        assert_rel_rms(a, b, 1e-6, f"gradient {i}")
-
-
 @pytest.mark.parametrize("span_max", [None, -1.0])
 def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
