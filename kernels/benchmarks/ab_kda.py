@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels.benchmarks.bench_kda import V, bench, call, kernel_ms, make  # noqa: E402
+from kernels.benchmarks.bench_kda import V, bench, call, kernel_ms, make, peak_extra_gib  # noqa: E402
 from kernels.kda import chunk_triton as ct  # noqa: E402
 from kernels.kda import chunk_triton_bwd as cb  # noqa: E402
 
@@ -58,14 +58,7 @@ class _Setting:
 def _measure(impl: str, xs, do) -> dict:
     step = lambda: torch.autograd.backward(call(impl, xs)[0], do)  # noqa: E731
     fwd, fb = bench(lambda: call(impl, xs)), bench(step)
-    for x in xs:
-        x.grad = None
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    return {"fwd_ms": fwd, "fwdbwd_ms": fb, "peak_extra_GiB": (torch.cuda.max_memory_allocated() - base) / 2**30}
+    return {"fwd_ms": fwd, "fwdbwd_ms": fb, "peak_extra_GiB": peak_extra_gib(step, xs)}
 
 
 def run_shape(shape: str, setting: dict, rounds: int, fla: bool) -> dict:

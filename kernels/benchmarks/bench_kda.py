@@ -129,6 +129,14 @@ def time_shape(impl, B, T, H) -> dict:
         o = call(impl, xs)[0]
         extra["bwd_ms"] = bench(lambda: torch.autograd.grad(o, xs, do, retain_graph=True))
         del o
+    flops = B * H * (6 * T * K * K + 3 * T * C * K + T * C * C)
+    res = {"fwd_ms": fwd, "fwd_host_ms": fwd_host, "fwdbwd_ms": fb, "peak_extra_GiB": peak_extra_gib(step, xs)}
+    res["fwd_TFLOPs"] = flops / fwd / 1e9
+    return res | extra
+
+
+def peak_extra_gib(step, xs) -> float:
+    """GiB allocated above what is live before one ``step()`` (the inputs' gradients cleared first)."""
     for x in xs:
         x.grad = None
     torch.cuda.synchronize()
@@ -136,11 +144,7 @@ def time_shape(impl, B, T, H) -> dict:
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    flops = B * H * (6 * T * K * K + 3 * T * C * K + T * C * C)
-    res = {"fwd_ms": fwd, "fwd_host_ms": fwd_host, "fwdbwd_ms": fb, "peak_extra_GiB": peak / 2**30}
-    res["fwd_TFLOPs"] = flops / fwd / 1e9
-    return res | extra
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
 def profile_fwd(B, T, H, grad=False) -> dict:
