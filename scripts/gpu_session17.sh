@@ -17,6 +17,8 @@
 #       (TRAIN_FUSED_GATE): the KDA GPU tests, then kernels/benchmarks/ab_kda.py against the gate kernel first, with
 #       fla-core (carried wheel) in the same run (call4, at 99dbfb7; slower fwd+bwd, reverted: the part now fails on
 #       the missing constant)
+#   bash scripts/gpu_session17.sh wu       the KDA forward with W / U in a kernel of their own (WU_SEPARATE) against the
+#       fused scores kernel: its GPU test, then sweep_kda_fwd.py's wu settings at 1 x 8192 x 32 with fla in the run
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false
@@ -34,7 +36,14 @@ runpy.run_module('kimi_vl.benchmarks.bench_attnres', run_name='__main__')" "$sta
 }
 
 gpu_header
-case "${1:?usage: gpu_session17.sh decode|decode2|decode3|kda}" in
+case "${1:?usage: gpu_session17.sh decode|decode2|decode3|kda|wu}" in
+wu)
+  install_fla
+  PART_TAIL=8 part "KDA GPU tests (W / U kernel, forward intermediates)" 90 python3 -m pytest -q -p no:cacheprovider \
+    -rf tests/kernels/test_kda_triton.py -k "wu_kernel or fwd_intermediates"
+  PART_TAIL=30 part "sweep_kda_fwd: W / U kernel" 300 python3 kernels/benchmarks/sweep_kda_fwd.py --shape 1x8192x32 \
+    --only "wu separate,wu separate w8,wu separate w8 s1"
+  ;;
 kda)
   install_fla
   PART_TAIL=12 part "KDA GPU tests (training path, gate)" 170 python3 -m pytest -q -p no:cacheprovider -rf \
