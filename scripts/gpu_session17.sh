@@ -19,6 +19,7 @@
 #       the missing constant)
 #   bash scripts/gpu_session17.sh wu       the KDA forward with W / U in a kernel of their own (WU_SEPARATE) against the
 #       fused scores kernel: its GPU test, then sweep_kda_fwd.py's wu settings at 1 x 8192 x 32 with fla in the run
+#       (call5, at fd13f30; slower, reverted: the part's settings are gone)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 export TOKENIZERS_PARALLELISM=false

@@ -41,9 +41,6 @@ SETTINGS = [
     ("scores bk32 s2", {"SCORES2_BK": 32, "SCORES2_LAUNCH": (4, 2)}),
     ("scores bk32 nreg192", {"SCORES2_BK": 32, "SCORES2_MAXNREG": 192}),
     ("wu 64", {"WU_B": 64}),
-    ("wu separate", {"WU_SEPARATE": True}),
-    ("wu separate w8", {"WU_SEPARATE": True, "WU_LAUNCH": (8, 2)}),
-    ("wu separate w8 s1", {"WU_SEPARATE": True, "WU_LAUNCH": (8, 1)}),
     ("state s2", {"STATE_LAUNCH": (4, 2)}),
     ("state s4", {"STATE_LAUNCH": (4, 4)}),
     ("state bv32", {"STATE_BV": 32}),
@@ -124,8 +121,7 @@ def main() -> None:
         f"best: {res.get('best')}; fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}, host ms {res.get('fla_fwd_host_ms')}"
     )
     print(f"fla fwd kernels: {json.dumps(res.get('fla_fwd_kernels_ms'))}")
-    short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_wu_kernel": "wu", "_state_kernel": "state",
-             "_output_kernel": "out"}
+    short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_state_kernel": "state", "_output_kernel": "out"}
     print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} {'o err':>8} " + " ".join(f"{v:>8}" for v in short.values()))
     for name, r in res["settings"].items():
         if "error" in r:

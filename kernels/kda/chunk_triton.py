@@ -208,7 +208,6 @@ def _scores2_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
-    WU: tl.constexpr,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -287,33 +286,11 @@ def _scores2_kernel(
     tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], D * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
     tl.debug_barrier()
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
-    if WU:
-        tl.debug_barrier()
-        _wu_chunk(
-            k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, H, HV, K, V, C, BKW, BVW,
-            L2, PREC, True, True,
-        )
-
-
-@triton.jit
-def _wu_kernel(
-    k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, cbos_ptr, clen_ptr, T_ptr, W_ptr, U_ptr, VS, H: tl.constexpr,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BKW: tl.constexpr, BVW: tl.constexpr,
-    L2: tl.constexpr, PREC: tl.constexpr,
-):
-    """W / U of :func:`_wu_chunk` as a kernel of their own (``WU_SEPARATE``), grid (chunk, value head, 2): the last
-    axis picks W or U."""
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
-    n = tl.load(clen_ptr + i_c)
-    sc = i_c.to(tl.int64) * HV + i_hv
-    if tl.program_id(2) == 0:
-        _wu_chunk(k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, H, HV, K, V, C,
-                  BKW, BVW, L2, PREC, True, False)
-    else:
-        _wu_chunk(k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, H, HV, K, V, C,
-                  BKW, BVW, L2, PREC, False, True)
+    tl.debug_barrier()
+    _wu_chunk(
+        k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, H, HV, K, V, C, BKW, BVW, L2,
+        PREC,
+    )
 
 
 @triton.jit
@@ -395,12 +372,10 @@ def _wu_chunk(
     BVW: tl.constexpr,
     L2: tl.constexpr,
     PREC: tl.constexpr,
-    DO_W: tl.constexpr,
-    DO_U: tl.constexpr,
 ):
     """``W = T (beta K exp(G))`` and ``U = T (beta V)`` of one chunk as [64, 64] x [64, B*] dots, K tile by K tile,
     then V tile by V tile (T fp32 read back from ``T_ptr``; tf32 for 16-bit inputs, ``ieee`` for fp32). v's rows
-    are ``VS`` elements apart (:func:`token_rows`). ``DO_W`` / ``DO_U``: which of the two to form."""
+    are ``VS`` elements apart (:func:`token_rows`)."""
     i_h = i_hv // (HV // H)
     rows = tl.arange(0, C)
     rm = rows < n
@@ -409,23 +384,20 @@ def _wu_chunk(
     bk = b
     if L2:
         bk = b * tl.load(rk_ptr + sc * C + rows)
-    if DO_W:
-        for k0 in range(0, K, BKW):
-            ck = k0 + tl.arange(0, BKW)
-            cm = (ck < K)[None, :]
-            off = sc * (C * K) + rows[:, None] * K + ck[None, :]
-            x = tl.load(k_ptr + (bos + rows)[:, None] * (H * K) + i_h * K + ck[None, :], mask=rm[:, None] & cm,
-                        other=0.0)
-            x = x.to(tl.float32) * bk[:, None] * tl.exp(tl.load(G_ptr + off, mask=cm, other=0.0))
-            tl.store(W_ptr + off, tl.dot(Tm, x, input_precision=PREC).to(W_ptr.dtype.element_ty), mask=cm)
-    if DO_U:
-        for v0 in range(0, V, BVW):
-            cv = v0 + tl.arange(0, BVW)
-            cm = (cv < V)[None, :]
-            y = tl.load(v_ptr + (bos + rows)[:, None] * VS + i_hv * V + cv[None, :], mask=rm[:, None] & cm, other=0.0)
-            y = y.to(tl.float32) * b[:, None]
-            off = sc * (C * V) + rows[:, None] * V + cv[None, :]
-            tl.store(U_ptr + off, tl.dot(Tm, y, input_precision=PREC).to(U_ptr.dtype.element_ty), mask=cm)
+    for k0 in range(0, K, BKW):
+        ck = k0 + tl.arange(0, BKW)
+        cm = (ck < K)[None, :]
+        off = sc * (C * K) + rows[:, None] * K + ck[None, :]
+        x = tl.load(k_ptr + (bos + rows)[:, None] * (H * K) + i_h * K + ck[None, :], mask=rm[:, None] & cm, other=0.0)
+        x = x.to(tl.float32) * bk[:, None] * tl.exp(tl.load(G_ptr + off, mask=cm, other=0.0))
+        tl.store(W_ptr + off, tl.dot(Tm, x, input_precision=PREC).to(W_ptr.dtype.element_ty), mask=cm)
+    for v0 in range(0, V, BVW):
+        cv = v0 + tl.arange(0, BVW)
+        cm = (cv < V)[None, :]
+        y = tl.load(v_ptr + (bos + rows)[:, None] * VS + i_hv * V + cv[None, :], mask=rm[:, None] & cm, other=0.0)
+        y = y.to(tl.float32) * b[:, None]
+        off = sc * (C * V) + rows[:, None] * V + cv[None, :]
+        tl.store(U_ptr + off, tl.dot(Tm, y, input_precision=PREC).to(U_ptr.dtype.element_ty), mask=cm)
 
 
 @triton.jit
@@ -552,8 +524,6 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
-WU_SEPARATE = False  # W / U in a kernel of their own (grid chunk x value head x {W, U}) after the scores kernel
-WU_LAUNCH = (4, 2)  # ... its num_warps, num_stages
 STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
@@ -697,16 +667,10 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             PREC=prec,
             DPREC="ieee" if fp32 else INTRA_DIAG_PREC16,
             span_max=INTRA_SPAN_MAX,
-            WU=not WU_SEPARATE,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),
         )
-        if WU_SEPARATE:
-            _wu_kernel[(nch, HV, 2)](
-                k, v, beta, G, rk, cbos, clen, Tm, W, U, vs, H=H, HV=HV, K=K, V=V, C=CHUNK, BKW=min(BK, WU_B),
-                BVW=min(BV, WU_B), L2=use_l2, PREC=prec, num_warps=WU_LAUNCH[0], num_stages=WU_LAUNCH[1],
-            )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
     bvs = min(BV, STATE_BV)
     _state_kernel[(triton.cdiv(V, bvs), N * HV)](

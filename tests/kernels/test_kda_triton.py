@@ -82,23 +82,6 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
-def test_triton_wu_kernel_of_its_own_equals_fused(monkeypatch):
-    """``WU_SEPARATE``: W and U formed by a kernel of their own after the scores kernel are the fused kernel's, bit
-    for bit (the same ``_wu_chunk``), over varlen sequences with a ragged chunk, HV = 2 H and several K / V tiles."""
-    from kernels.kda import chunk_triton
-    from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
-
-    q, k, v, g, beta, s0 = make_inputs(1, 75, 1, 2, 40, 36, h0=True, N=2)
-    x = _to([F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, g, beta, s0])
-    cu = torch.tensor([0, 9, 75], dtype=torch.int32, device=kernel_device())
-    runs = []
-    for separate in (False, True):
-        monkeypatch.setattr(chunk_triton, "WU_SEPARATE", separate)
-        runs.append(chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu))
-    for name in ("W", "U", "vn", "o", "ht"):
-        assert torch.equal(getattr(runs[0], name), getattr(runs[1], name)), name
-
-
 @pytest.mark.parametrize("span_max", [None, -1.0])
 def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
