@@ -49,7 +49,13 @@ def _signature(name: str) -> tuple:
         args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf)]
         args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
-        extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32", DPREC=ct.INTRA_DIAG_PREC16)
+        extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
+                     DPREC=ct.INTRA_DIAG_PREC16, DIAG=not ct.DIAG_SEPARATE)
+    elif name == "diag":  # the diagonal blocks alone (DIAG_SEPARATE)
+        args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
+        args += [("Aqk", bf), ("Akk", f32), ("scale", "fp32"), ("span_max", "fp32")]
+        fn = ct._diag_kernel
+        extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, L2=True, DPREC=ct.INTRA_DIAG_PREC16)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]

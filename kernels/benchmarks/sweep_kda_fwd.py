@@ -41,6 +41,10 @@ SETTINGS = [
     ("scores bk32 s2", {"SCORES2_BK": 32, "SCORES2_LAUNCH": (4, 2)}),
     ("scores bk32 nreg192", {"SCORES2_BK": 32, "SCORES2_MAXNREG": 192}),
     ("wu 64", {"WU_B": 64}),
+    ("diag separate", {"DIAG_SEPARATE": True}),
+    ("diag separate nreg160", {"DIAG_SEPARATE": True, "SCORES2_MAXNREG": 160}),
+    ("diag separate w8", {"DIAG_SEPARATE": True, "DIAG_LAUNCH": (8, 1)}),
+    ("diag separate s2", {"DIAG_SEPARATE": True, "DIAG_LAUNCH": (4, 2)}),
     ("state s2", {"STATE_LAUNCH": (4, 2)}),
     ("state s4", {"STATE_LAUNCH": (4, 4)}),
     ("state bv32", {"STATE_BV": 32}),
@@ -121,7 +125,8 @@ def main() -> None:
         f"best: {res.get('best')}; fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}, host ms {res.get('fla_fwd_host_ms')}"
     )
     print(f"fla fwd kernels: {json.dumps(res.get('fla_fwd_kernels_ms'))}")
-    short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_state_kernel": "state", "_output_kernel": "out"}
+    short = {"_prep_kernel": "prep", "_diag_kernel": "diag", "_scores2_kernel": "scores2", "_state_kernel": "state",
+             "_output_kernel": "out"}
     print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} {'o err':>8} " + " ".join(f"{v:>8}" for v in short.values()))
     for name, r in res["settings"].items():
         if "error" in r:

@@ -178,6 +178,87 @@ def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constex
 
 
 @triton.jit
+def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, H: tl.constexpr,
+                K: tl.constexpr, L2: tl.constexpr):
+    """One K tile of a chunk for the scores: k, q (fp32, normalised when ``L2``), G, ``Gd = G - G_first`` (G less
+    its sub-block's first row) and ``k e^Gd``, ``q e^Gd``."""
+    kf = _load_tile(k_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rk_ptr, rb, L2)
+    qf = _load_tile(q_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rq_ptr, rb, L2)
+    cm = (ck < K)[None, :]
+    Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
+    Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
+    e = tl.exp(Gd)
+    return kf, qf, Gf, Gd, kf * e, qf * e
+
+
+@triton.jit
+def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, span_max,
+               H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
+               L2: tl.constexpr, DPREC: tl.constexpr):
+    """One K tile's share of the four diagonal 16 x 16 blocks ``dkk``, ``dqk`` ([4, 16, 16] fp32): one batched dot
+    through each block's first row where the tile's gates allow (``|Gd| <= span_max``), else pairwise."""
+    NB: tl.constexpr = C // S
+    if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
+        R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
+        dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
+        dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
+    else:  # pairwise, column j of every diagonal block at once
+        cm = (ck < K)[None, :]
+        for j in range(0, S):
+            src = first + j
+            kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
+            Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
+            kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
+            at = tl.arange(0, S)[None, None, :] == j
+            dkk = tl.where(at, dkk + tl.reshape(tl.sum(kf * kc, 1), (NB, S))[:, :, None], dkk)
+            dqk = tl.where(at, dqk + tl.reshape(tl.sum(qf * kc, 1), (NB, S))[:, :, None], dqk)
+    return dkk, dqk
+
+
+@triton.jit
+def _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C: tl.constexpr, S: tl.constexpr):
+    """Store the diagonal blocks: Akk's strictly below the diagonal (times beta ``b``), Aqk's on and below it
+    (times ``scale``); ``a_off`` the chunk's row offsets ``[C, 1]``."""
+    r16 = tl.arange(0, S)
+    d_off = a_off + first[:, None] + r16[None, :]  # diagonal block of row i: columns 16 (i // 16) + r
+    D = tl.reshape(dkk, (C, S))
+    tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], D * b, 0.0))
+    D = tl.reshape(dqk, (C, S))
+    tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], D * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _diag_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, cbos_ptr, clen_ptr, Aqk_ptr, Akk_ptr, scale, span_max,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
+                 BKS: tl.constexpr, L2: tl.constexpr, DPREC: tl.constexpr):
+    """The diagonal blocks of Akk and Aqk (:func:`_diag_step`) as a kernel of their own (``DIAG_SEPARATE``), per
+    (chunk, value head), before the scores kernel, which then leaves them out."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
+    n = tl.load(clen_ptr + i_c)
+    sc = i_c.to(tl.int64) * HV + i_hv
+    rows = tl.arange(0, C)
+    loc = rows % S
+    first = rows - loc
+    qk_base = bos * (H * K) + i_h * K
+    g_base = sc * (C * K)
+    rb = sc * C
+    NB: tl.constexpr = C // S
+    dkk = tl.zeros([NB, S, S], dtype=tl.float32)
+    dqk = tl.zeros([NB, S, S], dtype=tl.float32)
+    for k0 in range(0, K, BKS):
+        ck = k0 + tl.arange(0, BKS)
+        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
+                                             n, H, K, L2)
+        dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc,
+                              ck, n, span_max, H, K, C, S, BKS, L2, DPREC)
+    b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
+    _store_diag(Akk_ptr, Aqk_ptr, sc * (C * C) + rows[:, None] * C, first, loc, dkk, dqk, b, scale, C, S)
+
+
+@triton.jit
 def _scores2_kernel(
     q_ptr,
     k_ptr,
@@ -208,6 +289,7 @@ def _scores2_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
+    DIAG: tl.constexpr,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -222,7 +304,8 @@ def _scores2_kernel(
     ``ieee`` for fp32) where the tile's largest ``|G_i - G_f|`` inside a block is <= ``span_max`` (so both factors
     stay far inside fp32's range), else pairwise (step j: key row ``16 (i // 16) + j`` for every row i, ``where``
     before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
-    lower blocks of Akk (zero on and above the diagonal)."""
+    lower blocks of Akk (zero on and above the diagonal). Without ``DIAG`` the diagonal blocks are left to
+    :func:`_diag_kernel`, launched before (the solve reads them from memory)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -243,33 +326,17 @@ def _scores2_kernel(
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
-        cm = (ck < K)[None, :]
-        kf = _load_tile(k_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rk_ptr, rb, L2)
-        qf = _load_tile(q_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rq_ptr, rb, L2)
-        Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        e = tl.exp(Gd)
-        kl = kf * e
-        ql = qf * e
+        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
+                                             n, H, K, L2)
         for I in tl.static_range(1, C // S):
             ref = tl.load(G_ptr + g_base + I * S * K + ck, mask=ck < K, other=0.0)
             R = tl.trans(kf * tl.exp(tl.minimum(ref[None, :] - Gf, 0.0)))
             inI = (blk == I)[:, None]
             akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
             aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
-        if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
-            R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
-            dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
-            dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
-        else:  # pairwise, column j of every diagonal block at once
-            for j in range(0, S):
-                src = first + j
-                kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
-                Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
-                kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
-                at = tl.arange(0, S)[None, None, :] == j
-                dkk = tl.where(at, dkk + tl.reshape(tl.sum(kf * kc, 1), (NB, S))[:, :, None], dkk)
-                dqk = tl.where(at, dqk + tl.reshape(tl.sum(qf * kc, 1), (NB, S))[:, :, None], dqk)
+        if DIAG:
+            dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
+                                  loc, ck, n, span_max, H, K, C, S, BKS, L2, DPREC)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
@@ -278,12 +345,8 @@ def _scores2_kernel(
     tl.store(
         Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
     )
-    r16 = tl.arange(0, S)
-    d_off = a_off + first[:, None] + r16[None, :]  # diagonal block of row i: columns 16 (i // 16) + r
-    D = tl.reshape(dkk, (C, S))
-    tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], D * b, 0.0))
-    D = tl.reshape(dqk, (C, S))
-    tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], D * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
+    if DIAG:
+        _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C, S)
     tl.debug_barrier()
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
     tl.debug_barrier()
@@ -524,6 +587,8 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
+DIAG_SEPARATE = False  # the diagonal blocks of Akk / Aqk in a kernel of their own before the scores kernel
+DIAG_LAUNCH = (4, 1)  # ... its num_warps, num_stages
 STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
@@ -638,6 +703,12 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             num_stages=PREP_LAUNCH[1],
         )
         prec = "ieee" if fp32 else INTRA_PREC16
+        dprec = "ieee" if fp32 else INTRA_DIAG_PREC16
+        if DIAG_SEPARATE:
+            _diag_kernel[(nch, HV)](
+                q, k, beta, G, rq, rk, cbos, clen, Aqk, Akk, scale, INTRA_SPAN_MAX, H=H, HV=HV, K=K, C=CHUNK, S=SUB,
+                BKS=SCORES2_BK, L2=use_l2, DPREC=dprec, num_warps=DIAG_LAUNCH[0], num_stages=DIAG_LAUNCH[1],
+            )
         _scores2_kernel[(nch, HV)](
             q,
             k,
@@ -665,7 +736,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             BVW=min(BV, WU_B),
             L2=use_l2,
             PREC=prec,
-            DPREC="ieee" if fp32 else INTRA_DIAG_PREC16,
+            DPREC=dprec,
+            DIAG=not DIAG_SEPARATE,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

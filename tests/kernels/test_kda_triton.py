@@ -83,6 +83,27 @@ def test_triton_varlen_gate_l2_and_backward(fn):
 
 
 @pytest.mark.parametrize("span_max", [None, -1.0])
+def test_triton_diagonal_kernel_of_its_own_equals_fused(monkeypatch, span_max):
+    """``DIAG_SEPARATE``: the diagonal blocks of Akk / Aqk from a kernel of their own before the scores kernel give
+    the fused kernel's intermediates bit for bit (the same ``_diag_step``), through the batched dots and, with
+    ``INTRA_SPAN_MAX = -1``, the pairwise path; varlen with a ragged chunk, HV = 2 H, several K tiles."""
+    from kernels.kda import chunk_triton
+    from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
+
+    if span_max is not None:
+        monkeypatch.setattr(chunk_triton, "INTRA_SPAN_MAX", span_max)
+    q, k, v, g, beta, s0 = make_inputs(1, 75, 1, 2, 40, 36, h0=True, N=2)
+    x = _to([F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, g, beta, s0])
+    cu = torch.tensor([0, 9, 75], dtype=torch.int32, device=kernel_device())
+    runs = []
+    for separate in (False, True):
+        monkeypatch.setattr(chunk_triton, "DIAG_SEPARATE", separate)
+        runs.append(chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu))
+    for name in ("Aqk", "T", "W", "U", "o", "ht"):
+        assert torch.equal(getattr(runs[0], name), getattr(runs[1], name)), name
+
+
+@pytest.mark.parametrize("span_max", [None, -1.0])
 def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
     and goes pairwise in tiles with sharp ones: one chunk here holds both (16-column tiles: sharp, mild, near the
