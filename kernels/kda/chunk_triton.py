@@ -178,6 +178,23 @@ def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constex
 
 
 @triton.jit
+def _scores_program(cbos_ptr, clen_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
+                    S: tl.constexpr):
+    """A (chunk, value head) program's set-up: ``(i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb)``: the
+    value head, the chunk's first token and length, its slab index, row indices, each row's place in its sub-block
+    and that sub-block's first row, and the bases of q / k, of G and of the per-row norms."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
+    n = tl.load(clen_ptr + i_c)
+    sc = i_c.to(tl.int64) * HV + i_hv
+    rows = tl.arange(0, C)
+    loc = rows % S
+    return i_hv, bos, n, sc, rows, loc, rows - loc, bos * (H * K) + i_h * K, sc * (C * K), sc * C
+
+
+@triton.jit
 def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, H: tl.constexpr,
                 K: tl.constexpr, L2: tl.constexpr):
     """One K tile of a chunk for the scores: k, q (fp32, normalised when ``L2``), G, ``Gd = G - G_first`` (G less
@@ -233,18 +250,7 @@ def _diag_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, cbos_ptr, clen_p
                  BKS: tl.constexpr, L2: tl.constexpr, DPREC: tl.constexpr):
     """The diagonal blocks of Akk and Aqk (:func:`_diag_step`) as a kernel of their own (``DIAG_SEPARATE``), per
     (chunk, value head), before the scores kernel, which then leaves them out."""
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
-    n = tl.load(clen_ptr + i_c)
-    sc = i_c.to(tl.int64) * HV + i_hv
-    rows = tl.arange(0, C)
-    loc = rows % S
-    first = rows - loc
-    qk_base = bos * (H * K) + i_h * K
-    g_base = sc * (C * K)
-    rb = sc * C
+    i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, H, HV, K, C, S)
     NB: tl.constexpr = C // S
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
@@ -306,19 +312,8 @@ def _scores2_kernel(
     before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
     lower blocks of Akk (zero on and above the diagonal). Without ``DIAG`` the diagonal blocks are left to
     :func:`_diag_kernel`, launched before (the solve reads them from memory)."""
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
-    n = tl.load(clen_ptr + i_c)
-    sc = i_c.to(tl.int64) * HV + i_hv
-    rows = tl.arange(0, C)
-    loc = rows % S
+    i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, H, HV, K, C, S)
     blk = rows // S
-    first = rows - loc
-    qk_base = bos * (H * K) + i_h * K
-    g_base = sc * (C * K)
-    rb = sc * C
     akk = tl.zeros([C, C], dtype=tl.float32)
     aqk = tl.zeros([C, C], dtype=tl.float32)
     NB: tl.constexpr = C // S
