@@ -105,6 +105,10 @@ def _prep_kernel(
     rq_ptr,
     rk_ptr,
     scale,
+    beta_ptr,
+    Akk_ptr,
+    Aqk_ptr,
+    span_max,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -114,9 +118,15 @@ def _prep_kernel(
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
+    DIAG: tl.constexpr,
+    S: tl.constexpr,
+    DPREC: tl.constexpr,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2), the gate, G = cumsum(g) (fp32), G_last,
-    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile."""
+    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile.
+    ``DIAG`` (``DIAG_BLOCKS = "prep"``): also the diagonal blocks of Akk / Aqk (:func:`_diag_step`) from the tiles
+    already in registers (the sub-blocks' first rows of G by a masked sum), which the scores kernel then leaves
+    out."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -145,6 +155,11 @@ def _prep_kernel(
     a_log = 0.0
     if GATE:
         a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
+    NB: tl.constexpr = C // S
+    loc = rows % S
+    first = rows - loc
+    dkk = tl.zeros([NB, S, S], dtype=tl.float32)
+    dqk = tl.zeros([NB, S, S], dtype=tl.float32)
     for k0 in range(0, K, BKP):
         ck = k0 + tl.arange(0, BKP)
         cm = ck < K
@@ -161,10 +176,20 @@ def _prep_kernel(
         tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
         off = sc * (C * K) + rows[:, None] * K + ck[None, :]
         tl.store(G_ptr + off, G, mask=cm[None, :])
-        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(qg_ptr + off, (x * (rq * scale)[:, None] * tl.exp(G)).to(qg_ptr.dtype.element_ty), mask=cm[None, :])
-        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(kg_ptr + off, (x * rk[:, None] * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
+        qf = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32) * rq[:, None]
+        tl.store(qg_ptr + off, (qf * scale * tl.exp(G)).to(qg_ptr.dtype.element_ty), mask=cm[None, :])
+        kf = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32) * rk[:, None]
+        tl.store(kg_ptr + off, (kf * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
+        if DIAG:
+            G3 = tl.reshape(G, (NB, S, BKP))
+            G0 = tl.sum(tl.where((tl.arange(0, S) == 0)[None, :, None], G3, 0.0), 1)  # each sub-block's first row
+            Gd = tl.reshape(G3 - G0[:, None, :], (C, BKP))
+            e = tl.exp(Gd)
+            dkk, dqk = _diag_step(kf, qf, kf * e, qf * e, G, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, bos * (H * K) + i_h * K,
+                                  sc * (C * K), sc * C, first, loc, ck, n, span_max, H, K, C, S, BKP, L2, DPREC)
+    if DIAG:
+        b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rm, other=0.0).to(tl.float32)[:, None]
+        _store_diag(Akk_ptr, Aqk_ptr, sc * (C * C) + rows[:, None] * C, first, loc, dkk, dqk, b, scale, C, S)
 
 
 @triton.jit
@@ -220,6 +245,7 @@ def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, 
         dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
         dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
     else:  # pairwise, column j of every diagonal block at once
+        tl.debug_barrier()  # (in the prep kernel the rows read back below were stored by this program's other threads)
         cm = (ck < K)[None, :]
         for j in range(0, S):
             src = first + j
@@ -248,7 +274,7 @@ def _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C: tl.c
 def _diag_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, cbos_ptr, clen_ptr, Aqk_ptr, Akk_ptr, scale, span_max,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
                  BKS: tl.constexpr, L2: tl.constexpr, DPREC: tl.constexpr):
-    """The diagonal blocks of Akk and Aqk (:func:`_diag_step`) as a kernel of their own (``DIAG_SEPARATE``), per
+    """The diagonal blocks of Akk and Aqk (:func:`_diag_step`) as a kernel of their own (``DIAG_BLOCKS = "kernel"``), per
     (chunk, value head), before the scores kernel, which then leaves them out."""
     i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, H, HV, K, C, S)
     NB: tl.constexpr = C // S
@@ -582,7 +608,8 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
-DIAG_SEPARATE = False  # the diagonal blocks of Akk / Aqk in a kernel of their own before the scores kernel
+DIAG_BLOCKS = "scores"  # where the diagonal blocks of Akk / Aqk are formed: "scores" (the scores kernel), "kernel"
+# (_diag_kernel, a kernel of their own before it) or "prep" (the prep kernel, from the tiles it holds)
 DIAG_LAUNCH = (4, 1)  # ... its num_warps, num_stages
 STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
@@ -670,6 +697,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     if nch:
         cbc = dict(cbos_ptr=cbos, clen_ptr=clen)
+        dprec = "ieee" if fp32 else INTRA_DIAG_PREC16
         _prep_kernel[(nch, HV)](
             q,
             k,
@@ -685,6 +713,10 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             rq_ptr=rq,
             rk_ptr=rk,
             scale=scale,
+            beta_ptr=beta,
+            Akk_ptr=Akk,
+            Aqk_ptr=Aqk,
+            span_max=INTRA_SPAN_MAX,
             H=H,
             HV=HV,
             K=K,
@@ -694,12 +726,14 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
+            DIAG=DIAG_BLOCKS == "prep",
+            S=SUB,
+            DPREC=dprec,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
         prec = "ieee" if fp32 else INTRA_PREC16
-        dprec = "ieee" if fp32 else INTRA_DIAG_PREC16
-        if DIAG_SEPARATE:
+        if DIAG_BLOCKS == "kernel":
             _diag_kernel[(nch, HV)](
                 q, k, beta, G, rq, rk, cbos, clen, Aqk, Akk, scale, INTRA_SPAN_MAX, H=H, HV=HV, K=K, C=CHUNK, S=SUB,
                 BKS=SCORES2_BK, L2=use_l2, DPREC=dprec, num_warps=DIAG_LAUNCH[0], num_stages=DIAG_LAUNCH[1],
@@ -732,7 +766,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC=dprec,
-            DIAG=not DIAG_SEPARATE,
+            DIAG=DIAG_BLOCKS == "scores",
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

@@ -82,11 +82,13 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
+@pytest.mark.parametrize("where", ["kernel", "prep"])
 @pytest.mark.parametrize("span_max", [None, -1.0])
-def test_triton_diagonal_kernel_of_its_own_equals_fused(monkeypatch, span_max):
-    """``DIAG_SEPARATE``: the diagonal blocks of Akk / Aqk from a kernel of their own before the scores kernel give
-    the fused kernel's intermediates bit for bit (the same ``_diag_step``), through the batched dots and, with
-    ``INTRA_SPAN_MAX = -1``, the pairwise path; varlen with a ragged chunk, HV = 2 H, several K tiles."""
+def test_triton_diagonal_blocks_elsewhere_equal_fused(monkeypatch, where, span_max):
+    """``DIAG_BLOCKS``: the diagonal blocks of Akk / Aqk formed by a kernel of their own before the scores kernel give
+    the fused kernel's intermediates bit for bit (the same ``_diag_step`` over the same tiles); formed by the prep
+    kernel (32-column tiles instead of 16: another summation order) to fp32 rounding. Through the batched dots and,
+    with ``INTRA_SPAN_MAX = -1``, the pairwise path; varlen with a ragged chunk, HV = 2 H, several K tiles."""
     from kernels.kda import chunk_triton
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
 
@@ -96,11 +98,16 @@ def test_triton_diagonal_kernel_of_its_own_equals_fused(monkeypatch, span_max):
     x = _to([F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, g, beta, s0])
     cu = torch.tensor([0, 9, 75], dtype=torch.int32, device=kernel_device())
     runs = []
-    for separate in (False, True):
-        monkeypatch.setattr(chunk_triton, "DIAG_SEPARATE", separate)
+    for blocks in ("scores", where):
+        monkeypatch.setattr(chunk_triton, "DIAG_BLOCKS", blocks)
         runs.append(chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu))
     for name in ("Aqk", "T", "W", "U", "o", "ht"):
-        assert torch.equal(getattr(runs[0], name), getattr(runs[1], name)), name
+        a, b = getattr(runs[1], name), getattr(runs[0], name)
+        if where == "kernel":
+            assert torch.equal(a, b), name
+        else:
+            assert_rel_rms(a, b, 1e-6, name)
+            assert not torch.equal(runs[1].T, runs[0].T)  # computed apart, not a copy of the scores kernel's
 
 
 @pytest.mark.parametrize("span_max", [None, -1.0])
