@@ -176,15 +176,18 @@ def _prep_kernel(
         tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
         off = sc * (C * K) + rows[:, None] * K + ck[None, :]
         tl.store(G_ptr + off, G, mask=cm[None, :])
-        qf = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32) * rq[:, None]
-        tl.store(qg_ptr + off, (qf * scale * tl.exp(G)).to(qg_ptr.dtype.element_ty), mask=cm[None, :])
-        kf = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32) * rk[:, None]
-        tl.store(kg_ptr + off, (kf * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
+        xq = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(qg_ptr + off, (xq * (rq * scale)[:, None] * tl.exp(G)).to(qg_ptr.dtype.element_ty), mask=cm[None, :])
+        xk = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(kg_ptr + off, (xk * rk[:, None] * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
         if DIAG:
+            qf = xq * rq[:, None]
+            kf = xk * rk[:, None]
             G3 = tl.reshape(G, (NB, S, BKP))
             G0 = tl.sum(tl.where((tl.arange(0, S) == 0)[None, :, None], G3, 0.0), 1)  # each sub-block's first row
             Gd = tl.reshape(G3 - G0[:, None, :], (C, BKP))
             e = tl.exp(Gd)
+            tl.debug_barrier()  # the pairwise path reads back G rows that other threads of this program just stored
             dkk, dqk = _diag_step(kf, qf, kf * e, qf * e, G, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, bos * (H * K) + i_h * K,
                                   sc * (C * K), sc * C, first, loc, ck, n, span_max, H, K, C, S, BKP, L2, DPREC)
     if DIAG:
@@ -245,7 +248,6 @@ def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, 
         dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
         dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
     else:  # pairwise, column j of every diagonal block at once
-        tl.debug_barrier()  # (in the prep kernel the rows read back below were stored by this program's other threads)
         cm = (ck < K)[None, :]
         for j in range(0, S):
             src = first + j
