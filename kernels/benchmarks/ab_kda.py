@@ -12,7 +12,6 @@ of both settings. JSON to ``$OUT/ab_kda.json`` and a table.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import sys
@@ -22,37 +21,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels.benchmarks.bench_kda import V, bench, call, kernel_ms, make, peak_extra_gib  # noqa: E402
-from kernels.kda import chunk_triton as ct  # noqa: E402
-from kernels.kda import chunk_triton_bwd as cb  # noqa: E402
-
-
-def _parse(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        if not any(hasattr(m, name) for m in (ct, cb)):
-            raise SystemExit(f"ab_kda: no constant {name!r} in chunk_triton or chunk_triton_bwd")
-        out[name] = ast.literal_eval(value)
-    return out
-
-
-class _Setting:
-    """Context manager that sets module constants (in whichever of the two modules has them) and restores them."""
-
-    def __init__(self, consts: dict) -> None:
-        self.consts, self.saved = consts, []
-
-    def __enter__(self):
-        for name, value in self.consts.items():
-            mod = ct if hasattr(ct, name) else cb
-            self.saved.append((mod, name, getattr(mod, name)))
-            setattr(mod, name, value)
-
-    def __exit__(self, *exc):
-        for mod, name, value in reversed(self.saved):
-            setattr(mod, name, value)
-        self.saved.clear()
+from kernels.benchmarks.bench_kda import (  # noqa: E402
+    V,
+    bench,
+    call,
+    kda_constants,
+    kernel_ms,
+    make,
+    parse_constants,
+    peak_extra_gib,
+)
 
 
 def _measure(impl: str, xs, do) -> dict:
@@ -68,11 +46,11 @@ def run_shape(shape: str, setting: dict, rounds: int, fla: bool) -> dict:
     res: dict = {"default": [], "setting": []}
     for _ in range(rounds):
         res["default"].append(_measure("ours", xs, do))
-        with _Setting(setting):
+        with kda_constants(setting):
             res["setting"].append(_measure("ours", xs, do))
     step = lambda: torch.autograd.backward(call("ours", xs)[0], do)  # noqa: E731
     res["default_kernels_ms"] = kernel_ms(step, 3)
-    with _Setting(setting):
+    with kda_constants(setting):
         step()
         res["setting_kernels_ms"] = kernel_ms(step, 3)
     if fla:
@@ -94,7 +72,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-fla", action="store_true")
     args = ap.parse_args()
-    setting = _parse(args.set)
+    setting = parse_constants(args.set, "ab_kda --set")
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "setting": args.set, "shapes": {}}
     path = os.path.join(os.environ.get("OUT", "."), "ab_kda.json")
     t0 = time.time()

@@ -14,6 +14,8 @@ every shape and prints a table.
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import functools
 import json
 import os
@@ -203,23 +205,43 @@ def time_decode(impl, N=64, H=32) -> dict:
     return {"decode_us": ms * 1e3, "state_GBps": 2 * state.numel() * 4 / ms / 1e6}
 
 
-def apply_constants(path: str) -> dict:
-    """Set ``NAME=VALUE`` lines of ``path`` (Python literals) on the KDA kernel modules that define NAME."""
-    import ast
-
+def _kda_module(name: str):
+    """The KDA kernel module (``chunk_triton`` or ``chunk_triton_bwd``) that defines constant ``name``, or None."""
     from kernels.kda import chunk_triton, chunk_triton_bwd
 
-    done = {}
-    for line in open(path).read().splitlines():
-        if not line.strip():
-            continue
-        name, value = line.split("=", 1)
-        mod = next((m for m in (chunk_triton, chunk_triton_bwd) if hasattr(m, name.strip())), None)
-        if mod is None:
-            raise SystemExit(f"{path}: no KDA kernel constant named {name.strip()!r}")
-        setattr(mod, name.strip(), ast.literal_eval(value.strip()))
-        done[name.strip()] = getattr(mod, name.strip())
-    return done
+    return next((m for m in (chunk_triton, chunk_triton_bwd) if hasattr(m, name)), None)
+
+
+def parse_constants(pairs, where: str) -> dict:
+    """``NAME=VALUE`` strings (Python literals) -> ``{NAME: value}``; an unknown NAME exits naming ``where``."""
+    out = {}
+    for pair in pairs:
+        name, _, value = (x.strip() for x in pair.partition("="))
+        if _kda_module(name) is None:
+            raise SystemExit(f"{where}: no KDA kernel constant named {name!r}")
+        out[name] = ast.literal_eval(value)
+    return out
+
+
+@contextlib.contextmanager
+def kda_constants(consts: dict):
+    """Set KDA kernel constants on the modules that define them for the ``with`` block, then restore them."""
+    saved = [(m, name, getattr(m, name)) for name in consts for m in (_kda_module(name),)]
+    try:
+        for m, name, _ in saved:
+            setattr(m, name, consts[name])
+        yield
+    finally:
+        for m, name, value in reversed(saved):
+            setattr(m, name, value)
+
+
+def apply_constants(path: str) -> dict:
+    """Set the ``NAME=VALUE`` lines of ``path`` (Python literals) on the KDA kernel modules that define NAME."""
+    consts = parse_constants([line for line in open(path).read().splitlines() if line.strip()], path)
+    for name, value in consts.items():
+        setattr(_kda_module(name), name, value)
+    return consts
 
 
 def main() -> None:

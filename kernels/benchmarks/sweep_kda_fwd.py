@@ -22,8 +22,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels.benchmarks.bench_kda import bench, call, correctness, host_ms, kernel_ms, make, rel  # noqa: E402
-from kernels.kda import chunk_triton as ct  # noqa: E402
+from kernels.benchmarks.bench_kda import (  # noqa: E402
+    bench,
+    call,
+    correctness,
+    host_ms,
+    kda_constants,
+    kernel_ms,
+    make,
+    rel,
+)
 
 # (name, {chunk_triton constant: value})
 SETTINGS = [
@@ -62,26 +70,20 @@ SETTINGS = [
 
 
 def run_setting(consts: dict, xs, ref) -> tuple[dict, torch.Tensor]:
-    saved = {name: getattr(ct, name) for name in consts}
-    try:
-        for name, value in consts.items():
-            setattr(ct, name, value)
+    with kda_constants(consts):
         o = call("ours", xs)[0].detach()
         ms = bench(lambda: call("ours", xs))
         host = host_ms(lambda: call("ours", xs))
         kernels = kernel_ms(lambda: call("ours", xs), 5)
         diff = rel(o, ref) if ref is not None else 0.0
         errs = correctness(["ours"])["ours"]
-        return {
-            "fwd_ms": ms,
-            "fwd_host_ms": host,
-            "rel_diff_vs_default": diff,
-            "o_err_vs_fp64": errs.get("o"),
-            "kernels_ms": kernels,
-        }, o
-    finally:
-        for name, value in saved.items():
-            setattr(ct, name, value)
+    return {
+        "fwd_ms": ms,
+        "fwd_host_ms": host,
+        "rel_diff_vs_default": diff,
+        "o_err_vs_fp64": errs.get("o"),
+        "kernels_ms": kernels,
+    }, o
 
 
 def main() -> None:

@@ -18,15 +18,26 @@ def test_benchmark_module_imports(name):
     assert mod.__doc__, f"kernels/benchmarks/{name}.py has no docstring saying how to run it"
 
 
-def test_ab_kda_setting_parses_sets_and_restores():
-    from kernels.benchmarks import ab_kda
+def test_kda_constants_parse_set_and_restore(tmp_path, monkeypatch):
+    """``bench_kda``'s constants (``ab_kda --set``, the sweeps' settings, ``--set-file``): parsed as Python literals,
+    set on whichever KDA kernel module defines them, restored after a ``with`` block even when it raises; an unknown
+    name stops with its name."""
+    from kernels.benchmarks.bench_kda import apply_constants, kda_constants, parse_constants
     from kernels.kda import chunk_triton, chunk_triton_bwd
 
-    setting = ab_kda._parse(["SCORES2_BK=32", "BWD_DY_BV=64", "SCORES2_LAUNCH=(4, 2)"])
+    setting = parse_constants(["SCORES2_BK=32", "BWD_DY_BV = 64", "SCORES2_LAUNCH=(4, 2)"], "test")
     assert setting == {"SCORES2_BK": 32, "BWD_DY_BV": 64, "SCORES2_LAUNCH": (4, 2)}
-    before = (chunk_triton.SCORES2_BK, chunk_triton_bwd.BWD_DY_BV, chunk_triton.SCORES2_LAUNCH)
-    with ab_kda._Setting(setting):
-        assert (chunk_triton.SCORES2_BK, chunk_triton_bwd.BWD_DY_BV, chunk_triton.SCORES2_LAUNCH) == (32, 64, (4, 2))
-    assert (chunk_triton.SCORES2_BK, chunk_triton_bwd.BWD_DY_BV, chunk_triton.SCORES2_LAUNCH) == before
+    now = lambda: (chunk_triton.SCORES2_BK, chunk_triton_bwd.BWD_DY_BV, chunk_triton.SCORES2_LAUNCH)  # noqa: E731
+    before = now()
+    with pytest.raises(RuntimeError), kda_constants(setting):
+        assert now() == (32, 64, (4, 2))
+        raise RuntimeError
+    assert now() == before
     with pytest.raises(SystemExit, match="NO_SUCH_CONSTANT"):
-        ab_kda._parse(["NO_SUCH_CONSTANT=1"])
+        parse_constants(["NO_SUCH_CONSTANT=1"], "test")
+    f = tmp_path / "consts.txt"
+    f.write_text("SCORES2_BK=32\n\nBWD_DY_BV=64\n")
+    monkeypatch.setattr(chunk_triton, "SCORES2_BK", chunk_triton.SCORES2_BK)  # restored after the test
+    monkeypatch.setattr(chunk_triton_bwd, "BWD_DY_BV", chunk_triton_bwd.BWD_DY_BV)
+    assert apply_constants(str(f)) == {"SCORES2_BK": 32, "BWD_DY_BV": 64}
+    assert (chunk_triton.SCORES2_BK, chunk_triton_bwd.BWD_DY_BV) == (32, 64)
