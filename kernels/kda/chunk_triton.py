@@ -155,11 +155,12 @@ def _prep_kernel(
     a_log = 0.0
     if GATE:
         a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
-    NB: tl.constexpr = C // S
-    loc = rows % S
-    first = rows - loc
-    dkk = tl.zeros([NB, S, S], dtype=tl.float32)
-    dqk = tl.zeros([NB, S, S], dtype=tl.float32)
+    if DIAG:
+        NB: tl.constexpr = C // S
+        loc = rows % S
+        first = rows - loc
+        dkk = tl.zeros([NB, S, S], dtype=tl.float32)
+        dqk = tl.zeros([NB, S, S], dtype=tl.float32)
     for k0 in range(0, K, BKP):
         ck = k0 + tl.arange(0, BKP)
         cm = ck < K
