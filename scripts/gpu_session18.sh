@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Prepared in session 17 for the next session's GPU calls (results: docs/results/gpu-<date>-s18/):
-#   bash scripts/gpu_session18.sh diag     the KDA forward with the diagonal blocks of Akk / Aqk formed outside the
-#       scores kernel (DIAG_BLOCKS = "kernel": a kernel of their own; "prep": the prep kernel, from the tiles it
-#       holds). Without them the scores kernel needs 156 registers and no spills, against 168 with 284 bytes of spills
-#       (ptxas_regs, Triton 3.9). Its GPU tests, then sweep_kda_fwd.py's diag settings at 1 x 8192 x 32 and
-#       4 x 4096 x 32 with fla in the run, then ab_kda.py (forward + backward) for DIAG_BLOCKS="kernel" and "prep"
+# Session 18's GPU calls (results: docs/results/gpu-2026-11-28-s18/):
+#   bash scripts/gpu_session18.sh diag      (call1) the KDA forward with the diagonal blocks of Akk / Aqk formed outside
+#       the scores kernel (DIAG_BLOCKS = "kernel": a kernel of their own; "prep": the prep kernel, from the tiles it
+#       holds): GPU tests, sweep_kda_fwd.py's diag settings at 1 x 8192 x 32 and 4 x 4096 x 32 with fla in the run,
+#       then ab_kda.py (forward + backward) for DIAG_BLOCKS="kernel" and "prep"
+#   bash scripts/gpu_session18.sh batched   (call2) the off-diagonal blocks as one batched dot (OFFDIAG_BATCHED),
+#       alone and with the diagonal blocks in the prep kernel (16-column tiles) or in a kernel of their own: GPU tests,
+#       the sweep at both shapes, then ab_kda.py (forward + backward, fla in the run) of batched + diag prep bk16
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session18.sh diag}" in
+case "${1:?usage: gpu_session18.sh diag|batched}" in
 diag)
   install_fla
   PART_TAIL=8 part "KDA GPU tests (diagonal blocks, forward intermediates)" 90 python3 -m pytest -q \
@@ -25,6 +27,22 @@ diag prep,diag prep nreg160,diag prep w8,diag prep bk16"
     PART_TAIL=12 part "ab_kda: diagonal blocks in the $where, forward + backward" 150 env OUT="$OUT/ab_$where" \
       python3 kernels/benchmarks/ab_kda.py --set "DIAG_BLOCKS='$where'" --shapes 1x8192x32 --rounds 3 --no-fla
   done
+  ;;
+batched)
+  install_fla
+  PART_TAIL=8 part "KDA GPU tests (scores forms, forward intermediates)" 90 python3 -m pytest -q \
+    -p no:cacheprovider -rf tests/kernels/test_kda_triton.py -k "scores_forms or fwd_intermediates"
+  for shape in 1x8192x32 4x4096x32; do
+    mkdir -p "$OUT/$shape"
+    PART_TAIL=30 part "sweep_kda_fwd: batched off-diagonal blocks, $shape" 220 python3 \
+      kernels/benchmarks/sweep_kda_fwd.py --shape "$shape" --out "$OUT/$shape/sweep_kda_fwd.json" --only "diag prep bk16,\
+diag prep bk16 s1,batched,batched diag kernel,batched diag prep bk16,batched diag prep bk16 nreg-,\
+batched diag prep bk16 bk32 nreg-"
+  done
+  mkdir -p "$OUT/ab"
+  PART_TAIL=12 part "ab_kda: batched + diag prep bk16, forward + backward" 200 env OUT="$OUT/ab" \
+    python3 kernels/benchmarks/ab_kda.py --set OFFDIAG_BATCHED=True "DIAG_BLOCKS='prep'" PREP_BK=16 \
+    --shapes 1x8192x32 4x4096x32 --rounds 3
   ;;
 esac
 ls -la "$OUT"

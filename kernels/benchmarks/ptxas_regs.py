@@ -52,7 +52,7 @@ def _signature(name: str) -> tuple:
         args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
         extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
-                     DPREC=ct.INTRA_DIAG_PREC16, DIAG=ct.DIAG_BLOCKS == "scores")
+                     DPREC=ct.INTRA_DIAG_PREC16, DIAG=ct.DIAG_BLOCKS == "scores", BATCHED=ct.OFFDIAG_BATCHED)
     elif name == "diag":  # the diagonal blocks alone (DIAG_BLOCKS = "kernel")
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("scale", "fp32"), ("span_max", "fp32")]

@@ -325,6 +325,7 @@ def _scores2_kernel(
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
     DIAG: tl.constexpr,
+    BATCHED: tl.constexpr,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -343,24 +344,38 @@ def _scores2_kernel(
     :func:`_diag_kernel`, launched before (the solve reads them from memory)."""
     i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, H, HV, K, C, S)
     blk = rows // S
-    akk = tl.zeros([C, C], dtype=tl.float32)
-    aqk = tl.zeros([C, C], dtype=tl.float32)
     NB: tl.constexpr = C // S
+    if BATCHED:
+        akk3 = tl.zeros([NB, S, C], dtype=tl.float32)  # [sub-block, row, column]
+        aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
+    else:
+        akk = tl.zeros([C, C], dtype=tl.float32)
+        aqk = tl.zeros([C, C], dtype=tl.float32)
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
                                              n, H, K, L2)
-        for I in tl.static_range(1, C // S):
-            ref = tl.load(G_ptr + g_base + I * S * K + ck, mask=ck < K, other=0.0)
-            R = tl.trans(kf * tl.exp(tl.minimum(ref[None, :] - Gf, 0.0)))
-            inI = (blk == I)[:, None]
-            akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
-            aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
+        if BATCHED:  # every sub-block's rows against its own right operand: one [NB, 16, BKS] x [NB, BKS, C] dot
+            ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :], mask=(ck < K)[None, :],
+                          other=0.0)
+            R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
+            akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
+            aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
+        else:
+            for I in tl.static_range(1, C // S):
+                ref = tl.load(G_ptr + g_base + I * S * K + ck, mask=ck < K, other=0.0)
+                R = tl.trans(kf * tl.exp(tl.minimum(ref[None, :] - Gf, 0.0)))
+                inI = (blk == I)[:, None]
+                akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
+                aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
         if DIAG:
             dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
                                   loc, ck, n, span_max, H, K, C, S, BKS, L2, DPREC)
+    if BATCHED:
+        akk = tl.reshape(akk3, (C, C))
+        aqk = tl.reshape(aqk3, (C, C))
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
@@ -613,6 +628,9 @@ INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 DIAG_BLOCKS = "scores"  # where the diagonal blocks of Akk / Aqk are formed: "scores" (the scores kernel), "kernel"
 # (_diag_kernel, a kernel of their own before it) or "prep" (the prep kernel, from the tiles it holds)
+# Off-diagonal blocks: False, per reference row one [C, BKS] x [BKS, C] dot with the left operand masked to that
+# sub-block's rows (three full dots a K tile); True, one batched [NB, 16, BKS] x [NB, BKS, C] dot
+OFFDIAG_BATCHED = False
 DIAG_LAUNCH = (4, 1)  # ... its num_warps, num_stages
 STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
@@ -770,6 +788,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             PREC=prec,
             DPREC=dprec,
             DIAG=DIAG_BLOCKS == "scores",
+            BATCHED=OFFDIAG_BATCHED,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

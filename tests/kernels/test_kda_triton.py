@@ -82,13 +82,22 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
-@pytest.mark.parametrize("where", ["kernel", "prep"])
+SCORES_FORMS = [  # (constants, bit-equal to the default)
+    ({"DIAG_BLOCKS": "kernel"}, True),  # the same _diag_step over the same tiles
+    ({"DIAG_BLOCKS": "prep"}, False),  # the prep kernel's wider tiles: another summation order
+    ({"DIAG_BLOCKS": "prep", "PREP_BK": 16}, False),
+    ({"OFFDIAG_BATCHED": True}, False),  # the same products, summed by another dot shape
+    ({"OFFDIAG_BATCHED": True, "DIAG_BLOCKS": "prep", "PREP_BK": 16}, False),
+]
+
+
+@pytest.mark.parametrize("form,exact", SCORES_FORMS, ids=lambda x: str(x) if isinstance(x, dict) else None)
 @pytest.mark.parametrize("span_max", [None, -1.0])
-def test_triton_diagonal_blocks_elsewhere_equal_fused(monkeypatch, where, span_max):
-    """``DIAG_BLOCKS``: the diagonal blocks of Akk / Aqk formed by a kernel of their own before the scores kernel give
-    the fused kernel's intermediates bit for bit (the same ``_diag_step`` over the same tiles); formed by the prep
-    kernel (32-column tiles instead of 16: another summation order) to fp32 rounding. Through the batched dots and,
-    with ``INTRA_SPAN_MAX = -1``, the pairwise path; varlen with a ragged chunk, HV = 2 H, several K tiles."""
+def test_triton_scores_forms_equal_default(monkeypatch, form, exact, span_max):
+    """Every other form of the scores (the diagonal blocks of Akk / Aqk formed by a kernel of their own or by the
+    prep kernel; the off-diagonal blocks by one batched dot) gives the default kernels' intermediates: bit for bit
+    where ``exact``, else to fp32 rounding. Through the batched diagonal dots and, with ``INTRA_SPAN_MAX = -1``, the
+    pairwise path; varlen with a ragged chunk, HV = 2 H, several K tiles."""
     from kernels.kda import chunk_triton
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
 
@@ -97,17 +106,16 @@ def test_triton_diagonal_blocks_elsewhere_equal_fused(monkeypatch, where, span_m
     q, k, v, g, beta, s0 = make_inputs(1, 75, 1, 2, 40, 36, h0=True, N=2)
     x = _to([F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, g, beta, s0])
     cu = torch.tensor([0, 9, 75], dtype=torch.int32, device=kernel_device())
-    runs = []
-    for blocks in ("scores", where):
-        monkeypatch.setattr(chunk_triton, "DIAG_BLOCKS", blocks)
-        runs.append(chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu))
+    base = chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu)
+    for name, value in form.items():
+        monkeypatch.setattr(chunk_triton, name, value)
+    other = chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu)
     for name in ("Aqk", "T", "W", "U", "o", "ht"):
-        a, b = getattr(runs[1], name), getattr(runs[0], name)
-        if where == "kernel":
+        a, b = getattr(other, name), getattr(base, name)
+        if exact:
             assert torch.equal(a, b), name
         else:
             assert_rel_rms(a, b, 1e-6, name)
-            assert not torch.equal(runs[1].T, runs[0].T)  # computed apart, not a copy of the scores kernel's
 
 
 @pytest.mark.parametrize("span_max", [None, -1.0])
