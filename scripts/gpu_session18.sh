@@ -7,11 +7,14 @@
 #   bash scripts/gpu_session18.sh batched   (call2) the off-diagonal blocks as one batched dot (OFFDIAG_BATCHED),
 #       alone and with the diagonal blocks in the prep kernel (16-column tiles) or in a kernel of their own: GPU tests,
 #       the sweep at both shapes, then ab_kda.py (forward + backward, fla in the run) of batched + diag prep bk16
+#   (diag and batched ran at commits 4ee9455 and 3267fea; their constants were removed after call2.)
+#   bash scripts/gpu_session18.sh final     (call3) the batched off-diagonal kernel as the default: the KDA forward GPU
+#       tests, bench_kda.py against fla at the issue's shapes, and the scores kernel's register cap at 192 / 255
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session18.sh diag|batched}" in
+case "${1:?usage: gpu_session18.sh diag|batched|final}" in
 diag)
   install_fla
   PART_TAIL=8 part "KDA GPU tests (diagonal blocks, forward intermediates)" 90 python3 -m pytest -q \
@@ -43,6 +46,15 @@ batched diag prep bk16 bk32 nreg-"
   PART_TAIL=12 part "ab_kda: batched + diag prep bk16, forward + backward" 200 env OUT="$OUT/ab" \
     python3 kernels/benchmarks/ab_kda.py --set OFFDIAG_BATCHED=True "DIAG_BLOCKS='prep'" PREP_BK=16 \
     --shapes 1x8192x32 4x4096x32 --rounds 3
+  ;;
+final)
+  install_fla
+  PART_TAIL=8 part "KDA forward GPU tests" 120 python3 -m pytest -q -p no:cacheprovider -rf \
+    tests/kernels/test_kda_triton.py
+  PART_TAIL=30 part "bench_kda ours vs fla" 270 python3 kernels/benchmarks/bench_kda.py --no-prelude \
+    --impls ours,fla --deadline 240 --shapes 1x8192x32,4x4096x32,8x2048x16,2x16384x16,1x32768x16
+  PART_TAIL=12 part "sweep_kda_fwd: scores register cap" 90 python3 kernels/benchmarks/sweep_kda_fwd.py \
+    --shape 1x8192x32 --only "scores nreg255,scores nreg192"
   ;;
 esac
 ls -la "$OUT"

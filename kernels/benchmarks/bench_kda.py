@@ -205,11 +205,15 @@ def time_decode(impl, N=64, H=32) -> dict:
     return {"decode_us": ms * 1e3, "state_GBps": 2 * state.numel() * 4 / ms / 1e6}
 
 
-def _kda_module(name: str):
-    """The KDA kernel module (``chunk_triton`` or ``chunk_triton_bwd``) that defines constant ``name``, or None."""
+def _kda_module(name: str, strict: bool = False):
+    """The KDA kernel module (``chunk_triton`` or ``chunk_triton_bwd``) that defines constant ``name``, or None
+    (``strict``: a KeyError naming it)."""
     from kernels.kda import chunk_triton, chunk_triton_bwd
 
-    return next((m for m in (chunk_triton, chunk_triton_bwd) if hasattr(m, name)), None)
+    mod = next((m for m in (chunk_triton, chunk_triton_bwd) if hasattr(m, name)), None)
+    if mod is None and strict:
+        raise KeyError(f"no KDA kernel constant named {name!r} (chunk_triton, chunk_triton_bwd)")
+    return mod
 
 
 def parse_constants(pairs, where: str) -> dict:
@@ -226,7 +230,7 @@ def parse_constants(pairs, where: str) -> dict:
 @contextlib.contextmanager
 def kda_constants(consts: dict):
     """Set KDA kernel constants on the modules that define them for the ``with`` block, then restore them."""
-    saved = [(m, name, getattr(m, name)) for name in consts for m in (_kda_module(name),)]
+    saved = [(m, name, getattr(m, name)) for name in consts for m in (_kda_module(name, strict=True),)]
     try:
         for m, name, _ in saved:
             setattr(m, name, consts[name])

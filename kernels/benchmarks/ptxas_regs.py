@@ -43,21 +43,14 @@ def _signature(name: str) -> tuple:
     if name == "prep":
         args = [("q", bf), ("k", bf), ("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32")] + tab
         args += [("G", f32), ("gl", f32), ("qg", bf), ("kg", bf), ("rq", f32), ("rk", f32), ("scale", "fp32")]
-        args += [("beta", bf), ("Akk", f32), ("Aqk", bf), ("span_max", "fp32")]
         fn, extra = ct._prep_kernel, dict(H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True)
-        extra |= dict(DIAG=ct.DIAG_BLOCKS == "prep", S=ct.SUB, DPREC=ct.INTRA_DIAG_PREC16)
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf)]
         args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
         extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
-                     DPREC=ct.INTRA_DIAG_PREC16, DIAG=ct.DIAG_BLOCKS == "scores", BATCHED=ct.OFFDIAG_BATCHED)
-    elif name == "diag":  # the diagonal blocks alone (DIAG_BLOCKS = "kernel")
-        args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
-        args += [("Aqk", bf), ("Akk", f32), ("scale", "fp32"), ("span_max", "fp32")]
-        fn = ct._diag_kernel
-        extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, L2=True, DPREC=ct.INTRA_DIAG_PREC16)
+                     DPREC=ct.INTRA_DIAG_PREC16)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]

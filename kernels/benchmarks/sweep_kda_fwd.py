@@ -49,21 +49,6 @@ SETTINGS = [
     ("scores bk32 s2", {"SCORES2_BK": 32, "SCORES2_LAUNCH": (4, 2)}),
     ("scores bk32 nreg192", {"SCORES2_BK": 32, "SCORES2_MAXNREG": 192}),
     ("wu 64", {"WU_B": 64}),
-    ("diag kernel", {"DIAG_BLOCKS": "kernel"}),
-    ("diag kernel nreg160", {"DIAG_BLOCKS": "kernel", "SCORES2_MAXNREG": 160}),
-    ("diag kernel w8", {"DIAG_BLOCKS": "kernel", "DIAG_LAUNCH": (8, 1)}),
-    ("diag prep", {"DIAG_BLOCKS": "prep"}),
-    ("diag prep nreg160", {"DIAG_BLOCKS": "prep", "SCORES2_MAXNREG": 160}),
-    ("diag prep w8", {"DIAG_BLOCKS": "prep", "PREP_LAUNCH": (8, 2)}),
-    ("diag prep bk16", {"DIAG_BLOCKS": "prep", "PREP_BK": 16}),
-    ("diag prep bk16 s1", {"DIAG_BLOCKS": "prep", "PREP_BK": 16, "PREP_LAUNCH": (4, 1)}),
-    ("batched", {"OFFDIAG_BATCHED": True}),
-    ("batched diag kernel", {"OFFDIAG_BATCHED": True, "DIAG_BLOCKS": "kernel"}),
-    ("batched diag prep bk16", {"OFFDIAG_BATCHED": True, "DIAG_BLOCKS": "prep", "PREP_BK": 16}),
-    ("batched diag prep bk16 nreg-", {"OFFDIAG_BATCHED": True, "DIAG_BLOCKS": "prep", "PREP_BK": 16,
-                                      "SCORES2_MAXNREG": None}),
-    ("batched diag prep bk16 bk32 nreg-", {"OFFDIAG_BATCHED": True, "DIAG_BLOCKS": "prep", "PREP_BK": 16,
-                                           "SCORES2_BK": 32, "SCORES2_MAXNREG": None}),
     ("state s2", {"STATE_LAUNCH": (4, 2)}),
     ("state s4", {"STATE_LAUNCH": (4, 4)}),
     ("state bv32", {"STATE_BV": 32}),
@@ -138,7 +123,7 @@ def main() -> None:
         f"best: {res.get('best')}; fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}, host ms {res.get('fla_fwd_host_ms')}"
     )
     print(f"fla fwd kernels: {json.dumps(res.get('fla_fwd_kernels_ms'))}")
-    short = {"_prep_kernel": "prep", "_diag_kernel": "diag", "_scores2_kernel": "scores2", "_state_kernel": "state",
+    short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_state_kernel": "state",
              "_output_kernel": "out"}
     print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} {'o err':>8} " + " ".join(f"{v:>8}" for v in short.values()))
     for name, r in res["settings"].items():

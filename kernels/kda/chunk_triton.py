@@ -105,10 +105,6 @@ def _prep_kernel(
     rq_ptr,
     rk_ptr,
     scale,
-    beta_ptr,
-    Akk_ptr,
-    Aqk_ptr,
-    span_max,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -118,15 +114,9 @@ def _prep_kernel(
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
-    DIAG: tl.constexpr,
-    S: tl.constexpr,
-    DPREC: tl.constexpr,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2), the gate, G = cumsum(g) (fp32), G_last,
-    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile.
-    ``DIAG`` (``DIAG_BLOCKS = "prep"``): also the diagonal blocks of Akk / Aqk (:func:`_diag_step`) from the tiles
-    already in registers (the sub-blocks' first rows of G by a masked sum), which the scores kernel then leaves
-    out."""
+    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -155,12 +145,6 @@ def _prep_kernel(
     a_log = 0.0
     if GATE:
         a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
-    if DIAG:
-        NB: tl.constexpr = C // S
-        loc = rows % S
-        first = rows - loc
-        dkk = tl.zeros([NB, S, S], dtype=tl.float32)
-        dqk = tl.zeros([NB, S, S], dtype=tl.float32)
     for k0 in range(0, K, BKP):
         ck = k0 + tl.arange(0, BKP)
         cm = ck < K
@@ -177,23 +161,10 @@ def _prep_kernel(
         tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
         off = sc * (C * K) + rows[:, None] * K + ck[None, :]
         tl.store(G_ptr + off, G, mask=cm[None, :])
-        xq = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(qg_ptr + off, (xq * (rq * scale)[:, None] * tl.exp(G)).to(qg_ptr.dtype.element_ty), mask=cm[None, :])
-        xk = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(kg_ptr + off, (xk * rk[:, None] * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
-        if DIAG:
-            qf = xq * rq[:, None]
-            kf = xk * rk[:, None]
-            G3 = tl.reshape(G, (NB, S, BKP))
-            G0 = tl.sum(tl.where((tl.arange(0, S) == 0)[None, :, None], G3, 0.0), 1)  # each sub-block's first row
-            Gd = tl.reshape(G3 - G0[:, None, :], (C, BKP))
-            e = tl.exp(Gd)
-            tl.debug_barrier()  # the pairwise path reads back G rows that other threads of this program just stored
-            dkk, dqk = _diag_step(kf, qf, kf * e, qf * e, G, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, bos * (H * K) + i_h * K,
-                                  sc * (C * K), sc * C, first, loc, ck, n, span_max, H, K, C, S, BKP, L2, DPREC)
-    if DIAG:
-        b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rm, other=0.0).to(tl.float32)[:, None]
-        _store_diag(Akk_ptr, Aqk_ptr, sc * (C * C) + rows[:, None] * C, first, loc, dkk, dqk, b, scale, C, S)
+        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(qg_ptr + off, (x * (rq * scale)[:, None] * tl.exp(G)).to(qg_ptr.dtype.element_ty), mask=cm[None, :])
+        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(kg_ptr + off, (x * rk[:, None] * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
 
 
 @triton.jit
@@ -274,26 +245,6 @@ def _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C: tl.c
 
 
 @triton.jit
-def _diag_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, cbos_ptr, clen_ptr, Aqk_ptr, Akk_ptr, scale, span_max,
-                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
-                 BKS: tl.constexpr, L2: tl.constexpr, DPREC: tl.constexpr):
-    """The diagonal blocks of Akk and Aqk (:func:`_diag_step`) as a kernel of their own (``DIAG_BLOCKS = "kernel"``), per
-    (chunk, value head), before the scores kernel, which then leaves them out."""
-    i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, H, HV, K, C, S)
-    NB: tl.constexpr = C // S
-    dkk = tl.zeros([NB, S, S], dtype=tl.float32)
-    dqk = tl.zeros([NB, S, S], dtype=tl.float32)
-    for k0 in range(0, K, BKS):
-        ck = k0 + tl.arange(0, BKS)
-        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
-                                             n, H, K, L2)
-        dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc,
-                              ck, n, span_max, H, K, C, S, BKS, L2, DPREC)
-    b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
-    _store_diag(Akk_ptr, Aqk_ptr, sc * (C * C) + rows[:, None] * C, first, loc, dkk, dqk, b, scale, C, S)
-
-
-@triton.jit
 def _scores2_kernel(
     q_ptr,
     k_ptr,
@@ -324,58 +275,44 @@ def _scores2_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
-    DIAG: tl.constexpr,
-    BATCHED: tl.constexpr,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
     and W and U (:func:`_wu_chunk`, after another barrier).
 
-    Off-diagonal blocks (I, J < I): per reference row ``16 I`` (I = 1, 2, 3) one [C, BKS] x [BKS, C] tensor-core
-    dot into a shared [C, C] accumulator, the left operand ``k_i exp(G_i - G_ref(i))`` (the reference of row i's
-    own sub-block, computed once for all rows) masked to the rows of I, the right one
-    ``k_j exp(min(G_ref - G_j, 0))``: both exponents <= 0 where kept (the clamp only touches discarded columns).
+    Off-diagonal blocks (I, J < I): one batched [4, 16, BKS] x [4, BKS, C] tensor-core dot per K tile, batch I
+    the rows of sub-block I against the reference row ``16 I``: left operand ``k_i exp(G_i - G_ref(i))`` (each
+    row's own sub-block's reference, the same tile the diagonal uses), right ``k_j exp(min(G_ref(I) - G_j, 0))``:
+    both exponents <= 0 where kept (the clamp only touches discarded columns; sub-block 0's rows are computed and
+    discarded). It replaced three [C, BKS] x [BKS, C] dots masked to one sub-block's rows each (1.709 -> 1.583 ms
+    training forward at 1 x 8192 x 32, session 18 call2).
     Diagonal blocks in fp32, all four as one batched [4, 16, BKS] x [4, BKS, 16] dot per K tile through each
     block's first row (``k_i e^{G_i - G_f}`` times ``k_j e^{G_f - G_j}``, ``DPREC``: tf32x3 for 16-bit inputs,
     ``ieee`` for fp32) where the tile's largest ``|G_i - G_f|`` inside a block is <= ``span_max`` (so both factors
     stay far inside fp32's range), else pairwise (step j: key row ``16 (i // 16) + j`` for every row i, ``where``
     before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
-    lower blocks of Akk (zero on and above the diagonal). Without ``DIAG`` the diagonal blocks are left to
-    :func:`_diag_kernel`, launched before (the solve reads them from memory)."""
+    lower blocks of Akk (zero on and above the diagonal)."""
     i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, H, HV, K, C, S)
     blk = rows // S
     NB: tl.constexpr = C // S
-    if BATCHED:
-        akk3 = tl.zeros([NB, S, C], dtype=tl.float32)  # [sub-block, row, column]
-        aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
-    else:
-        akk = tl.zeros([C, C], dtype=tl.float32)
-        aqk = tl.zeros([C, C], dtype=tl.float32)
+    akk3 = tl.zeros([NB, S, C], dtype=tl.float32)  # the off-diagonal blocks: [sub-block, row, column]
+    aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
                                              n, H, K, L2)
-        if BATCHED:  # every sub-block's rows against its own right operand: one [NB, 16, BKS] x [NB, BKS, C] dot
-            ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :], mask=(ck < K)[None, :],
-                          other=0.0)
-            R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
-            akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
-            aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
-        else:
-            for I in tl.static_range(1, C // S):
-                ref = tl.load(G_ptr + g_base + I * S * K + ck, mask=ck < K, other=0.0)
-                R = tl.trans(kf * tl.exp(tl.minimum(ref[None, :] - Gf, 0.0)))
-                inI = (blk == I)[:, None]
-                akk = tl.dot(tl.where(inI, kl, 0.0), R, akk, input_precision=PREC)
-                aqk = tl.dot(tl.where(inI, ql, 0.0), R, aqk, input_precision=PREC)
-        if DIAG:
-            dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
-                                  loc, ck, n, span_max, H, K, C, S, BKS, L2, DPREC)
-    if BATCHED:
-        akk = tl.reshape(akk3, (C, C))
-        aqk = tl.reshape(aqk3, (C, C))
+        # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
+        ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :], mask=(ck < K)[None, :],
+                      other=0.0)
+        R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
+        akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
+        aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
+        dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc,
+                              ck, n, span_max, H, K, C, S, BKS, L2, DPREC)
+    akk = tl.reshape(akk3, (C, C))
+    aqk = tl.reshape(aqk3, (C, C))
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
@@ -384,8 +321,7 @@ def _scores2_kernel(
     tl.store(
         Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
     )
-    if DIAG:
-        _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C, S)
+    _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C, S)
     tl.debug_barrier()
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
     tl.debug_barrier()
@@ -626,12 +562,6 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
-DIAG_BLOCKS = "scores"  # where the diagonal blocks of Akk / Aqk are formed: "scores" (the scores kernel), "kernel"
-# (_diag_kernel, a kernel of their own before it) or "prep" (the prep kernel, from the tiles it holds)
-# Off-diagonal blocks: False, per reference row one [C, BKS] x [BKS, C] dot with the left operand masked to that
-# sub-block's rows (three full dots a K tile); True, one batched [NB, 16, BKS] x [NB, BKS, C] dot
-OFFDIAG_BATCHED = False
-DIAG_LAUNCH = (4, 1)  # ... its num_warps, num_stages
 STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
@@ -734,10 +664,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             rq_ptr=rq,
             rk_ptr=rk,
             scale=scale,
-            beta_ptr=beta,
-            Akk_ptr=Akk,
-            Aqk_ptr=Aqk,
-            span_max=INTRA_SPAN_MAX,
             H=H,
             HV=HV,
             K=K,
@@ -747,18 +673,10 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
-            DIAG=DIAG_BLOCKS == "prep",
-            S=SUB,
-            DPREC=dprec,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
         prec = "ieee" if fp32 else INTRA_PREC16
-        if DIAG_BLOCKS == "kernel":
-            _diag_kernel[(nch, HV)](
-                q, k, beta, G, rq, rk, cbos, clen, Aqk, Akk, scale, INTRA_SPAN_MAX, H=H, HV=HV, K=K, C=CHUNK, S=SUB,
-                BKS=SCORES2_BK, L2=use_l2, DPREC=dprec, num_warps=DIAG_LAUNCH[0], num_stages=DIAG_LAUNCH[1],
-            )
         _scores2_kernel[(nch, HV)](
             q,
             k,
@@ -787,8 +705,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC=dprec,
-            DIAG=DIAG_BLOCKS == "scores",
-            BATCHED=OFFDIAG_BATCHED,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

@@ -41,3 +41,16 @@ def test_kda_constants_parse_set_and_restore(tmp_path, monkeypatch):
     monkeypatch.setattr(chunk_triton_bwd, "BWD_DY_BV", chunk_triton_bwd.BWD_DY_BV)
     assert apply_constants(str(f)) == {"SCORES2_BK": 32, "BWD_DY_BV": 64}
     assert (chunk_triton.SCORES2_BK, chunk_triton_bwd.BWD_DY_BV) == (32, 64)
+
+
+@pytest.mark.parametrize("sweep", ["sweep_kda_fwd", "sweep_kda_bwd"])
+def test_sweep_settings_name_existing_constants(sweep):
+    """Every setting of the KDA sweeps names constants the kernel modules still define (a removed constant would
+    otherwise fail only on the GPU, in the middle of a sweep)."""
+    from kernels.benchmarks.bench_kda import kda_constants
+
+    settings = importlib.import_module(f"kernels.benchmarks.{sweep}").SETTINGS
+    assert settings
+    for _name, consts, *_launch in settings:  # sweep_kda_bwd's third item: BWD_LAUNCH overrides
+        with kda_constants(consts):
+            pass

@@ -82,42 +82,6 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
-SCORES_FORMS = [  # (constants, bit-equal to the default)
-    ({"DIAG_BLOCKS": "kernel"}, True),  # the same _diag_step over the same tiles
-    ({"DIAG_BLOCKS": "prep"}, False),  # the prep kernel's wider tiles: another summation order
-    ({"DIAG_BLOCKS": "prep", "PREP_BK": 16}, False),
-    ({"OFFDIAG_BATCHED": True}, False),  # the same products, summed by another dot shape
-    ({"OFFDIAG_BATCHED": True, "DIAG_BLOCKS": "prep", "PREP_BK": 16}, False),
-]
-
-
-@pytest.mark.parametrize("form,exact", SCORES_FORMS, ids=lambda x: str(x) if isinstance(x, dict) else None)
-@pytest.mark.parametrize("span_max", [None, -1.0])
-def test_triton_scores_forms_equal_default(monkeypatch, form, exact, span_max):
-    """Every other form of the scores (the diagonal blocks of Akk / Aqk formed by a kernel of their own or by the
-    prep kernel; the off-diagonal blocks by one batched dot) gives the default kernels' intermediates: bit for bit
-    where ``exact``, else to fp32 rounding. Through the batched diagonal dots and, with ``INTRA_SPAN_MAX = -1``, the
-    pairwise path; varlen with a ragged chunk, HV = 2 H, several K tiles."""
-    from kernels.kda import chunk_triton
-    from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
-
-    if span_max is not None:
-        monkeypatch.setattr(chunk_triton, "INTRA_SPAN_MAX", span_max)
-    q, k, v, g, beta, s0 = make_inputs(1, 75, 1, 2, 40, 36, h0=True, N=2)
-    x = _to([F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, g, beta, s0])
-    cu = torch.tensor([0, 9, 75], dtype=torch.int32, device=kernel_device())
-    base = chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu)
-    for name, value in form.items():
-        monkeypatch.setattr(chunk_triton, name, value)
-    other = chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu)
-    for name in ("Aqk", "T", "W", "U", "o", "ht"):
-        a, b = getattr(other, name), getattr(base, name)
-        if exact:
-            assert torch.equal(a, b), name
-        else:
-            assert_rel_rms(a, b, 1e-6, name)
-
-
 @pytest.mark.parametrize("span_max", [None, -1.0])
 def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
