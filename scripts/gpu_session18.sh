@@ -10,11 +10,14 @@
 #   (diag and batched ran at commits 4ee9455 and 3267fea; their constants were removed after call2.)
 #   bash scripts/gpu_session18.sh final     (call3) the batched off-diagonal kernel as the default: the KDA forward GPU
 #       tests, bench_kda.py against fla at the issue's shapes, and the scores kernel's register cap at 192 / 255
+#       (fla's tuning, with no cache carried, outlasted bench_kda's limit)
+#   bash scripts/gpu_session18.sh fla       (call4) bench_kda.py, ours vs fla, with fla's tuning results of session 5
+#       (docs/results/gpu-2026-11-22-s5/call7_h100/fla_autotune.tar.gz unpacked into the snapshot's .fla_tcache/)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session18.sh diag|batched|final}" in
+case "${1:?usage: gpu_session18.sh diag|batched|final|fla}" in
 diag)
   install_fla
   PART_TAIL=8 part "KDA GPU tests (diagonal blocks, forward intermediates)" 90 python3 -m pytest -q \
@@ -55,6 +58,13 @@ final)
     --impls ours,fla --deadline 240 --shapes 1x8192x32,4x4096x32,8x2048x16,2x16384x16,1x32768x16
   PART_TAIL=12 part "sweep_kda_fwd: scores register cap" 90 python3 kernels/benchmarks/sweep_kda_fwd.py \
     --shape 1x8192x32 --only "scores nreg255,scores nreg192"
+  ;;
+fla)
+  install_fla
+  use_fla_tuning_cache
+  PART_TAIL=40 part "bench_kda ours vs fla (fla's tuning cache)" 170 python3 kernels/benchmarks/bench_kda.py \
+    --no-prelude --impls ours,fla --deadline 120 --shapes 1x8192x32,4x4096x32,8x2048x16,2x16384x16,1x32768x16 \
+    --out "$OUT/bench_kda.json"
   ;;
 esac
 ls -la "$OUT"
