@@ -50,7 +50,7 @@ def _signature(name: str) -> tuple:
         args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
         extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
-                     DPREC=ct.INTRA_DIAG_PREC16)
+                     DPREC=ct.INTRA_DIAG_PREC16, ROWS=ct.SOLVE_ROW_LOADS)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]

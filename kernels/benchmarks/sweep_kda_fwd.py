@@ -49,6 +49,8 @@ SETTINGS = [
     ("scores bk32 s2", {"SCORES2_BK": 32, "SCORES2_LAUNCH": (4, 2)}),
     ("scores bk32 nreg192", {"SCORES2_BK": 32, "SCORES2_MAXNREG": 192}),
     ("wu 64", {"WU_B": 64}),
+    ("solve rows", {"SOLVE_ROW_LOADS": True}),
+    ("solve rows w8 nreg128", {"SOLVE_ROW_LOADS": True, "SCORES2_LAUNCH": (8, 1), "SCORES2_MAXNREG": 128}),
     ("state s2", {"STATE_LAUNCH": (4, 2)}),
     ("state s4", {"STATE_LAUNCH": (4, 4)}),
     ("state bv32", {"STATE_BV": 32}),

@@ -83,6 +83,28 @@ def _inv_diag4(A0, A1, A2, A3, r16, S: tl.constexpr):
 
 
 @triton.jit
+def _inv_diag4_rows(Akk_ptr, a_base, r16, C: tl.constexpr, S: tl.constexpr):
+    """:func:`_inv_diag4` with row i of each block loaded from the chunk's Akk slab (``a_base``, row stride C; L1-hot)
+    instead of picked out of the register tile by a masked reduction: one cross-thread reduction a step and block
+    instead of two (``SOLVE_ROW_LOADS``)."""
+    eye = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)
+    X0, X1, X2, X3 = eye, eye, eye, eye
+    for i in range(1, S):
+        sel = r16[:, None] == i
+        e_i = tl.where(r16 == i, 1.0, 0.0)
+        row = a_base + i * C + r16  # row i of diagonal block 0; block J's is J * S rows and columns further
+        a0 = tl.load(Akk_ptr + row, mask=r16 < i, other=0.0)
+        a1 = tl.load(Akk_ptr + row + S * (C + 1), mask=r16 < i, other=0.0)
+        a2 = tl.load(Akk_ptr + row + 2 * S * (C + 1), mask=r16 < i, other=0.0)
+        a3 = tl.load(Akk_ptr + row + 3 * S * (C + 1), mask=r16 < i, other=0.0)
+        X0 = tl.where(sel, (e_i - tl.sum(a0[:, None] * X0, 0))[None, :], X0)
+        X1 = tl.where(sel, (e_i - tl.sum(a1[:, None] * X1, 0))[None, :], X1)
+        X2 = tl.where(sel, (e_i - tl.sum(a2[:, None] * X2, 0))[None, :], X2)
+        X3 = tl.where(sel, (e_i - tl.sum(a3[:, None] * X3, 0))[None, :], X3)
+    return X0, X1, X2, X3
+
+
+@triton.jit
 def _store_rows(ptr, base, x, r, cols, ncol: tl.constexpr, W: tl.constexpr):
     """Store x [16, B*] into rows r of a per-chunk slab [C, ncol] at ``base`` (row stride W)."""
     tl.store(ptr + base + r[:, None] * W + cols[None, :], x.to(ptr.dtype.element_ty), mask=(cols < ncol)[None, :])
@@ -275,6 +297,7 @@ def _scores2_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -323,7 +346,7 @@ def _scores2_kernel(
     )
     _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C, S)
     tl.debug_barrier()
-    _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
+    _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC, ROWS)
     tl.debug_barrier()
     _wu_chunk(
         k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, H, HV, K, V, C, BKW, BVW, L2,
@@ -338,20 +361,23 @@ def _load_blk(ptr, base, I: tl.constexpr, J: tl.constexpr, r16, C: tl.constexpr,
 
 
 @triton.jit
-def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr):
+def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr, ROWS: tl.constexpr):
     """T = (I + Akk)^-1 of one chunk by blocked forward substitution: the four diagonal 16 x 16 inverses
     interleaved, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above). Reads only the lower
     blocks of Akk, all before a barrier that precedes every store, so Akk may live in T's buffer (in place)."""
     r16 = tl.arange(0, S)
     r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
-    T00, T11, T22, T33 = _inv_diag4(
-        _load_blk(Akk_ptr, a_base, 0, 0, r16, C, S),
-        _load_blk(Akk_ptr, a_base, 1, 1, r16, C, S),
-        _load_blk(Akk_ptr, a_base, 2, 2, r16, C, S),
-        _load_blk(Akk_ptr, a_base, 3, 3, r16, C, S),
-        r16,
-        S,
-    )
+    if ROWS:
+        T00, T11, T22, T33 = _inv_diag4_rows(Akk_ptr, a_base, r16, C, S)
+    else:
+        T00, T11, T22, T33 = _inv_diag4(
+            _load_blk(Akk_ptr, a_base, 0, 0, r16, C, S),
+            _load_blk(Akk_ptr, a_base, 1, 1, r16, C, S),
+            _load_blk(Akk_ptr, a_base, 2, 2, r16, C, S),
+            _load_blk(Akk_ptr, a_base, 3, 3, r16, C, S),
+            r16,
+            S,
+        )
     A10 = _load_blk(Akk_ptr, a_base, 1, 0, r16, C, S)
     A21 = _load_blk(Akk_ptr, a_base, 2, 1, r16, C, S)
     A32 = _load_blk(Akk_ptr, a_base, 3, 2, r16, C, S)
@@ -562,6 +588,8 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
+SOLVE_ROW_LOADS = False  # the 16 x 16 diagonal inverses read row i of Akk from memory (not timed yet), else pick it
+# out of the register tile by a masked reduction
 STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
@@ -705,6 +733,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC=dprec,
+            ROWS=SOLVE_ROW_LOADS,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

@@ -82,6 +82,23 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
+def test_triton_solve_row_loads_equal_default(monkeypatch):
+    """``SOLVE_ROW_LOADS``: the diagonal 16 x 16 inverses reading Akk's rows from memory give the default kernel's
+    intermediates bit for bit (the masked reduction it replaces picks out the same values exactly); varlen with a
+    ragged chunk, HV = 2 H, several K tiles."""
+    from kernels.kda import chunk_triton
+    from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
+
+    q, k, v, g, beta, s0 = make_inputs(1, 75, 1, 2, 40, 36, h0=True, N=2)
+    x = _to([F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, g, beta, s0])
+    cu = torch.tensor([0, 9, 75], dtype=torch.int32, device=kernel_device())
+    base = chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu)
+    monkeypatch.setattr(chunk_triton, "SOLVE_ROW_LOADS", True)
+    rows = chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu)
+    for name in ("T", "W", "U", "o", "ht"):
+        assert torch.equal(getattr(rows, name), getattr(base, name)), name
+
+
 @pytest.mark.parametrize("span_max", [None, -1.0])
 def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Prepared in session 18 for the next session's GPU calls (results: docs/results/gpu-<date>-s19/):
+#   bash scripts/gpu_session19.sh solve   the KDA scores kernel's diagonal inverses reading Akk's rows from memory
+#       (SOLVE_ROW_LOADS; bit-equal in the interpreter): its GPU test, then sweep_kda_fwd.py at 1 x 8192 x 32 and
+#       4 x 4096 x 32 (with the scores kernel's launch settings again, as the batched off-diagonal dot changed its
+#       registers), then Nsight Compute on the scores kernel (kernels/benchmarks/ncu_kda.sh _scores2).
+# Snapshot: also unpack docs/results/gpu-2026-11-22-s5/call7_h100/fla_autotune.tar.gz into .snap/.fla_tcache/, or
+# fla re-tunes for minutes (session 18 call3).
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+
+gpu_header
+case "${1:?usage: gpu_session19.sh solve}" in
+solve)
+  install_fla
+  use_fla_tuning_cache
+  PART_TAIL=8 part "KDA GPU tests (solve row loads, forward intermediates)" 90 python3 -m pytest -q \
+    -p no:cacheprovider -rf tests/kernels/test_kda_triton.py -k "solve_row_loads or fwd_intermediates"
+  for shape in 1x8192x32 4x4096x32; do
+    mkdir -p "$OUT/$shape"
+    PART_TAIL=30 part "sweep_kda_fwd: solve row loads, $shape" 200 python3 kernels/benchmarks/sweep_kda_fwd.py \
+      --shape "$shape" --out "$OUT/$shape/sweep_kda_fwd.json" --only "solve rows,solve rows w8 nreg128,scores s2,\
+scores w8 nreg128,wu 64"
+  done
+  PART_TAIL=60 part "ncu: scores kernel" 150 bash kernels/benchmarks/ncu_kda.sh _scores2
+  ;;
+esac
+ls -la "$OUT"
