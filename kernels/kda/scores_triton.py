@@ -1,0 +1,344 @@
+"""Triton kernel of the chunked KDA forward's second step (``chunk_triton.py`` launches it): per (chunk, value head)
+the scores ``Akk`` / ``Aqk``, the solve ``T = (I + Akk)^-1`` and ``W``, ``U``, in one program.
+
+- Scores over K tiles of 16 (:func:`_scores2_kernel`): the six off-diagonal 16 x 16 blocks as one batched
+  [4, 16, 16] x [4, 16, 64] tensor-core dot per tile (batch I: the rows of sub-block I against reference row
+  ``16 I``; the decays factored through it, ``exp(G_i - G_ref) * exp(min(G_ref - G_j, 0))``, both exponents <= 0
+  where kept; tf32 for bf16/fp16 inputs, ``ieee`` fp32 for fp32 inputs); the four diagonal blocks in fp32 (tf32x3
+  or ``ieee``), each through its own first row, as one batched [4, 16, 16] dot in every K tile whose largest
+  ``|G_i - G_ref|`` inside a block is <= ``span_max`` (60: ``exp(+-60)`` stays far inside fp32), pairwise in tiles
+  with sharper gates (``where`` before ``exp``).
+- :func:`_solve_chunk`: ``T = (I + Akk)^-1`` by blocked forward substitution (the four diagonal 16 x 16 inverses
+  in one interleaved 15-step loop, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as 16 x 16 dots), T stored fp32;
+  Akk lives in T's buffer (all reads precede a barrier before the stores).
+- :func:`_wu_chunk`: ``W = T (beta K Gamma)``, ``U = T (beta V)`` as [64, 64] x [64, 32] dots, tile by tile.
+
+(The earlier split versions were removed; ``README.md`` says where they were measured.)
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _inv_diag4(A0, A1, A2, A3, r16, S: tl.constexpr):
+    """(I + A_II)^-1 for four strictly-lower 16 x 16 blocks, forward substitution interleaved (fp32)."""
+    eye = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)
+    X0, X1, X2, X3 = eye, eye, eye, eye
+    for i in range(1, S):
+        sel = r16[:, None] == i
+        e_i = tl.where(r16 == i, 1.0, 0.0)
+        a0 = tl.sum(tl.where(sel, A0, 0.0), 0)
+        a1 = tl.sum(tl.where(sel, A1, 0.0), 0)
+        a2 = tl.sum(tl.where(sel, A2, 0.0), 0)
+        a3 = tl.sum(tl.where(sel, A3, 0.0), 0)
+        X0 = tl.where(sel, (e_i - tl.sum(a0[:, None] * X0, 0))[None, :], X0)
+        X1 = tl.where(sel, (e_i - tl.sum(a1[:, None] * X1, 0))[None, :], X1)
+        X2 = tl.where(sel, (e_i - tl.sum(a2[:, None] * X2, 0))[None, :], X2)
+        X3 = tl.where(sel, (e_i - tl.sum(a3[:, None] * X3, 0))[None, :], X3)
+    return X0, X1, X2, X3
+
+
+@triton.jit
+def _inv_diag4_rows(Akk_ptr, a_base, r16, C: tl.constexpr, S: tl.constexpr):
+    """:func:`_inv_diag4` with row i of each block loaded from the chunk's Akk slab (``a_base``, row stride C; L1-hot)
+    instead of picked out of the register tile by a masked reduction: one cross-thread reduction a step and block
+    instead of two (``SOLVE_ROW_LOADS``)."""
+    eye = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)
+    X0, X1, X2, X3 = eye, eye, eye, eye
+    for i in range(1, S):
+        sel = r16[:, None] == i
+        e_i = tl.where(r16 == i, 1.0, 0.0)
+        row = a_base + i * C + r16  # row i of diagonal block 0; block J's is J * S rows and columns further
+        a0 = tl.load(Akk_ptr + row, mask=r16 < i, other=0.0)
+        a1 = tl.load(Akk_ptr + row + S * (C + 1), mask=r16 < i, other=0.0)
+        a2 = tl.load(Akk_ptr + row + 2 * S * (C + 1), mask=r16 < i, other=0.0)
+        a3 = tl.load(Akk_ptr + row + 3 * S * (C + 1), mask=r16 < i, other=0.0)
+        X0 = tl.where(sel, (e_i - tl.sum(a0[:, None] * X0, 0))[None, :], X0)
+        X1 = tl.where(sel, (e_i - tl.sum(a1[:, None] * X1, 0))[None, :], X1)
+        X2 = tl.where(sel, (e_i - tl.sum(a2[:, None] * X2, 0))[None, :], X2)
+        X3 = tl.where(sel, (e_i - tl.sum(a3[:, None] * X3, 0))[None, :], X3)
+    return X0, X1, X2, X3
+
+
+@triton.jit
+def _store_rows(ptr, base, x, r, cols, ncol: tl.constexpr, W: tl.constexpr):
+    """Store x [16, B*] into rows r of a per-chunk slab [C, ncol] at ``base`` (row stride W)."""
+    tl.store(ptr + base + r[:, None] * W + cols[None, :], x.to(ptr.dtype.element_ty), mask=(cols < ncol)[None, :])
+
+
+@triton.jit
+def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constexpr):
+    """Rows r (< n valid) of a [*, K] tensor at ``off`` (row stride given by the caller) as fp32 [16, BKS],
+    times the inverse row norms at ``rinv_ptr + rb + r`` when L2."""
+    x = tl.load(ptr + off + ck[None, :], mask=(r < n)[:, None] & (ck < K)[None, :], other=0.0).to(tl.float32)
+    if L2:
+        x = x * tl.load(rinv_ptr + rb + r)[:, None]
+    return x
+
+
+@triton.jit
+def _scores_program(cbos_ptr, clen_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
+                    S: tl.constexpr):
+    """A (chunk, value head) program's set-up: ``(i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb)``: the
+    value head, the chunk's first token and length, its slab index, row indices, each row's place in its sub-block
+    and that sub-block's first row, and the bases of q / k, of G and of the per-row norms."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cbos_ptr + i_c).to(tl.int64)
+    n = tl.load(clen_ptr + i_c)
+    sc = i_c.to(tl.int64) * HV + i_hv
+    rows = tl.arange(0, C)
+    loc = rows % S
+    return i_hv, bos, n, sc, rows, loc, rows - loc, bos * (H * K) + i_h * K, sc * (C * K), sc * C
+
+
+@triton.jit
+def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, H: tl.constexpr,
+                K: tl.constexpr, L2: tl.constexpr):
+    """One K tile of a chunk for the scores: k, q (fp32, normalised when ``L2``), G, ``Gd = G - G_first`` (G less
+    its sub-block's first row) and ``k e^Gd``, ``q e^Gd``."""
+    kf = _load_tile(k_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rk_ptr, rb, L2)
+    qf = _load_tile(q_ptr, qk_base + rows[:, None] * (H * K), rows, ck, n, K, rq_ptr, rb, L2)
+    cm = (ck < K)[None, :]
+    Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
+    Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
+    e = tl.exp(Gd)
+    return kf, qf, Gf, Gd, kf * e, qf * e
+
+
+@triton.jit
+def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, span_max,
+               H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
+               L2: tl.constexpr, DPREC: tl.constexpr):
+    """One K tile's share of the four diagonal 16 x 16 blocks ``dkk``, ``dqk`` ([4, 16, 16] fp32): one batched dot
+    through each block's first row where the tile's gates allow (``|Gd| <= span_max``), else pairwise."""
+    NB: tl.constexpr = C // S
+    if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
+        R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
+        dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
+        dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
+    else:  # pairwise, column j of every diagonal block at once
+        cm = (ck < K)[None, :]
+        for j in range(0, S):
+            src = first + j
+            kc = _load_tile(k_ptr, qk_base + src[:, None] * (H * K), src, ck, n, K, rk_ptr, rb, L2)
+            Gc = tl.load(G_ptr + g_base + src[:, None] * K + ck[None, :], mask=cm, other=0.0)
+            kc = kc * tl.exp(tl.where((loc >= j)[:, None], Gf - Gc, 0.0))
+            at = tl.arange(0, S)[None, None, :] == j
+            dkk = tl.where(at, dkk + tl.reshape(tl.sum(kf * kc, 1), (NB, S))[:, :, None], dkk)
+            dqk = tl.where(at, dqk + tl.reshape(tl.sum(qf * kc, 1), (NB, S))[:, :, None], dqk)
+    return dkk, dqk
+
+
+@triton.jit
+def _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C: tl.constexpr, S: tl.constexpr):
+    """Store the diagonal blocks: Akk's strictly below the diagonal (times beta ``b``), Aqk's on and below it
+    (times ``scale``); ``a_off`` the chunk's row offsets ``[C, 1]``."""
+    r16 = tl.arange(0, S)
+    d_off = a_off + first[:, None] + r16[None, :]  # diagonal block of row i: columns 16 (i // 16) + r
+    D = tl.reshape(dkk, (C, S))
+    tl.store(Akk_ptr + d_off, tl.where(r16[None, :] < loc[:, None], D * b, 0.0))
+    D = tl.reshape(dqk, (C, S))
+    tl.store(Aqk_ptr + d_off, tl.where(r16[None, :] <= loc[:, None], D * scale, 0.0).to(Aqk_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _scores2_kernel(
+    q_ptr,
+    k_ptr,
+    beta_ptr,
+    G_ptr,
+    rq_ptr,
+    rk_ptr,
+    cbos_ptr,
+    clen_ptr,
+    Aqk_ptr,
+    Akk_ptr,
+    T_ptr,
+    v_ptr,
+    W_ptr,
+    U_ptr,
+    scale,
+    span_max,
+    VS,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+    BKS: tl.constexpr,
+    BKW: tl.constexpr,
+    BVW: tl.constexpr,
+    L2: tl.constexpr,
+    PREC: tl.constexpr,
+    DPREC: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
+    ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
+    and W and U (:func:`_wu_chunk`, after another barrier).
+
+    Off-diagonal blocks (I, J < I): one batched [4, 16, BKS] x [4, BKS, C] tensor-core dot per K tile, batch I
+    the rows of sub-block I against the reference row ``16 I``: left operand ``k_i exp(G_i - G_ref(i))`` (each
+    row's own sub-block's reference, the same tile the diagonal uses), right ``k_j exp(min(G_ref(I) - G_j, 0))``:
+    both exponents <= 0 where kept (the clamp only touches discarded columns; sub-block 0's rows are computed and
+    discarded). It replaced three [C, BKS] x [BKS, C] dots masked to one sub-block's rows each (1.709 -> 1.583 ms
+    training forward at 1 x 8192 x 32, session 18 call2).
+    Diagonal blocks in fp32, all four as one batched [4, 16, BKS] x [4, BKS, 16] dot per K tile through each
+    block's first row (``k_i e^{G_i - G_f}`` times ``k_j e^{G_f - G_j}``, ``DPREC``: tf32x3 for 16-bit inputs,
+    ``ieee`` for fp32) where the tile's largest ``|G_i - G_f|`` inside a block is <= ``span_max`` (so both factors
+    stay far inside fp32's range), else pairwise (step j: key row ``16 (i // 16) + j`` for every row i, ``where``
+    before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
+    lower blocks of Akk (zero on and above the diagonal)."""
+    i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, H, HV, K, C, S)
+    blk = rows // S
+    NB: tl.constexpr = C // S
+    akk3 = tl.zeros([NB, S, C], dtype=tl.float32)  # the off-diagonal blocks: [sub-block, row, column]
+    aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
+    dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
+    dqk = tl.zeros([NB, S, S], dtype=tl.float32)
+    for k0 in range(0, K, BKS):
+        ck = k0 + tl.arange(0, BKS)
+        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
+                                             n, H, K, L2)
+        # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
+        ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :], mask=(ck < K)[None, :],
+                      other=0.0)
+        R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
+        akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
+        aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
+        dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc,
+                              ck, n, span_max, H, K, C, S, BKS, L2, DPREC)
+    akk = tl.reshape(akk3, (C, C))
+    aqk = tl.reshape(aqk3, (C, C))
+    a_off = sc * (C * C) + rows[:, None] * C
+    b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
+    before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
+    tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
+    outside = blk[None, :] != blk[:, None]
+    tl.store(
+        Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty), mask=outside
+    )
+    _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C, S)
+    tl.debug_barrier()
+    _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC, ROWS)
+    tl.debug_barrier()
+    _wu_chunk(
+        k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, H, HV, K, V, C, BKW, BVW, L2,
+        PREC,
+    )
+
+
+@triton.jit
+def _load_blk(ptr, base, I: tl.constexpr, J: tl.constexpr, r16, C: tl.constexpr, S: tl.constexpr):
+    """Sub-block (I, J) of a [C, C] fp32 slab."""
+    return tl.load(ptr + base + (I * S + r16)[:, None] * C + (J * S + r16)[None, :])
+
+
+@triton.jit
+def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr, ROWS: tl.constexpr):
+    """T = (I + Akk)^-1 of one chunk by blocked forward substitution: the four diagonal 16 x 16 inverses
+    interleaved, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above). Reads only the lower
+    blocks of Akk, all before a barrier that precedes every store, so Akk may live in T's buffer (in place)."""
+    r16 = tl.arange(0, S)
+    r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
+    if ROWS:
+        T00, T11, T22, T33 = _inv_diag4_rows(Akk_ptr, a_base, r16, C, S)
+    else:
+        T00, T11, T22, T33 = _inv_diag4(
+            _load_blk(Akk_ptr, a_base, 0, 0, r16, C, S),
+            _load_blk(Akk_ptr, a_base, 1, 1, r16, C, S),
+            _load_blk(Akk_ptr, a_base, 2, 2, r16, C, S),
+            _load_blk(Akk_ptr, a_base, 3, 3, r16, C, S),
+            r16,
+            S,
+        )
+    A10 = _load_blk(Akk_ptr, a_base, 1, 0, r16, C, S)
+    A21 = _load_blk(Akk_ptr, a_base, 2, 1, r16, C, S)
+    A32 = _load_blk(Akk_ptr, a_base, 3, 2, r16, C, S)
+    T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=PREC), input_precision=PREC)
+    T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=PREC), input_precision=PREC)
+    T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=PREC), input_precision=PREC)
+    X = tl.dot(_load_blk(Akk_ptr, a_base, 2, 0, r16, C, S), T00, input_precision=PREC)
+    T20 = -tl.dot(T22, tl.dot(A21, T10, X, input_precision=PREC), input_precision=PREC)
+    A31 = _load_blk(Akk_ptr, a_base, 3, 1, r16, C, S)
+    X = tl.dot(A31, T11, input_precision=PREC)
+    T31 = -tl.dot(T33, tl.dot(A32, T21, X, input_precision=PREC), input_precision=PREC)
+    X = tl.dot(_load_blk(Akk_ptr, a_base, 3, 0, r16, C, S), T00, input_precision=PREC)
+    X = tl.dot(A32, T20, tl.dot(A31, T10, X, input_precision=PREC), input_precision=PREC)
+    T30 = -tl.dot(T33, X, input_precision=PREC)
+    tl.debug_barrier()
+    zero = tl.zeros([S, S], dtype=tl.float32)
+    _store_rows(T_ptr, a_base, T00, r0, r0, C, C)
+    _store_rows(T_ptr, a_base, zero, r0, r1, C, C)
+    _store_rows(T_ptr, a_base, zero, r0, r2, C, C)
+    _store_rows(T_ptr, a_base, zero, r0, r3, C, C)
+    _store_rows(T_ptr, a_base, T10, r1, r0, C, C)
+    _store_rows(T_ptr, a_base, T11, r1, r1, C, C)
+    _store_rows(T_ptr, a_base, zero, r1, r2, C, C)
+    _store_rows(T_ptr, a_base, zero, r1, r3, C, C)
+    _store_rows(T_ptr, a_base, T20, r2, r0, C, C)
+    _store_rows(T_ptr, a_base, T21, r2, r1, C, C)
+    _store_rows(T_ptr, a_base, T22, r2, r2, C, C)
+    _store_rows(T_ptr, a_base, zero, r2, r3, C, C)
+    _store_rows(T_ptr, a_base, T30, r3, r0, C, C)
+    _store_rows(T_ptr, a_base, T31, r3, r1, C, C)
+    _store_rows(T_ptr, a_base, T32, r3, r2, C, C)
+    _store_rows(T_ptr, a_base, T33, r3, r3, C, C)
+
+
+@triton.jit
+def _wu_chunk(
+    k_ptr,
+    v_ptr,
+    beta_ptr,
+    G_ptr,
+    rk_ptr,
+    T_ptr,
+    W_ptr,
+    U_ptr,
+    i_hv,
+    bos,
+    n,
+    sc,
+    VS,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    C: tl.constexpr,
+    BKW: tl.constexpr,
+    BVW: tl.constexpr,
+    L2: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """``W = T (beta K exp(G))`` and ``U = T (beta V)`` of one chunk as [64, 64] x [64, B*] dots, K tile by K tile,
+    then V tile by V tile (T fp32 read back from ``T_ptr``; tf32 for 16-bit inputs, ``ieee`` for fp32). v's rows
+    are ``VS`` elements apart (:func:`token_rows`)."""
+    i_h = i_hv // (HV // H)
+    rows = tl.arange(0, C)
+    rm = rows < n
+    Tm = tl.load(T_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :])
+    b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rm, other=0.0).to(tl.float32)
+    bk = b
+    if L2:
+        bk = b * tl.load(rk_ptr + sc * C + rows)
+    for k0 in range(0, K, BKW):
+        ck = k0 + tl.arange(0, BKW)
+        cm = (ck < K)[None, :]
+        off = sc * (C * K) + rows[:, None] * K + ck[None, :]
+        x = tl.load(k_ptr + (bos + rows)[:, None] * (H * K) + i_h * K + ck[None, :], mask=rm[:, None] & cm, other=0.0)
+        x = x.to(tl.float32) * bk[:, None] * tl.exp(tl.load(G_ptr + off, mask=cm, other=0.0))
+        tl.store(W_ptr + off, tl.dot(Tm, x, input_precision=PREC).to(W_ptr.dtype.element_ty), mask=cm)
+    for v0 in range(0, V, BVW):
+        cv = v0 + tl.arange(0, BVW)
+        cm = (cv < V)[None, :]
+        y = tl.load(v_ptr + (bos + rows)[:, None] * VS + i_hv * V + cv[None, :], mask=rm[:, None] & cm, other=0.0)
+        y = y.to(tl.float32) * b[:, None]
+        off = sc * (C * V) + rows[:, None] * V + cv[None, :]
+        tl.store(U_ptr + off, tl.dot(Tm, y, input_precision=PREC).to(U_ptr.dtype.element_ty), mask=cm)
