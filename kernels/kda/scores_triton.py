@@ -23,39 +23,30 @@ import triton.language as tl
 
 
 @triton.jit
-def _inv_diag4(A0, A1, A2, A3, r16, S: tl.constexpr):
-    """(I + A_II)^-1 for four strictly-lower 16 x 16 blocks, forward substitution interleaved (fp32)."""
-    eye = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)
-    X0, X1, X2, X3 = eye, eye, eye, eye
-    for i in range(1, S):
-        sel = r16[:, None] == i
-        e_i = tl.where(r16 == i, 1.0, 0.0)
-        a0 = tl.sum(tl.where(sel, A0, 0.0), 0)
-        a1 = tl.sum(tl.where(sel, A1, 0.0), 0)
-        a2 = tl.sum(tl.where(sel, A2, 0.0), 0)
-        a3 = tl.sum(tl.where(sel, A3, 0.0), 0)
-        X0 = tl.where(sel, (e_i - tl.sum(a0[:, None] * X0, 0))[None, :], X0)
-        X1 = tl.where(sel, (e_i - tl.sum(a1[:, None] * X1, 0))[None, :], X1)
-        X2 = tl.where(sel, (e_i - tl.sum(a2[:, None] * X2, 0))[None, :], X2)
-        X3 = tl.where(sel, (e_i - tl.sum(a3[:, None] * X3, 0))[None, :], X3)
-    return X0, X1, X2, X3
+def _diag_row(A, Akk_ptr, off, r16, i, ROWS: tl.constexpr):
+    """Row i (strictly lower part) of a 16 x 16 diagonal block of Akk: loaded from the chunk's slab at ``off`` (its
+    row i, L1-hot) with ``ROWS``, else picked out of the register tile ``A`` by a masked reduction."""
+    if ROWS:
+        a = tl.load(Akk_ptr + off + r16, mask=r16 < i, other=0.0)
+    else:
+        a = tl.sum(tl.where(r16[:, None] == i, A, 0.0), 0)
+    return a
 
 
 @triton.jit
-def _inv_diag4_rows(Akk_ptr, a_base, r16, C: tl.constexpr, S: tl.constexpr):
-    """:func:`_inv_diag4` with row i of each block loaded from the chunk's Akk slab (``a_base``, row stride C; L1-hot)
-    instead of picked out of the register tile by a masked reduction: one cross-thread reduction a step and block
-    instead of two (``SOLVE_ROW_LOADS``)."""
+def _inv_diag4(A0, A1, A2, A3, Akk_ptr, a_base, r16, C: tl.constexpr, S: tl.constexpr, ROWS: tl.constexpr):
+    """(I + A_II)^-1 for four strictly-lower 16 x 16 blocks, forward substitution interleaved (fp32); row i of each
+    block from :func:`_diag_row` (``ROWS``: from memory at ``a_base``, else from the tiles ``A*``)."""
     eye = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)
     X0, X1, X2, X3 = eye, eye, eye, eye
     for i in range(1, S):
         sel = r16[:, None] == i
         e_i = tl.where(r16 == i, 1.0, 0.0)
-        row = a_base + i * C + r16  # row i of diagonal block 0; block J's is J * S rows and columns further
-        a0 = tl.load(Akk_ptr + row, mask=r16 < i, other=0.0)
-        a1 = tl.load(Akk_ptr + row + S * (C + 1), mask=r16 < i, other=0.0)
-        a2 = tl.load(Akk_ptr + row + 2 * S * (C + 1), mask=r16 < i, other=0.0)
-        a3 = tl.load(Akk_ptr + row + 3 * S * (C + 1), mask=r16 < i, other=0.0)
+        row = a_base + i * C  # row i of diagonal block 0; block J's is J * S rows and columns further
+        a0 = _diag_row(A0, Akk_ptr, row, r16, i, ROWS)
+        a1 = _diag_row(A1, Akk_ptr, row + S * (C + 1), r16, i, ROWS)
+        a2 = _diag_row(A2, Akk_ptr, row + 2 * S * (C + 1), r16, i, ROWS)
+        a3 = _diag_row(A3, Akk_ptr, row + 3 * S * (C + 1), r16, i, ROWS)
         X0 = tl.where(sel, (e_i - tl.sum(a0[:, None] * X0, 0))[None, :], X0)
         X1 = tl.where(sel, (e_i - tl.sum(a1[:, None] * X1, 0))[None, :], X1)
         X2 = tl.where(sel, (e_i - tl.sum(a2[:, None] * X2, 0))[None, :], X2)
@@ -247,17 +238,18 @@ def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC:
     blocks of Akk, all before a barrier that precedes every store, so Akk may live in T's buffer (in place)."""
     r16 = tl.arange(0, S)
     r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
-    if ROWS:
-        T00, T11, T22, T33 = _inv_diag4_rows(Akk_ptr, a_base, r16, C, S)
-    else:
-        T00, T11, T22, T33 = _inv_diag4(
-            _load_blk(Akk_ptr, a_base, 0, 0, r16, C, S),
-            _load_blk(Akk_ptr, a_base, 1, 1, r16, C, S),
-            _load_blk(Akk_ptr, a_base, 2, 2, r16, C, S),
-            _load_blk(Akk_ptr, a_base, 3, 3, r16, C, S),
-            r16,
-            S,
-        )
+    T00, T11, T22, T33 = _inv_diag4(
+        _load_blk(Akk_ptr, a_base, 0, 0, r16, C, S),
+        _load_blk(Akk_ptr, a_base, 1, 1, r16, C, S),
+        _load_blk(Akk_ptr, a_base, 2, 2, r16, C, S),
+        _load_blk(Akk_ptr, a_base, 3, 3, r16, C, S),
+        Akk_ptr,
+        a_base,
+        r16,
+        C,
+        S,
+        ROWS,
+    )
     A10 = _load_blk(Akk_ptr, a_base, 1, 0, r16, C, S)
     A21 = _load_blk(Akk_ptr, a_base, 2, 1, r16, C, S)
     A32 = _load_blk(Akk_ptr, a_base, 3, 2, r16, C, S)
