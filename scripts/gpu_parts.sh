@@ -7,9 +7,12 @@
 #   app_compare A B                 per-step step-time ratio B/A (same batches: the data order is seeded), losses
 #   summarize NAME...               24-step runs: median tokens/s and mfu of steps 9-24, peak memory, slow steps
 #   app_ab A ENV_A B ENV_B          24-step runs A B A B (rounds _a, _b; ENV_*: one VAR=VALUE each), compared per round
-# and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one;
-# use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache).
+# and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one, with its tuning cache;
+# use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache, else
+# the committed $FLA_TUNING).
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+# fla-core 0.6.0's autotuning results on an H100 with Triton 3.6 (session 5, call7): without them fla tunes for minutes
+FLA_TUNING=${FLA_TUNING:-$PWD/kernels/benchmarks/fla_tuning/h100_triton3.6_fla0.6.0.tar.gz}
 mkdir -p "$OUT"
 LOG=$OUT/all.log
 
@@ -31,13 +34,18 @@ install_fla() {
   if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla_site .whl/fla_core-*.whl \
       && export PYTHONPATH=$PYTHONPATH:/tmp/fla_site
+    use_fla_tuning_cache
   fi
 }
 
-use_fla_tuning_cache() {
+use_fla_tuning_cache() {  # fla's autotuning results: .fla_tcache/tcache if carried, else the committed H100 set
   export TRITON_CACHE_DIR=/tmp/tcache
   mkdir -p "$TRITON_CACHE_DIR"
-  if [ -d .fla_tcache/tcache ]; then cp -r .fla_tcache/tcache/. "$TRITON_CACHE_DIR"/; fi
+  if [ -d .fla_tcache/tcache ]; then
+    cp -r .fla_tcache/tcache/. "$TRITON_CACHE_DIR"/
+  elif [ -f "$FLA_TUNING" ]; then  # tar holds tcache/<hash>/<kernel>.autotune.json
+    tar xzf "$FLA_TUNING" -C "$(dirname "$TRITON_CACHE_DIR")"
+  fi
 }
 
 app16() {  # name, then extra env assignments (APP_DIR: the code's folder, default .; APP_STEPS: default 16)

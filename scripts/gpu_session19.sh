@@ -4,8 +4,8 @@
 #       (SOLVE_ROW_LOADS; bit-equal in the interpreter): its GPU test, then sweep_kda_fwd.py at 1 x 8192 x 32 and
 #       4 x 4096 x 32 (with the scores kernel's launch settings again, as the batched off-diagonal dot changed its
 #       registers), then Nsight Compute on the scores kernel (kernels/benchmarks/ncu_kda.sh _scores2).
-# Snapshot: also unpack docs/results/gpu-2026-11-22-s5/call7_h100/fla_autotune.tar.gz into .snap/.fla_tcache/, or
-# fla re-tunes for minutes (session 18 call3).
+# install_fla seeds Triton's cache with fla's committed H100 tuning results (kernels/benchmarks/fla_tuning/); without
+# them fla re-tunes for minutes (session 18 call3).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -13,7 +13,6 @@ gpu_header
 case "${1:?usage: gpu_session19.sh solve}" in
 solve)
   install_fla
-  use_fla_tuning_cache
   PART_TAIL=8 part "KDA GPU tests (solve row loads, forward intermediates)" 90 python3 -m pytest -q \
     -p no:cacheprovider -rf tests/kernels/test_kda_triton.py -k "solve_row_loads or fwd_intermediates"
   for shape in 1x8192x32 4x4096x32; do
