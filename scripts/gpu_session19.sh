@@ -3,7 +3,7 @@
 #   bash scripts/gpu_session19.sh solve   the KDA scores kernel's diagonal inverses reading Akk's rows from memory
 #       (SOLVE_ROW_LOADS; bit-equal in the interpreter): its GPU test, then sweep_kda_fwd.py at 1 x 8192 x 32 and
 #       4 x 4096 x 32 (with the scores kernel's launch settings again, as the batched off-diagonal dot changed its
-#       registers), then Nsight Compute on the scores kernel (kernels/benchmarks/ncu_kda.sh _scores2).
+#       registers), then Nsight Compute on the prep and scores kernels (kernels/benchmarks/ncu_kda.sh).
 # install_fla seeds Triton's cache with fla's committed H100 tuning results (kernels/benchmarks/fla_tuning/); without
 # them fla re-tunes for minutes (session 18 call3).
 set -u
@@ -21,7 +21,7 @@ solve)
       --shape "$shape" --out "$OUT/$shape/sweep_kda_fwd.json" --only "solve rows,solve rows w8 nreg128,scores s2,\
 scores w8 nreg128,wu 64"
   done
-  PART_TAIL=60 part "ncu: scores kernel" 150 bash kernels/benchmarks/ncu_kda.sh _scores2
+  PART_TAIL=60 part "ncu: prep and scores kernels" 150 bash kernels/benchmarks/ncu_kda.sh "_prep_kernel|_scores2"
   ;;
 esac
 ls -la "$OUT"

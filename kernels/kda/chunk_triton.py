@@ -49,6 +49,7 @@ from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_qkv_triton, l2norm_triton, qkv_base, token_rows
 from kernels.kda.scores_triton import _scores2_kernel
+from kernels.kda.state_common import _load_state, _mm, _state_program
 
 SUB = 16
 
@@ -133,14 +134,6 @@ def _prep_kernel(
 
 
 @triton.jit
-def _mm(a, b, FP32: tl.constexpr):
-    """fp32 ``ieee`` dot for fp32 inputs, else a tensor-core dot in the operands' (16-bit) dtype."""
-    if FP32:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
-
-
-@triton.jit
 def _state_kernel(
     W_ptr,
     U_ptr,
@@ -161,23 +154,8 @@ def _state_kernel(
     HAS_H0: tl.constexpr,
     FP32: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    c0 = tl.load(sc0_ptr + i_n)
-    nc = tl.load(snc_ptr + i_n)
-    rows = tl.arange(0, C)
-    ck = tl.arange(0, BK)
-    cv = i_v * BV + tl.arange(0, BV)
-    kmask = ck < K
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    s_off = ck[:, None] * V + cv[None, :]
-    if HAS_H0:
-        S = tl.load(h0_ptr + i_nh.to(tl.int64) * (K * V) + s_off, mask=smask, other=0.0).to(tl.float32)
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
+    i_nh, i_hv, c0, nc, rows, ck, cv, kmask, vmask, smask, s_off = _state_program(sc0_ptr, snc_ptr, HV, K, V, BK, BV, C)
+    S = _load_state(h0_ptr, i_nh, s_off, smask, HAS_H0, K, V, BK, BV)
     for c in range(0, nc):
         sc = (c0 + c).to(tl.int64) * HV + i_hv
         Sd = S.to(h_ptr.dtype.element_ty)

@@ -27,16 +27,9 @@ import triton.language as tl
 
 from kernels.kda.chunk_bwd_torch import KDAGrads
 from kernels.kda.prep_triton import token_rows
+from kernels.kda.state_common import _load_state, _mm, _state_program
 
 BWD_STATE_BV = 32  # value columns per program of the reverse state pass
-
-
-@triton.jit
-def _mm(a, b, FP32: tl.constexpr):
-    """fp32 ``ieee`` dot for fp32 inputs, else a tensor-core dot in the operands' (16-bit) dtype."""
-    if FP32:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @triton.jit
@@ -64,23 +57,8 @@ def _bwd_state_kernel(
     HAS_DHT: tl.constexpr,
     FP32: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    c0 = tl.load(sc0_ptr + i_n)
-    nc = tl.load(snc_ptr + i_n)
-    rows = tl.arange(0, C)
-    ck = tl.arange(0, BK)
-    cv = i_v * BV + tl.arange(0, BV)
-    kmask = ck < K
-    vmask = cv < V
-    smask = kmask[:, None] & vmask[None, :]
-    s_off = ck[:, None] * V + cv[None, :]
-    if HAS_DHT:
-        dS = tl.load(dht_ptr + i_nh.to(tl.int64) * (K * V) + s_off, mask=smask, other=0.0).to(tl.float32)
-    else:
-        dS = tl.zeros([BK, BV], dtype=tl.float32)
+    i_nh, i_hv, c0, nc, rows, ck, cv, kmask, vmask, smask, s_off = _state_program(sc0_ptr, snc_ptr, HV, K, V, BK, BV, C)
+    dS = _load_state(dht_ptr, i_nh, s_off, smask, HAS_DHT, K, V, BK, BV)
     for i in range(0, nc):
         c = c0 + nc - 1 - i
         sc = c.to(tl.int64) * HV + i_hv

@@ -1,0 +1,48 @@
+"""Triton pieces shared by the KDA forward (``chunk_triton.py``) and backward (``chunk_triton_bwd.py``) kernels: the
+dot that takes fp32 inputs exactly, and the set-up of the sequential state passes (forward and reverse), whose
+programs own one (sequence, value head, block of value columns) and walk its chunks."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mm(a, b, FP32: tl.constexpr):
+    """fp32 ``ieee`` dot for fp32 inputs, else a tensor-core dot in the operands' (16-bit) dtype."""
+    if FP32:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _state_program(sc0_ptr, snc_ptr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, C: tl.constexpr):
+    """A state-pass program's set-up, grid (V / BV, sequence x value head): ``(i_nh, i_hv, c0, nc, rows, ck, cv,
+    kmask, vmask, smask, s_off)``: the (sequence, value head) index and the value head, the sequence's first chunk
+    and chunk count, the row / key / value-column indices and masks, the [BK, BV] state tile's mask and offsets in
+    a [K, V] state."""
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    c0 = tl.load(sc0_ptr + i_n)
+    nc = tl.load(snc_ptr + i_n)
+    rows = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    kmask = ck < K
+    vmask = cv < V
+    return i_nh, i_hv, c0, nc, rows, ck, cv, kmask, vmask, kmask[:, None] & vmask[None, :], ck[:, None] * V + cv[None, :]
+
+
+@triton.jit
+def _load_state(ptr, i_nh, s_off, smask, HAS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr):
+    """The program's fp32 [BK, BV] tile of state ``i_nh`` of ``ptr`` ([N x HV, K, V]) when ``HAS``, else zeros."""
+    if HAS:
+        S = tl.load(ptr + i_nh.to(tl.int64) * (K * V) + s_off, mask=smask, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    return S
