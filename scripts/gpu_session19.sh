@@ -21,7 +21,9 @@ solve)
       --shape "$shape" --out "$OUT/$shape/sweep_kda_fwd.json" --only "solve rows,solve rows w8 nreg128,scores s2,\
 scores w8 nreg128,wu 64"
   done
-  PART_TAIL=60 part "ncu: prep and scores kernels" 150 bash kernels/benchmarks/ncu_kda.sh "_prep_kernel|_scores2"
+  PART_TAIL=60 part "ncu: prep and scores kernels" 150 env NCU_SKIP=2 NCU_COUNT=2 \
+    NCU_EXTRA="--section SourceCounters" \
+    bash kernels/benchmarks/ncu_kda.sh "_prep_kernel|_scores2"
   ;;
 esac
 ls -la "$OUT"
