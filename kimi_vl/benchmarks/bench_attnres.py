@@ -277,6 +277,45 @@ def mix_traffic(num_sublayers: int, block_size: int, state_bytes: int) -> dict[s
             "ms_at_2.5TBps_no_sinks": (fwd + bwd + 3 * extra) / 2.5e9}
 
 
+def restructured_traffic(num_sublayers: int, block_size: int, state_bytes: int) -> dict[str, float]:
+    """HBM traffic (GB, same counting as :func:`mix_traffic`) of two restructurings of block AttnRes training that
+    are not built, beside today's forward and deferred backward, to say what each could save before building it.
+
+    ``forward_two_phase``: per block, phase 1 reads each completed state once for all the block's mixes and writes
+    one partial output per mix in the states' dtype (the block's first mix, with no partial sum yet, writes h
+    itself); phase 2 reads a mix's partial output and the partial sum and writes h.
+    ``backward_h_identity``: the softmax gradient's ``sum_i alpha_i (dh . x_i)`` is ``dh . h``, so a mix's
+    backward needs only the partial sum, its h and dh (it writes the partial sum's gradient), and everything that
+    involves the completed states moves to the block's flush, which then also reads the block's h tiles (a block's
+    first mix has no backward of its own). Each block takes whichever form moves less (with few completed states,
+    today's); the output's mix is as today in both."""
+    fwd = fwd2 = bwd = bwd2 = 0
+    blocks: dict[int, list[tuple[int, bool]]] = {}  # block -> [(sources, has a partial sum)] of its mixes
+    for i in range(1, num_sublayers + 1):
+        completed = (num_sublayers + block_size - 1) // block_size + 1 if i == num_sublayers else i // block_size + 1
+        if i == num_sublayers and num_sublayers % block_size:
+            completed -= 1
+        partial = i % block_size != 0
+        n = completed + partial
+        fwd += n + 1
+        if i == num_sublayers:
+            fwd2 += n + 1
+            bwd += 2 * n + 1
+            bwd2 += 2 * n + 1
+        else:
+            bwd += 1 + n + partial
+            blocks.setdefault(i // block_size, []).append((n, partial))
+    bwd += sum(len(mixes) + 3 * (b + 1) for b, mixes in blocks.items())  # the flushes
+    for b, mixes in blocks.items():  # each block takes the cheaper form
+        c, s = b + 1, len(mixes)
+        today_f, today_b = sum(n + 1 for n, _ in mixes), sum(1 + n + p for n, p in mixes) + s + 3 * c
+        fwd2 += min(today_f, c + sum(4 if p else 1 for _, p in mixes))
+        bwd2 += min(today_b, sum(4 for _, p in mixes if p) + 2 * s + 3 * c)
+    gb = state_bytes / 1e9
+    return {"forward": fwd * gb, "forward_two_phase": fwd2 * gb, "backward_deferred": bwd * gb,
+            "backward_h_identity": bwd2 * gb, "ms_saved_at_2.5TBps": (fwd - fwd2 + bwd - bwd2) * state_bytes / 2.5e9}
+
+
 def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     """Standard vs block AttnRes (Triton kernel, and PyTorch function) for one layer layout, rounds interleaved."""
     cfgs = {r: _config(flavor, layers, r) for r in ("standard", "attnres_block")}
@@ -310,7 +349,9 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     state_bytes = args.batch * args.seq * cfg.hidden_size * torch.finfo(dtype).bits // 8
     out = {"layers": cfgs["standard"].layer_types, "seq": args.seq, "batch": args.batch, "iters": iters,
            "rounds": args.rounds, "block_states_gib": block_state_gib,
-           "mix_traffic_gb": mix_traffic(cfg.num_sublayers, cfg.attnres_block_size, state_bytes), "variants": {}}
+           "mix_traffic_gb": mix_traffic(cfg.num_sublayers, cfg.attnres_block_size, state_bytes),
+           "restructured_traffic_gb": restructured_traffic(cfg.num_sublayers, cfg.attnres_block_size, state_bytes),
+           "variants": {}}
     for v in variants:
         out["variants"][v] = {"step_s": best[v], "tokens_per_s": args.batch * args.seq / best[v],
                               "overhead_pct": 100 * (best[v] / best["standard"] - 1),

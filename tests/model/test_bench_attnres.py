@@ -60,3 +60,17 @@ def test_graph_decode_bench_runs_its_variants_on_cpu(monkeypatch):
     assert out["kernel_diff_standard_fused"][0]["name"] == "(total)"
     text = "\n".join(decode_lines("hybrid", out, "CUDA-graph decode"))
     assert "separate norm launches (KVL_FUSED_NORM=0)" in text
+
+
+def test_restructured_traffic_of_the_small_flavor():
+    """In state passes (state_bytes = 1 GB): today's forward and deferred backward as ``mix_traffic`` counts them
+    (108 + 186); the two-phase forward 93 (blocks 2 and 3 save 5 and 10, blocks 0 and 1 keep today's mixes); the
+    h-identity backward 162 (blocks 1-3 save 2, 8 and 14; block 0 keeps today's). A single block (only the embedding completed) keeps today's forms."""
+    from kimi_vl.benchmarks.bench_attnres import restructured_traffic
+
+    t = restructured_traffic(24, 6, 10**9)
+    small = mix_traffic(24, 6, 10**9)
+    assert (t["forward"], t["backward_deferred"]) == (small["forward"], small["backward_deferred"]) == (108, 186)
+    assert (t["forward_two_phase"], t["backward_h_identity"]) == (93, 162)
+    one = restructured_traffic(24, 24, 10**9)
+    assert (one["forward_two_phase"], one["backward_h_identity"]) == (one["forward"], one["backward_deferred"])
