@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepared in session 18 for the next session's GPU calls (results: docs/results/gpu-<date>-s19/):
 #   bash scripts/gpu_session19.sh solve   the KDA scores kernel's diagonal inverses reading Akk's rows from memory
-#       (SOLVE_ROW_LOADS; bit-equal in the interpreter): its GPU test, then sweep_kda_fwd.py at 1 x 8192 x 32 and
+#       (SOLVE_ROW_LOADS; bit-equal in the interpreter): the KDA test files on the GPU (session 18 call3 ran only 27
+#       tests of the batched off-diagonal kernel before a time limit), then sweep_kda_fwd.py at 1 x 8192 x 32 and
 #       4 x 4096 x 32 (with the scores kernel's launch settings again, as the batched off-diagonal dot changed its
 #       registers), then Nsight Compute on the prep and scores kernels (kernels/benchmarks/ncu_kda.sh).
 # install_fla seeds Triton's cache with fla's committed H100 tuning results (kernels/benchmarks/fla_tuning/); without
@@ -13,8 +14,8 @@ gpu_header
 case "${1:?usage: gpu_session19.sh solve}" in
 solve)
   install_fla
-  PART_TAIL=8 part "KDA GPU tests (solve row loads, forward intermediates)" 90 python3 -m pytest -q \
-    -p no:cacheprovider -rf tests/kernels/test_kda_triton.py -k "solve_row_loads or fwd_intermediates"
+  PART_TAIL=8 part "KDA tests on the GPU (forward and backward files, all of them)" 200 python3 -m pytest -q -n 14 \
+    -p no:cacheprovider -rf tests/kernels/test_kda_triton.py tests/kernels/test_kda_bwd.py
   for shape in 1x8192x32 4x4096x32; do
     mkdir -p "$OUT/$shape"
     PART_TAIL=30 part "sweep_kda_fwd: solve row loads, $shape" 200 python3 kernels/benchmarks/sweep_kda_fwd.py \
