@@ -5,6 +5,7 @@
 #       tests of the batched off-diagonal kernel before a time limit), then sweep_kda_fwd.py at 1 x 8192 x 32 and
 #       4 x 4096 x 32 (with the scores kernel's launch settings again, as the batched off-diagonal dot changed its
 #       registers), then Nsight Compute on the prep and scores kernels (kernels/benchmarks/ncu_kda.sh).
+# Part limits sum to 550 s (one command may run 600).
 # install_fla seeds Triton's cache with fla's committed H100 tuning results (kernels/benchmarks/fla_tuning/); without
 # them fla re-tunes for minutes (session 18 call3).
 set -u
@@ -14,15 +15,16 @@ gpu_header
 case "${1:?usage: gpu_session19.sh solve}" in
 solve)
   install_fla
-  PART_TAIL=8 part "KDA tests on the GPU (forward and backward files, all of them)" 200 python3 -m pytest -q -n 14 \
+  PART_TAIL=8 part "KDA tests on the GPU (forward and backward files, all of them)" 150 python3 -m pytest -q -n 14 \
     -p no:cacheprovider -rf tests/kernels/test_kda_triton.py tests/kernels/test_kda_bwd.py
-  for shape in 1x8192x32 4x4096x32; do
+  for shape in 1x8192x32:200 4x4096x32:80; do  # shape:limit_s (the second shape reuses the compiled kernels)
+    limit=${shape#*:} shape=${shape%:*}
     mkdir -p "$OUT/$shape"
-    PART_TAIL=30 part "sweep_kda_fwd: solve row loads, $shape" 200 python3 kernels/benchmarks/sweep_kda_fwd.py \
+    PART_TAIL=30 part "sweep_kda_fwd: solve row loads, $shape" "$limit" python3 kernels/benchmarks/sweep_kda_fwd.py \
       --shape "$shape" --out "$OUT/$shape/sweep_kda_fwd.json" --only "solve rows,solve rows w8 nreg128,scores s2,\
 scores w8 nreg128,wu 64"
   done
-  PART_TAIL=60 part "ncu: prep and scores kernels" 150 env NCU_SKIP=2 NCU_COUNT=2 \
+  PART_TAIL=60 part "ncu: prep and scores kernels" 120 env NCU_SKIP=2 NCU_COUNT=2 \
     NCU_EXTRA="--section SourceCounters" \
     bash kernels/benchmarks/ncu_kda.sh "_prep_kernel|_scores2"
   ;;
