@@ -287,8 +287,9 @@ def restructured_traffic(num_sublayers: int, block_size: int, state_bytes: int) 
     ``backward_h_identity``: the softmax gradient's ``sum_i alpha_i (dh . x_i)`` is ``dh . h``, so a mix's
     backward needs only the partial sum, its h and dh (it writes the partial sum's gradient), and everything that
     involves the completed states moves to the block's flush, which then also reads the block's h tiles (a block's
-    first mix has no backward of its own). Each block takes whichever form moves less (with few completed states,
-    today's); the output's mix is as today in both."""
+    first mix has no backward of its own); its numerics fail with the stored bf16 h (``attnres_h_identity``).
+    Each block takes whichever form moves less (with few completed states, today's); the output's mix is as today
+    in both."""
     fwd = fwd2 = bwd = bwd2 = 0
     blocks: dict[int, list[tuple[int, bool]]] = {}  # block -> [(sources, has a partial sum)] of its mixes
     for i in range(1, num_sublayers + 1):
