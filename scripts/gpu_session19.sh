@@ -5,6 +5,9 @@
 #       tests of the batched off-diagonal kernel before a time limit), then sweep_kda_fwd.py at 1 x 8192 x 32 and
 #       4 x 4096 x 32 (with the scores kernel's launch settings again, as the batched off-diagonal dot changed its
 #       registers), then Nsight Compute on the prep and scores kernels (kernels/benchmarks/ncu_kda.sh).
+#   bash scripts/gpu_session19.sh bench   ours vs fla at the issue's five shapes (bench_kda.py, no prelude), with each
+#       forward also replayed as a CUDA graph (--graph): device time free of the host launch cost that made fla's
+#       forward host-bound at 1 x 8192 x 32 and 8 x 2048 x 16 (session 18 call4).
 # Part limits sum to 550 s (one command may run 600).
 # install_fla seeds Triton's cache with fla's committed H100 tuning results (kernels/benchmarks/fla_tuning/); without
 # them fla re-tunes for minutes (session 18 call3).
@@ -12,7 +15,7 @@ set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session19.sh solve}" in
+case "${1:?usage: gpu_session19.sh solve|bench}" in
 solve)
   install_fla
   PART_TAIL=8 part "KDA tests on the GPU (forward and backward files, all of them)" 150 python3 -m pytest -q -n 14 \
@@ -27,6 +30,12 @@ scores w8 nreg128,wu 64"
   PART_TAIL=60 part "ncu: prep and scores kernels" 120 env NCU_SKIP=2 NCU_COUNT=2 \
     NCU_EXTRA="--section SourceCounters" \
     bash kernels/benchmarks/ncu_kda.sh "_prep_kernel|_scores2"
+  ;;
+bench)
+  install_fla
+  PART_TAIL=40 part "bench_kda ours vs fla, with CUDA-graph forwards" 300 python3 kernels/benchmarks/bench_kda.py \
+    --no-prelude --graph --impls ours,fla --deadline 240 --shapes 1x8192x32,4x4096x32,8x2048x16,2x16384x16,1x32768x16 \
+    --out "$OUT/bench_kda.json"
   ;;
 esac
 ls -la "$OUT"

@@ -4,7 +4,9 @@ Checks correctness on the GPU first (ours and fla vs the PyTorch chunked path in
 times with ``triton.testing.do_bench`` (median) at bf16, K = V = 128, Kimi Linear flags (in-kernel L2
 norm of q, k and in-kernel softplus gate): ``chunk_kda`` forward, forward+backward, the peak extra
 memory of one training step, and the one-token decode (``fused_recurrent_kda``) at batch 64, H = 32.
-For ours, the backward alone is also timed (``bwd_ms``, ``retain_graph``). Also measures the GPU's
+For ours, the backward alone is also timed (``bwd_ms``, ``retain_graph``); with ``--graph``, each forward replayed
+as a CUDA graph as well (``fwd_graph_ms``: device time without the host's launch cost, which made fla's forward
+host-bound at some shapes in sessions 5-18). Also measures the GPU's
 ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json`` (or ``--out``) after
 every shape and prints a table.
 
@@ -119,14 +121,25 @@ def host_ms(fn, n: int = 20) -> float:
     return host
 
 
-def time_shape(impl, B, T, H) -> dict:
+def graph_ms(fn) -> float | str:
+    """Median milliseconds of ``fn`` replayed as a CUDA graph (no host launch cost: the device time of a call that
+    is host-bound under ``do_bench``), or why it could not be captured."""
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+    except Exception as e:  # noqa: BLE001 - a peer that cannot be captured is recorded, not fatal
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return f"capture failed: {type(e).__name__}: {e}"[:300]
+
+
+def time_shape(impl, B, T, H, graph: bool = False) -> dict:
     xs = make(B, T, H, grad=True)
     fwd = bench(lambda: call(impl, xs))
     fwd_host = host_ms(lambda: call(impl, xs))
+    extra = {"fwd_graph_ms": graph_ms(lambda: call(impl, xs))} if graph else {}
     do = torch.randn(B, T, H, V, dtype=torch.bfloat16, device="cuda")
     step = lambda: torch.autograd.backward(call(impl, xs)[0], do)
     fb = bench(step)
-    extra = {}
     if impl == "ours":  # the backward alone
         o = call(impl, xs)[0]
         extra["bwd_ms"] = bench(lambda: torch.autograd.grad(o, xs, do, retain_graph=True))
@@ -264,6 +277,7 @@ def main() -> None:
     ap.add_argument(
         "--set-file", default=None, help="NAME=VALUE lines (sweep_kda_fwd.py --best-out): constants of ours"
     )
+    ap.add_argument("--graph", action="store_true", help="also the forward replayed as a CUDA graph (fwd_graph_ms)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kda.json"))
     args = ap.parse_args()
     t0 = time.time()
@@ -305,7 +319,7 @@ def main() -> None:
             if impl == "fla" and s not in fla_shapes:
                 continue
             try:
-                res["shapes"][s][impl] = time_shape(impl, B, T, H)
+                res["shapes"][s][impl] = time_shape(impl, B, T, H, graph=args.graph)
                 if args.profile:
                     res["shapes"][s][f"{impl}_step_kernels_ms"] = profile_step(impl, B, T, H)
             except Exception as e:  # noqa: BLE001 - an OOM or a peer failure is a result too
@@ -331,6 +345,9 @@ def main() -> None:
                 )
                 if "bwd_ms" in r:
                     print(f"{s:>12} {impl:>5} backward alone: {r['bwd_ms']:.3f} ms")
+                if "fwd_graph_ms" in r:
+                    g = r["fwd_graph_ms"]
+                    print(f"{s:>12} {impl:>5} forward as a CUDA graph: " + (f"{g:.3f} ms" if isinstance(g, float) else g))
     for impl, r in res.get("decode_B64_H32", {}).items():
         print(f"decode B64 H32 {impl:>5}: {r['decode_us']:.1f} us, state {r['state_GBps']:.0f} GB/s")
     print("ceilings", res.get("ceilings"))

@@ -54,3 +54,13 @@ def test_sweep_settings_name_existing_constants(sweep):
     for _name, consts, *_launch in settings:  # sweep_kda_bwd's third item: BWD_LAUNCH overrides
         with kda_constants(consts):
             pass
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-CUDA path of graph_ms")
+def test_graph_ms_records_a_failed_capture():
+    """``bench_kda.graph_ms`` returns why a function could not be replayed as a CUDA graph instead of stopping the
+    benchmark (here: no CUDA device to capture on)."""
+    from kernels.benchmarks.bench_kda import graph_ms
+
+    out = graph_ms(lambda: None)
+    assert isinstance(out, str) and out.startswith("capture failed"), out
