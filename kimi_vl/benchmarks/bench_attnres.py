@@ -242,6 +242,13 @@ def _step_peak_gib(step: Callable[[], None], device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
+def _mixes(num_sublayers: int, block_size: int) -> list[tuple[int, bool, int | None]]:
+    """The step's AttnRes mixes in order: ``(completed states read, reads a partial sum, block)``, the block
+    ``None`` for the output's mix. Mix i (1..L) feeds sublayer i + 1; the first sublayer reads the embedding alone."""
+    return [(i // block_size + 1, i % block_size != 0, i // block_size if i < num_sublayers else None)
+            for i in range(1, num_sublayers + 1)]
+
+
 def mix_traffic(num_sublayers: int, block_size: int, state_bytes: int) -> dict[str, float]:
     """HBM bytes (GB) the step's AttnRes mixes must move at least, from the block structure alone: per mix over
     ``N`` sources, forward reads N states and writes h; backward reads N states and dh and writes N gradients
@@ -255,20 +262,17 @@ def mix_traffic(num_sublayers: int, block_size: int, state_bytes: int) -> dict[s
     uses: dict[int, int] = {}
     blocks: dict[int, tuple[int, int]] = {}  # block -> (mixes, completed states)
     fwd = bwd = deferred = 0
-    for i in range(1, num_sublayers + 1):
-        completed = (num_sublayers + block_size - 1) // block_size + 1 if i == num_sublayers else i // block_size + 1
-        if i == num_sublayers and num_sublayers % block_size:
-            completed -= 1
-        n = completed + (i % block_size != 0)
+    for completed, psum, block in _mixes(num_sublayers, block_size):
+        n = completed + psum
         fwd += (n + 1) * state_bytes
         bwd += (2 * n + 1) * state_bytes
         for c in range(completed):
             uses[c] = uses.get(c, 0) + 1
-        if i == num_sublayers:
+        if block is None:
             deferred += (2 * n + 1) * state_bytes
         else:
-            deferred += (1 + n + (i % block_size != 0)) * state_bytes
-            blocks[i // block_size] = (blocks.get(i // block_size, (0, 0))[0] + 1, completed)
+            deferred += (1 + n + psum) * state_bytes
+            blocks[block] = (blocks.get(block, (0, 0))[0] + 1, completed)
     deferred += sum(s + 3 * c for s, c in blocks.values()) * state_bytes
     extra = sum(c - 1 for c in uses.values()) * state_bytes
     return {"forward": fwd / 1e9, "backward_sinks": (bwd + extra) / 1e9, "backward_deferred": deferred / 1e9,
@@ -290,28 +294,18 @@ def restructured_traffic(num_sublayers: int, block_size: int, state_bytes: int) 
     first mix has no backward of its own); its numerics fail with the stored bf16 h (``attnres_h_identity``).
     Each block takes whichever form moves less (with few completed states, today's); the output's mix is as today
     in both."""
-    fwd = fwd2 = bwd = bwd2 = 0
+    today = mix_traffic(num_sublayers, block_size, 10**9)  # in state passes
+    fwd, bwd = today["forward"], today["backward_deferred"]
+    fwd2, bwd2 = fwd, bwd
     blocks: dict[int, list[tuple[int, bool]]] = {}  # block -> [(sources, has a partial sum)] of its mixes
-    for i in range(1, num_sublayers + 1):
-        completed = (num_sublayers + block_size - 1) // block_size + 1 if i == num_sublayers else i // block_size + 1
-        if i == num_sublayers and num_sublayers % block_size:
-            completed -= 1
-        partial = i % block_size != 0
-        n = completed + partial
-        fwd += n + 1
-        if i == num_sublayers:
-            fwd2 += n + 1
-            bwd += 2 * n + 1
-            bwd2 += 2 * n + 1
-        else:
-            bwd += 1 + n + partial
-            blocks.setdefault(i // block_size, []).append((n, partial))
-    bwd += sum(len(mixes) + 3 * (b + 1) for b, mixes in blocks.items())  # the flushes
-    for b, mixes in blocks.items():  # each block takes the cheaper form
+    for completed, psum, block in _mixes(num_sublayers, block_size):
+        if block is not None:
+            blocks.setdefault(block, []).append((completed + psum, psum))
+    for b, mixes in blocks.items():  # each block takes the cheaper form; the output's mix is unchanged
         c, s = b + 1, len(mixes)
         today_f, today_b = sum(n + 1 for n, _ in mixes), sum(1 + n + p for n, p in mixes) + s + 3 * c
-        fwd2 += min(today_f, c + sum(4 if p else 1 for _, p in mixes))
-        bwd2 += min(today_b, sum(4 for _, p in mixes if p) + 2 * s + 3 * c)
+        fwd2 += min(today_f, c + sum(4 if p else 1 for _, p in mixes)) - today_f
+        bwd2 += min(today_b, sum(4 for _, p in mixes if p) + 2 * s + 3 * c) - today_b
     gb = state_bytes / 1e9
     return {"forward": fwd * gb, "forward_two_phase": fwd2 * gb, "backward_deferred": bwd * gb,
             "backward_h_identity": bwd2 * gb, "ms_saved_at_2.5TBps": (fwd - fwd2 + bwd - bwd2) * state_bytes / 2.5e9}
