@@ -29,6 +29,7 @@ from kernels.kda import chunk_triton as ct  # noqa: E402
 
 SHAPE = dict(HV=32, K=128, V=128, BK=128, C=64)
 WARPS = dict(prep=4, scores2=4, state=4, output=4)  # what ``chunk_triton._fwd`` launches
+STAGES = dict(prep=ct.PREP_LAUNCH[1], scores2=ct.SCORES2_LAUNCH[1], state=ct.STATE_LAUNCH[1], output=3)
 MAXNREG: dict[str, int] = {"scores2": ct.SCORES2_MAXNREG}
 
 
@@ -43,14 +44,15 @@ def _signature(name: str) -> tuple:
     if name == "prep":
         args = [("q", bf), ("k", bf), ("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32")] + tab
         args += [("G", f32), ("gl", f32), ("qg", bf), ("kg", bf), ("rq", f32), ("rk", f32), ("scale", "fp32")]
-        fn, extra = ct._prep_kernel, dict(H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True)
+        fn = ct._prep_kernel
+        extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True)
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf)]
         args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
-        extra = dict(H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
-                     DPREC=ct.INTRA_DIAG_PREC16, ROWS=ct.SOLVE_ROW_LOADS)
+        extra = dict(QS=32 * 128, H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
+                     DPREC=ct.INTRA_DIAG_PREC16)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]
@@ -116,7 +118,8 @@ def main() -> None:
     for name in KERNELS if args.kernel == "all" else (args.kernel,):
         nw = args.num_warps or WARPS[name]
         mr = args.maxnreg or MAXNREG.get(name)
-        print(f"{name} num_warps={nw} maxnreg={mr}\n{ptxas_report(name, nw, maxnreg=mr)}", flush=True)
+        report = ptxas_report(name, nw, STAGES[name], maxnreg=mr)
+        print(f"{name} num_warps={nw} num_stages={STAGES[name]} maxnreg={mr}\n{report}", flush=True)
 
 
 

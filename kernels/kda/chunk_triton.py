@@ -19,7 +19,8 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
 6. ``_output_kernel``, one program per (chunk, value head, block of value columns), fully parallel:
    ``O = qg h + tril(Aqk) Vnew``.
 
-:func:`chunk_kda_fwd_intermediates` returns every intermediate (:class:`KDAFwdState`) for the backward.
+:func:`chunk_kda_fwd_intermediates` returns every intermediate (:class:`KDAFwdState`) of the core op (q, k
+normalised, g the log-decay), as the backward reads them.
 
 Scratch is laid out per chunk, padded to C rows: padded rows have g = 0 (so G carries the last valid
 value and every exponent stays <= 0) and zero k, q, v, beta, which makes their W, U, Vnew and kg rows
@@ -28,10 +29,10 @@ fp32. All varlen bookkeeping is a host-side table of chunks (token start, length
 (first chunk, number of chunks); dense batches are treated as B equal-length sequences. Offsets that
 can exceed 2^31 are int64.
 
-Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the L2 norm and the gate are applied
-outside the Function as Triton autograd functions (``prep_triton.py``); the Function's forward keeps the per-chunk
-intermediates (``chunk_kda_fwd_intermediates``) and its backward is ``chunk_triton_bwd.chunk_kda_bwd_triton``
-(Triton reverse state pass; see that file for what else is Triton).
+Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the forward runs the same kernels, L2 norm
+and gate inside the prep kernel, and keeps the per-chunk intermediates and the raw q, k, g; the backward recomputes
+the normalised q, k and the log-decay (``prep_triton.py``), runs ``chunk_triton_bwd.chunk_kda_bwd_triton`` (Triton
+reverse state pass; see that file for what else is Triton) and chains the L2 norm's and the gate's backward.
 """
 
 from __future__ import annotations
@@ -47,7 +48,16 @@ import triton.language as tl
 
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
-from kernels.kda.prep_triton import _gate, kda_gate_triton, l2norm_qkv_triton, l2norm_triton, qkv_base, token_rows
+from kernels.kda.prep_triton import (
+    _gate,
+    gate_bwd,
+    gate_fwd,
+    l2norm_bwd,
+    l2norm_fwd,
+    qkv_base,
+    qkv_l2_grad,
+    token_rows,
+)
 from kernels.kda.scores_triton import _scores2_kernel
 from kernels.kda.state_common import _load_state, _mm, _state_program
 
@@ -71,6 +81,7 @@ def _prep_kernel(
     rq_ptr,
     rk_ptr,
     scale,
+    QS: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -81,8 +92,10 @@ def _prep_kernel(
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
 ):
-    """Per (chunk, value head): inverse row norms of q, k (L2), the gate, G = cumsum(g) (fp32), G_last,
-    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile."""
+    """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), the gate, G = cumsum(g) (fp32),
+    G_last, ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile;
+    q and k tokens ``QS`` elements apart. (Reading the norms from a row kernel instead of the first pass, and 32-bit
+    offsets inside the chunk, were each within 2% of this kernel's 0.33 ms at 1 x 8192 x 32: H200, session 19.)"""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -91,7 +104,7 @@ def _prep_kernel(
     rows = tl.arange(0, C)
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
-    qk_off = (bos + rows)[:, None] * (H * K) + i_h * K
+    qk_off = (bos + rows)[:, None] * QS + i_h * K
     rq = tl.full([C], 1.0, tl.float32)
     rk = tl.full([C], 1.0, tl.float32)
     if L2:
@@ -225,7 +238,9 @@ PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
-SCORES2_LAUNCH = (4, 1)  # num_warps, num_stages of the scores + solve + W / U kernel (sweep: s1 0.745 ms, s2 0.809)
+# num_warps, num_stages of the scores + solve + W / U kernel (H200, 1 x 8192 x 32, session 19 call2 with the row-load
+# solve: s1 0.713 ms, s2 0.594, s3 0.571; an H100 in session 5 with the earlier kernel had s1 0.745, s2 0.809)
+SCORES2_LAUNCH = (4, 3)
 INTRA_PREC16 = "tf32"  # tl.dot precision of the Akk / Aqk, solve and W / U dots for 16-bit inputs (fp32: ieee)
 INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp32-grade on tensor cores (fp32: ieee)
 # Diagonal 16 x 16 blocks of Akk / Aqk go through their sub-block's first row (one batched dot) in every K tile
@@ -234,8 +249,6 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
-SOLVE_ROW_LOADS = False  # the 16 x 16 diagonal inverses read row i of Akk from memory (not timed yet), else pick it
-# out of the register tile by a masked reduction
 STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
@@ -290,6 +303,15 @@ class KDAFwdState(NamedTuple):
     snc: torch.Tensor
 
 
+def _qk_rows(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """q, k ``[B, T, H, K]`` as the forward kernels read them, with their common token stride: in place when
+    :func:`token_rows` gives both the same stride (views of the KDA layer's q|k|v tensor), else contiguous."""
+    (qc, qs), (kc, ks) = token_rows(q), token_rows(k)
+    if qs != ks:
+        return q.contiguous(), k.contiguous(), q.shape[2] * q.shape[3]
+    return qc, kc, qs
+
+
 def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool = True) -> KDAFwdState:
     """Run the forward kernels (prep, scores + solve + W/U, state pass, output) and return every intermediate.
     ``keep_u=False`` (inference): the state pass writes Vnew over U (same rows and columns, read before written by
@@ -299,7 +321,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
     fp32 = q.dtype == torch.float32 or v.dtype == torch.float32
-    q, k, g, beta = (x.contiguous() for x in (q, k, g, beta))
+    q, k, qs = _qk_rows(q, k)
+    g, beta = g.contiguous(), beta.contiguous()
     v, vs = token_rows(v)
     nch, (cbos, clen), (s0, snc) = _tables(T, B, cu_seqlens, dev)
     N = s0.numel() if cu_seqlens is not None else B
@@ -338,6 +361,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             rq_ptr=rq,
             rk_ptr=rk,
             scale=scale,
+            QS=qs,
             H=H,
             HV=HV,
             K=K,
@@ -366,6 +390,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             W_ptr=W,
             U_ptr=U,
             scale=scale,
+            QS=qs,
             VS=vs,
             H=H,
             HV=HV,
@@ -379,7 +404,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC=dprec,
-            ROWS=SOLVE_ROW_LOADS,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
@@ -458,40 +482,51 @@ _SAVED = ("G", "Gl", "Aqk", "T", "W", "qg", "kg", "h", "vn", "cbos", "clen", "s0
 
 
 class ChunkKDAFunction(torch.autograd.Function):
-    """Core op (q, k already normalised, g the log-decay): Triton forward keeping its per-chunk intermediates
-    (about 11 [B, T, HV, 128]-sized bf16 tensors' worth at K = V = 128), manual backward ``chunk_kda_bwd_triton``."""
+    """The op with its L2 norm and gate inside the forward's prep kernel (the forward-only path's kernels), keeping
+    the per-chunk intermediates (about 11 [B, T, HV, 128]-sized bf16 tensors' worth at K = V = 128) and the raw
+    q, k, g: the forward never writes normalised q, k or the fp32 log-decay (two passes over q|k and one over g
+    fewer than normalising and gating first), and its q, k reach the scores unrounded. The backward recomputes them
+    (:func:`l2norm_fwd`, :func:`gate_fwd`: bf16 q, k as the core backward reads them), runs the core backward
+    ``chunk_kda_bwd_triton`` and chains the L2 norm's and the gate's backward. With ``qkv`` (q, k, v the thirds of
+    one ``[B, T, 3 H K]`` tensor, :func:`qkv_base`) d(qkv) is one tensor written in place (q, k, v get None)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, cu_seqlens):
-        st = chunk_kda_fwd_intermediates(q, k, v, g, beta, scale, initial_state, cu_seqlens)
-        ctx.save_for_backward(q, k, v, g, beta, *(getattr(st, f) for f in _SAVED))
-        ctx.scale = scale
+    def forward(ctx, qkv, q, k, v, g, beta, initial_state, A_log, dt_bias, scale, cu_seqlens, flags):
+        use_l2, use_gate, lower_bound = flags
+        st = _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, (use_l2, use_gate, A_log, dt_bias, lower_bound))
+        ctx.save_for_backward(qkv, q, k, v, g, beta, A_log, dt_bias, *(getattr(st, f) for f in _SAVED))
+        ctx.scale, ctx.flags = scale, flags
         ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
         return st.o, st.ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, *saved = ctx.saved_tensors
-        kept = dict(zip(_SAVED, saved))
-        st = KDAFwdState(o=None, ht=None, U=None, **kept)
-        gr = chunk_kda_bwd_triton(q, k, v, g, beta, ctx.scale, st, do, dht)
+        qkv, q, k, v, g, beta, A_log, dt_bias, *saved = ctx.saved_tensors
+        use_l2, use_gate, lower_bound = ctx.flags
+        st = KDAFwdState(o=None, ht=None, U=None, **dict(zip(_SAVED, saved)))
+        (qn, rq), (kn, rk) = (l2norm_fwd(x) if use_l2 else (x, None) for x in (q, k))
+        gn = gate_fwd(g, A_log, dt_bias, lower_bound) if use_gate else g
+        gr = chunk_kda_bwd_triton(qn, kn, v, gn, beta, ctx.scale, st, do, dht)
         dh0 = gr.dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None
-        cast = (gr.dq.to(q.dtype), gr.dk.to(k.dtype), gr.dv.to(v.dtype), gr.dg.to(g.dtype), gr.dbeta.to(beta.dtype))
-        return (*cast, dh0, None, None)
+        dg, dA, ddtb = gate_bwd(g, A_log, dt_bias, lower_bound, gr.dg) if use_gate else (gr.dg.to(g.dtype), None, None)
+        dbeta = gr.dbeta.to(beta.dtype)
+        if qkv is not None:  # L2 norm on the thirds of one q|k|v tensor: its gradient in one pass
+            dqkv = qkv_l2_grad(qkv, q.shape[2], q.shape[3], (gr.dq, rq), (gr.dk, rk), gr.dv)
+            return dqkv, None, None, None, dg, dbeta, dh0, dA, ddtb, None, None, None
+        dq, dk = (l2norm_bwd(x, r, dx) if use_l2 else dx.to(x.dtype) for x, r, dx in ((q, rq, gr.dq), (k, rk, gr.dk)))
+        return None, dq, dk, gr.dv.to(v.dtype), dg, dbeta, dh0, dA, ddtb, None, None, None
 
 
 def chunk_kda_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
-    """Forward only (in-kernel L2 norm / gate) when no gradient is needed; otherwise the L2 norm (fp32, cast back to
-    q's dtype) and the gate as Triton autograd functions (``prep_triton.py``), then :class:`ChunkKDAFunction` on the
-    core op."""
+    """Forward only (:func:`chunk_kda_fwd_triton`) when no gradient is needed; otherwise :class:`ChunkKDAFunction`
+    (the same forward kernels, keeping what the backward needs), with the q|k|v tensor when q, k, v are its thirds
+    and the L2 norm is on."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
     ins = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in ins)):
         return chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
-    if use_l2:
-        qkv = qkv_base(q, k, v)  # views of one q|k|v tensor: their gradients go into one tensor, no concatenation
-        q, k, v = l2norm_qkv_triton(qkv, q.shape[2], q.shape[3]) if qkv is not None else \
-            (l2norm_triton(q), l2norm_triton(k), v)
-    if use_gate:
-        g = kda_gate_triton(g, A_log, dt_bias, lower_bound)
-    return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, cu_seqlens)
+    qkv = qkv_base(q, k, v) if use_l2 else None
+    if not use_gate:
+        A_log = dt_bias = None
+    return ChunkKDAFunction.apply(qkv, q, k, v, g, beta, initial_state, A_log, dt_bias, scale, cu_seqlens,
+                                  (use_l2, use_gate, lower_bound))

@@ -1,4 +1,4 @@
-"""Triton L2 norm and KDA gate for the training path, as autograd functions (``../shared/REFERENCE.md`` section 1).
+"""Triton L2 norm and KDA gate, forward and backward (``../shared/REFERENCE.md`` section 1).
 
 The reference is ``kernels/kda/naive.py``: :func:`l2norm_ref` (``x / sqrt(sum x^2 + 1e-6)`` over the head dim,
 computed in fp32 and cast back to the input dtype, as fla does) and :func:`kda_gate_ref` (the softplus
@@ -14,6 +14,11 @@ and one backward:
 - ``_gate_fwd_kernel`` / ``_gate_bwd_kernel``, per (block of BT tokens, value head): the gate, and its backward
   ``d g_raw = dg dG/dx``; ``dA_log`` and ``d dt_bias`` are per-program partial sums over the block's tokens
   (``[NB, HV]``, ``[NB, HV, K]`` fp32) reduced afterwards by ``torch.sum`` (deterministic, no atomics).
+
+The KDA op's training path (``chunk_triton.ChunkKDAFunction``) normalises and gates inside its forward's prep
+kernel and uses these kernels only in its backward, without autograd (:func:`l2norm_fwd` / :func:`l2norm_bwd`,
+:func:`qkv_l2_grad`, :func:`gate_fwd` / :func:`gate_bwd`); the autograd functions here are the same maths as
+standalone differentiable ops.
 
 Fixed configurations (no autotune), so all four run under ``TRITON_INTERPRET=1`` on a CPU.
 """
@@ -96,33 +101,53 @@ def _l2_fwd(x: torch.Tensor, shape: tuple[int, ...], xs: int, hx: int) -> tuple[
     return y, r
 
 
+def _l2_bwd(x: torch.Tensor, r: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, xs: int, hx: int, D: int,
+            dx_as_x: bool) -> None:
+    """``dx = r (dy - y sum(dy y))`` for the rows of ``x`` laid out as in :func:`_l2_fwd` (y recomputed from x and
+    r); dx written at x's offsets (``dx_as_x``, into a tensor shaped like x's storage) or contiguously."""
+    M = r.numel()
+    BD, BM = _rows(D)
+    if M:
+        _l2_bwd_kernel[(triton.cdiv(M, BM),)](x, r, dy.contiguous(), dx, M, xs, hx, D=D, BD=BD, BM=BM,
+                                              DX_AS_X=dx_as_x, num_warps=4)
+
+
+def l2_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """``(xc, xs, hx)``: the tensor the L2 kernels read for ``x [..., D]`` (x itself when it is a ``[B, T, H, D]``
+    view whose token rows allow, :func:`token_rows`), its token stride and its rows per token."""
+    if x.dim() == 4:  # [B, T, H, D], possibly a view with a wider token stride: read in place
+        xc, xs = token_rows(x)
+        return xc, xs, x.shape[2]
+    return x.contiguous(), x.shape[-1], 1
+
+
+def l2norm_fwd(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(l2norm(x) in x's dtype, fp32 1/norm per row)`` without autograd (the KDA op's backward recomputes q, k)."""
+    xc, xs, hx = l2_rows(x)
+    return _l2_fwd(xc, x.shape, xs, hx)
+
+
+def l2norm_bwd(x: torch.Tensor, r: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dx of :func:`l2norm_fwd` for the upstream gradient dy (contiguous, x's shape and dtype)."""
+    xc, xs, hx = l2_rows(x)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _l2_bwd(xc, r, dy, dx, xs, hx, x.shape[-1], False)
+    return dx
+
+
 class L2NormFunction(torch.autograd.Function):
     """``l2norm_ref(x.float()).to(x.dtype)`` over the last dim in one Triton pass; saves x and fp32 1/norm."""
 
     @staticmethod
     def forward(ctx, x):
-        D = x.shape[-1]
-        if x.dim() == 4:  # [B, T, H, D], possibly a view with a wider token stride: read in place
-            xc, xs = token_rows(x)
-            hx = x.shape[2]
-        else:
-            xc, xs, hx = x.contiguous(), D, 1
-        y, r = _l2_fwd(xc, x.shape, xs, hx)
-        ctx.save_for_backward(xc, r)
-        ctx.rows = (xs, hx)
+        y, r = l2norm_fwd(x)
+        ctx.save_for_backward(x, r)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        xc, r = ctx.saved_tensors
-        D = xc.shape[-1]
-        M = r.numel()
-        dx = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device)
-        BD, BM = _rows(D)
-        if M:
-            _l2_bwd_kernel[(triton.cdiv(M, BM),)](xc, r, dy.contiguous(), dx, M, *ctx.rows, D=D, BD=BD, BM=BM,
-                                                  DX_AS_X=False, num_warps=4)
-        return dx
+        x, r = ctx.saved_tensors
+        return l2norm_bwd(x, r, dy)
 
 
 def l2norm_triton(x: torch.Tensor) -> torch.Tensor:
@@ -171,21 +196,25 @@ class QKVL2NormFunction(torch.autograd.Function):
     def backward(ctx, dq, dk, dv):
         qkv, rq, rk = ctx.saved_tensors
         H, D = ctx.dims
-        B, T, _ = qkv.shape
-        M, HD = B * T * H, H * D
-        BD, BM = _rows(D)
-        dqkv = torch.empty_like(qkv)
-        for i, (dy, r) in enumerate(((dq, rq), (dk, rk))):
-            if dy is None:
-                dqkv[..., i * HD: (i + 1) * HD].zero_()
-            elif M:
-                _l2_bwd_kernel[(triton.cdiv(M, BM),)](qkv[..., i * HD:], r, dy.contiguous(), dqkv[..., i * HD:], M,
-                                                      3 * HD, H, D=D, BD=BD, BM=BM, DX_AS_X=True, num_warps=4)
-        if dv is None:
-            dqkv[..., 2 * HD:].zero_()
+        return qkv_l2_grad(qkv, H, D, (dq, rq), (dk, rk), dv), None, None
+
+
+def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Tensor | None) -> torch.Tensor:
+    """d(qkv) ``[B, T, 3 H D]`` in one new tensor: the L2 norms' backward of the q and k thirds, each part
+    ``(dy, r)`` (dy None: zero), written at q's and k's offsets, and dv (None: zero) copied into the v third."""
+    B, T, _ = qkv.shape
+    HD = H * D
+    dqkv = torch.empty_like(qkv)
+    for i, (dy, r) in enumerate((q_part, k_part)):
+        if dy is None:
+            dqkv[..., i * HD: (i + 1) * HD].zero_()
         else:
-            dqkv[..., 2 * HD:].copy_(dv.reshape(B, T, HD))
-        return dqkv, None, None
+            _l2_bwd(qkv[..., i * HD:], r, dy, dqkv[..., i * HD:], 3 * HD, H, D, True)
+    if dv is None:
+        dqkv[..., 2 * HD:].zero_()
+    else:
+        dqkv[..., 2 * HD:].copy_(dv.reshape(B, T, HD))
+    return dqkv
 
 
 def l2norm_qkv_triton(qkv: torch.Tensor, H: int, D: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -276,41 +305,59 @@ def _gate_cfg(K: int) -> tuple[int, int]:
     return BK, max(1, ELEMS // BK)
 
 
+def _gate_args(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None, lower_bound: float | None):
+    """``(xc, A_log, dtb, lb, M, grid, kw)`` of a gate kernel launch over ``x [..., HV, K]``."""
+    HV, K = x.shape[-2], x.shape[-1]
+    xc = x.contiguous()
+    M = xc.numel() // max(HV * K, 1)
+    BK, BT = _gate_cfg(K)
+    has_dtb = dt_bias is not None
+    dtb = dt_bias.contiguous() if has_dtb else A_log
+    lb = float(lower_bound) if lower_bound is not None else 0.0
+    kw = dict(HV=HV, K=K, BK=BK, BT=BT, LOWER=lower_bound is not None, HAS_DTB=has_dtb, num_warps=4)
+    return xc, A_log.contiguous(), dtb, lb, M, (triton.cdiv(M, BT), HV), kw
+
+
+def gate_fwd(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
+             lower_bound: float | None) -> torch.Tensor:
+    """``kda_gate_ref(x, A_log, dt_bias, lower_bound)`` (fp32 ``[..., HV, K]``) without autograd."""
+    xc, a_log, dtb, lb, M, grid, kw = _gate_args(x, A_log, dt_bias, lower_bound)
+    g = torch.empty(xc.shape, dtype=torch.float32, device=x.device)
+    if M:
+        _gate_fwd_kernel[grid](xc, a_log, dtb, g, lb, M, **kw)
+    return g
+
+
+def gate_bwd(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None, lower_bound: float | None,
+             dg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(d x, d A_log, d dt_bias or None)`` of :func:`gate_fwd` for the upstream gradient ``dg`` (deterministic
+    two-stage reductions: per-program partial sums, then ``torch.sum``)."""
+    xc, a_log, dtb, lb, M, grid, kw = _gate_args(x, A_log, dt_bias, lower_bound)
+    nb, HV, K = grid[0], kw["HV"], kw["K"]
+    dx = torch.empty_like(xc)
+    pa = torch.zeros(max(nb, 1), HV, dtype=torch.float32, device=xc.device)
+    pb = torch.zeros(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
+    if M:
+        _gate_bwd_kernel[grid](xc, a_log, dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
+    dA = pa.sum(0).to(A_log.dtype).reshape(A_log.shape)
+    ddtb = pb.sum(0).reshape(-1).to(dt_bias.dtype).reshape(dt_bias.shape) if dt_bias is not None else None
+    return dx, dA, ddtb
+
+
 class KDAGateFunction(torch.autograd.Function):
     """``kda_gate_ref(g_raw, A_log, dt_bias, lower_bound)``: g_raw [B, T, HV, K] -> fp32 log-decay; gradients
     for g_raw, A_log [HV] and dt_bias [HV * K] (deterministic two-stage reductions)."""
 
     @staticmethod
     def forward(ctx, x, A_log, dt_bias, lower_bound):
-        HV, K = x.shape[-2], x.shape[-1]
-        xc = x.contiguous()
-        M = xc.numel() // max(HV * K, 1)
-        g = torch.empty(xc.shape, dtype=torch.float32, device=x.device)
-        BK, BT = _gate_cfg(K)
-        has_dtb = dt_bias is not None
-        dtb = dt_bias.contiguous() if has_dtb else A_log
-        lb = float(lower_bound) if lower_bound is not None else 0.0
-        kw = dict(HV=HV, K=K, BK=BK, BT=BT, LOWER=lower_bound is not None, HAS_DTB=has_dtb, num_warps=4)
-        if M:
-            _gate_fwd_kernel[(triton.cdiv(M, BT), HV)](xc, A_log.contiguous(), dtb, g, lb, M, **kw)
-        ctx.save_for_backward(xc, A_log, dtb)
-        ctx.cfg = (M, lb, kw, has_dtb)
-        return g
+        ctx.save_for_backward(x, A_log, dt_bias)
+        ctx.lower_bound = lower_bound
+        return gate_fwd(x, A_log, dt_bias, lower_bound)
 
     @staticmethod
     def backward(ctx, dg):
-        xc, A_log, dtb = ctx.saved_tensors
-        M, lb, kw, has_dtb = ctx.cfg
-        HV, K, BT = kw["HV"], kw["K"], kw["BT"]
-        nb = triton.cdiv(M, BT)
-        dx = torch.empty_like(xc)
-        pa = torch.zeros(max(nb, 1), HV, dtype=torch.float32, device=xc.device)
-        pb = torch.zeros(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
-        if M:
-            _gate_bwd_kernel[(nb, HV)](xc, A_log.contiguous(), dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
-        dA = pa.sum(0).to(A_log.dtype).reshape(A_log.shape)
-        ddtb = pb.sum(0).reshape(-1).to(dtb.dtype).reshape(dtb.shape) if has_dtb else None
-        return dx, dA, ddtb, None
+        x, A_log, dt_bias = ctx.saved_tensors
+        return (*gate_bwd(x, A_log, dt_bias, ctx.lower_bound, dg), None)
 
 
 def kda_gate_triton(

@@ -147,26 +147,63 @@ def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch):
     assert not torch.equal(runs[0].dq, runs[1].dq), "fast and pairwise diagonal paths gave bit-identical dq"
 
 
+def _fp64_ref_outputs(ref_in, T):
+    """o, final state of the fp64 reference (token loop up to T = 1000, chunk form above) on the core inputs."""
+    from kernels.kda.chunk_torch import chunk_kda_torch
+
+    if T <= 1000:
+        return naive_recurrent_kda(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
+    qe, ke = (t.repeat_interleave(2, 2) for t in ref_in[:2])
+    return chunk_kda_torch(qe, ke, *ref_in[2:5], 128**-0.5, ref_in[5], chunk_size=64)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [63, 1000, 4096])
 def test_gpu_bf16_grads_vs_fp64_oracle(T):
-    """The wired training path (L2 norm + gate, Triton forward and backward) in bf16 against autograd through the
-    fp64 reference on the same bf16-rounded inputs (chunk form in fp64 above T = 1000)."""
+    """The core op (q, k normalised, g the log-decay; Triton forward and backward) in bf16 against autograd through
+    the fp64 reference on the same bf16-rounded inputs (chunk form in fp64 above T = 1000)."""
     from kernels.kda import chunk_kda
-    from kernels.kda.chunk_torch import chunk_kda_torch
 
     q, k, v, g, beta, s0 = make_inputs(2, T, 2, 4, 128, 128, gate="logsig", h0=True)
     q, k, v = (t.bfloat16().double() for t in (q, k, v))
     ref_in = [t.cuda().requires_grad_() for t in (q, k, v, g, beta, s0)]
-    if T <= 1000:
-        o, S = naive_recurrent_kda(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
-    else:
-        qe, ke = (t.repeat_interleave(2, 2) for t in ref_in[:2])
-        o, S = chunk_kda_torch(qe, ke, *ref_in[2:5], 128**-0.5, ref_in[5], chunk_size=64)
+    o, S = _fp64_ref_outputs(ref_in, T)
     do, dS = torch.randn_like(o), torch.randn_like(S)
     ref = torch.autograd.grad([o, S], ref_in, [do, dS])
     x = [t.detach().to(dt).requires_grad_() for t, dt in zip(ref_in, [torch.bfloat16] * 3 + [torch.float32] * 3)]
     o2, S2 = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True, backend="triton")
     got = torch.autograd.grad([o2, S2], x, [do.to(o2.dtype), dS.float()])
     for name, a, b, tol in zip(NAMES, got, ref, [8e-3, 8e-3, 8e-3, 2e-2, 2e-2, 8e-3]):
+        assert_rel_rms(a, b, tol, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [63, 4096])
+def test_gpu_bf16_training_path_with_kimi_flags(T):
+    """What the benchmark times and the model runs: in-kernel L2 norm and gate (``ChunkKDAFunction``: the prep
+    kernel normalises and gates, the backward recomputes and chains both) in bf16, raw q, k, g_raw bf16, against
+    autograd through ``l2norm_ref``, ``kda_gate_ref`` and the fp64 reference on the same rounded inputs; the
+    gradients of q, k, v, g_raw, beta, h0, A_log and dt_bias."""
+    from kernels.kda import chunk_kda
+    from kernels.kda.naive import kda_gate_ref, l2norm_ref
+
+    q, k, v, _, beta, s0 = make_inputs(2, T, 2, 4, 128, 128, h0=True)
+    raw = torch.randn(2, T, 4, 128, dtype=torch.float64)
+    q, k, v, raw = (t.bfloat16().double() for t in (2 * q, 3 * k, v, raw))
+    A_log = torch.log(torch.empty(4, dtype=torch.float64).uniform_(1, 16)).float().double()
+    dtb = torch.randn(4 * 128, dtype=torch.float64).float().double()
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v, raw, beta, s0, A_log, dtb)]
+    core = [l2norm_ref(leaves[0]), l2norm_ref(leaves[1]), leaves[2], kda_gate_ref(leaves[3], leaves[6], leaves[7])]
+    o, S = _fp64_ref_outputs(core + leaves[4:6], T)
+    do, dS = torch.randn_like(o), torch.randn_like(S)
+    ref = torch.autograd.grad([o, S], leaves, [do, dS])
+    dts = [torch.bfloat16] * 4 + [torch.float32] * 4
+    x = [t.detach().to(dt).requires_grad_() for t, dt in zip(leaves, dts)]
+    o2, S2 = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                       use_gate_in_kernel=True, A_log=x[6], dt_bias=x[7], backend="triton")
+    assert_rel_rms(o2, o, 5e-3, "o")
+    assert_rel_rms(S2, S, 5e-3, "state")
+    got = torch.autograd.grad([o2, S2], x, [do.to(o2.dtype), dS.float()])
+    names = ("dq", "dk", "dv", "dg_raw", "dbeta", "dh0", "dA_log", "ddt_bias")
+    for name, a, b, tol in zip(names, got, ref, [8e-3] * 3 + [2e-2] * 2 + [8e-3] + [2e-2] * 2):
         assert_rel_rms(a, b, tol, name)

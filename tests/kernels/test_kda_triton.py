@@ -82,23 +82,6 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
-def test_triton_solve_row_loads_equal_default(monkeypatch):
-    """``SOLVE_ROW_LOADS``: the diagonal 16 x 16 inverses reading Akk's rows from memory give the default kernel's
-    intermediates bit for bit (the masked reduction it replaces picks out the same values exactly); varlen with a
-    ragged chunk, HV = 2 H, several K tiles."""
-    from kernels.kda import chunk_triton
-    from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
-
-    q, k, v, g, beta, s0 = make_inputs(1, 75, 1, 2, 40, 36, h0=True, N=2)
-    x = _to([F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, g, beta, s0])
-    cu = torch.tensor([0, 9, 75], dtype=torch.int32, device=kernel_device())
-    base = chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu)
-    monkeypatch.setattr(chunk_triton, "SOLVE_ROW_LOADS", True)
-    rows = chunk_kda_fwd_intermediates(*x[:5], 40**-0.5, x[5], cu)
-    for name in ("T", "W", "U", "o", "ht"):
-        assert torch.equal(getattr(rows, name), getattr(base, name)), name
-
-
 @pytest.mark.parametrize("span_max", [None, -1.0])
 def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
@@ -317,8 +300,8 @@ def test_gpu_fwd_intermediates_full_width():
 @pytest.mark.parametrize("B,T,cu", [(2, 37, None), (1, 70, [0, 1, 40, 70])])
 def test_triton_qkv_views_read_in_place_equal_contiguous(B, T, cu):
     """q, k, v as views of one [B, T, 3 H K] tensor (the KDA layer's conv output) give exactly the results and
-    gradients of contiguous copies: the L2-norm and v-reading kernels take the token stride (``token_rows``), and the
-    views' L2 norms are one node (``QKVL2NormFunction``) whose backward writes d(qkv) directly."""
+    gradients of contiguous copies: every kernel reading q, k, v takes their token stride (``token_rows``), and the op
+    takes the q|k|v tensor itself (``ChunkKDAFunction``'s qkv mode), its backward writing d(qkv) directly."""
     H, K = 2, 16
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     q, k, v, raw, beta, _ = make_inputs(B, T, H, H, K, K)
@@ -328,7 +311,7 @@ def test_triton_qkv_views_read_in_place_equal_contiguous(B, T, cu):
     raw, beta = _to([raw, beta])
     beta.requires_grad_()
     views = [t.reshape(B, T, H, K) for t in qkv.to(kernel_device()).chunk(3, dim=-1)]
-    assert not views[0].is_contiguous() and qkv_base(*views) is not None  # the one-node L2 norm of q|k|v
+    assert not views[0].is_contiguous() and qkv_base(*views) is not None  # the op takes q|k|v itself
     o, _ = chunk_kda(*views, raw, beta, **kw)
     (o * torch.linspace(-1, 1, o.numel(), device=o.device).view_as(o)).sum().backward()
     qkv2 = qkv.detach().clone().requires_grad_()

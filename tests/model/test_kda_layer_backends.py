@@ -1,8 +1,9 @@
 """The KDA layer with its Triton kernels equals the layer on the PyTorch path, forward and every gradient.
 
 On a CPU the Triton kernels run under the interpreter (tiny shapes); with a GPU on the GPU. This is the layer's
-training wiring end to end: the fused input projections (``kernels.linear``), the short conv, the q|k|v L2 norm
-node that writes d(qkv) in place (``QKVL2NormFunction``), the gate and the chunked operator."""
+training wiring end to end: the fused input projections (``kernels.linear``), the short conv, and the chunked
+operator with its in-kernel L2 norm and gate, taking the q|k|v tensor and writing d(qkv) in place
+(``ChunkKDAFunction``)."""
 
 from __future__ import annotations
 
