@@ -19,6 +19,7 @@
 #       (PREP_NORM_KERNEL), then the bench.
 #   bash scripts/gpu_session19.sh models   bench_backbone's training runs (hybrid, block AttnRes, full attention).
 #   bash scripts/gpu_session19.sh final   the committed kernels: GPU tests and the bench at the five shapes.
+#   bash scripts/gpu_session19.sh prelude   bench_kda.py's ceilings, errors against fp64 and decode on this GPU.
 # Part limits sum to 540 s (solve), 560 s (fused), 520 s (prep), 460 s (prep2), 280 s (models) and 340 s (final); one
 # command may run 600. The sweep settings named by solve, fused and prep2 (row-load solve, norm row kernel) were
 # removed after the session measured them: those modes now sweep only what is left; final and models rerun as is.
@@ -54,7 +55,7 @@ bench_five() {  # limit_s [best.txt]: bench_kda.py ours vs fla at the five shape
 }
 
 gpu_header
-case "${1:?usage: gpu_session19.sh solve|fused|prep|prep2|models|final|bench}" in
+case "${1:?usage: gpu_session19.sh solve|fused|prep|prep2|models|final|prelude|bench}" in
 solve)
   install_fla
   kda_tests 150
@@ -94,6 +95,11 @@ final)  # the committed kernels (call3's code at the default launch settings): t
   install_fla
   kda_tests 110 tests/kernels/test_kda_prep.py tests/model/test_kda_layer_backends.py
   bench_five 230
+  ;;
+prelude)  # bench_kda.py's prelude alone on this GPU: copy / matmul ceilings, errors vs fp64, decode at B 64, H 32
+  install_fla
+  PART_TAIL=12 part "bench_kda prelude (no shapes: deadline 0)" 130 python3 kernels/benchmarks/bench_kda.py \
+    --impls ours,fla --deadline 0 --shapes 1x8192x32 --out "$OUT/bench_kda_prelude.json"
   ;;
 bench)
   install_fla
