@@ -28,32 +28,6 @@
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
-FIVE=1x8192x32,4x4096x32,8x2048x16,2x16384x16,1x32768x16  # the issue's shapes
-
-kda_tests() {  # limit_s, then test files besides the KDA forward and backward files
-  local limit=$1
-  shift
-  PART_TAIL=8 part "KDA tests on the GPU" "$limit" python3 -m pytest -q -n 14 -p no:cacheprovider -rf \
-    tests/kernels/test_kda_triton.py tests/kernels/test_kda_bwd.py "$@"
-}
-
-sweep_best() {  # shape limit_s settings: sweep_kda_fwd.py of those settings and the default; the best in best.txt
-  mkdir -p "$OUT/$1"
-  PART_TAIL=16 part "sweep_kda_fwd at $1: $3" "$2" python3 kernels/benchmarks/sweep_kda_fwd.py --shape "$1" \
-    --out "$OUT/$1/sweep_kda_fwd.json" --best-out "$OUT/$1/best.txt" --only "$3"
-}
-
-bench_five() {  # limit_s [best.txt]: bench_kda.py ours vs fla at the five shapes, forwards also as CUDA graphs
-  local limit=$1 set_file=()
-  if [ -n "${2:-}" ] && [ -f "$2" ]; then
-    set_file=(--set-file "$2")
-    echo "setting: $(tr '\n' ' ' <"$2")"
-  fi
-  PART_TAIL=40 part "bench_kda ours vs fla, five shapes, with CUDA-graph forwards" "$limit" python3 \
-    kernels/benchmarks/bench_kda.py --no-prelude --graph --impls ours,fla --deadline $((limit - 30)) --shapes "$FIVE" \
-    "${set_file[@]}" --out "$OUT/bench_kda.json"
-}
-
 gpu_header
 case "${1:?usage: gpu_session19.sh solve|fused|prep|prep2|models|final|prelude|bench}" in
 solve)

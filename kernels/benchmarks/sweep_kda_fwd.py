@@ -63,6 +63,9 @@ SETTINGS = [
     ("prep w8", {"PREP_LAUNCH": (8, 2)}),
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
+    ("prep norm bk64", {"PREP_NORM_BK": 64}),
+    ("prep norm bk128", {"PREP_NORM_BK": 128}),
+    ("prep norm bk128 bk16", {"PREP_NORM_BK": 128, "PREP_BK": 16}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]
 

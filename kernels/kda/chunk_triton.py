@@ -87,6 +87,7 @@ def _prep_kernel(
     K: tl.constexpr,
     C: tl.constexpr,
     BKP: tl.constexpr,
+    BKN: tl.constexpr,
     GATE: tl.constexpr,
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
@@ -110,8 +111,8 @@ def _prep_kernel(
     if L2:
         sq = tl.zeros([C], dtype=tl.float32)
         sk = tl.zeros([C], dtype=tl.float32)
-        for k0 in range(0, K, BKP):
-            ck = k0 + tl.arange(0, BKP)
+        for k0 in range(0, K, BKN):  # the norms' pass, BKN columns a step
+            ck = k0 + tl.arange(0, BKN)
             m = rm[:, None] & (ck < K)[None, :]
             x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
             sq += tl.sum(x * x, 1)
@@ -236,6 +237,9 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
+# key columns per step of the prep kernel's first pass (the q, k row norms); None: PREP_BK. Wider steps mean fewer
+# dependent round trips to memory before the main pass (not timed yet: scripts/gpu_session20.sh)
+PREP_NORM_BK: int | None = None
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 # num_warps, num_stages of the scores + solve + W / U kernel (H200, 1 x 8192 x 32, session 19 call2 with the row-load
@@ -367,6 +371,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             K=K,
             C=CHUNK,
             BKP=min(BK, PREP_BK),
+            BKN=min(BK, PREP_NORM_BK or PREP_BK),
             GATE=use_gate,
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,

@@ -253,9 +253,14 @@ def test_triton_fwd_intermediates_vs_torch():
     assert (st.Aqk.triu(1) == 0).all() and (st.T.triu(1) == 0).all()
 
 
-def test_triton_l2_gate_several_k_tiles():
+@pytest.mark.parametrize("norm_bk", [None, 64])
+def test_triton_l2_gate_several_k_tiles(monkeypatch, norm_bk):
     """In-kernel L2 norm and lower-bound gate with K = 48 (norms and gate over several K tiles), HV = 2H, fp32,
-    against the PyTorch path."""
+    against the PyTorch path; the norms' pass in the main pass's 32-column steps or in one masked 64-column step
+    (``PREP_NORM_BK``)."""
+    from kernels.kda import chunk_triton
+
+    monkeypatch.setattr(chunk_triton, "PREP_NORM_BK", norm_bk)
     q, k, v, g, beta, s0 = make_inputs(1, 70, 1, 2, 48, 24, h0=True)
     A_log = torch.log(torch.empty(2, dtype=torch.float64).uniform_(1, 16))
     dtb = torch.randn(2 * 48, dtype=torch.float64)
