@@ -45,7 +45,7 @@ def _signature(name: str) -> tuple:
         args = [("q", bf), ("k", bf), ("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32")] + tab
         args += [("G", f32), ("gl", f32), ("qg", bf), ("kg", bf), ("rq", f32), ("rk", f32), ("scale", "fp32")]
         fn = ct._prep_kernel
-        extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, BKN=ct.PREP_NORM_BK or ct.PREP_BK, GATE=True, LOWER=False,
+        extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, PROBE=ct.PREP_PROBE,
                      HAS_DTB=True, L2=True)
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab

@@ -63,9 +63,13 @@ SETTINGS = [
     ("prep w8", {"PREP_LAUNCH": (8, 2)}),
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
-    ("prep norm bk64", {"PREP_NORM_BK": 64}),
-    ("prep norm bk128", {"PREP_NORM_BK": 128}),
-    ("prep norm bk128 bk16", {"PREP_NORM_BK": 128, "PREP_BK": 16}),
+    # timing probes (wrong results, never "best"): what the prep kernel's parts cost, by leaving them out
+    ("probe prep no gate", {"PREP_PROBE": 1}),
+    ("probe prep no cumsum", {"PREP_PROBE": 2}),
+    ("probe prep no qg kg", {"PREP_PROBE": 4}),
+    ("probe prep no G store", {"PREP_PROBE": 8}),
+    ("probe prep gate cumsum gl only", {"PREP_PROBE": 12}),
+    ("probe prep g load gl only", {"PREP_PROBE": 15}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]
 
@@ -118,7 +122,7 @@ def main() -> None:
         res["settings"][name]["consts"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in consts.items()}
         json.dump(res, open(args.out, "w"), indent=1)
     res["elapsed_s"] = time.time() - t0
-    ok = {n: r for n, r in res["settings"].items() if "fwd_ms" in r}
+    ok = {n: r for n, r in res["settings"].items() if "fwd_ms" in r and not n.startswith("probe")}
     if ok:
         floor = min(r["o_err_vs_fp64"] for r in ok.values())
         best = min((n for n, r in ok.items() if r["o_err_vs_fp64"] <= 1.02 * floor), key=lambda n: ok[n]["fwd_ms"])

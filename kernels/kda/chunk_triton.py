@@ -87,16 +87,17 @@ def _prep_kernel(
     K: tl.constexpr,
     C: tl.constexpr,
     BKP: tl.constexpr,
-    BKN: tl.constexpr,
     GATE: tl.constexpr,
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
+    PROBE: tl.constexpr = 0,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), the gate, G = cumsum(g) (fp32),
     G_last, ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile;
-    q and k tokens ``QS`` elements apart. (Reading the norms from a row kernel instead of the first pass, and 32-bit
-    offsets inside the chunk, were each within 2% of this kernel's 0.33 ms at 1 x 8192 x 32: H200, session 19.)"""
+    q and k tokens ``QS`` elements apart. ``PROBE`` (timing only, wrong results): see ``PREP_PROBE``. (Reading the
+    norms from a row kernel instead of the first pass, and 32-bit offsets inside the chunk, were each within 2% of
+    this kernel's 0.33 ms at 1 x 8192 x 32: H200, session 19.)"""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -111,8 +112,8 @@ def _prep_kernel(
     if L2:
         sq = tl.zeros([C], dtype=tl.float32)
         sk = tl.zeros([C], dtype=tl.float32)
-        for k0 in range(0, K, BKN):  # the norms' pass, BKN columns a step
-            ck = k0 + tl.arange(0, BKN)
+        for k0 in range(0, K, BKP):
+            ck = k0 + tl.arange(0, BKP)
             m = rm[:, None] & (ck < K)[None, :]
             x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
             sq += tl.sum(x * x, 1)
@@ -131,20 +132,26 @@ def _prep_kernel(
         m = rm[:, None] & cm[None, :]
         g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
         g = g.to(tl.float32)
-        if GATE:
+        if GATE and (PROBE & 1) == 0:
             dtb = tl.zeros([BKP], dtype=tl.float32)
             if HAS_DTB:
                 dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
             g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
-        G = tl.cumsum(g, 0)
-        E = tl.cumsum(g, 0, reverse=True) - g  # G_last - G as a suffix sum
+        if PROBE & 2:
+            G, E = g, g
+        else:
+            G = tl.cumsum(g, 0)
+            E = tl.cumsum(g, 0, reverse=True) - g  # G_last - G as a suffix sum
         tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
         off = sc * (C * K) + rows[:, None] * K + ck[None, :]
-        tl.store(G_ptr + off, G, mask=cm[None, :])
-        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(qg_ptr + off, (x * (rq * scale)[:, None] * tl.exp(G)).to(qg_ptr.dtype.element_ty), mask=cm[None, :])
-        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(kg_ptr + off, (x * rk[:, None] * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
+        if (PROBE & 8) == 0:
+            tl.store(G_ptr + off, G, mask=cm[None, :])
+        if (PROBE & 4) == 0:
+            x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+            qg = x * (rq * scale)[:, None] * tl.exp(G)
+            tl.store(qg_ptr + off, qg.to(qg_ptr.dtype.element_ty), mask=cm[None, :])
+            x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+            tl.store(kg_ptr + off, (x * rk[:, None] * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
 
 
 @triton.jit
@@ -237,9 +244,11 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
-# key columns per step of the prep kernel's first pass (the q, k row norms); None: PREP_BK. Wider steps mean fewer
-# dependent round trips to memory before the main pass (not timed yet: scripts/gpu_session20.sh)
-PREP_NORM_BK: int | None = None
+# Timing probes of the prep kernel (WRONG RESULTS: for sweep_kda_fwd.py only), bits: 1 no gate, 2 no cumsums (G = g),
+# 4 no q / k loads and no qg / kg stores, 8 no G store. A GPU without hardware counters (the gVisor H200 kind) places
+# time inside the kernel only by leaving parts out (session 19: without its first pass, the norms, it was 0.008 ms
+# faster, so the 0.33 ms are in the main pass).
+PREP_PROBE = 0
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 # num_warps, num_stages of the scores + solve + W / U kernel (H200, 1 x 8192 x 32, session 19 call2 with the row-load
@@ -371,11 +380,11 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             K=K,
             C=CHUNK,
             BKP=min(BK, PREP_BK),
-            BKN=min(BK, PREP_NORM_BK or PREP_BK),
             GATE=use_gate,
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
+            PROBE=PREP_PROBE,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )

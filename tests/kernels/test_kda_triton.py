@@ -253,14 +253,9 @@ def test_triton_fwd_intermediates_vs_torch():
     assert (st.Aqk.triu(1) == 0).all() and (st.T.triu(1) == 0).all()
 
 
-@pytest.mark.parametrize("norm_bk", [None, 64])
-def test_triton_l2_gate_several_k_tiles(monkeypatch, norm_bk):
+def test_triton_l2_gate_several_k_tiles():
     """In-kernel L2 norm and lower-bound gate with K = 48 (norms and gate over several K tiles), HV = 2H, fp32,
-    against the PyTorch path; the norms' pass in the main pass's 32-column steps or in one masked 64-column step
-    (``PREP_NORM_BK``)."""
-    from kernels.kda import chunk_triton
-
-    monkeypatch.setattr(chunk_triton, "PREP_NORM_BK", norm_bk)
+    against the PyTorch path."""
     q, k, v, g, beta, s0 = make_inputs(1, 70, 1, 2, 48, 24, h0=True)
     A_log = torch.log(torch.empty(2, dtype=torch.float64).uniform_(1, 16))
     dtb = torch.randn(2 * 48, dtype=torch.float64)
@@ -270,6 +265,24 @@ def test_triton_l2_gate_several_k_tiles(monkeypatch, norm_bk):
     o2, S2 = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True, backend="torch", **kw)
     assert_rel_rms(o, o2, 1e-5, "o")
     assert_rel_rms(S, S2, 1e-5, "S")
+
+
+def test_prep_timing_probes_run_and_leave_parts_out(monkeypatch):
+    """``PREP_PROBE`` (timing probes for the GPU sweep; wrong results by design) compiles and runs every bit under the
+    interpreter, and the probes that leave out the gate or the cumsums change the output (the others leave buffers
+    unwritten, whose stale contents may happen to be right)."""
+    from kernels.kda import chunk_triton
+
+    q, k, v, g, beta, s0 = make_inputs(1, 70, 1, 2, 48, 24, h0=True)
+    A_log = torch.log(torch.empty(2, dtype=torch.float64).uniform_(1, 16))
+    x = _to([q, k, v, g, beta, s0, A_log])
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x[6])
+    base = chunk_kda(*x[:5], initial_state=x[5], **kw)[0]
+    for probe in (1, 2, 4, 8, 12, 15):
+        monkeypatch.setattr(chunk_triton, "PREP_PROBE", probe)
+        o = chunk_kda(*x[:5], initial_state=x[5], **kw)[0]
+        if probe in (1, 2):
+            assert not torch.allclose(o, base), probe
 
 
 @pytest.mark.gpu
