@@ -9,8 +9,8 @@ and one backward:
 
 - ``_l2_fwd_kernel`` / ``_l2_bwd_kernel``, rows of ``[M, D]``: y = x r with r = 1 / sqrt(sum x^2 + eps) saved
   (fp32 ``[M]``); ``dx = r (dy - y sum(dy y))`` with y recomputed in fp32 from x and r. x is read in place with
-  a token stride (:func:`token_rows`: q and k are views of the layer's q|k|v tensor), y and dx are contiguous;
-  :class:`QKVL2NormFunction` normalises q and k of one q|k|v tensor and writes dq, dk into its gradient in place.
+  a token stride (:func:`token_rows`: q and k are views of the layer's q|k|v tensor), y and dx are contiguous
+  (:func:`qkv_l2_grad`: dq, dk written into one q|k|v gradient at the views' offsets).
 - ``_gate_fwd_kernel`` / ``_gate_bwd_kernel``, per (block of BT tokens, value head): the gate, and its backward
   ``d g_raw = dg dG/dx``; ``dA_log`` and ``d dt_bias`` are per-program partial sums over the block's tokens
   (``[NB, HV]``, ``[NB, HV, K]`` fp32) reduced afterwards by ``torch.sum`` (deterministic, no atomics).
@@ -175,52 +175,19 @@ def qkv_base(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor 
     return base
 
 
-class QKVL2NormFunction(torch.autograd.Function):
-    """``qkv [B, T, 3 H D] -> (l2norm(q), l2norm(k), v)`` with q, k, v its thirds: one autograd node whose backward
-    writes dq and dk straight into one ``[B, T, 3 H D]`` gradient (dv copied into its third). Separate L2 norms of
-    the ``chunk(3)`` views leave autograd to concatenate three gradients, a pass over the whole tensor (~0.3 ms a
-    KDA layer at 98k tokens x 2304 channels on an H100, session 13's trace)."""
-
-    @staticmethod
-    def forward(ctx, qkv, H: int, D: int):
-        B, T, _ = qkv.shape
-        HD = H * D
-        # q, then k: rows of D elements, H per token, tokens 3 H D apart
-        (yq, rq), (yk, rk) = (_l2_fwd(part, (B, T, H, D), 3 * HD, H) for part in (qkv, qkv[..., HD:]))
-        ctx.save_for_backward(qkv, rq, rk)
-        ctx.dims = (H, D)
-        ctx.set_materialize_grads(False)
-        return yq, yk, qkv[..., 2 * HD:].view(B, T, H, D)
-
-    @staticmethod
-    def backward(ctx, dq, dk, dv):
-        qkv, rq, rk = ctx.saved_tensors
-        H, D = ctx.dims
-        return qkv_l2_grad(qkv, H, D, (dq, rq), (dk, rk), dv), None, None
-
-
-def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Tensor | None) -> torch.Tensor:
-    """d(qkv) ``[B, T, 3 H D]`` in one new tensor: the L2 norms' backward of the q and k thirds, each part
-    ``(dy, r)`` (dy None: zero), written at q's and k's offsets, and dv (None: zero) copied into the v third."""
+def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Tensor) -> torch.Tensor:
+    """d(qkv) ``[B, T, 3 H D]`` in one new tensor, for q, k, v the thirds of ``qkv`` (:func:`qkv_base`) with q and k
+    L2-normalised: each of ``q_part``, ``k_part`` is ``(dy, r)`` (upstream gradient, the fp32 inverse norms of
+    :func:`l2norm_fwd`), its L2 backward written at that third's offsets; dv copied into the v third. Separate
+    gradients of the ``chunk(3)`` views would leave autograd to concatenate them, a pass over the whole tensor
+    (~0.3 ms a KDA layer at 98k tokens x 2304 channels on an H100, session 13's trace)."""
     B, T, _ = qkv.shape
     HD = H * D
     dqkv = torch.empty_like(qkv)
     for i, (dy, r) in enumerate((q_part, k_part)):
-        if dy is None:
-            dqkv[..., i * HD: (i + 1) * HD].zero_()
-        else:
-            _l2_bwd(qkv[..., i * HD:], r, dy, dqkv[..., i * HD:], 3 * HD, H, D, True)
-    if dv is None:
-        dqkv[..., 2 * HD:].zero_()
-    else:
-        dqkv[..., 2 * HD:].copy_(dv.reshape(B, T, HD))
+        _l2_bwd(qkv[..., i * HD:], r, dy, dqkv[..., i * HD:], 3 * HD, H, D, True)
+    dqkv[..., 2 * HD:].copy_(dv.reshape(B, T, HD))
     return dqkv
-
-
-def l2norm_qkv_triton(qkv: torch.Tensor, H: int, D: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``qkv [B, T, 3 H D]`` -> ``(l2norm(q), l2norm(k), v)``, each ``[B, T, H, D]`` (v a view of qkv); see
-    :class:`QKVL2NormFunction`."""
-    return QKVL2NormFunction.apply(qkv, H, D)
 
 
 @triton.jit
