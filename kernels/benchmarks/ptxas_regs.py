@@ -46,7 +46,8 @@ def _signature(name: str) -> tuple:
         args += [("G", f32), ("gl", f32), ("qg", bf), ("kg", bf), ("rq", f32), ("rk", f32), ("scale", "fp32")]
         fn = ct._prep_kernel
         extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, PROBE=ct.PREP_PROBE,
-                     HAS_DTB=True, L2=True)
+                     HAS_DTB=True, L2=True, KSPAN=ct.PREP_BK if ct.PREP_SPLIT_K else 128,
+                     ONE_SCAN=ct.PREP_ONE_SCAN)
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf)]

@@ -63,6 +63,11 @@ SETTINGS = [
     ("prep w8", {"PREP_LAUNCH": (8, 2)}),
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
+    ("prep split", {"PREP_SPLIT_K": True}),
+    ("prep one scan", {"PREP_ONE_SCAN": True}),
+    ("prep split one scan", {"PREP_SPLIT_K": True, "PREP_ONE_SCAN": True}),
+    ("prep split bk64", {"PREP_SPLIT_K": True, "PREP_BK": 64}),
+    ("prep split w2", {"PREP_SPLIT_K": True, "PREP_LAUNCH": (2, 2)}),
     # timing probes (wrong results, never "best"): what the prep kernel's parts cost, by leaving them out
     ("probe prep no gate", {"PREP_PROBE": 1}),
     ("probe prep no cumsum", {"PREP_PROBE": 2}),

@@ -91,15 +91,20 @@ def _prep_kernel(
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
+    KSPAN: tl.constexpr,
+    ONE_SCAN: tl.constexpr = False,
     PROBE: tl.constexpr = 0,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), the gate, G = cumsum(g) (fp32),
     G_last, ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile;
     q and k tokens ``QS`` elements apart. ``PROBE`` (timing only, wrong results): see ``PREP_PROBE``. (Reading the
     norms from a row kernel instead of the first pass, and 32-bit offsets inside the chunk, were each within 2% of
-    this kernel's 0.33 ms at 1 x 8192 x 32: H200, session 19.)"""
+    this kernel's 0.33 ms at 1 x 8192 x 32: H200, session 19.) A program covers ``KSPAN`` key columns from
+    ``program_id(2) * KSPAN``: all of K, or one tile when the grid splits K (each split program then computes the
+    norms, and the first stores them). ``ONE_SCAN``: ``G_last - G`` as that difference, not a suffix sum."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
+    k_base = tl.program_id(2) * KSPAN
     i_h = i_hv // (HV // H)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
@@ -121,13 +126,14 @@ def _prep_kernel(
             sk += tl.sum(x * x, 1)
         rq = 1.0 / tl.sqrt(sq + 1e-6)
         rk = 1.0 / tl.sqrt(sk + 1e-6)
-        tl.store(rq_ptr + sc * C + rows, rq)
-        tl.store(rk_ptr + sc * C + rows, rk)
+        if k_base == 0:
+            tl.store(rq_ptr + sc * C + rows, rq)
+            tl.store(rk_ptr + sc * C + rows, rk)
     a_log = 0.0
     if GATE:
         a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
-    for k0 in range(0, K, BKP):
-        ck = k0 + tl.arange(0, BKP)
+    for k0 in range(0, KSPAN, BKP):
+        ck = k_base + k0 + tl.arange(0, BKP)
         cm = ck < K
         m = rm[:, None] & cm[None, :]
         g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
@@ -141,7 +147,10 @@ def _prep_kernel(
             G, E = g, g
         else:
             G = tl.cumsum(g, 0)
-            E = tl.cumsum(g, 0, reverse=True) - g  # G_last - G as a suffix sum
+            if ONE_SCAN:
+                E = tl.sum(g, 0)[None, :] - G
+            else:
+                E = tl.cumsum(g, 0, reverse=True) - g  # G_last - G as a suffix sum
         tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
         off = sc * (C * K) + rows[:, None] * K + ck[None, :]
         if (PROBE & 8) == 0:
@@ -244,6 +253,8 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
+PREP_SPLIT_K = False  # one program per (chunk, value head, PREP_BK key columns) instead of per (chunk, value head)
+PREP_ONE_SCAN = False  # G_last - G as that difference (one cumsum) instead of a suffix sum (two)
 # Timing probes of the prep kernel (WRONG RESULTS: for sweep_kda_fwd.py only), bits: 1 no gate, 2 no cumsums (G = g),
 # 4 no q / k loads and no qg / kg stores, 8 no G store. A GPU without hardware counters (the gVisor H200 kind) places
 # time inside the kernel only by leaving parts out (session 19: without its first pass, the norms, it was 0.008 ms
@@ -359,7 +370,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     if nch:
         cbc = dict(cbos_ptr=cbos, clen_ptr=clen)
         dprec = "ieee" if fp32 else INTRA_DIAG_PREC16
-        _prep_kernel[(nch, HV)](
+        bkp = min(BK, PREP_BK)
+        _prep_kernel[(nch, HV, triton.cdiv(K, bkp) if PREP_SPLIT_K else 1)](
             q,
             k,
             g,
@@ -379,11 +391,13 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             HV=HV,
             K=K,
             C=CHUNK,
-            BKP=min(BK, PREP_BK),
+            BKP=bkp,
             GATE=use_gate,
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
+            KSPAN=bkp if PREP_SPLIT_K else triton.cdiv(K, bkp) * bkp,
+            ONE_SCAN=PREP_ONE_SCAN,
             PROBE=PREP_PROBE,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
