@@ -11,13 +11,20 @@ set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session20.sh prep}" in
+case "${1:?usage: gpu_session20.sh prep|prep3}" in
 prep)
   install_fla
   kda_tests 100
   sweep_best 1x8192x32 280 "probe prep no gate,probe prep no cumsum,probe prep no qg kg,probe prep no G store,\
 probe prep gate cumsum gl only,probe prep g load gl only,prep bk16,prep split,prep one scan,prep split one scan,\
 prep split bk64,prep split w2"
+  ;;
+prep3)  # after call1 (one scan: prep 0.327 -> 0.279 ms; the prep kernel holds 162 registers, 80 at one scan and 16
+  # columns, 72 without qg / kg): one-scan narrow tiles, and qg / kg from the scores kernel's W / U loop
+  install_fla
+  kda_tests 100 -k "prep_layouts or probes"
+  sweep_best 1x8192x32 200 "prep one scan,prep one scan bk16,prep one scan bk16 w2,qgkg wu,qgkg wu bk16,\
+qgkg wu bk16 w2,qgkg wu wu16,qgkg wu wu64"
   ;;
 esac
 ls -la "$OUT"

@@ -68,6 +68,13 @@ SETTINGS = [
     ("prep split one scan", {"PREP_SPLIT_K": True, "PREP_ONE_SCAN": True}),
     ("prep split bk64", {"PREP_SPLIT_K": True, "PREP_BK": 64}),
     ("prep split w2", {"PREP_SPLIT_K": True, "PREP_LAUNCH": (2, 2)}),
+    ("prep one scan bk16", {"PREP_ONE_SCAN": True, "PREP_BK": 16}),
+    ("prep one scan bk16 w2", {"PREP_ONE_SCAN": True, "PREP_BK": 16, "PREP_LAUNCH": (2, 2)}),
+    ("qgkg wu", {"QGKG_IN_WU": True}),
+    ("qgkg wu bk16", {"QGKG_IN_WU": True, "PREP_BK": 16}),
+    ("qgkg wu bk16 w2", {"QGKG_IN_WU": True, "PREP_BK": 16, "PREP_LAUNCH": (2, 2)}),
+    ("qgkg wu wu16", {"QGKG_IN_WU": True, "WU_B": 16}),
+    ("qgkg wu wu64", {"QGKG_IN_WU": True, "WU_B": 64}),
     # timing probes (wrong results, never "best"): what the prep kernel's parts cost, by leaving them out
     ("probe prep no gate", {"PREP_PROBE": 1}),
     ("probe prep no cumsum", {"PREP_PROBE": 2}),

@@ -93,6 +93,7 @@ def _prep_kernel(
     L2: tl.constexpr,
     KSPAN: tl.constexpr,
     ONE_SCAN: tl.constexpr = False,
+    QGKG: tl.constexpr = True,
     PROBE: tl.constexpr = 0,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), the gate, G = cumsum(g) (fp32),
@@ -101,7 +102,8 @@ def _prep_kernel(
     norms from a row kernel instead of the first pass, and 32-bit offsets inside the chunk, were each within 2% of
     this kernel's 0.33 ms at 1 x 8192 x 32: H200, session 19.) A program covers ``KSPAN`` key columns from
     ``program_id(2) * KSPAN``: all of K, or one tile when the grid splits K (each split program then computes the
-    norms, and the first stores them). ``ONE_SCAN``: ``G_last - G`` as that difference, not a suffix sum."""
+    norms, and the first stores them). ``ONE_SCAN``: ``G_last - G`` as that difference, not a suffix sum. Without ``QGKG``
+    (the scores kernel writes qg, kg) only G, G_last and the norms."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     k_base = tl.program_id(2) * KSPAN
@@ -145,6 +147,8 @@ def _prep_kernel(
             g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
         if PROBE & 2:
             G, E = g, g
+        elif not QGKG:
+            G, E = tl.cumsum(g, 0), g
         else:
             G = tl.cumsum(g, 0)
             if ONE_SCAN:
@@ -155,7 +159,7 @@ def _prep_kernel(
         off = sc * (C * K) + rows[:, None] * K + ck[None, :]
         if (PROBE & 8) == 0:
             tl.store(G_ptr + off, G, mask=cm[None, :])
-        if (PROBE & 4) == 0:
+        if (PROBE & 4) == 0 and QGKG:
             x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
             qg = x * (rq * scale)[:, None] * tl.exp(G)
             tl.store(qg_ptr + off, qg.to(qg_ptr.dtype.element_ty), mask=cm[None, :])
@@ -255,6 +259,7 @@ PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
 PREP_SPLIT_K = False  # one program per (chunk, value head, PREP_BK key columns) instead of per (chunk, value head)
 PREP_ONE_SCAN = False  # G_last - G as that difference (one cumsum) instead of a suffix sum (two)
+QGKG_IN_WU = False  # qg, kg written by the scores kernel's W / U loop (which reads k and G anyway), not by prep
 # Timing probes of the prep kernel (WRONG RESULTS: for sweep_kda_fwd.py only), bits: 1 no gate, 2 no cumsums (G = g),
 # 4 no q / k loads and no qg / kg stores, 8 no G store. A GPU without hardware counters (the gVisor H200 kind) places
 # time inside the kernel only by leaving parts out (session 19: without its first pass, the norms, it was 0.008 ms
@@ -398,6 +403,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             KSPAN=bkp if PREP_SPLIT_K else triton.cdiv(K, bkp) * bkp,
             ONE_SCAN=PREP_ONE_SCAN,
+            QGKG=not QGKG_IN_WU,
             PROBE=PREP_PROBE,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
@@ -417,6 +423,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             v_ptr=v,
             W_ptr=W,
             U_ptr=U,
+            qg_ptr=qg,
+            kg_ptr=kg,
             scale=scale,
             QS=qs,
             VS=vs,
@@ -432,6 +440,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC=dprec,
+            QGKG=QGKG_IN_WU,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

@@ -145,6 +145,8 @@ def _scores2_kernel(
     v_ptr,
     W_ptr,
     U_ptr,
+    qg_ptr,
+    kg_ptr,
     scale,
     span_max,
     VS,
@@ -161,6 +163,7 @@ def _scores2_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
+    QGKG: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -212,8 +215,8 @@ def _scores2_kernel(
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
     tl.debug_barrier()
     _wu_chunk(
-        k_ptr, v_ptr, beta_ptr, G_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, i_hv, bos, n, sc, VS, QS, H, HV, K, V, C, BKW, BVW,
-        L2, PREC,
+        q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, qg_ptr, kg_ptr, scale, i_hv, bos, n,
+        sc, VS, QS, H, HV, K, V, C, BKW, BVW, L2, PREC, QGKG,
     )
 
 
@@ -267,14 +270,19 @@ def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC:
 
 @triton.jit
 def _wu_chunk(
+    q_ptr,
     k_ptr,
     v_ptr,
     beta_ptr,
     G_ptr,
+    rq_ptr,
     rk_ptr,
     T_ptr,
     W_ptr,
     U_ptr,
+    qg_ptr,
+    kg_ptr,
+    scale,
     i_hv,
     bos,
     n,
@@ -290,24 +298,39 @@ def _wu_chunk(
     BVW: tl.constexpr,
     L2: tl.constexpr,
     PREC: tl.constexpr,
+    QGKG: tl.constexpr,
 ):
     """``W = T (beta K exp(G))`` and ``U = T (beta V)`` of one chunk as [64, 64] x [64, B*] dots, K tile by K tile,
     then V tile by V tile (T fp32 read back from ``T_ptr``; tf32 for 16-bit inputs, ``ieee`` for fp32). k's rows
-    are ``QS`` elements apart, v's ``VS`` (:func:`token_rows`)."""
+    are ``QS`` elements apart, v's ``VS`` (:func:`token_rows`). ``QGKG``: the K tiles also store
+    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (q, k normalised when ``L2``; G_last is G's row C - 1,
+    which padded rows' zero gates carry), in place of the prep kernel."""
     i_h = i_hv // (HV // H)
     rows = tl.arange(0, C)
     rm = rows < n
     Tm = tl.load(T_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :])
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rm, other=0.0).to(tl.float32)
-    bk = b
+    rk = tl.full([C], 1.0, tl.float32)
+    rq = tl.full([C], 1.0, tl.float32)
     if L2:
-        bk = b * tl.load(rk_ptr + sc * C + rows)
+        rk = tl.load(rk_ptr + sc * C + rows)
+        rq = tl.load(rq_ptr + sc * C + rows)
+    bk = b * rk
+    qk_off = (bos + rows)[:, None] * QS + i_h * K
     for k0 in range(0, K, BKW):
         ck = k0 + tl.arange(0, BKW)
         cm = (ck < K)[None, :]
         off = sc * (C * K) + rows[:, None] * K + ck[None, :]
-        x = tl.load(k_ptr + (bos + rows)[:, None] * QS + i_h * K + ck[None, :], mask=rm[:, None] & cm, other=0.0)
-        x = x.to(tl.float32) * bk[:, None] * tl.exp(tl.load(G_ptr + off, mask=cm, other=0.0))
+        Gt = tl.load(G_ptr + off, mask=cm, other=0.0)
+        eG = tl.exp(Gt)
+        x = tl.load(k_ptr + qk_off + ck[None, :], mask=rm[:, None] & cm, other=0.0).to(tl.float32)
+        if QGKG:
+            gl = tl.load(G_ptr + sc * (C * K) + (C - 1) * K + ck, mask=ck < K, other=0.0)
+            kg = x * rk[:, None] * tl.exp(gl[None, :] - Gt)
+            tl.store(kg_ptr + off, kg.to(kg_ptr.dtype.element_ty), mask=cm)
+            y = tl.load(q_ptr + qk_off + ck[None, :], mask=rm[:, None] & cm, other=0.0).to(tl.float32)
+            tl.store(qg_ptr + off, (y * (rq * scale)[:, None] * eG).to(qg_ptr.dtype.element_ty), mask=cm)
+        x = x * bk[:, None] * eG
         tl.store(W_ptr + off, tl.dot(Tm, x, input_precision=PREC).to(W_ptr.dtype.element_ty), mask=cm)
     for v0 in range(0, V, BVW):
         cv = v0 + tl.arange(0, BVW)

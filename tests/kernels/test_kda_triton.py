@@ -268,10 +268,13 @@ def test_triton_l2_gate_several_k_tiles():
 
 
 @pytest.mark.parametrize("consts", [dict(PREP_SPLIT_K=True), dict(PREP_ONE_SCAN=True),
-                                    dict(PREP_SPLIT_K=True, PREP_ONE_SCAN=True, PREP_BK=16)])
+                                    dict(PREP_SPLIT_K=True, PREP_ONE_SCAN=True, PREP_BK=16), dict(QGKG_IN_WU=True),
+                                    dict(QGKG_IN_WU=True, PREP_SPLIT_K=True, WU_B=16)])
 def test_prep_layouts_agree(monkeypatch, consts):
-    """The prep kernel's alternative layouts (K split over programs, one scan) give the default's output and final
-    state (varlen, K = 48 over several tiles, HV = 2H, L2 norm and gate with dt_bias, fp32)."""
+    """The forward's alternative layouts (K split over prep programs, one scan, qg / kg from the scores kernel) match
+    the PyTorch path as the default layout does (varlen, K = 48 over several tiles, HV = 2H, L2 norm and gate with
+    dt_bias, fp32; the one-scan difference G_last - G rounds differently from the suffix sum, hence no bit-equality
+    with the default)."""
     from kernels.kda import chunk_triton
 
     cu = torch.tensor([0, 5, 70, 150], dtype=torch.int32)
@@ -281,12 +284,12 @@ def test_prep_layouts_agree(monkeypatch, consts):
     x = _to([q * 3, k * 2, v, g, beta, s0, A_log, dtb])
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x[6], dt_bias=x[7],
               initial_state=x[5], output_final_state=True, cu_seqlens=cu.to(x[0].device))
-    o0, S0 = chunk_kda(*x[:5], **kw)
+    o0, S0 = chunk_kda(*x[:5], backend="torch", **kw)
     for name, value in consts.items():
         monkeypatch.setattr(chunk_triton, name, value)
     o, S = chunk_kda(*x[:5], **kw)
-    assert_rel_rms(o, o0, 1e-6, "o")
-    assert_rel_rms(S, S0, 1e-6, "S")
+    assert_rel_rms(o, o0, 1e-5, "o")
+    assert_rel_rms(S, S0, 1e-5, "S")
 
 
 def test_prep_timing_probes_run_and_leave_parts_out(monkeypatch):
