@@ -11,7 +11,7 @@ set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session20.sh prep|prep3}" in
+case "${1:?usage: gpu_session20.sh prep|prep3|fuse}" in
 prep)
   install_fla
   kda_tests 100
@@ -25,6 +25,21 @@ prep3)  # after call1 (one scan: prep 0.327 -> 0.279 ms; the prep kernel holds 1
   kda_tests 100 -k "prep_layouts or probes"
   sweep_best 1x8192x32 200 "prep one scan,prep one scan bk16,prep one scan bk16 w2,qgkg wu,qgkg wu bk16,\
 qgkg wu bk16 w2,qgkg wu wu16,qgkg wu wu64"
+  ;;
+fuse)  # after call2 (qg / kg from the W / U loop: prep 0.181 ms, scores +0.058, forward -7%): no prep kernel at
+  # all (PREP_IN_SCORES: norms, gate and G inside the scores kernel; fewer spills there, 180 bytes against 376).
+  # The KDA tests run on a copy of this tree with that setting as the default; then the sweep, then the five shapes
+  # against fla with the sweep's best setting.
+  install_fla
+  rm -rf /tmp/flip && cp -r . /tmp/flip
+  sed -i 's/^PREP_IN_SCORES = False/PREP_IN_SCORES = True/' /tmp/flip/kernels/kda/chunk_triton.py
+  grep -n "^PREP_IN_SCORES" /tmp/flip/kernels/kda/chunk_triton.py | tee -a "$LOG"
+  (cd /tmp/flip && export PYTHONPATH=/tmp/flip:$PYTHONPATH \
+    && python3 -c "import kernels.kda.chunk_triton as c; print('tests with PREP_IN_SCORES =', c.PREP_IN_SCORES)" \
+    | tee -a "$LOG" && kda_tests 110 tests/model/test_kda_layer_backends.py)
+  sweep_best 1x8192x32 170 "qgkg wu,prep in scores,prep in scores nreg192,prep in scores nreg255,prep in scores s2,\
+prep in scores bk32"
+  bench_five 200 "$OUT/1x8192x32/best.txt"
   ;;
 esac
 ls -la "$OUT"

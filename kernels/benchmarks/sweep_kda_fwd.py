@@ -75,6 +75,11 @@ SETTINGS = [
     ("qgkg wu bk16 w2", {"QGKG_IN_WU": True, "PREP_BK": 16, "PREP_LAUNCH": (2, 2)}),
     ("qgkg wu wu16", {"QGKG_IN_WU": True, "WU_B": 16}),
     ("qgkg wu wu64", {"QGKG_IN_WU": True, "WU_B": 64}),
+    ("prep in scores", {"PREP_IN_SCORES": True}),
+    ("prep in scores nreg192", {"PREP_IN_SCORES": True, "SCORES2_MAXNREG": 192}),
+    ("prep in scores nreg255", {"PREP_IN_SCORES": True, "SCORES2_MAXNREG": 255}),
+    ("prep in scores s2", {"PREP_IN_SCORES": True, "SCORES2_LAUNCH": (4, 2)}),
+    ("prep in scores bk32", {"PREP_IN_SCORES": True, "SCORES2_BK": 32}),
     # timing probes (wrong results, never "best"): what the prep kernel's parts cost, by leaving them out
     ("probe prep no gate", {"PREP_PROBE": 1}),
     ("probe prep no cumsum", {"PREP_PROBE": 2}),

@@ -260,6 +260,7 @@ PREP_LAUNCH = (4, 2)  # num_warps, num_stages
 PREP_SPLIT_K = False  # one program per (chunk, value head, PREP_BK key columns) instead of per (chunk, value head)
 PREP_ONE_SCAN = False  # G_last - G as that difference (one cumsum) instead of a suffix sum (two)
 QGKG_IN_WU = False  # qg, kg written by the scores kernel's W / U loop (which reads k and G anyway), not by prep
+PREP_IN_SCORES = False  # no prep kernel: the scores kernel computes the norms, gate and G itself (and qg, kg)
 # Timing probes of the prep kernel (WRONG RESULTS: for sweep_kda_fwd.py only), bits: 1 no gate, 2 no cumsums (G = g),
 # 4 no q / k loads and no qg / kg stores, 8 no G store. A GPU without hardware counters (the gVisor H200 kind) places
 # time inside the kernel only by leaving parts out (session 19: without its first pass, the norms, it was 0.008 ms
@@ -376,38 +377,44 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         cbc = dict(cbos_ptr=cbos, clen_ptr=clen)
         dprec = "ieee" if fp32 else INTRA_DIAG_PREC16
         bkp = min(BK, PREP_BK)
-        _prep_kernel[(nch, HV, triton.cdiv(K, bkp) if PREP_SPLIT_K else 1)](
-            q,
-            k,
-            g,
-            A_log if use_gate else dummy,
-            dt_bias if (use_gate and dt_bias is not None) else dummy,
-            float(lower_bound) if lower_bound is not None else 0.0,
-            **cbc,
-            G_ptr=G,
-            gl_ptr=gl,
-            qg_ptr=qg,
-            kg_ptr=kg,
-            rq_ptr=rq,
-            rk_ptr=rk,
-            scale=scale,
-            QS=qs,
-            H=H,
-            HV=HV,
-            K=K,
-            C=CHUNK,
-            BKP=bkp,
-            GATE=use_gate,
-            LOWER=lower_bound is not None,
-            HAS_DTB=dt_bias is not None,
-            L2=use_l2,
-            KSPAN=bkp if PREP_SPLIT_K else triton.cdiv(K, bkp) * bkp,
-            ONE_SCAN=PREP_ONE_SCAN,
-            QGKG=not QGKG_IN_WU,
-            PROBE=PREP_PROBE,
-            num_warps=PREP_LAUNCH[0],
-            num_stages=PREP_LAUNCH[1],
+        qgkg_in_wu = QGKG_IN_WU or PREP_IN_SCORES
+        gate_args = dict(
+            g_ptr=g,
+            alog_ptr=A_log if use_gate else dummy,
+            dtb_ptr=dt_bias if (use_gate and dt_bias is not None) else dummy,
+            lb=float(lower_bound) if lower_bound is not None else 0.0,
         )
+        if not PREP_IN_SCORES:
+            prep_grid = (nch, HV, triton.cdiv(K, bkp) if PREP_SPLIT_K else 1)
+            _prep_kernel[prep_grid](
+                q,
+                k,
+                **gate_args,
+                **cbc,
+                G_ptr=G,
+                gl_ptr=gl,
+                qg_ptr=qg,
+                kg_ptr=kg,
+                rq_ptr=rq,
+                rk_ptr=rk,
+                scale=scale,
+                QS=qs,
+                H=H,
+                HV=HV,
+                K=K,
+                C=CHUNK,
+                BKP=bkp,
+                GATE=use_gate,
+                LOWER=lower_bound is not None,
+                HAS_DTB=dt_bias is not None,
+                L2=use_l2,
+                KSPAN=bkp if PREP_SPLIT_K else triton.cdiv(K, bkp) * bkp,
+                ONE_SCAN=PREP_ONE_SCAN,
+                QGKG=not qgkg_in_wu,
+                PROBE=PREP_PROBE,
+                num_warps=PREP_LAUNCH[0],
+                num_stages=PREP_LAUNCH[1],
+            )
         prec = "ieee" if fp32 else INTRA_PREC16
         _scores2_kernel[(nch, HV)](
             q,
@@ -425,6 +432,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             U_ptr=U,
             qg_ptr=qg,
             kg_ptr=kg,
+            **gate_args,
+            gl_ptr=gl,
             scale=scale,
             QS=qs,
             VS=vs,
@@ -440,7 +449,11 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC=dprec,
-            QGKG=QGKG_IN_WU,
+            QGKG=qgkg_in_wu,
+            PREP=PREP_IN_SCORES,
+            GATE=use_gate,
+            LOWER=lower_bound is not None,
+            HAS_DTB=dt_bias is not None,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
