@@ -63,31 +63,6 @@ SETTINGS = [
     ("prep w8", {"PREP_LAUNCH": (8, 2)}),
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
-    ("prep split", {"PREP_SPLIT_K": True}),
-    ("prep one scan", {"PREP_ONE_SCAN": True}),
-    ("prep split one scan", {"PREP_SPLIT_K": True, "PREP_ONE_SCAN": True}),
-    ("prep split bk64", {"PREP_SPLIT_K": True, "PREP_BK": 64}),
-    ("prep split w2", {"PREP_SPLIT_K": True, "PREP_LAUNCH": (2, 2)}),
-    ("prep one scan bk16", {"PREP_ONE_SCAN": True, "PREP_BK": 16}),
-    ("prep one scan bk16 w2", {"PREP_ONE_SCAN": True, "PREP_BK": 16, "PREP_LAUNCH": (2, 2)}),
-    ("qgkg wu", {"QGKG_IN_WU": True}),
-    ("qgkg wu bk16", {"QGKG_IN_WU": True, "PREP_BK": 16}),
-    ("qgkg wu bk16 w2", {"QGKG_IN_WU": True, "PREP_BK": 16, "PREP_LAUNCH": (2, 2)}),
-    ("qgkg wu wu16", {"QGKG_IN_WU": True, "WU_B": 16}),
-    ("qgkg wu wu64", {"QGKG_IN_WU": True, "WU_B": 64}),
-    ("prep in scores", {"PREP_IN_SCORES": True}),
-    ("prep in scores nreg192", {"PREP_IN_SCORES": True, "SCORES2_MAXNREG": 192}),
-    ("prep in scores nreg255", {"PREP_IN_SCORES": True, "SCORES2_MAXNREG": 255}),
-    ("prep in scores s2", {"PREP_IN_SCORES": True, "SCORES2_LAUNCH": (4, 2)}),
-    ("prep in scores bk32", {"PREP_IN_SCORES": True, "SCORES2_BK": 32}),
-    # timing probes (wrong results, never "best"): what the prep kernel's parts cost, by leaving them out
-    ("probe prep no gate", {"PREP_PROBE": 1}),
-    ("probe prep no cumsum", {"PREP_PROBE": 2}),
-    ("probe prep no qg kg", {"PREP_PROBE": 4}),
-    ("probe prep no G store", {"PREP_PROBE": 8}),
-    ("probe prep gate cumsum gl only", {"PREP_PROBE": 12}),
-    ("probe prep g load gl only", {"PREP_PROBE": 15}),
-    ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]
 
 
@@ -139,7 +114,7 @@ def main() -> None:
         res["settings"][name]["consts"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in consts.items()}
         json.dump(res, open(args.out, "w"), indent=1)
     res["elapsed_s"] = time.time() - t0
-    ok = {n: r for n, r in res["settings"].items() if "fwd_ms" in r and not n.startswith("probe")}
+    ok = {n: r for n, r in res["settings"].items() if "fwd_ms" in r}
     if ok:
         floor = min(r["o_err_vs_fp64"] for r in ok.values())
         best = min((n for n, r in ok.items() if r["o_err_vs_fp64"] <= 1.02 * floor), key=lambda n: ok[n]["fwd_ms"])

@@ -5,14 +5,14 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
 
 1. ``_prep_kernel``, per (chunk, value head): optional inverse L2 norms of the q, k rows (stored, applied
    by every later consumer, so normalised q, k are never rounded to 16 bits); the gate (softplus
-   "unbounded" or sigmoid lower bound) and the chunk-local cumulative sum G (fp32, stored), G_last,
-   ``qg = scale Q Gamma`` and ``kg = K exp(G_last - G)`` with the exponent as a suffix sum of g (not a
-   difference of two large prefix sums, which lost ~1e-5 of the final state with sharp gates).
+   "unbounded" or sigmoid lower bound) and the chunk-local cumulative sum G (fp32, stored), G_last.
 2. ``_scores2_kernel`` (``scores_triton.py``), per (chunk, value head): ``Akk`` / ``Aqk`` over K tiles of 16
    (the off-diagonal blocks as one batched tensor-core dot a tile, the diagonal blocks in fp32 through each block's
    first row), then in the same program:
 3. ``T = (I + Akk)^-1`` in place by blocked forward substitution, and
-4. ``W = T (beta K Gamma)``, ``U = T (beta V)``.
+4. ``W = T (beta K Gamma)``, ``U = T (beta V)``, and with them ``qg = scale Q Gamma`` and ``kg = K exp(G_last - G)``
+   (the exponent a difference of fp32 prefix sums; session 19's prep kernel took it as a suffix sum of g, at the
+   price of a second scan and 90 more registers there).
 5. ``_state_kernel``, one program per (sequence, value head, block of value columns): the sequential
    pass over chunks with the fp32 state in registers; writes the state entering each chunk (``h``),
    ``Vnew = U - W S`` and the final state.
@@ -76,11 +76,8 @@ def _prep_kernel(
     clen_ptr,
     G_ptr,
     gl_ptr,
-    qg_ptr,
-    kg_ptr,
     rq_ptr,
     rk_ptr,
-    scale,
     QS: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -91,32 +88,21 @@ def _prep_kernel(
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
-    KSPAN: tl.constexpr,
-    ONE_SCAN: tl.constexpr = False,
-    QGKG: tl.constexpr = True,
-    PROBE: tl.constexpr = 0,
 ):
-    """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), the gate, G = cumsum(g) (fp32),
-    G_last, ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (exponent as a suffix sum of g), K tile by K tile;
-    q and k tokens ``QS`` elements apart. ``PROBE`` (timing only, wrong results): see ``PREP_PROBE``. (Reading the
-    norms from a row kernel instead of the first pass, and 32-bit offsets inside the chunk, were each within 2% of
-    this kernel's 0.33 ms at 1 x 8192 x 32: H200, session 19.) A program covers ``KSPAN`` key columns from
-    ``program_id(2) * KSPAN``: all of K, or one tile when the grid splits K (each split program then computes the
-    norms, and the first stores them). ``ONE_SCAN``: ``G_last - G`` as that difference, not a suffix sum. Without ``QGKG``
-    (the scores kernel writes qg, kg) only G, G_last and the norms."""
+    """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
+    G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
+    W / U loop: written here, they took this kernel to 162 registers and 0.33 ms at 1 x 8192 x 32, against 72 and
+    0.18 ms without; H200, session 20.)"""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
-    k_base = tl.program_id(2) * KSPAN
     i_h = i_hv // (HV // H)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
     rows = tl.arange(0, C)
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
-    qk_off = (bos + rows)[:, None] * QS + i_h * K
-    rq = tl.full([C], 1.0, tl.float32)
-    rk = tl.full([C], 1.0, tl.float32)
     if L2:
+        qk_off = (bos + rows)[:, None] * QS + i_h * K
         sq = tl.zeros([C], dtype=tl.float32)
         sk = tl.zeros([C], dtype=tl.float32)
         for k0 in range(0, K, BKP):
@@ -126,45 +112,24 @@ def _prep_kernel(
             sq += tl.sum(x * x, 1)
             x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
             sk += tl.sum(x * x, 1)
-        rq = 1.0 / tl.sqrt(sq + 1e-6)
-        rk = 1.0 / tl.sqrt(sk + 1e-6)
-        if k_base == 0:
-            tl.store(rq_ptr + sc * C + rows, rq)
-            tl.store(rk_ptr + sc * C + rows, rk)
+        tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
+        tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
     a_log = 0.0
     if GATE:
         a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
-    for k0 in range(0, KSPAN, BKP):
-        ck = k_base + k0 + tl.arange(0, BKP)
+    for k0 in range(0, K, BKP):
+        ck = k0 + tl.arange(0, BKP)
         cm = ck < K
         m = rm[:, None] & cm[None, :]
         g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
         g = g.to(tl.float32)
-        if GATE and (PROBE & 1) == 0:
+        if GATE:
             dtb = tl.zeros([BKP], dtype=tl.float32)
             if HAS_DTB:
                 dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
             g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
-        if PROBE & 2:
-            G, E = g, g
-        elif not QGKG:
-            G, E = tl.cumsum(g, 0), g
-        else:
-            G = tl.cumsum(g, 0)
-            if ONE_SCAN:
-                E = tl.sum(g, 0)[None, :] - G
-            else:
-                E = tl.cumsum(g, 0, reverse=True) - g  # G_last - G as a suffix sum
         tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
-        off = sc * (C * K) + rows[:, None] * K + ck[None, :]
-        if (PROBE & 8) == 0:
-            tl.store(G_ptr + off, G, mask=cm[None, :])
-        if (PROBE & 4) == 0 and QGKG:
-            x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-            qg = x * (rq * scale)[:, None] * tl.exp(G)
-            tl.store(qg_ptr + off, qg.to(qg_ptr.dtype.element_ty), mask=cm[None, :])
-            x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-            tl.store(kg_ptr + off, (x * rk[:, None] * tl.exp(E)).to(kg_ptr.dtype.element_ty), mask=cm[None, :])
+        tl.store(G_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], tl.cumsum(g, 0), mask=cm[None, :])
 
 
 @triton.jit
@@ -255,17 +220,8 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
     return cbos.numel(), [at_least_one(cbos), at_least_one(clen)], [at_least_one(s0), at_least_one(snc)]
 
 
-PREP_BK = 32  # key columns per step of the gate / cumsum / qg, kg kernel
+PREP_BK = 32  # key columns per step of the prep kernel (norms, gate, cumsum)
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
-PREP_SPLIT_K = False  # one program per (chunk, value head, PREP_BK key columns) instead of per (chunk, value head)
-PREP_ONE_SCAN = False  # G_last - G as that difference (one cumsum) instead of a suffix sum (two)
-QGKG_IN_WU = False  # qg, kg written by the scores kernel's W / U loop (which reads k and G anyway), not by prep
-PREP_IN_SCORES = False  # no prep kernel: the scores kernel computes the norms, gate and G itself (and qg, kg)
-# Timing probes of the prep kernel (WRONG RESULTS: for sweep_kda_fwd.py only), bits: 1 no gate, 2 no cumsums (G = g),
-# 4 no q / k loads and no qg / kg stores, 8 no G store. A GPU without hardware counters (the gVisor H200 kind) places
-# time inside the kernel only by leaving parts out (session 19: without its first pass, the norms, it was 0.008 ms
-# faster, so the 0.33 ms are in the main pass).
-PREP_PROBE = 0
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 # num_warps, num_stages of the scores + solve + W / U kernel (H200, 1 x 8192 x 32, session 19 call2 with the row-load
@@ -376,45 +332,34 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     if nch:
         cbc = dict(cbos_ptr=cbos, clen_ptr=clen)
         dprec = "ieee" if fp32 else INTRA_DIAG_PREC16
-        bkp = min(BK, PREP_BK)
-        qgkg_in_wu = QGKG_IN_WU or PREP_IN_SCORES
         gate_args = dict(
             g_ptr=g,
             alog_ptr=A_log if use_gate else dummy,
             dtb_ptr=dt_bias if (use_gate and dt_bias is not None) else dummy,
             lb=float(lower_bound) if lower_bound is not None else 0.0,
         )
-        if not PREP_IN_SCORES:
-            prep_grid = (nch, HV, triton.cdiv(K, bkp) if PREP_SPLIT_K else 1)
-            _prep_kernel[prep_grid](
-                q,
-                k,
-                **gate_args,
-                **cbc,
-                G_ptr=G,
-                gl_ptr=gl,
-                qg_ptr=qg,
-                kg_ptr=kg,
-                rq_ptr=rq,
-                rk_ptr=rk,
-                scale=scale,
-                QS=qs,
-                H=H,
-                HV=HV,
-                K=K,
-                C=CHUNK,
-                BKP=bkp,
-                GATE=use_gate,
-                LOWER=lower_bound is not None,
-                HAS_DTB=dt_bias is not None,
-                L2=use_l2,
-                KSPAN=bkp if PREP_SPLIT_K else triton.cdiv(K, bkp) * bkp,
-                ONE_SCAN=PREP_ONE_SCAN,
-                QGKG=not qgkg_in_wu,
-                PROBE=PREP_PROBE,
-                num_warps=PREP_LAUNCH[0],
-                num_stages=PREP_LAUNCH[1],
-            )
+        _prep_kernel[(nch, HV)](
+            q,
+            k,
+            **gate_args,
+            **cbc,
+            G_ptr=G,
+            gl_ptr=gl,
+            rq_ptr=rq,
+            rk_ptr=rk,
+            QS=qs,
+            H=H,
+            HV=HV,
+            K=K,
+            C=CHUNK,
+            BKP=min(BK, PREP_BK),
+            GATE=use_gate,
+            LOWER=lower_bound is not None,
+            HAS_DTB=dt_bias is not None,
+            L2=use_l2,
+            num_warps=PREP_LAUNCH[0],
+            num_stages=PREP_LAUNCH[1],
+        )
         prec = "ieee" if fp32 else INTRA_PREC16
         _scores2_kernel[(nch, HV)](
             q,
@@ -432,8 +377,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             U_ptr=U,
             qg_ptr=qg,
             kg_ptr=kg,
-            **gate_args,
-            gl_ptr=gl,
             scale=scale,
             QS=qs,
             VS=vs,
@@ -449,11 +392,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC=dprec,
-            QGKG=qgkg_in_wu,
-            PREP=PREP_IN_SCORES,
-            GATE=use_gate,
-            LOWER=lower_bound is not None,
-            HAS_DTB=dt_bias is not None,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

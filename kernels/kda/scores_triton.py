@@ -21,8 +21,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.kda.prep_triton import _gate
-
 
 @triton.jit
 def _inv_diag4(Akk_ptr, a_base, r16, C: tl.constexpr, S: tl.constexpr):
@@ -96,60 +94,17 @@ def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, 
 
 
 @triton.jit
-def _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_base, rb, rows, n, QS: tl.constexpr, K: tl.constexpr,
-               BKS: tl.constexpr):
-    """Store the inverse L2 norms of the chunk's q and k rows (fp32, eps 1e-6 under the root) at ``rb``."""
-    sq = tl.zeros([rows.shape[0]], dtype=tl.float32)
-    sk = tl.zeros([rows.shape[0]], dtype=tl.float32)
-    for k0 in range(0, K, BKS):
-        ck = k0 + tl.arange(0, BKS)
-        m = (rows < n)[:, None] & (ck < K)[None, :]
-        x = tl.load(q_ptr + qk_base + rows[:, None] * QS + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        sq += tl.sum(x * x, 1)
-        x = tl.load(k_ptr + qk_base + rows[:, None] * QS + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        sk += tl.sum(x * x, 1)
-    tl.store(rq_ptr + rb + rows, 1.0 / tl.sqrt(sq + 1e-6))
-    tl.store(rk_ptr + rb + rows, 1.0 / tl.sqrt(sk + 1e-6))
-
-
-@triton.jit
-def _gate_tile(g_ptr, a_log, dtb_ptr, lb, G_ptr, gl_ptr, g_base, sc, bos, rows, n, i_hv, ck, HV: tl.constexpr,
-               K: tl.constexpr, S: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr, HAS_DTB: tl.constexpr):
-    """One K tile of the prep kernel's work inside the scores kernel: the log-decay g (the gate of raw g when
-    ``GATE``; zero on padded rows), ``G = cumsum(g)`` stored fp32 with ``G_last``; returns ``(G, Gd, ref)``:
-    G, G less its sub-block's first row, and the first rows ``[C // S, BKS]``."""
-    cm = ck < K
-    m = (rows < n)[:, None] & cm[None, :]
-    g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
-    g = g.to(tl.float32)
-    if GATE:
-        if HAS_DTB:
-            g = g + tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)[None, :]
-        g = tl.where(m, _gate(g, a_log, lb, LOWER), 0.0)
-    tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
-    Gf = tl.cumsum(g, 0)
-    tl.store(G_ptr + g_base + rows[:, None] * K + ck[None, :], Gf, mask=cm[None, :])
-    C: tl.constexpr = rows.shape[0]
-    G3 = tl.reshape(Gf, (C // S, S, ck.shape[0]))
-    ref = tl.sum(tl.where((tl.arange(0, S) == 0)[None, :, None], G3, 0.0), 1)
-    return Gf, tl.reshape(G3 - ref[:, None, :], (C, ck.shape[0])), ref
-
-
-@triton.jit
 def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, span_max,
                QS: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
-               L2: tl.constexpr, DPREC: tl.constexpr, PREP: tl.constexpr):
+               L2: tl.constexpr, DPREC: tl.constexpr):
     """One K tile's share of the four diagonal 16 x 16 blocks ``dkk``, ``dqk`` ([4, 16, 16] fp32): one batched dot
     through each block's first row where the tile's gates allow (``|Gd| <= span_max``), else pairwise."""
     NB: tl.constexpr = C // S
     if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
-        # (with PREP, G was stored by this program just now: the pairwise branch's barrier orders its loads after)
         R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
         dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
         dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
     else:  # pairwise, column j of every diagonal block at once
-        if PREP:
-            tl.debug_barrier()
         cm = (ck < K)[None, :]
         for j in range(0, S):
             src = first + j
@@ -192,11 +147,6 @@ def _scores2_kernel(
     U_ptr,
     qg_ptr,
     kg_ptr,
-    g_ptr,
-    alog_ptr,
-    dtb_ptr,
-    lb,
-    gl_ptr,
     scale,
     span_max,
     VS,
@@ -213,11 +163,6 @@ def _scores2_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
-    QGKG: tl.constexpr = False,
-    PREP: tl.constexpr = False,
-    GATE: tl.constexpr = False,
-    LOWER: tl.constexpr = False,
-    HAS_DTB: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -234,19 +179,8 @@ def _scores2_kernel(
     ``ieee`` for fp32) where the tile's largest ``|G_i - G_f|`` inside a block is <= ``span_max`` (so both factors
     stay far inside fp32's range), else pairwise (step j: key row ``16 (i // 16) + j`` for every row i, ``where``
     before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
-    lower blocks of Akk (zero on and above the diagonal).
-
-    ``PREP`` (with ``QGKG``): the prep kernel's work as well: the row norms first (stored, a barrier), then each K
-    tile's gate and cumsum G from raw g (:func:`_gate_tile`; G and G_last stored for the W / U loop, the state pass
-    and the backward), so no separate prep kernel runs and G is never read back from DRAM in this loop."""
+    lower blocks of Akk (zero on and above the diagonal)."""
     i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, QS, H, HV, K, C, S)
-    a_log = 0.0
-    if PREP:
-        if L2:
-            _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_base, rb, rows, n, QS, K, BKS)
-            tl.debug_barrier()
-        if GATE:
-            a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
     blk = rows // S
     NB: tl.constexpr = C // S
     akk3 = tl.zeros([NB, S, C], dtype=tl.float32)  # the off-diagonal blocks: [sub-block, row, column]
@@ -255,24 +189,16 @@ def _scores2_kernel(
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
-        if PREP:
-            Gf, Gd, ref = _gate_tile(g_ptr, a_log, dtb_ptr, lb, G_ptr, gl_ptr, g_base, sc, bos, rows, n, i_hv, ck, HV, K,
-                                     S, GATE, LOWER, HAS_DTB)
-            kf = _load_tile(k_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rk_ptr, rb, L2)
-            qf = _load_tile(q_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rq_ptr, rb, L2)
-            e = tl.exp(Gd)
-            kl, ql = kf * e, qf * e
-        else:
-            kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first,
-                                                 ck, n, QS, K, L2)
-            # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
-            ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :],
-                          mask=(ck < K)[None, :], other=0.0)
+        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
+                                             n, QS, K, L2)
+        # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
+        ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :], mask=(ck < K)[None, :],
+                      other=0.0)
         R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
         akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc,
-                              ck, n, span_max, QS, K, C, S, BKS, L2, DPREC, PREP)
+                              ck, n, span_max, QS, K, C, S, BKS, L2, DPREC)
     akk = tl.reshape(akk3, (C, C))
     aqk = tl.reshape(aqk3, (C, C))
     a_off = sc * (C * C) + rows[:, None] * C
@@ -289,7 +215,7 @@ def _scores2_kernel(
     tl.debug_barrier()
     _wu_chunk(
         q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, qg_ptr, kg_ptr, scale, i_hv, bos, n,
-        sc, VS, QS, H, HV, K, V, C, BKW, BVW, L2, PREC, QGKG,
+        sc, VS, QS, H, HV, K, V, C, BKW, BVW, L2, PREC,
     )
 
 
@@ -371,13 +297,12 @@ def _wu_chunk(
     BVW: tl.constexpr,
     L2: tl.constexpr,
     PREC: tl.constexpr,
-    QGKG: tl.constexpr,
 ):
     """``W = T (beta K exp(G))`` and ``U = T (beta V)`` of one chunk as [64, 64] x [64, B*] dots, K tile by K tile,
     then V tile by V tile (T fp32 read back from ``T_ptr``; tf32 for 16-bit inputs, ``ieee`` for fp32). k's rows
-    are ``QS`` elements apart, v's ``VS`` (:func:`token_rows`). ``QGKG``: the K tiles also store
-    ``qg = scale q exp(G)`` and ``kg = k exp(G_last - G)`` (q, k normalised when ``L2``; G_last is G's row C - 1,
-    which padded rows' zero gates carry), in place of the prep kernel."""
+    are ``QS`` elements apart, v's ``VS`` (:func:`token_rows`). The K tiles also store ``qg = scale q exp(G)`` and
+    ``kg = k exp(G_last - G)`` (q, k normalised when ``L2``; G_last is G's row C - 1, which padded rows' zero gates
+    carry): this loop loads k and G anyway, and the prep kernel ran at 162 registers while it wrote them."""
     i_h = i_hv // (HV // H)
     rows = tl.arange(0, C)
     rm = rows < n
@@ -397,12 +322,10 @@ def _wu_chunk(
         Gt = tl.load(G_ptr + off, mask=cm, other=0.0)
         eG = tl.exp(Gt)
         x = tl.load(k_ptr + qk_off + ck[None, :], mask=rm[:, None] & cm, other=0.0).to(tl.float32)
-        if QGKG:
-            gl = tl.load(G_ptr + sc * (C * K) + (C - 1) * K + ck, mask=ck < K, other=0.0)
-            kg = x * rk[:, None] * tl.exp(gl[None, :] - Gt)
-            tl.store(kg_ptr + off, kg.to(kg_ptr.dtype.element_ty), mask=cm)
-            y = tl.load(q_ptr + qk_off + ck[None, :], mask=rm[:, None] & cm, other=0.0).to(tl.float32)
-            tl.store(qg_ptr + off, (y * (rq * scale)[:, None] * eG).to(qg_ptr.dtype.element_ty), mask=cm)
+        gl = tl.load(G_ptr + sc * (C * K) + (C - 1) * K + ck, mask=ck < K, other=0.0)
+        tl.store(kg_ptr + off, (x * rk[:, None] * tl.exp(gl[None, :] - Gt)).to(kg_ptr.dtype.element_ty), mask=cm)
+        y = tl.load(q_ptr + qk_off + ck[None, :], mask=rm[:, None] & cm, other=0.0).to(tl.float32)
+        tl.store(qg_ptr + off, (y * (rq * scale)[:, None] * eG).to(qg_ptr.dtype.element_ty), mask=cm)
         x = x * bk[:, None] * eG
         tl.store(W_ptr + off, tl.dot(Tm, x, input_precision=PREC).to(W_ptr.dtype.element_ty), mask=cm)
     for v0 in range(0, V, BVW):
