@@ -138,7 +138,10 @@ def test_gpu_fp32_full_grid(T, D, H, HV):
             x = _to([q, k, v, g, beta, s0])
             o2, S2 = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True)
             assert_rel_rms(o2, o, 1e-5, f"o {gate} h0={h0}")
-            assert_rel_rms(S2, S, 1e-5, f"S {gate} h0={h0}")
+            # kg's exponent G_last - G is a difference of stored fp32 prefix sums (|G| reaches a few hundred within
+            # a chunk with sharp gates: ulp ~3e-5), so the state's error is ~1e-5 where a suffix sum of g gave
+            # ~3e-7 (scripts/kda_fp32_kg_errors.py on an H200: max 9.2e-6 against 2.5e-7; o unchanged, 9e-7)
+            assert_rel_rms(S2, S, 3e-5, f"S {gate} h0={h0}")
 
 
 @pytest.mark.gpu
