@@ -10,16 +10,18 @@
 #   models  issue 5 / 6 numbers with this KDA: bench_backbone (hybrid, block AttnRes, full attention) and
 #           bench_attnres's interleaved training rounds (call5)
 #   (call6: `python3 scripts/kda_fp32_kg_errors.py --seeds 3` in a tree of commit d289dcf, which has both kg forms)
+#   mixpre  the AttnRes mix kernels' prefetch depth (FWD_PREFETCH / BWD_PREFETCH) and the other swept constants at
+#           N = 4 and 6, then the training-step overhead with the defaults (call8)
 #   confirm the KDA GPU tests after the fp32 state tolerance moved to 3e-5 (two fp32 grid cases failed in call4),
 #           then bench_kda.py's prelude: errors against fp64 and the decode step, fla in the same run (call7)
 # The probes, the split / one-scan prep layouts and the prep-in-scores path were removed after calls 1-3 measured
 # them, so prep, prep3 and fuse now fail on the settings they name; final and models rerun as is.
-# Part limits sum to 380 s (final), 430 s (models) and 260 s (confirm); one command may run 600.
+# Part limits sum to 380 s (final), 430 s (models) 260 s (confirm) and 230 s (mixpre); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session20.sh final|models|confirm}" in
+case "${1:?usage: gpu_session20.sh final|models|confirm|mixpre}" in
 final)
   install_fla
   kda_tests 110 tests/model/test_kda_layer_backends.py
@@ -39,6 +41,10 @@ confirm)
   kda_tests 110 tests/model/test_kda_layer_backends.py
   PART_TAIL=14 part "bench_kda prelude (no shapes: deadline 0)" 150 python3 kernels/benchmarks/bench_kda.py \
     --impls ours,fla --deadline 0 --shapes 1x8192x32 --out "$OUT/bench_kda_prelude.json"
+  ;;
+mixpre)
+  PART_TAIL=60 part "bench_attnres --bwd-sweep (prefetch depth)" 230 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 4 6 --bwd-sweep --rounds 2 --iters 3 --hybrid-iters 3 --decode-steps 0 --budget-s 400
   ;;
 *)
   echo "mode $1: its settings were removed (see the header)"; exit 2

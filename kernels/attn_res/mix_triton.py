@@ -80,9 +80,11 @@ NUM_WARPS = 8
 FWD_NUM_WARPS = 4  # the pointer-argument forward: the backward's row layout (see _row_blocks) with these settings
 FWD_MAX_CHUNKS = 4
 FWD_THREAD_ELEMS = 24
+FWD_PREFETCH = 1  # source tiles loaded ahead of the one in use (pointer-argument forward)
 BWD_NUM_WARPS = 4
 BWD_MAX_CHUNKS = 4  # backward: a row is at most this many column chunks (unrolled)
 BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets BLOCK_T)
+BWD_PREFETCH = 1  # backward (pointer arguments): source tiles loaded ahead of the one in use, in both passes
 FLUSH_NUM_WARPS = 4  # flush_deferred's kernel: the row layout with these settings
 FLUSH_MAX_CHUNKS = 4
 FLUSH_THREAD_ELEMS = 24
@@ -296,6 +298,16 @@ def _pick(n: tl.constexpr, p0, p1, p2, p3, p4, p5, p6, p7):
 
 
 @triton.jit
+def _prefetch(win, n: tl.constexpr, N: tl.constexpr, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D,
+              CH: tl.constexpr, CHUNK: tl.constexpr):
+    """``win`` (a tuple of source tiles) with source ``n``'s tile appended when ``n < N``: the kernels index
+    ``win[n]`` and keep ``PRE`` tiles loaded ahead of the one in use."""
+    if n < N:
+        win = win + (_load_row(_pick(n, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK),)
+    return win
+
+
+@triton.jit
 def _fwd_stats(x, u, D, eps, CH: tl.constexpr):
     """Per token of a source tile (a tuple of ``CH`` chunks): fp32 chunks, ``rstd`` and score ``s = (u . x) rstd``;
     products summed over the chunks in registers, then one reduction each."""
@@ -312,24 +324,25 @@ def _fwd_stats(x, u, D, eps, CH: tl.constexpr):
 @triton.jit
 def _attn_res_fwd_rows_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N: tl.constexpr, M, D, eps,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr = 1,
 ):
     """Pointer-argument forward, ``N`` a compile-time constant, the backward's layout: a row is ``CH`` chunks of
     ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
-    straight-line code over the sources with the next source's tile loaded before the current one is used."""
+    straight-line code over the sources with the next ``PRE`` sources' tiles loaded before the current one is used."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
     u = _load_vec(u_ptr, D, CH, CHUNK)
-    x_next = _load_row(x0, rows, t_ok, D, CH, CHUNK)
+    win = ()
+    for j in tl.static_range(PRE):
+        win = _prefetch(win, j, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
     m = tl.full([BLOCK_T], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_T], dtype=tl.float32)
     acc = _zeros_row(BLOCK_T, CH, CHUNK)
     for n in tl.static_range(N):
-        x = x_next
-        if n + 1 < N:
-            x_next = _load_row(_pick(n + 1, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+        x = win[n]
+        win = _prefetch(win, n + PRE, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
         xs, rstd, s = _fwd_stats(x, u, D, eps, CH)
         tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
         tl.store(score_ptr + n * M + offs_t, s, mask=t_ok)
@@ -354,10 +367,10 @@ def _attn_res_fwd_rows_kernel(
 def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
     u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask, coef_ptr,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, DEFER: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, DEFER: tl.constexpr, PRE: tl.constexpr = 1,
 ):
     """Pointer-argument backward, ``N`` a compile-time constant: straight-line code over the sources, the next
-    source's tile loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
+    ``PRE`` sources' tiles loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
     stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content. Bit ``n``
     of ``DEFER`` (compile time): source ``n``'s gradient is deferred, its coefficients go to ``coef [N, 3, M]``."""
     pid = tl.program_id(0)
@@ -367,25 +380,27 @@ def _attn_res_bwd_args_kernel(
         offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = offs_t < M
         rows = offs_t.to(tl.int64)[:, None] * D
-        x_next = _load_row(x0, rows, t_ok, D, CH, CHUNK)
+        win = ()
+        for j in tl.static_range(PRE):
+            win = _prefetch(win, j, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
         dh = _to_f32(_load_row(dh_ptr, rows, t_ok, D, CH, CHUNK), CH)
         big_g = tl.zeros([BLOCK_T], dtype=tl.float32)
         gs, qs, alphas, rstds = (), (), (), ()
         for n in tl.static_range(N):  # pass A: per-token dot products
-            x = x_next
-            if n + 1 < N:
-                x_next = _load_row(_pick(n + 1, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+            x = win[n]
+            win = _prefetch(win, n + PRE, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
             a = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
             g, q = _dots(dh, x, u, CH)
             big_g += a * g
             gs, qs = gs + (g,), qs + (q,)
             alphas = alphas + (a,)
             rstds = rstds + (tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0),)
-        x_next = _load_row(x0, rows, t_ok, D, CH, CHUNK)  # mostly an L2 hit: read a moment ago
+        win = ()  # mostly L2 hits: read a moment ago
+        for j in tl.static_range(PRE):
+            win = _prefetch(win, j, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
         for n in tl.static_range(N):  # pass B: gradients, no reductions
-            x = x_next
-            if n + 1 < N:
-                x_next = _load_row(_pick(n + 1, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+            x = win[n]
+            win = _prefetch(win, n + PRE, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
             if (DEFER >> n) & 1:
                 du = _defer_grad(x, du, coef_ptr + n * 3 * M, offs_t, t_ok, alphas[n], rstds[n], gs[n], qs[n],
                                  big_g, M, D, CH)
@@ -534,7 +549,7 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
         _attn_res_fwd_rows_kernel[(triton.cdiv(m, block_t),)](
             *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
-            BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FWD_NUM_WARPS)
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=FWD_PREFETCH, num_warps=FWD_NUM_WARPS)
     else:
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
@@ -591,7 +606,8 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
         _attn_res_bwd_args_kernel[(programs,)](
             *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles, acc_mask,
             alpha if coef is None else coef,
-            BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, num_warps=BWD_NUM_WARPS, **_maxnreg())
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=BWD_PREFETCH, num_warps=BWD_NUM_WARPS,
+            **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "

@@ -142,6 +142,9 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"FWD_THREAD_ELEMS": 12},
         {"FWD_THREAD_ELEMS": 48},
         {"FWD_MAX_CHUNKS": 8},
+        {"FWD_PREFETCH": 2},
+        {"FWD_PREFETCH": 8},
+        {"FWD_PREFETCH": 8, "FWD_THREAD_ELEMS": 12},
     ],
     "backward": [
         {},
@@ -151,6 +154,9 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"BWD_MAXNREG": 128},
         {"BWD_PROGRAMS_PER_SM": 4},
         {"BWD_PROGRAMS_PER_SM": 16},
+        {"BWD_PREFETCH": 2},
+        {"BWD_PREFETCH": 8},
+        {"BWD_PREFETCH": 8, "BWD_THREAD_ELEMS": 12},
     ],
 }
 

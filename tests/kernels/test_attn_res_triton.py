@@ -298,10 +298,12 @@ def test_triton_common_offset_sources():
 
 
 @pytest.mark.parametrize("config", [{"BWD_NUM_WARPS": 4}, {"BWD_THREAD_ELEMS": 48}, {"BWD_MAX_CHUNKS": 1},
-                                    {"BWD_MAXNREG": 128, "BWD_PROGRAMS_PER_SM": 16}])
+                                    {"BWD_MAXNREG": 128, "BWD_PROGRAMS_PER_SM": 16},
+                                    {"BWD_PREFETCH": 2, "FWD_PREFETCH": 2}, {"BWD_PREFETCH": 8, "FWD_PREFETCH": 8}])
 @pytest.mark.parametrize("addressing", ["args", "table"])
 def test_triton_backward_configurations_equal_naive(monkeypatch, config, addressing):
-    """The backward's module constants (what the benchmark's ``--bwd-sweep`` varies) all give the reference."""
+    """The backward's module constants (what the benchmark's ``--bwd-sweep`` varies; with the forward's prefetch
+    depth too) all give the reference."""
     monkeypatch.setenv("KVL_ATTNRES_ADDRESSING", addressing)
     for name, value in config.items():
         monkeypatch.setattr(mix_triton, name, value)
