@@ -299,7 +299,7 @@ def test_triton_common_offset_sources():
 
 @pytest.mark.parametrize("config", [{"BWD_NUM_WARPS": 4}, {"BWD_THREAD_ELEMS": 48}, {"BWD_MAX_CHUNKS": 1},
                                     {"BWD_MAXNREG": 128, "BWD_PROGRAMS_PER_SM": 16},
-                                    {"BWD_PREFETCH": 2, "FWD_PREFETCH": 2}, {"BWD_PREFETCH": 8, "FWD_PREFETCH": 8}])
+                                    {"BWD_PREFETCH": 1, "FWD_PREFETCH": 1}, {"BWD_PREFETCH": 2, "FWD_PREFETCH": 2}])
 @pytest.mark.parametrize("addressing", ["args", "table"])
 def test_triton_backward_configurations_equal_naive(monkeypatch, config, addressing):
     """The backward's module constants (what the benchmark's ``--bwd-sweep`` varies; with the forward's prefetch
