@@ -11,8 +11,9 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
    first row), then in the same program:
 3. ``T = (I + Akk)^-1`` in place by blocked forward substitution, and
 4. ``W = T (beta K Gamma)``, ``U = T (beta V)``, and with them ``qg = scale Q Gamma`` and ``kg = K exp(G_last - G)``
-   (the exponent a difference of fp32 prefix sums; session 19's prep kernel took it as a suffix sum of g, at the
-   price of a second scan and 90 more registers there).
+   (for 16-bit inputs the exponent is a difference of the stored fp32 prefix sums; for fp32 inputs the prep kernel
+   also writes it as a suffix sum of g into kg's buffer, which keeps the final state fp32-accurate: with sharp gates
+   the difference lost ~1e-5 of it).
 5. ``_state_kernel``, one program per (sequence, value head, block of value columns): the sequential
    pass over chunks with the fp32 state in registers; writes the state entering each chunk (``h``),
    ``Vnew = U - W S`` and the final state.
@@ -78,6 +79,7 @@ def _prep_kernel(
     gl_ptr,
     rq_ptr,
     rk_ptr,
+    E_ptr,
     QS: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -88,11 +90,13 @@ def _prep_kernel(
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
+    SUFFIX: tl.constexpr,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
     W / U loop: written here, they took this kernel to 162 registers and 0.33 ms at 1 x 8192 x 32, against 72 and
-    0.18 ms without; H200, session 20.)"""
+    0.18 ms without; H200, session 20.) ``SUFFIX`` (fp32 inputs): also kg's exponent ``G_last - G`` as a suffix sum
+    of g, into ``E_ptr`` (kg's fp32 buffer, which the W / U loop then overwrites with kg)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -129,7 +133,10 @@ def _prep_kernel(
                 dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
             g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
         tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
-        tl.store(G_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], tl.cumsum(g, 0), mask=cm[None, :])
+        off = sc * (C * K) + rows[:, None] * K + ck[None, :]
+        tl.store(G_ptr + off, tl.cumsum(g, 0), mask=cm[None, :])
+        if SUFFIX:
+            tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
 
 
 @triton.jit
@@ -222,6 +229,10 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the prep kernel (norms, gate, cumsum)
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
+# fp32 inputs: kg's exponent G_last - G as a suffix sum of g (a second scan in the prep kernel, stored in kg's buffer)
+# rather than a difference of the stored prefix sums, which lost up to ~1e-5 of the final state with sharp gates
+# (H200, session 20 call6: max 9.2e-6 against 2.5e-7). 16-bit inputs always take the difference (bf16 errors equal).
+FP32_KG_SUFFIX = True
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 # num_warps, num_stages of the scores + solve + W / U kernel (H200, 1 x 8192 x 32, session 19 call2 with the row-load
@@ -347,6 +358,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             gl_ptr=gl,
             rq_ptr=rq,
             rk_ptr=rk,
+            E_ptr=kg,
             QS=qs,
             H=H,
             HV=HV,
@@ -357,6 +369,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
+            SUFFIX=fp32 and FP32_KG_SUFFIX,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
@@ -392,6 +405,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC=dprec,
+            SUFFIX=fp32 and FP32_KG_SUFFIX,
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

@@ -163,6 +163,7 @@ def _scores2_kernel(
     L2: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
+    SUFFIX: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -215,7 +216,7 @@ def _scores2_kernel(
     tl.debug_barrier()
     _wu_chunk(
         q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, qg_ptr, kg_ptr, scale, i_hv, bos, n,
-        sc, VS, QS, H, HV, K, V, C, BKW, BVW, L2, PREC,
+        sc, VS, QS, H, HV, K, V, C, BKW, BVW, L2, PREC, SUFFIX,
     )
 
 
@@ -297,12 +298,15 @@ def _wu_chunk(
     BVW: tl.constexpr,
     L2: tl.constexpr,
     PREC: tl.constexpr,
+    SUFFIX: tl.constexpr,
 ):
     """``W = T (beta K exp(G))`` and ``U = T (beta V)`` of one chunk as [64, 64] x [64, B*] dots, K tile by K tile,
     then V tile by V tile (T fp32 read back from ``T_ptr``; tf32 for 16-bit inputs, ``ieee`` for fp32). k's rows
     are ``QS`` elements apart, v's ``VS`` (:func:`token_rows`). The K tiles also store ``qg = scale q exp(G)`` and
     ``kg = k exp(G_last - G)`` (q, k normalised when ``L2``; G_last is G's row C - 1, which padded rows' zero gates
-    carry): this loop loads k and G anyway, and the prep kernel ran at 162 registers while it wrote them."""
+    carry): this loop loads k and G anyway, and the prep kernel ran at 162 registers while it wrote them. ``SUFFIX``
+    (fp32 inputs): kg's exponent is read from kg's own buffer, where the prep kernel stored it as a suffix sum of g
+    (each element read before this program overwrites it)."""
     i_h = i_hv // (HV // H)
     rows = tl.arange(0, C)
     rm = rows < n
@@ -322,8 +326,11 @@ def _wu_chunk(
         Gt = tl.load(G_ptr + off, mask=cm, other=0.0)
         eG = tl.exp(Gt)
         x = tl.load(k_ptr + qk_off + ck[None, :], mask=rm[:, None] & cm, other=0.0).to(tl.float32)
-        gl = tl.load(G_ptr + sc * (C * K) + (C - 1) * K + ck, mask=ck < K, other=0.0)
-        tl.store(kg_ptr + off, (x * rk[:, None] * tl.exp(gl[None, :] - Gt)).to(kg_ptr.dtype.element_ty), mask=cm)
+        if SUFFIX:
+            e = tl.load(kg_ptr + off, mask=cm, other=0.0)
+        else:
+            e = tl.load(G_ptr + sc * (C * K) + (C - 1) * K + ck, mask=ck < K, other=0.0)[None, :] - Gt
+        tl.store(kg_ptr + off, (x * rk[:, None] * tl.exp(e)).to(kg_ptr.dtype.element_ty), mask=cm)
         y = tl.load(q_ptr + qk_off + ck[None, :], mask=rm[:, None] & cm, other=0.0).to(tl.float32)
         tl.store(qg_ptr + off, (y * (rq * scale)[:, None] * eG).to(qg_ptr.dtype.element_ty), mask=cm)
         x = x * bk[:, None] * eG

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Prepared in session 20 for the next session's GPU calls (results: docs/results/gpu-<date>-s21/):
+#   bash scripts/gpu_session21.sh attnres   issue 6: the block-AttnRes training-step overhead with the mix kernels
+#       loading every source tile ahead (FWD_PREFETCH = BWD_PREFETCH = 8, the default since session 20 call8, which
+#       timed the kernels alone: forward -18%, backward -7% at N = 4), interleaved rounds against the standard
+#       residual; then the AttnRes GPU tests.
+#   bash scripts/gpu_session21.sh kda       issue 4: the KDA GPU tests and the five shapes against fla-core.
+# Part limits sum to 320 s (attnres) and 300 s (kda); one command may run 600.
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+
+gpu_header
+case "${1:?usage: gpu_session21.sh attnres|kda}" in
+attnres)
+  PART_TAIL=40 part "bench_attnres: block AttnRes training-step overhead, interleaved rounds" 200 python3 \
+    -m kimi_vl.benchmarks.bench_attnres --sources 2 4 6 --rounds 3 --iters 3 --hybrid-iters 4 --decode-steps 0 \
+    --budget-s 400
+  PART_TAIL=8 part "AttnRes tests on the GPU" 120 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  ;;
+kda)
+  install_fla
+  kda_tests 110 tests/model/test_kda_layer_backends.py
+  bench_five 190
+  ;;
+esac
+ls -la "$OUT"
