@@ -4,8 +4,11 @@
 #       loading every source tile ahead (FWD_PREFETCH = BWD_PREFETCH = 8, the default since session 20 call8, which
 #       timed the kernels alone: forward -18%, backward -7% at N = 4), interleaved rounds against the standard
 #       residual; then the AttnRes GPU tests.
-#   bash scripts/gpu_session21.sh kda       issue 4: the KDA GPU tests and the five shapes against fla-core.
-# Part limits sum to 320 s (attnres) and 300 s (kda); one command may run 600.
+#   bash scripts/gpu_session21.sh kda       issue 4: the KDA GPU tests (first GPU run of the fp32 suffix-sum path,
+#       FP32_KG_SUFFIX, and of the split prep kernel), a sweep of the prep kernel split over programs (PREP_SPLIT:
+#       program 0 the norms, one program per key tile of gate / cumsum; 80 registers against 94, 47 at 16 columns),
+#       then the five shapes against fla-core with the sweep's best setting.
+# Part limits sum to 320 s (attnres) and 400 s (kda); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -21,7 +24,8 @@ attnres)
 kda)
   install_fla
   kda_tests 110 tests/model/test_kda_layer_backends.py
-  bench_five 190
+  sweep_best 1x8192x32 100 "prep split,prep split bk16,prep split bk64,prep split w2"
+  bench_five 190 "$OUT/1x8192x32/best.txt"
   ;;
 esac
 ls -la "$OUT"

@@ -63,6 +63,10 @@ SETTINGS = [
     ("prep w8", {"PREP_LAUNCH": (8, 2)}),
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
+    ("prep split", {"PREP_SPLIT": True}),
+    ("prep split bk16", {"PREP_SPLIT": True, "PREP_BK": 16}),
+    ("prep split bk64", {"PREP_SPLIT": True, "PREP_BK": 64}),
+    ("prep split w2", {"PREP_SPLIT": True, "PREP_LAUNCH": (2, 2)}),
 ]
 
 

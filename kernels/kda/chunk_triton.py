@@ -66,6 +66,47 @@ SUB = 16
 
 
 @triton.jit
+def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS: tl.constexpr, K: tl.constexpr,
+                C: tl.constexpr, BKP: tl.constexpr):
+    """Store the inverse L2 norms of the chunk's q and k rows (fp32, eps 1e-6 under the root), K tile by K tile."""
+    qk_off = (bos + rows)[:, None] * QS + i_h * K
+    sq = tl.zeros([C], dtype=tl.float32)
+    sk = tl.zeros([C], dtype=tl.float32)
+    for k0 in range(0, K, BKP):
+        ck = k0 + tl.arange(0, BKP)
+        m = rm[:, None] & (ck < K)[None, :]
+        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        sq += tl.sum(x * x, 1)
+        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        sk += tl.sum(x * x, 1)
+    tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
+    tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
+
+
+@triton.jit
+def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
+                    HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
+                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
+    """One key-column tile ``ck`` of the chunk: the gate of raw g (or g as given), G = cumsum(g) and G_last stored;
+    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``."""
+    cm = ck < K
+    m = rm[:, None] & cm[None, :]
+    g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
+    g = g.to(tl.float32)
+    if GATE:
+        a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
+        dtb = tl.zeros([ck.shape[0]], dtype=tl.float32)
+        if HAS_DTB:
+            dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
+        g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
+    tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
+    off = sc * (C * K) + rows[:, None] * K + ck[None, :]
+    tl.store(G_ptr + off, tl.cumsum(g, 0), mask=cm[None, :])
+    if SUFFIX:
+        tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
+
+
+@triton.jit
 def _prep_kernel(
     q_ptr,
     k_ptr,
@@ -91,12 +132,14 @@ def _prep_kernel(
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
     SUFFIX: tl.constexpr,
+    SPLIT: tl.constexpr = False,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
     W / U loop: written here, they took this kernel to 162 registers and 0.33 ms at 1 x 8192 x 32, against 72 and
     0.18 ms without; H200, session 20.) ``SUFFIX`` (fp32 inputs): also kg's exponent ``G_last - G`` as a suffix sum
-    of g, into ``E_ptr`` (kg's fp32 buffer, which the W / U loop then overwrites with kg)."""
+    of g, into ``E_ptr`` (kg's fp32 buffer, which the W / U loop then overwrites with kg). ``SPLIT``: the grid's
+    third axis splits the work, with nothing computed twice: program 0 the norms, program j >= 1 key tile j - 1."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -105,38 +148,19 @@ def _prep_kernel(
     rows = tl.arange(0, C)
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
-    if L2:
-        qk_off = (bos + rows)[:, None] * QS + i_h * K
-        sq = tl.zeros([C], dtype=tl.float32)
-        sk = tl.zeros([C], dtype=tl.float32)
+    gate_args = (g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv)
+    if SPLIT:
+        part = tl.program_id(2)
+        if part == 0:
+            if L2:
+                _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
+        else:
+            _prep_gate_tile(*gate_args, (part - 1) * BKP + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+    else:
+        if L2:
+            _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
         for k0 in range(0, K, BKP):
-            ck = k0 + tl.arange(0, BKP)
-            m = rm[:, None] & (ck < K)[None, :]
-            x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-            sq += tl.sum(x * x, 1)
-            x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-            sk += tl.sum(x * x, 1)
-        tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
-        tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
-    a_log = 0.0
-    if GATE:
-        a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
-    for k0 in range(0, K, BKP):
-        ck = k0 + tl.arange(0, BKP)
-        cm = ck < K
-        m = rm[:, None] & cm[None, :]
-        g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
-        g = g.to(tl.float32)
-        if GATE:
-            dtb = tl.zeros([BKP], dtype=tl.float32)
-            if HAS_DTB:
-                dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
-            g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
-        tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
-        off = sc * (C * K) + rows[:, None] * K + ck[None, :]
-        tl.store(G_ptr + off, tl.cumsum(g, 0), mask=cm[None, :])
-        if SUFFIX:
-            tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
+            _prep_gate_tile(*gate_args, k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
 
 
 @triton.jit
@@ -229,6 +253,7 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the prep kernel (norms, gate, cumsum)
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
+PREP_SPLIT = False  # one program for the norms and one per PREP_BK key columns of gate / cumsum (not timed yet)
 # fp32 inputs: kg's exponent G_last - G as a suffix sum of g (a second scan in the prep kernel, stored in kg's buffer)
 # rather than a difference of the stored prefix sums, which lost up to ~1e-5 of the final state with sharp gates
 # (H200, session 20 call6: max 9.2e-6 against 2.5e-7). 16-bit inputs always take the difference (bf16 errors equal).
@@ -349,7 +374,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             dtb_ptr=dt_bias if (use_gate and dt_bias is not None) else dummy,
             lb=float(lower_bound) if lower_bound is not None else 0.0,
         )
-        _prep_kernel[(nch, HV)](
+        bkp = min(BK, PREP_BK)
+        _prep_kernel[(nch, HV, 1 + triton.cdiv(K, bkp) if PREP_SPLIT else 1)](
             q,
             k,
             **gate_args,
@@ -364,12 +390,13 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             HV=HV,
             K=K,
             C=CHUNK,
-            BKP=min(BK, PREP_BK),
+            BKP=bkp,
             GATE=use_gate,
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
             SUFFIX=fp32 and FP32_KG_SUFFIX,
+            SPLIT=PREP_SPLIT,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
