@@ -3,12 +3,13 @@
 #   bash scripts/gpu_session21.sh attnres   issue 6: the block-AttnRes training-step overhead with the mix kernels
 #       loading every source tile ahead (FWD_PREFETCH = BWD_PREFETCH = 8, the default since session 20 call8, which
 #       timed the kernels alone: forward -18%, backward -7% at N = 4), interleaved rounds against the standard
-#       residual; then the AttnRes GPU tests.
+#       residual; the mix kernels alone (--bwd-sweep, incl. the flush kernel's new FLUSH_PREFETCH, off by default:
+#       184-192 registers against 152-156, no spills); then the AttnRes GPU tests.
 #   bash scripts/gpu_session21.sh kda       issue 4: the KDA GPU tests (first GPU run of the fp32 suffix-sum path,
 #       FP32_KG_SUFFIX, and of the split prep kernel), a sweep of the prep kernel split over programs (PREP_SPLIT:
 #       program 0 the norms, one program per key tile of gate / cumsum; 80 registers against 94, 47 at 16 columns),
 #       then the five shapes against fla-core with the sweep's best setting.
-# Part limits sum to 320 s (attnres) and 400 s (kda); one command may run 600.
+# Part limits sum to 440 s (attnres) and 400 s (kda); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -18,6 +19,9 @@ attnres)
   PART_TAIL=40 part "bench_attnres: block AttnRes training-step overhead, interleaved rounds" 200 python3 \
     -m kimi_vl.benchmarks.bench_attnres --sources 2 4 6 --rounds 3 --iters 3 --hybrid-iters 4 --decode-steps 0 \
     --budget-s 400
+  PART_TAIL=60 part "bench_attnres --bwd-sweep: mix and flush kernel constants" 120 python3 \
+    -m kimi_vl.benchmarks.bench_attnres --sources 3 5 --bwd-sweep --rounds 1 --iters 1 --hybrid-iters 1 \
+    --decode-steps 0 --no-hybrid
   PART_TAIL=8 part "AttnRes tests on the GPU" 120 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
   ;;

@@ -93,6 +93,7 @@ BWD_PREFETCH = 8  # backward: the same, in both passes
 FLUSH_NUM_WARPS = 4  # flush_deferred's kernel: the row layout with these settings
 FLUSH_MAX_CHUNKS = 4
 FLUSH_THREAD_ELEMS = 24
+FLUSH_PREFETCH = 0  # flush: mixes' dh tiles loaded ahead of the one in use (0: where used; not timed yet)
 BWD_PROGRAMS_PER_SM = 8  # backward grid: at most this many programs per SM, each strides over token tiles
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
@@ -420,16 +421,23 @@ def _attn_res_flush_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
     d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
     M, D, acc_mask, C: tl.constexpr, S: tl.constexpr,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr = 0,
 ):
     """The deferred gradients of ``C`` shared sources ``x_n`` (into buffers ``g_n``; bit ``n`` of ``acc_mask``: add
     to the content) from ``S`` mixes (gradient of the output ``d_i``, coefficients ``c_i [C', 3, M]``, query
-    ``u_i``): ``dx_n = sum_i (alpha_ni d_i + k_ni u_i) - (sum_i e_ni) x_n``, summed in fp32, rounded once."""
+    ``u_i``): ``dx_n = sum_i (alpha_ni d_i + k_ni u_i) - (sum_i e_ni) x_n``, summed in fp32, rounded once.
+    ``PRE`` > 0: the ``d_i`` tiles go through a window ``PRE`` tiles ahead of the one in use, and ``x_n`` is loaded
+    before them (0: each loaded where it is used)."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
     for n in tl.static_range(C):
+        if PRE > 0:
+            x = _load_row(_pick(n, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+            win = ()
+            for j in tl.static_range(PRE):
+                win = _prefetch(win, j, S, d0, d1, d2, d3, d4, d5, d6, d7, rows, t_ok, D, CH, CHUNK)
         acc = _zeros_row(BLOCK_T, CH, CHUNK)
         e_sum = tl.zeros([BLOCK_T], dtype=tl.float32)
         for i in tl.static_range(S):
@@ -437,13 +445,18 @@ def _attn_res_flush_kernel(
             a = tl.load(coef + offs_t, mask=t_ok, other=0.0)
             k = tl.load(coef + M + offs_t, mask=t_ok, other=0.0)
             e_sum += tl.load(coef + 2 * M + offs_t, mask=t_ok, other=0.0)
-            dh = _load_row(_pick(i, d0, d1, d2, d3, d4, d5, d6, d7), rows, t_ok, D, CH, CHUNK)
+            if PRE > 0:
+                dh = win[i]
+                win = _prefetch(win, i + PRE, S, d0, d1, d2, d3, d4, d5, d6, d7, rows, t_ok, D, CH, CHUNK)
+            else:
+                dh = _load_row(_pick(i, d0, d1, d2, d3, d4, d5, d6, d7), rows, t_ok, D, CH, CHUNK)
             u = _load_vec(_pick(i, u0, u1, u2, u3, u4, u5, u6, u7), D, CH, CHUNK)
             acc_new = ()
             for c in tl.static_range(CH):
                 acc_new = acc_new + (acc[c] + a[:, None] * dh[c].to(tl.float32) + k[:, None] * u[c][None, :],)
             acc = acc_new
-        x = _load_row(_pick(n, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+        if PRE == 0:
+            x = _load_row(_pick(n, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
         dsrc = _pick(n, g0, g1, g2, g3, g4, g5, g6, g7)
         acc_on = ((acc_mask >> n) & 1) != 0
         for c in tl.static_range(CH):
@@ -637,4 +650,5 @@ def flush_triton(sources: list[torch.Tensor], bufs: list[torch.Tensor], acc_mask
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), FLUSH_NUM_WARPS, FLUSH_MAX_CHUNKS, FLUSH_THREAD_ELEMS)
     _attn_res_flush_kernel[(triton.cdiv(m, block_t),)](
         *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs), *_slots(us), m, d, acc_mask,
-        C=len(sources), S=len(dhs), BLOCK_T=block_t, CHUNK=chunk, CH=ch, num_warps=FLUSH_NUM_WARPS)
+        C=len(sources), S=len(dhs), BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=FLUSH_PREFETCH,
+        num_warps=FLUSH_NUM_WARPS)

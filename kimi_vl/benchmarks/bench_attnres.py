@@ -158,15 +158,23 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"BWD_PREFETCH": 8},
         {"BWD_PREFETCH": 8, "BWD_THREAD_ELEMS": 12},
     ],
+    "flush": [
+        {},
+        {"FLUSH_PREFETCH": 1},
+        {"FLUSH_PREFETCH": 2},
+        {"FLUSH_PREFETCH": 8},
+    ],
 }
+FLUSH_MIXES = 3  # the flush sweep: this many mixes' deferred gradients into the N - 1 shared sources
 
 
 def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dtype: torch.dtype,
                     iters: int) -> list[dict]:
-    """The Triton forward (``mix_fwd_triton``) and backward (``mix_bwd_triton``: kernel + query-gradient sum)
-    kernels alone under each entry of :data:`SWEEPS`, with the error against the default configuration (relative
-    RMS over all outputs) and the bandwidth of the ideal traffic (forward: N sources read, h written; backward: N
-    sources and dh read, N gradients written)."""
+    """The Triton forward (``mix_fwd_triton``), backward (``mix_bwd_triton``: kernel + query-gradient sum) and
+    deferred-gradient flush (``flush_triton``: ``FLUSH_MIXES`` mixes into N - 1 shared sources) kernels alone under
+    each entry of :data:`SWEEPS`, with the error against the default configuration (relative RMS over all outputs)
+    and the bandwidth of the ideal traffic (forward: N sources read, h written; backward: N sources and dh read, N
+    gradients written; flush: the shared sources read and written, each mix's dh read once)."""
     from kernels.attn_res import mix_triton as mt
 
     rows = []
@@ -177,6 +185,12 @@ def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dt
         _, rstd, alpha = mt.mix_fwd_triton(srcs, u, 1e-5)
         calls = {"forward": (partial(mt.mix_fwd_triton, srcs, u, 1e-5), n + 1),
                  "backward": (partial(mt.mix_bwd_triton, srcs, u, dh, rstd, alpha), 2 * n + 1)}
+        if n > 1:  # the block's flush: n - 1 shared sources read and written, FLUSH_MIXES dh read
+            shared = srcs[: n - 1]
+            bufs = [torch.empty_like(x) for x in shared]
+            coefs = [torch.rand(n - 1, 3, tokens, device=device) for _ in range(FLUSH_MIXES)]
+            calls["flush"] = (partial(_flush, mt, shared, bufs, [dh] * FLUSH_MIXES, [u] * FLUSH_MIXES, coefs),
+                              2 * (n - 1) + FLUSH_MIXES)
         for kernel, (fn, passes) in calls.items():
             ref = None
             for cfg in SWEEPS[kernel]:
@@ -186,6 +200,13 @@ def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dt
                 ref = flat if ref is None else ref
         del xs, dh, srcs
     return rows
+
+
+def _flush(mt, shared: list[torch.Tensor], bufs: list[torch.Tensor], dhs: list[torch.Tensor],
+           us: list[torch.Tensor], coefs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``flush_triton`` into fresh contents of ``bufs`` (no accumulation), returned for the error check."""
+    mt.flush_triton(shared, bufs, 0, dhs, us, coefs)
+    return bufs
 
 
 def _sweep_row(mt, kernel: str, cfg: dict, fn: Callable, passes: int, n: int, tokens: int, d: int, elem: int,
@@ -206,7 +227,7 @@ def _sweep_row(mt, kernel: str, cfg: dict, fn: Callable, passes: int, n: int, to
         ms = 1e3 * time_per_iter(fn, 2, iters, device)
         row["ms"] = ms
         row["gbps"] = passes * elem * tokens * d / ms / 1e6
-        prefix = "FWD" if kernel == "forward" else "BWD"  # both use the row layout on the pointer-argument path
+        prefix = {"forward": "FWD", "backward": "BWD", "flush": "FLUSH"}[kernel]  # all three: the row layout
         row["block_t_chunk_ch"] = mt._row_blocks(d, elem, *(getattr(mt, f"{prefix}_{k}") for k in
                                                              ("NUM_WARPS", "MAX_CHUNKS", "THREAD_ELEMS")))
     except Exception as err:  # a configuration that fails to compile or run is itself a result

@@ -330,12 +330,15 @@ def test_triton_backward_adds_into_a_sink_buffer():
     assert_rel_rms(du2, du, 0.0, "du")
 
 
+@pytest.mark.parametrize("flush_prefetch", [0, 2])
 @pytest.mark.parametrize(("dtype", "d", "tol"), [(torch.float32, 40, 1e-6), (torch.bfloat16, 768, 1e-2)])
-def test_deferred_gradients_equal_per_mix_sinks(dtype, d, tol):
+def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flush_prefetch):
     """Three mixes share two sources (completed block states) and each has its own third (a partial sum):
-    deferring the shared sources' gradients (``mix_bwd_triton(defer=...)``, then one ``flush_deferred``) gives what
-    adding each mix's gradient into the sinks gives (bf16: one rounding instead of one per mix), the same partial-sum
-    gradients and query gradients, and empties the block."""
+    deferring the shared sources' gradients (``mix_bwd_triton(defer=...)``, then one ``flush_deferred``, with its
+    dh tiles loaded where used or through a window) gives what adding each mix's gradient into the sinks gives
+    (bf16: one rounding instead of one per mix), the same partial-sum gradients and query gradients, and empties the
+    block."""
+    monkeypatch.setattr(mix_triton, "FLUSH_PREFETCH", flush_prefetch)
     gen = torch.Generator().manual_seed(21)
     dev = kernel_device()
     shared = [(torch.randn(31, d, generator=gen) * (1 + i)).to(dev, dtype) for i in range(2)]
