@@ -8,8 +8,9 @@
 #   bash scripts/gpu_session21.sh kda       issue 4: the KDA GPU tests (first GPU run of the fp32 suffix-sum path,
 #       FP32_KG_SUFFIX, and of the split prep kernel), a sweep of the prep kernel split over programs (PREP_SPLIT:
 #       program 0 the norms, one program per key tile of gate / cumsum; 80 registers against 94, 47 at 16 columns),
-#       then the five shapes against fla-core with the sweep's best setting.
-# Part limits sum to 440 s (attnres) and 400 s (kda); one command may run 600.
+#       and of the scores kernel's off-diagonal blocks per sub-block (SCORES2_OFFDIAG = "blocks": 64 B of spills at
+#       168 registers against 372), then the five shapes against fla-core with the sweep's best setting.
+# Part limits sum to 440 s (attnres) and 450 s (kda); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -28,7 +29,8 @@ attnres)
 kda)
   install_fla
   kda_tests 110 tests/model/test_kda_layer_backends.py
-  sweep_best 1x8192x32 100 "prep split,prep split bk16,prep split bk64,prep split w2"
+  sweep_best 1x8192x32 150 "prep split,prep split bk16,prep split bk64,prep split w2,scores blocks,\
+scores blocks nreg192,scores blocks s2,scores blocks prep split"
   bench_five 190 "$OUT/1x8192x32/best.txt"
   ;;
 esac

@@ -53,7 +53,8 @@ def _signature(name: str) -> tuple:
         args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
         extra = dict(QS=32 * 128, H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
-                     DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False)
+                     DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False,
+                     BLOCKS=ct.SCORES2_OFFDIAG == "blocks")
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]

@@ -67,6 +67,10 @@ SETTINGS = [
     ("prep split bk16", {"PREP_SPLIT": True, "PREP_BK": 16}),
     ("prep split bk64", {"PREP_SPLIT": True, "PREP_BK": 64}),
     ("prep split w2", {"PREP_SPLIT": True, "PREP_LAUNCH": (2, 2)}),
+    ("scores blocks", {"SCORES2_OFFDIAG": "blocks"}),
+    ("scores blocks nreg192", {"SCORES2_OFFDIAG": "blocks", "SCORES2_MAXNREG": 192}),
+    ("scores blocks s2", {"SCORES2_OFFDIAG": "blocks", "SCORES2_LAUNCH": (4, 2)}),
+    ("scores blocks prep split", {"SCORES2_OFFDIAG": "blocks", "PREP_SPLIT": True}),
 ]
 
 

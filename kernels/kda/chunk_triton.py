@@ -259,6 +259,9 @@ PREP_SPLIT = False  # one program for the norms and one per PREP_BK key columns 
 # (H200, session 20 call6: max 9.2e-6 against 2.5e-7). 16-bit inputs always take the difference (bf16 errors equal).
 FP32_KG_SUFFIX = True
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
+# off-diagonal Akk / Aqk blocks: "batched" (one [4, 16, BKS] x [4, BKS, 64] dot a tile) or "blocks" (two
+# [16, BKS] x [BKS, 64] dots per sub-block 1-3; 48 accumulator registers instead of 64; not timed yet)
+SCORES2_OFFDIAG = "batched"
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 # num_warps, num_stages of the scores + solve + W / U kernel (H200, 1 x 8192 x 32, session 19 call2 with the row-load
 # solve: s1 0.713 ms, s2 0.594, s3 0.571; an H100 in session 5 with the earlier kernel had s1 0.745, s2 0.809)
@@ -433,6 +436,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             PREC=prec,
             DPREC=dprec,
             SUFFIX=fp32 and FP32_KG_SUFFIX,
+            BLOCKS=SCORES2_OFFDIAG == "blocks",
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
