@@ -10,12 +10,14 @@
 #       program 0 the norms, one program per key tile of gate / cumsum; 80 registers against 94, 47 at 16 columns),
 #       and of the scores kernel's off-diagonal blocks per sub-block (SCORES2_OFFDIAG = "blocks": 64 B of spills at
 #       168 registers against 372), then the five shapes against fla-core with the sweep's best setting.
-# Part limits sum to 440 s (attnres) and 450 s (kda); one command may run 600.
+#   bash scripts/gpu_session21.sh profile   issue 5: where a `small` hybrid training step's GPU time goes on this GPU
+#       (bench_backbone --profile at 4096: time by kernel category and the top kernels), hybrid and all-MLA.
+# Part limits sum to 440 s (attnres), 450 s (kda) and 200 s (profile); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session21.sh attnres|kda}" in
+case "${1:?usage: gpu_session21.sh attnres|kda|profile}" in
 attnres)
   PART_TAIL=40 part "bench_attnres: block AttnRes training-step overhead, interleaved rounds" 200 python3 \
     -m kimi_vl.benchmarks.bench_attnres --sources 2 4 6 --rounds 3 --iters 3 --hybrid-iters 4 --decode-steps 0 \
@@ -32,6 +34,11 @@ kda)
   sweep_best 1x8192x32 150 "prep split,prep split bk16,prep split bk64,prep split w2,scores blocks,\
 scores blocks nreg192,scores blocks s2,scores blocks prep split"
   bench_five 190 "$OUT/1x8192x32/best.txt"
+  ;;
+profile)
+  PART_TAIL=80 part "bench_backbone --profile: a small training step by kernel" 200 python3 \
+    -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile \
+    --variants hybrid full_attn
   ;;
 esac
 ls -la "$OUT"
