@@ -71,6 +71,7 @@ SETTINGS = [
     ("scores blocks nreg192", {"SCORES2_OFFDIAG": "blocks", "SCORES2_MAXNREG": 192}),
     ("scores blocks s2", {"SCORES2_OFFDIAG": "blocks", "SCORES2_LAUNCH": (4, 2)}),
     ("scores blocks prep split", {"SCORES2_OFFDIAG": "blocks", "PREP_SPLIT": True}),
+    ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]
 
 

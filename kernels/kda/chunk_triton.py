@@ -378,6 +378,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             lb=float(lower_bound) if lower_bound is not None else 0.0,
         )
         bkp = min(BK, PREP_BK)
+        suffix = fp32 and FP32_KG_SUFFIX
         _prep_kernel[(nch, HV, 1 + triton.cdiv(K, bkp) if PREP_SPLIT else 1)](
             q,
             k,
@@ -398,7 +399,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
-            SUFFIX=fp32 and FP32_KG_SUFFIX,
+            SUFFIX=suffix,
             SPLIT=PREP_SPLIT,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
@@ -435,7 +436,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             PREC=prec,
             DPREC=dprec,
-            SUFFIX=fp32 and FP32_KG_SUFFIX,
+            SUFFIX=suffix,
             BLOCKS=SCORES2_OFFDIAG == "blocks",
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],

@@ -137,13 +137,14 @@ def _offdiag_block(I: tl.constexpr, ak, aq, kf, Gf, q_ptr, k_ptr, G_ptr, rq_ptr,
 def _store_offdiag_block(I: tl.constexpr, Akk_ptr, Aqk_ptr, ak, aq, a_base, beta_ptr, bos, n, i_hv, scale,
                          HV: tl.constexpr, C: tl.constexpr, S: tl.constexpr):
     """Sub-block I's rows outside its diagonal block: Akk's columns before it (times beta), Aqk's likewise (times
-    ``scale``) and zeros after it."""
+    ``scale``) and zeros after it (sub-block 0: only the zeros)."""
     r = I * S + tl.arange(0, S)
     cols = tl.arange(0, C)
     off = a_base + r[:, None] * C + cols[None, :]
     before = cols[None, :] < I * S
-    b = tl.load(beta_ptr + (bos + r) * HV + i_hv, mask=r < n, other=0.0).to(tl.float32)[:, None]
-    tl.store(Akk_ptr + off, ak * b, mask=before)
+    if I > 0:
+        b = tl.load(beta_ptr + (bos + r) * HV + i_hv, mask=r < n, other=0.0).to(tl.float32)[:, None]
+        tl.store(Akk_ptr + off, ak * b, mask=before)
     aq = tl.where(before, aq * scale, 0.0).to(Aqk_ptr.dtype.element_ty)
     tl.store(Aqk_ptr + off, aq, mask=cols[None, :] // S != I)
 
