@@ -4,7 +4,9 @@
 #       loading every source tile ahead (FWD_PREFETCH = BWD_PREFETCH = 8, the default since session 20 call8, which
 #       timed the kernels alone: forward -18%, backward -7% at N = 4), interleaved rounds against the standard
 #       residual; the mix kernels alone (--bwd-sweep, incl. the flush kernel's new FLUSH_PREFETCH, off by default:
-#       184-192 registers against 152-156, no spills); then the AttnRes GPU tests.
+#       188-194 registers against 146-160, no spills: `ptxas_regs.py --attnres [--set FLUSH_PREFETCH=8]`); then the
+#       AttnRes GPU tests. The deferring backward spills more with every tile ahead from N = 6 on (112 B against 40 at
+#       N = 6), which only the step time shows; `--set BWD_PREFETCH=...` in the sweep is the non-deferring kernel.
 #   bash scripts/gpu_session21.sh kda       issue 4: the KDA GPU tests (first GPU run of the fp32 suffix-sum path,
 #       FP32_KG_SUFFIX, and of the split prep kernel), a sweep of the prep kernel split over programs (PREP_SPLIT:
 #       program 0 the norms, one program per key tile of gate / cumsum; 80 registers against 94, 47 at 16 columns),

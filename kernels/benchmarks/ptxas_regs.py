@@ -13,6 +13,7 @@ instruction).
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import subprocess
@@ -28,9 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from kernels.kda import chunk_triton as ct  # noqa: E402
 
 SHAPE = dict(HV=32, K=128, V=128, BK=128, C=64)
-WARPS = dict(prep=4, scores2=4, state=4, output=4)  # what ``chunk_triton._fwd`` launches
-STAGES = dict(prep=ct.PREP_LAUNCH[1], scores2=ct.SCORES2_LAUNCH[1], state=ct.STATE_LAUNCH[1], output=3)
-MAXNREG: dict[str, int] = {"scores2": ct.SCORES2_MAXNREG}
+
+
+def _launch() -> tuple[dict, dict, dict]:
+    """``(warps, stages, maxnreg)`` per forward kernel, as ``chunk_triton._fwd`` launches them now."""
+    warps = dict(prep=ct.PREP_LAUNCH[0], scores2=ct.SCORES2_LAUNCH[0], state=ct.STATE_LAUNCH[0], output=ct.OUT_WARPS)
+    stages = dict(prep=ct.PREP_LAUNCH[1], scores2=ct.SCORES2_LAUNCH[1], state=ct.STATE_LAUNCH[1], output=3)
+    return warps, stages, {"scores2": ct.SCORES2_MAXNREG}
 
 
 KERNELS = ("prep", "scores2", "state", "output")
@@ -107,21 +112,38 @@ def main() -> None:
     ap.add_argument("--kernel", choices=("all",) + KERNELS, default="all")
     ap.add_argument("--num-warps", type=int, default=None, help="default: the launch's")
     ap.add_argument("--maxnreg", type=int, default=None, help="default: the launch's (None: ptxas chooses)")
-    ap.add_argument("--attnres", action="store_true", help="the AttnRes mix kernels at N = 1..5 instead")
+    ap.add_argument("--attnres", action="store_true", help="the AttnRes mix kernels at N = 1..7 instead")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a module constant of chunk_triton (or, with --attnres, mix_triton) for this compile, e.g. "
+                         "--set PREP_SPLIT=True --set 'SCORES2_OFFDIAG=\"blocks\"'")
     args = ap.parse_args()
+    _set_constants(args.set, args.attnres)
     if args.attnres:
         for kernel in ("fwd", "bwd", "flush"):
-            for n in range(1, 6):
+            for n in range(1, 8):
                 print(f"{kernel} N={n}", " | ".join(attnres_ptxas_report(kernel, n).splitlines()), flush=True)
-        for n in range(2, 6):  # the deferring backward: every source but the block's partial sum
+        for n in range(2, 8):  # the deferring backward: every source but the block's partial sum
             print(f"bwd N={n} defer", " | ".join(attnres_ptxas_report("bwd", n, defer=(1 << (n - 1)) - 1).splitlines()),
                   flush=True)
         return
+    warps, stages, maxnreg = _launch()
     for name in KERNELS if args.kernel == "all" else (args.kernel,):
-        nw = args.num_warps or WARPS[name]
-        mr = args.maxnreg or MAXNREG.get(name)
-        report = ptxas_report(name, nw, STAGES[name], maxnreg=mr)
-        print(f"{name} num_warps={nw} num_stages={STAGES[name]} maxnreg={mr}\n{report}", flush=True)
+        nw = args.num_warps or warps[name]
+        mr = args.maxnreg or maxnreg.get(name)
+        report = ptxas_report(name, nw, stages[name], maxnreg=mr)
+        print(f"{name} num_warps={nw} num_stages={stages[name]} maxnreg={mr}\n{report}", flush=True)
+
+
+def _set_constants(pairs: list[str], attnres: bool) -> None:
+    """Apply ``NAME=VALUE`` pairs (VALUE a Python literal) to the kernels' module, refusing unknown names."""
+    from kernels.attn_res import mix_triton as mt
+
+    mod = mt if attnres else ct
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if not hasattr(mod, name):
+            raise SystemExit(f"ptxas_regs.py: --set {pair!r}: {mod.__name__} has no constant {name!r}")
+        setattr(mod, name, ast.literal_eval(value))
 
 
 
