@@ -50,16 +50,14 @@ def _signature(name: str) -> tuple:
         args = [("q", bf), ("k", bf), ("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32")] + tab
         args += [("G", f32), ("gl", f32), ("rq", f32), ("rk", f32), ("E", bf)]
         fn = ct._prep_kernel
-        extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True, SUFFIX=False,
-                     SPLIT=ct.PREP_SPLIT)
+        extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True, SUFFIX=False)
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf), ("qg", bf), ("kg", bf)]
         args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
         extra = dict(QS=32 * 128, H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
-                     DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False,
-                     BLOCKS=ct.SCORES2_OFFDIAG == "blocks")
+                     DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]
@@ -115,7 +113,7 @@ def main() -> None:
     ap.add_argument("--attnres", action="store_true", help="the AttnRes mix kernels at N = 1..7 instead")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a module constant of chunk_triton (or, with --attnres, mix_triton) for this compile, e.g. "
-                         "--set PREP_SPLIT=True --set 'SCORES2_OFFDIAG=\"blocks\"'")
+                         "--set PREP_BK=16 --set 'INTRA_DIAG_PREC16=\"ieee\"'")
     args = ap.parse_args()
     _set_constants(args.set, args.attnres)
     if args.attnres:

@@ -63,14 +63,6 @@ SETTINGS = [
     ("prep w8", {"PREP_LAUNCH": (8, 2)}),
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
-    ("prep split", {"PREP_SPLIT": True}),
-    ("prep split bk16", {"PREP_SPLIT": True, "PREP_BK": 16}),
-    ("prep split bk64", {"PREP_SPLIT": True, "PREP_BK": 64}),
-    ("prep split w2", {"PREP_SPLIT": True, "PREP_LAUNCH": (2, 2)}),
-    ("scores blocks", {"SCORES2_OFFDIAG": "blocks"}),
-    ("scores blocks nreg192", {"SCORES2_OFFDIAG": "blocks", "SCORES2_MAXNREG": 192}),
-    ("scores blocks s2", {"SCORES2_OFFDIAG": "blocks", "SCORES2_LAUNCH": (4, 2)}),
-    ("scores blocks prep split", {"SCORES2_OFFDIAG": "blocks", "PREP_SPLIT": True}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]
 

@@ -132,14 +132,13 @@ def _prep_kernel(
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
     SUFFIX: tl.constexpr,
-    SPLIT: tl.constexpr = False,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
     W / U loop: written here, they took this kernel to 162 registers and 0.33 ms at 1 x 8192 x 32, against 72 and
     0.18 ms without; H200, session 20.) ``SUFFIX`` (fp32 inputs): also kg's exponent ``G_last - G`` as a suffix sum
-    of g, into ``E_ptr`` (kg's fp32 buffer, which the W / U loop then overwrites with kg). ``SPLIT``: the grid's
-    third axis splits the work, with nothing computed twice: program 0 the norms, program j >= 1 key tile j - 1."""
+    of g, into ``E_ptr`` (kg's fp32 buffer, which the W / U loop then overwrites with kg). (One program for
+    the norms and one per key tile took the forward from 1.111 to 1.128 ms: H200, session 21, removed.)"""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -148,19 +147,11 @@ def _prep_kernel(
     rows = tl.arange(0, C)
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
-    gate_args = (g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv)
-    if SPLIT:
-        part = tl.program_id(2)
-        if part == 0:
-            if L2:
-                _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
-        else:
-            _prep_gate_tile(*gate_args, (part - 1) * BKP + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
-    else:
-        if L2:
-            _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
-        for k0 in range(0, K, BKP):
-            _prep_gate_tile(*gate_args, k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+    if L2:
+        _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
+    for k0 in range(0, K, BKP):
+        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
+                        k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
 
 
 @triton.jit
@@ -253,15 +244,11 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the prep kernel (norms, gate, cumsum)
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
-PREP_SPLIT = False  # one program for the norms and one per PREP_BK key columns of gate / cumsum (not timed yet)
 # fp32 inputs: kg's exponent G_last - G as a suffix sum of g (a second scan in the prep kernel, stored in kg's buffer)
 # rather than a difference of the stored prefix sums, which lost up to ~1e-5 of the final state with sharp gates
 # (H200, session 20 call6: max 9.2e-6 against 2.5e-7). 16-bit inputs always take the difference (bf16 errors equal).
 FP32_KG_SUFFIX = True
 SCORES2_BK = 16  # key columns per step of the Akk / Aqk accumulation
-# off-diagonal Akk / Aqk blocks: "batched" (one [4, 16, BKS] x [4, BKS, 64] dot a tile) or "blocks" (two
-# [16, BKS] x [BKS, 64] dots per sub-block 1-3; 48 accumulator registers instead of 64; not timed yet)
-SCORES2_OFFDIAG = "batched"
 SCORES2_MAXNREG: int | None = 168  # 3 CTAs of 4 warps per SM (sm_90a, K = V = 128); None: ptxas chooses
 # num_warps, num_stages of the scores + solve + W / U kernel (H200, 1 x 8192 x 32, session 19 call2 with the row-load
 # solve: s1 0.713 ms, s2 0.594, s3 0.571; an H100 in session 5 with the earlier kernel had s1 0.745, s2 0.809)
@@ -379,7 +366,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         )
         bkp = min(BK, PREP_BK)
         suffix = fp32 and FP32_KG_SUFFIX
-        _prep_kernel[(nch, HV, 1 + triton.cdiv(K, bkp) if PREP_SPLIT else 1)](
+        _prep_kernel[(nch, HV)](
             q,
             k,
             **gate_args,
@@ -400,7 +387,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
             SUFFIX=suffix,
-            SPLIT=PREP_SPLIT,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
@@ -437,7 +423,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             PREC=prec,
             DPREC=dprec,
             SUFFIX=suffix,
-            BLOCKS=SCORES2_OFFDIAG == "blocks",
             span_max=INTRA_SPAN_MAX,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],

@@ -118,38 +118,6 @@ def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, 
 
 
 @triton.jit
-def _offdiag_block(I: tl.constexpr, ak, aq, kf, Gf, q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, ck, n,
-                   QS: tl.constexpr, K: tl.constexpr, S: tl.constexpr, L2: tl.constexpr, PREC: tl.constexpr):
-    """One K tile's share of sub-block I's off-diagonal rows ``ak``, ``aq`` ([16, C]): its rows (reloaded, L1-hot)
-    ``k_i exp(G_i - G_ref)`` and ``q_i exp(G_i - G_ref)`` against ``k_j exp(min(G_ref - G_j, 0))`` for every j, with
-    the reference row ``16 I``: two [16, BKS] x [BKS, C] dots, the right operand [BKS, C] live one block at a time."""
-    r = I * S + tl.arange(0, S)
-    cm = (ck < K)[None, :]
-    gref = tl.load(G_ptr + g_base + (I * S) * K + ck, mask=ck < K, other=0.0)
-    e = tl.exp(tl.load(G_ptr + g_base + r[:, None] * K + ck[None, :], mask=cm, other=0.0) - gref[None, :])
-    kI = _load_tile(k_ptr, qk_base + r[:, None] * QS, r, ck, n, K, rk_ptr, rb, L2) * e
-    qI = _load_tile(q_ptr, qk_base + r[:, None] * QS, r, ck, n, K, rq_ptr, rb, L2) * e
-    R = tl.trans(kf * tl.exp(tl.minimum(gref[None, :] - Gf, 0.0)))
-    return tl.dot(kI, R, ak, input_precision=PREC), tl.dot(qI, R, aq, input_precision=PREC)
-
-
-@triton.jit
-def _store_offdiag_block(I: tl.constexpr, Akk_ptr, Aqk_ptr, ak, aq, a_base, beta_ptr, bos, n, i_hv, scale,
-                         HV: tl.constexpr, C: tl.constexpr, S: tl.constexpr):
-    """Sub-block I's rows outside its diagonal block: Akk's columns before it (times beta), Aqk's likewise (times
-    ``scale``) and zeros after it (sub-block 0: only the zeros)."""
-    r = I * S + tl.arange(0, S)
-    cols = tl.arange(0, C)
-    off = a_base + r[:, None] * C + cols[None, :]
-    before = cols[None, :] < I * S
-    if I > 0:
-        b = tl.load(beta_ptr + (bos + r) * HV + i_hv, mask=r < n, other=0.0).to(tl.float32)[:, None]
-        tl.store(Akk_ptr + off, ak * b, mask=before)
-    aq = tl.where(before, aq * scale, 0.0).to(Aqk_ptr.dtype.element_ty)
-    tl.store(Aqk_ptr + off, aq, mask=cols[None, :] // S != I)
-
-
-@triton.jit
 def _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C: tl.constexpr, S: tl.constexpr):
     """Store the diagonal blocks: Akk's strictly below the diagonal (times beta ``b``), Aqk's on and below it
     (times ``scale``); ``a_off`` the chunk's row offsets ``[C, 1]``."""
@@ -196,7 +164,6 @@ def _scores2_kernel(
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
     SUFFIX: tl.constexpr = False,
-    BLOCKS: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -207,9 +174,8 @@ def _scores2_kernel(
     row's own sub-block's reference, the same tile the diagonal uses), right ``k_j exp(min(G_ref(I) - G_j, 0))``:
     both exponents <= 0 where kept (the clamp only touches discarded columns; sub-block 0's rows are computed and
     discarded). It replaced three [C, BKS] x [BKS, C] dots masked to one sub-block's rows each (1.709 -> 1.583 ms
-    training forward at 1 x 8192 x 32, session 18 call2). ``BLOCKS``: per sub-block I >= 1 instead
-    (:func:`_offdiag_block`: [16, BKS] x [BKS, C] dots, no work for sub-block 0, one [BKS, C] right operand live at
-    a time; 48 accumulator registers a thread instead of 64).
+    training forward at 1 x 8192 x 32, session 18 call2; per sub-block [16, BKS] x [BKS, C] dots instead, with
+    fewer accumulator registers, took the forward from 1.111 to 1.329 ms: H200, session 21, removed).
     Diagonal blocks in fp32, all four as one batched [4, 16, BKS] x [4, BKS, 16] dot per K tile through each
     block's first row (``k_i e^{G_i - G_f}`` times ``k_j e^{G_f - G_j}``, ``DPREC``: tf32x3 for 16-bit inputs,
     ``ieee`` for fp32) where the tile's largest ``|G_i - G_f|`` inside a block is <= ``span_max`` (so both factors
@@ -219,48 +185,31 @@ def _scores2_kernel(
     i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, QS, H, HV, K, C, S)
     blk = rows // S
     NB: tl.constexpr = C // S
-    if BLOCKS:  # sub-blocks 1-3's rows, all columns (only those before the block are kept)
-        a1k = tl.zeros([S, C], dtype=tl.float32)
-        a1q, a2k, a2q, a3k, a3q = a1k, a1k, a1k, a1k, a1k
-    else:
-        akk3 = tl.zeros([NB, S, C], dtype=tl.float32)  # the off-diagonal blocks: [sub-block, row, column]
-        aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
+    akk3 = tl.zeros([NB, S, C], dtype=tl.float32)  # the off-diagonal blocks: [sub-block, row, column]
+    aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
                                              n, QS, K, L2)
-        if BLOCKS:
-            ptrs = (q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, ck, n)
-            a1k, a1q = _offdiag_block(1, a1k, a1q, kf, Gf, *ptrs, QS, K, S, L2, PREC)
-            a2k, a2q = _offdiag_block(2, a2k, a2q, kf, Gf, *ptrs, QS, K, S, L2, PREC)
-            a3k, a3q = _offdiag_block(3, a3k, a3q, kf, Gf, *ptrs, QS, K, S, L2, PREC)
-        else:
-            # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
-            ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :],
-                          mask=(ck < K)[None, :], other=0.0)
-            R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
-            akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
-            aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
+        # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
+        ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :],
+                      mask=(ck < K)[None, :], other=0.0)
+        R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
+        akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
+        aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc,
                               ck, n, span_max, QS, K, C, S, BKS, L2, DPREC)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
-    if BLOCKS:
-        zero = tl.zeros([S, C], dtype=tl.float32)
-        _store_offdiag_block(0, Akk_ptr, Aqk_ptr, zero, zero, sc * (C * C), beta_ptr, bos, n, i_hv, scale, HV, C, S)
-        _store_offdiag_block(1, Akk_ptr, Aqk_ptr, a1k, a1q, sc * (C * C), beta_ptr, bos, n, i_hv, scale, HV, C, S)
-        _store_offdiag_block(2, Akk_ptr, Aqk_ptr, a2k, a2q, sc * (C * C), beta_ptr, bos, n, i_hv, scale, HV, C, S)
-        _store_offdiag_block(3, Akk_ptr, Aqk_ptr, a3k, a3q, sc * (C * C), beta_ptr, bos, n, i_hv, scale, HV, C, S)
-    else:
-        akk = tl.reshape(akk3, (C, C))
-        aqk = tl.reshape(aqk3, (C, C))
-        before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
-        tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
-        outside = blk[None, :] != blk[:, None]
-        tl.store(Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty),
-                 mask=outside)
+    akk = tl.reshape(akk3, (C, C))
+    aqk = tl.reshape(aqk3, (C, C))
+    before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
+    tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
+    outside = blk[None, :] != blk[:, None]
+    tl.store(Aqk_ptr + a_off + rows[None, :], tl.where(before, aqk * scale, 0.0).to(Aqk_ptr.dtype.element_ty),
+             mask=outside)
     _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C, S)
     tl.debug_barrier()
     _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)

@@ -356,7 +356,7 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     if layers != "mla":
         variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
-    best = {v: float("inf") for v in variants}
+    per_round = {v: [] for v in variants}
     peak = {}
     steps = {v: _step_fn(models[res], ids) for v, (res, _) in variants.items()}
     for v, (_, env) in variants.items():
@@ -364,7 +364,8 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
         with_env(env, partial(time_per_iter, steps[v], 1, 1, device))
     for _ in range(args.rounds):
         for v, (_, env) in variants.items():
-            best[v] = min(best[v], with_env(env, partial(time_per_iter, steps[v], 0, iters, device)))
+            per_round[v].append(with_env(env, partial(time_per_iter, steps[v], 0, iters, device)))
+    best = {v: min(t) for v, t in per_round.items()}
     cfg = cfgs["attnres_block"]
     n_blocks = -(-cfg.num_sublayers // cfg.attnres_block_size)
     block_state_gib = n_blocks * args.batch * args.seq * cfg.hidden_size * torch.finfo(dtype).bits / 8 / 2**30
@@ -377,6 +378,8 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     for v in variants:
         out["variants"][v] = {"step_s": best[v], "tokens_per_s": args.batch * args.seq / best[v],
                               "overhead_pct": 100 * (best[v] / best["standard"] - 1),
+                              "round_overhead_pct": [100 * (t / s - 1) for t, s in zip(per_round[v],
+                                                                                      per_round["standard"])],
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
     if args.profile:
         times = {v: with_env(variants[v][1], partial(profile_step, steps[v]))
@@ -421,6 +424,8 @@ def main() -> None:
     p.add_argument("--decode-context", type=int, default=4096)
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--no-hybrid", action="store_true")
+    p.add_argument("--layouts", nargs="+", choices=("mla", "hybrid"), default=["mla", "hybrid"],
+                   help="training-step layer layouts (all-MLA, the flavor's KDA/MLA hybrid)")
     p.add_argument("--budget-s", type=float, default=50.0, help="skip the hybrid when the run is past this")
     p.add_argument("--bwd-sweep", action="store_true",
                    help="also time the Triton forward and backward kernels alone under each configuration of SWEEPS")
@@ -457,12 +462,14 @@ def main() -> None:
         ns = [n for n in args.sources if 1 < n <= 8]
         results["bwd_sweep"] = bench_bwd_sweep(args.batch * args.seq, d, ns, device, dtype, args.mix_iters)
         _save(results)
-    results["train"] = {"mla": _guarded(bench_train_group, args.flavor, "mla", args, device, dtype)}
-    _save(results)
+    results["train"] = {}
+    if "mla" in args.layouts:
+        results["train"]["mla"] = _guarded(bench_train_group, args.flavor, "mla", args, device, dtype)
+        _save(results)
     elapsed = time.perf_counter() - t0
-    if args.no_hybrid or elapsed > args.budget_s:
+    if "hybrid" in args.layouts and (args.no_hybrid or elapsed > args.budget_s):
         results["train"]["hybrid"] = {"skipped": f"--no-hybrid or past the budget ({elapsed:.0f} s)"}
-    else:
+    elif "hybrid" in args.layouts:
         results["train"]["hybrid"] = _guarded(bench_train_group, args.flavor, "hybrid", args, device, dtype)
     results["wall_s"] = time.perf_counter() - t0
     _save(results)
@@ -505,15 +512,17 @@ def table(results: dict) -> str:
                   f"{c['attnres_block_host_us']:.0f} / "
                   f"{c['attnres_block_synced_us']:.0f} us; host per launch: torch.add {c['launch_add_us']:.1f} us, "
                   f"phase 2 {c['launch_phase2_us']:.1f} us (through the JIT: {c['launch_phase2_jit_us']:.1f} us)"]
-    lines += ["", "| layers | variant | step ms | tokens/s | overhead | step peak GiB | peak overhead |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| layers | variant | step ms | tokens/s | overhead (best rounds) | overhead by round "
+              "| step peak GiB | peak overhead |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for layers, group in results["train"].items():
         if "skipped" in group:
-            lines.append(f"| {layers} | skipped: {group['skipped']} | | | | | |")
+            lines.append(f"| {layers} | skipped: {group['skipped']} | | | | | | |")
             continue
         for v, r in group.get("variants", {}).items():
+            rounds = " ".join(f"{x:+.1f}" for x in r.get("round_overhead_pct", []))
             lines.append(f"| {layers} | {v} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
-                         f"{r['overhead_pct']:+.1f}% | {r['step_peak_gib']:.2f} | {r['peak_overhead_pct']:+.1f}% |")
+                         f"{r['overhead_pct']:+.1f}% | {rounds} | {r['step_peak_gib']:.2f} | "
+                         f"{r['peak_overhead_pct']:+.1f}% |")
         lines += decode_lines(layers, group.get("decode", {}))
         lines += decode_lines(layers, group.get("graph_decode", {}), "CUDA-graph decode")
         graph = group.get("graph_decode", {})
@@ -525,11 +534,12 @@ def table(results: dict) -> str:
             continue
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
         lines += _kernel_diff_lines(f"{layers} (deferred vs per-mix gradients)", group.get("kernel_diff_defer", []))
-        lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | |")
+        lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | | |")
         t = group["mix_traffic_gb"]
         lines.append(f"| {layers} | (mix traffic floor: {t['forward']:.1f} GB fwd + {t['backward_sinks']:.1f} GB bwd "
                      f"= {t['ms_at_2.5TBps_sinks']:.1f} ms at 2.5 TB/s; no sinks {t['ms_at_2.5TBps_no_sinks']:.1f} ms; "
-                     f"deferred {t['backward_deferred']:.1f} GB bwd, {t['ms_at_2.5TBps_deferred']:.1f} ms) | | | | | |")
+                     f"deferred {t['backward_deferred']:.1f} GB bwd, {t['ms_at_2.5TBps_deferred']:.1f} ms)"
+                     " | | | | | | |")
     return "\n".join(lines)
 
 

@@ -268,13 +268,11 @@ def test_triton_l2_gate_several_k_tiles():
 
 
 @pytest.mark.parametrize("consts", [dict(PREP_BK=16, WU_B=16), dict(INTRA_SPAN_MAX=-1.0, SCORES2_BK=32),
-                                    dict(PREP_SPLIT=True), dict(PREP_SPLIT=True, PREP_BK=64),
-                                    dict(SCORES2_OFFDIAG="blocks"), dict(SCORES2_OFFDIAG="blocks", SCORES2_BK=32)])
+                                    dict(PREP_BK=64)])
 def test_tile_constants_agree(monkeypatch, consts):
     """Other prep / W-U tile widths (qg and kg are written K tile by K tile in the W / U loop), the prep kernel's work
-    split over programs, the pairwise diagonal blocks with 32-column score tiles, and the off-diagonal blocks per
-    sub-block, against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2 norm and gate with dt_bias,
-    fp32)."""
+    in one tile, and the pairwise diagonal blocks with 32-column score tiles, against the PyTorch path (varlen,
+    K = 48 over several tiles, HV = 2H, L2 norm and gate with dt_bias, fp32)."""
     from kernels.kda import chunk_triton
 
     cu = torch.tensor([0, 5, 70, 150], dtype=torch.int32)
