@@ -5,17 +5,27 @@
 #       spills), then issue 6's number on the flavor it names: the `small` hybrid's block-AttnRes training-step
 #       overhead over 6 interleaved rounds (each round's ratio kept, not only the best), with the kernel-time
 #       difference of one profiled step.
-# Part limits sum to 380 s; one command may run 600.
+#   bash scripts/gpu_session22.sh shapes    issue 4: where the forward's gap to fla lies at the shapes the launch settings
+#       were not swept at (all sweeps so far ran at 1x8192x32): sweep_kda_fwd.py at 8x2048x16 (the largest gap, 1.09x)
+#       and 1x32768x16 (1.00x) over the state / scores / prep / output settings, fla's kernels beside ours.
+# Part limits sum to 380 s (confirm) and 360 s (shapes); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session22.sh confirm}" in
+case "${1:?usage: gpu_session22.sh confirm|shapes}" in
 confirm)
   kda_tests 130 tests/model/test_kda_layer_backends.py
   PART_TAIL=60 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 6 rounds, profiled" 250 python3 \
     -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 4 --rounds 6 --hybrid-iters 4 --decode-steps 0 \
     --profile --profile-top 20 --budget-s 400
+  ;;
+shapes)
+  install_fla
+  settings="scores s2,scores nreg192,scores bk32,wu 64,state bv32,state s2,state w2,state bv64,prep s1,prep bk64,\
+prep w8,out bv128 w8"
+  sweep_best 8x2048x16 180 "$settings"
+  sweep_best 1x32768x16 180 "$settings"
   ;;
 esac
 ls -la "$OUT"
