@@ -8,12 +8,16 @@
 #   bash scripts/gpu_session22.sh shapes    issue 4: where the forward's gap to fla lies at the shapes the launch settings
 #       were not swept at (all sweeps so far ran at 1x8192x32): sweep_kda_fwd.py at 8x2048x16 (the largest gap, 1.09x)
 #       and 1x32768x16 (1.00x) over the state / scores / prep / output settings, fla's kernels beside ours.
-# Part limits sum to 380 s (confirm) and 360 s (shapes); one command may run 600.
+#   bash scripts/gpu_session22.sh stateblk  issue 4: the forward state pass's value-column block now chosen by the
+#       number of (sequence, head) pairs (state_common.state_block_v: 64 columns at 8x2048x16 and 4x4096x32, 16 at
+#       the other three shapes; "shapes" measured 0.152 against 0.204 ms at 8x2048x16): KDA GPU tests, the same choice
+#       for the backward's reverse state pass swept against its fixed 32 columns, the five shapes against fla.
+# Part limits sum to 380 s (confirm), 360 s (shapes) and 500 s (stateblk); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session22.sh confirm|shapes}" in
+case "${1:?usage: gpu_session22.sh confirm|shapes|stateblk}" in
 confirm)
   kda_tests 130 tests/model/test_kda_layer_backends.py
   PART_TAIL=60 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 6 rounds, profiled" 250 python3 \
@@ -26,6 +30,16 @@ shapes)
 prep w8,out bv128 w8"
   sweep_best 8x2048x16 180 "$settings"
   sweep_best 1x32768x16 180 "$settings"
+  ;;
+stateblk)
+  install_fla
+  kda_tests 130 tests/model/test_kda_layer_backends.py
+  for shape in 8x2048x16 1x8192x32; do
+    mkdir -p "$OUT/$shape"
+    PART_TAIL=8 part "sweep_kda_bwd at $shape: reverse state pass block" 80 python3 kernels/benchmarks/sweep_kda_bwd.py \
+      --shape "$shape" --only "state bv16,state bv64,state auto" --out "$OUT/$shape/sweep_kda_bwd.json"
+  done
+  bench_five 200
   ;;
 esac
 ls -la "$OUT"

@@ -61,7 +61,7 @@ def _signature(name: str) -> tuple:
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]
-        fn, extra = ct._state_kernel, dict(BV=ct.STATE_BV, HAS_H0=True, FP32=False)
+        fn, extra = ct._state_kernel, dict(BV=ct.STATE_BV or 16, HAS_H0=True, FP32=False)  # None: 16 here
     else:
         args = [(n, bf) for n in "qg h Aqk vn o".split()] + tab
         fn, extra = ct._output_kernel, dict(BV=ct.OUT_BV, FP32=False)
@@ -158,7 +158,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     tab = [i32, i32]
     if name == "state":
         args = [bf, bf, bf, bf, f32, bf, f32, f32, f32, f32] + tab + tab
-        fn, consts = cb._bwd_state_kernel, dict(HV=32, K=128, V=128, BK=128, BV=cb.BWD_STATE_BV, C=64)
+        fn, consts = cb._bwd_state_kernel, dict(HV=32, K=128, V=128, BK=128, BV=cb.BWD_STATE_BV or 16, C=64)
         consts |= dict(HAS_DHT=True, FP32=False)
     elif name == "dy":
         args = [f32, bf, bf, bf, bf, f32, f32, f32, f32, f32] + tab + ["i32"]

@@ -53,6 +53,7 @@ SETTINGS = [
     ("scores s4", {"SCORES2_LAUNCH": (4, 4)}),
     ("state s2", {"STATE_LAUNCH": (4, 2)}),
     ("state s4", {"STATE_LAUNCH": (4, 4)}),
+    ("state bv16", {"STATE_BV": 16}),
     ("state bv32", {"STATE_BV": 32}),
     ("state w2", {"STATE_LAUNCH": (2, 3)}),
     ("state bv64", {"STATE_BV": 64}),

@@ -60,7 +60,7 @@ from kernels.kda.prep_triton import (
     token_rows,
 )
 from kernels.kda.scores_triton import _scores2_kernel
-from kernels.kda.state_common import _load_state, _mm, _state_program
+from kernels.kda.state_common import _load_state, _mm, _state_program, state_block_v
 
 SUB = 16
 
@@ -261,7 +261,9 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
-STATE_BV = 16  # value columns per program of the sequential state pass (sweeps: 0.217-0.218 ms, 32: 0.232)
+# value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
+# (state_common.state_block_v; a fixed 16 before session 22)
+STATE_BV: int | None = None
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
 OUT_WARPS = 4
@@ -429,7 +431,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             **_maxnreg(SCORES2_MAXNREG),
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
-    bvs = min(BV, STATE_BV)
+    bvs = state_block_v(STATE_BV, V, N * HV, q.device)
     _state_kernel[(triton.cdiv(V, bvs), N * HV)](
         W,
         U,

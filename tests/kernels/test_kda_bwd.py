@@ -71,12 +71,17 @@ def _interp(monkeypatch):
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
-def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol):
+@pytest.mark.parametrize("dtype,tol,state_bv", [(torch.float32, 1e-5, 32), (torch.float16, 2e-3, 32),
+                                                (torch.float32, 1e-5, 16), (torch.float32, 1e-5, None)])
+def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv):
     """Triton reverse state pass and the chained backward vs the PyTorch manual backward on the same (Triton) forward
-    intermediates; varlen with a 1-token sequence and a ragged tail, HV > H, h0 and dht present. The fp16 case
-    also checks that dq, dk, dv come back in the inputs' dtype."""
+    intermediates; varlen with a 1-token sequence and a ragged tail, HV > H, h0 and dht present; V = 48 in blocks of
+    16, 32 or (``None``, off CUDA) 64 value columns per reverse-state program. The fp16 case also checks that dq, dk,
+    dv come back in the inputs' dtype."""
     dev = _interp(monkeypatch)
+    from kernels.kda import chunk_triton_bwd
+
+    monkeypatch.setattr(chunk_triton_bwd, "BWD_STATE_BV", state_bv)
     from kernels.kda.chunk_bwd_torch import bwd_state_pass_torch, to_chunks
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import bwd_state_pass_triton, chunk_kda_bwd_triton

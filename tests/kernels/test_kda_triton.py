@@ -268,11 +268,12 @@ def test_triton_l2_gate_several_k_tiles():
 
 
 @pytest.mark.parametrize("consts", [dict(PREP_BK=16, WU_B=16), dict(INTRA_SPAN_MAX=-1.0, SCORES2_BK=32),
-                                    dict(PREP_BK=64)])
+                                    dict(PREP_BK=64), dict(STATE_BV=16)])
 def test_tile_constants_agree(monkeypatch, consts):
     """Other prep / W-U tile widths (qg and kg are written K tile by K tile in the W / U loop), the prep kernel's work
-    in one tile, and the pairwise diagonal blocks with 32-column score tiles, against the PyTorch path (varlen,
-    K = 48 over several tiles, HV = 2H, L2 norm and gate with dt_bias, fp32)."""
+    in one tile, the pairwise diagonal blocks with 32-column score tiles, and two programs per head in the state
+    pass (V = 24 in 16-column blocks), against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2 norm
+    and gate with dt_bias, fp32)."""
     from kernels.kda import chunk_triton
 
     cu = torch.tensor([0, 5, 70, 150], dtype=torch.int32)
@@ -288,6 +289,23 @@ def test_tile_constants_agree(monkeypatch, consts):
     o, S = chunk_kda(*x[:5], **kw)
     assert_rel_rms(o, o0, 1e-5, "o")
     assert_rel_rms(S, S0, 1e-5, "S")
+
+
+def test_state_block_v_choice(monkeypatch):
+    """The state passes' value-column block: a fixed setting capped at V's power of two; else the widest of 64 / 32 /
+    16 with at least one program per SM (132 here), else 16; off CUDA the widest."""
+    from kernels.kda import state_common
+
+    monkeypatch.setattr(state_common, "_sm_count", lambda index: 132)
+    cuda = torch.device("cuda", 0)
+    pick = state_common.state_block_v
+    assert pick(32, 128, 32, cuda) == 32 and pick(64, 48, 1, cuda) == 64 and pick(64, 20, 1, cuda) == 32
+    assert pick(None, 128, 8 * 16, cuda) == 64  # 8 x 2048 x 16: 256 programs
+    assert pick(None, 128, 32, cuda) == 16  # 1 x 8192 x 32: 32 columns would give 128 programs < 132
+    assert pick(None, 128, 16, cuda) == 16  # 1 x 32768 x 16: 128 programs even at 16
+    assert pick(None, 128, 66, cuda) == 64 and pick(None, 128, 65, cuda) == 32  # 132 / 130 programs at 64 columns
+    assert pick(None, 8, 1000, cuda) == 16
+    assert pick(None, 128, 1, torch.device("cpu")) == 64
 
 
 @pytest.mark.parametrize("gate", ["logsig_sharp", "lower_bound"])
