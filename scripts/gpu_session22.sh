@@ -12,12 +12,15 @@
 #       number of (sequence, head) pairs (state_common.state_block_v: 64 columns at 8x2048x16 and 4x4096x32, 16 at
 #       the other three shapes; "shapes" measured 0.152 against 0.204 ms at 8x2048x16): KDA GPU tests, the same choice
 #       for the backward's reverse state pass swept against its fixed 32 columns, the five shapes against fla.
-# Part limits sum to 380 s (confirm), 360 s (shapes) and 500 s (stateblk); one command may run 600.
+#   bash scripts/gpu_session22.sh final     the backward's reverse state pass on the same rule (choices 64 / 32: stateblk's
+#       sweep had 16 columns slower at both shapes): KDA GPU tests, the five shapes against fla, the small hybrid's
+#       training step (MFU, kernels by category).
+# Part limits sum to 380 s (confirm), 360 s (shapes), 500 s (stateblk) and 400 s (final); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session22.sh confirm|shapes|stateblk}" in
+case "${1:?usage: gpu_session22.sh confirm|shapes|stateblk|final}" in
 confirm)
   kda_tests 130 tests/model/test_kda_layer_backends.py
   PART_TAIL=60 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 6 rounds, profiled" 250 python3 \
@@ -40,6 +43,13 @@ stateblk)
       --shape "$shape" --only "state bv16,state bv64,state auto" --out "$OUT/$shape/sweep_kda_bwd.json"
   done
   bench_five 200
+  ;;
+final)
+  install_fla
+  kda_tests 130 tests/model/test_kda_layer_backends.py
+  bench_five 200
+  PART_TAIL=30 part "bench_backbone --profile: the small hybrid's training step" 70 python3 \
+    -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile --variants hybrid
   ;;
 esac
 ls -la "$OUT"

@@ -158,7 +158,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     tab = [i32, i32]
     if name == "state":
         args = [bf, bf, bf, bf, f32, bf, f32, f32, f32, f32] + tab + tab
-        fn, consts = cb._bwd_state_kernel, dict(HV=32, K=128, V=128, BK=128, BV=cb.BWD_STATE_BV or 16, C=64)
+        fn, consts = cb._bwd_state_kernel, dict(HV=32, K=128, V=128, BK=128, BV=cb.BWD_STATE_BV or 32, C=64)
         consts |= dict(HAS_DHT=True, FP32=False)
     elif name == "dy":
         args = [f32, bf, bf, bf, bf, f32, f32, f32, f32, f32] + tab + ["i32"]

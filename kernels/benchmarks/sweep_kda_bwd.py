@@ -40,7 +40,7 @@ SETTINGS = [
     ("state s3", {}, {"state": (4, 3)}),
     ("state bv16", {"BWD_STATE_BV": 16}, {}),
     ("state bv64", {"BWD_STATE_BV": 64}, {}),
-    ("state auto", {"BWD_STATE_BV": None}, {}),
+    ("state bv32", {"BWD_STATE_BV": 32}, {}),
     ("dy s1", {}, {"dy": (4, 1)}),
     ("dy s3", {}, {"dy": (4, 3)}),
     ("inter w4 s3", {}, {"inter": (4, 3)}),

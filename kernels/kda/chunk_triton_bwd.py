@@ -29,7 +29,10 @@ from kernels.kda.chunk_bwd_torch import KDAGrads
 from kernels.kda.prep_triton import token_rows
 from kernels.kda.state_common import _load_state, _mm, _state_program, state_block_v
 
-BWD_STATE_BV: int | None = 32  # value columns per program of the reverse state pass (None: state_block_v's choice)
+# value columns per program of the reverse state pass; None: state_block_v's choice among BWD_STATE_BV_CHOICES
+# (a fixed 32 before session 22; 16 was slower at both shapes swept)
+BWD_STATE_BV: int | None = None
+BWD_STATE_BV_CHOICES = (64, 32)
 
 
 @triton.jit
@@ -460,7 +463,7 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     dvn = torch.empty(NC, HV, C, V, dtype=torch.float32, device=dev)
     dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     BK = max(16, triton.next_power_of_2(K))
-    BV = state_block_v(BWD_STATE_BV, V, N * HV, dev)
+    BV = state_block_v(BWD_STATE_BV, V, N * HV, dev, BWD_STATE_BV_CHOICES)
     _bwd_state_kernel[(triton.cdiv(V, BV), N * HV)](
         st.qg,
         st.kg,

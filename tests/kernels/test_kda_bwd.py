@@ -76,8 +76,8 @@ def _interp(monkeypatch):
 def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv):
     """Triton reverse state pass and the chained backward vs the PyTorch manual backward on the same (Triton) forward
     intermediates; varlen with a 1-token sequence and a ragged tail, HV > H, h0 and dht present; V = 48 in blocks of
-    16, 32 or (``None``, off CUDA) 64 value columns per reverse-state program. The fp16 case also checks that dq, dk,
-    dv come back in the inputs' dtype."""
+    16, 32 or (``None``: the choice, off CUDA 64) value columns per reverse-state program. The fp16 case also checks
+    that dq, dk, dv come back in the inputs' dtype."""
     dev = _interp(monkeypatch)
     from kernels.kda import chunk_triton_bwd
 

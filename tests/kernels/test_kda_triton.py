@@ -305,6 +305,7 @@ def test_state_block_v_choice(monkeypatch):
     assert pick(None, 128, 16, cuda) == 16  # 1 x 32768 x 16: 128 programs even at 16
     assert pick(None, 128, 66, cuda) == 64 and pick(None, 128, 65, cuda) == 32  # 132 / 130 programs at 64 columns
     assert pick(None, 8, 1000, cuda) == 16
+    assert pick(None, 128, 32, cuda, (64, 32)) == 32  # the backward's choices: 32 when no width fills the SMs
     assert pick(None, 128, 1, torch.device("cpu")) == 64
 
 
