@@ -292,8 +292,9 @@ def test_tile_constants_agree(monkeypatch, consts):
 
 
 def test_state_block_v_choice(monkeypatch):
-    """The state passes' value-column block: a fixed setting capped at V's power of two; else the widest of 64 / 32 /
-    16 with at least one program per SM (132 here), else 16; off CUDA the widest."""
+    """The state passes' value-column block: a fixed setting capped at V's power of two; else the widest of the
+    choices (forward 64 / 16, backward 64 / 32) with at least one program per SM (132 here), else the narrowest;
+    off CUDA the widest."""
     from kernels.kda import state_common
 
     monkeypatch.setattr(state_common, "_sm_count", lambda index: 132)
@@ -301,11 +302,12 @@ def test_state_block_v_choice(monkeypatch):
     pick = state_common.state_block_v
     assert pick(32, 128, 32, cuda) == 32 and pick(64, 48, 1, cuda) == 64 and pick(64, 20, 1, cuda) == 32
     assert pick(None, 128, 8 * 16, cuda) == 64  # 8 x 2048 x 16: 256 programs
-    assert pick(None, 128, 32, cuda) == 16  # 1 x 8192 x 32: 32 columns would give 128 programs < 132
+    assert pick(None, 128, 66, cuda) == 64 and pick(None, 128, 65, cuda) == 16  # 132 / 130 programs at 64 columns
+    assert pick(None, 128, 32, cuda) == 16  # 1 x 8192 x 32
     assert pick(None, 128, 16, cuda) == 16  # 1 x 32768 x 16: 128 programs even at 16
-    assert pick(None, 128, 66, cuda) == 64 and pick(None, 128, 65, cuda) == 32  # 132 / 130 programs at 64 columns
     assert pick(None, 8, 1000, cuda) == 16
-    assert pick(None, 128, 32, cuda, (64, 32)) == 32  # the backward's choices: 32 when no width fills the SMs
+    backward = (64, 32)
+    assert pick(None, 128, 32, cuda, backward) == 32 and pick(None, 128, 128, cuda, backward) == 64
     assert pick(None, 128, 1, torch.device("cpu")) == 64
 
 
