@@ -15,12 +15,17 @@
 #   bash scripts/gpu_session22.sh final     the backward's reverse state pass on the same rule (choices 64 / 32: stateblk's
 #       sweep had 16 columns slower at both shapes): KDA GPU tests, the five shapes against fla, the small hybrid's
 #       training step (MFU, kernels by category).
-# Part limits sum to 380 s (confirm), 360 s (shapes), 500 s (stateblk) and 400 s (final); one command may run 600.
+#   bash scripts/gpu_session22.sh flush     issue 6: the deferred-gradient flush with its dh tiles loaded once per pass over a
+#       group of sources (FLUSH_GROUP = 4, 12 elements a thread; was: once per source) against the old form
+#       (FLUSH_GROUP = 1, 24 elements) and other groups, kernels alone at 6 mixes into 2 / 4 sources; the small
+#       hybrid's AttnRes step overhead with the new default; AttnRes and KDA GPU tests.
+# Part limits sum to 380 s (confirm), 360 s (shapes), 500 s (stateblk), 400 s (final) and 400 s (flush); one command
+# may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session22.sh confirm|shapes|stateblk|final}" in
+case "${1:?usage: gpu_session22.sh confirm|shapes|stateblk|final|flush}" in
 confirm)
   kda_tests 130 tests/model/test_kda_layer_backends.py
   PART_TAIL=60 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 6 rounds, profiled" 250 python3 \
@@ -50,6 +55,14 @@ final)
   bench_five 200
   PART_TAIL=30 part "bench_backbone --profile: the small hybrid's training step" 70 python3 \
     -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile --variants hybrid
+  ;;
+flush)
+  PART_TAIL=8 part "AttnRes tests on the GPU" 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  PART_TAIL=30 part "bench_attnres: flush kernels alone, the small hybrid's step overhead (6 rounds)" 200 python3 \
+    -m kimi_vl.benchmarks.bench_attnres --sources 3 5 --bwd-sweep --sweep-kernels flush --layouts hybrid --rounds 6 \
+    --hybrid-iters 4 --decode-steps 0 --budget-s 400
+  kda_tests 110 tests/model/test_kda_layer_backends.py
   ;;
 esac
 ls -la "$OUT"

@@ -92,8 +92,12 @@ BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets 
 BWD_PREFETCH = 8  # backward: the same, in both passes
 FLUSH_NUM_WARPS = 4  # flush_deferred's kernel: the row layout with these settings
 FLUSH_MAX_CHUNKS = 4
-FLUSH_THREAD_ELEMS = 24
-FLUSH_PREFETCH = 0  # flush: mixes' dh tiles loaded ahead of the one in use (0: where used; not timed yet)
+FLUSH_THREAD_ELEMS = 12  # 24 before session 22; with FLUSH_GROUP = 4 that spilled at 255 registers (ptxas, sm_90a)
+# flush: shared sources per pass over the mixes, each dh tile loaded once a pass (1: the flush before session 22, which
+# loaded every dh tile once per source; a window of dh tiles ahead there, FLUSH_PREFETCH 1 / 2 / 8, timed 0.123 / 0.115
+# / 0.114 ms against 0.108 at N = 3 and 0.212 / 0.214 / 0.213 against 0.222 at N = 5 on an H200, session 22, removed).
+# `ptxas_regs.py --attnres`: 186-233 registers at 12 elements a thread, no spills up to 7 sources
+FLUSH_GROUP = 4
 BWD_PROGRAMS_PER_SM = 8  # backward grid: at most this many programs per SM, each strides over token tiles
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
@@ -421,50 +425,51 @@ def _attn_res_flush_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
     d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
     M, D, acc_mask, C: tl.constexpr, S: tl.constexpr,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr = 0,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr = 1,
 ):
     """The deferred gradients of ``C`` shared sources ``x_n`` (into buffers ``g_n``; bit ``n`` of ``acc_mask``: add
     to the content) from ``S`` mixes (gradient of the output ``d_i``, coefficients ``c_i [C', 3, M]``, query
     ``u_i``): ``dx_n = sum_i (alpha_ni d_i + k_ni u_i) - (sum_i e_ni) x_n``, summed in fp32, rounded once.
-    ``PRE`` > 0: the ``d_i`` tiles go through a window ``PRE`` tiles ahead of the one in use, and ``x_n`` is loaded
-    before them (0: each loaded where it is used)."""
+    ``GROUP`` sources per pass over the mixes: each ``d_i`` tile is loaded once a pass and feeds ``GROUP`` fp32
+    accumulators (1: once per source)."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
-    for n in tl.static_range(C):
-        if PRE > 0:
-            x = _load_row(_pick(n, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
-            win = ()
-            for j in tl.static_range(PRE):
-                win = _prefetch(win, j, S, d0, d1, d2, d3, d4, d5, d6, d7, rows, t_ok, D, CH, CHUNK)
-        acc = _zeros_row(BLOCK_T, CH, CHUNK)
-        e_sum = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for n0 in tl.static_range(0, C, GROUP):
+        acc = ()  # the group's sources' CH chunks, source-major
+        e_sum = ()
+        for j in tl.static_range(GROUP):
+            if n0 + j < C:
+                acc = acc + _zeros_row(BLOCK_T, CH, CHUNK)
+                e_sum = e_sum + (tl.zeros([BLOCK_T], dtype=tl.float32),)
         for i in tl.static_range(S):
-            coef = _pick(i, c0, c1, c2, c3, c4, c5, c6, c7) + n * 3 * M
-            a = tl.load(coef + offs_t, mask=t_ok, other=0.0)
-            k = tl.load(coef + M + offs_t, mask=t_ok, other=0.0)
-            e_sum += tl.load(coef + 2 * M + offs_t, mask=t_ok, other=0.0)
-            if PRE > 0:
-                dh = win[i]
-                win = _prefetch(win, i + PRE, S, d0, d1, d2, d3, d4, d5, d6, d7, rows, t_ok, D, CH, CHUNK)
-            else:
-                dh = _load_row(_pick(i, d0, d1, d2, d3, d4, d5, d6, d7), rows, t_ok, D, CH, CHUNK)
+            dh = _to_f32(_load_row(_pick(i, d0, d1, d2, d3, d4, d5, d6, d7), rows, t_ok, D, CH, CHUNK), CH)
             u = _load_vec(_pick(i, u0, u1, u2, u3, u4, u5, u6, u7), D, CH, CHUNK)
             acc_new = ()
-            for c in tl.static_range(CH):
-                acc_new = acc_new + (acc[c] + a[:, None] * dh[c].to(tl.float32) + k[:, None] * u[c][None, :],)
+            e_new = ()
+            for j in tl.static_range(GROUP):
+                if n0 + j < C:
+                    coef = _pick(i, c0, c1, c2, c3, c4, c5, c6, c7) + (n0 + j) * 3 * M
+                    a = tl.load(coef + offs_t, mask=t_ok, other=0.0)
+                    k = tl.load(coef + M + offs_t, mask=t_ok, other=0.0)
+                    e_new = e_new + (e_sum[j] + tl.load(coef + 2 * M + offs_t, mask=t_ok, other=0.0),)
+                    for c in tl.static_range(CH):
+                        acc_new = acc_new + (acc[j * CH + c] + a[:, None] * dh[c] + k[:, None] * u[c][None, :],)
             acc = acc_new
-        if PRE == 0:
-            x = _load_row(_pick(n, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
-        dsrc = _pick(n, g0, g1, g2, g3, g4, g5, g6, g7)
-        acc_on = ((acc_mask >> n) & 1) != 0
-        for c in tl.static_range(CH):
-            cols = c * CHUNK + tl.arange(0, CHUNK)
-            ok = t_ok[:, None] & (cols < D)[None, :]
-            dx = acc[c] - e_sum[:, None] * x[c].to(tl.float32)
-            dx += tl.load(dsrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False), other=0.0).to(tl.float32)
-            tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
+            e_sum = e_new
+        for j in tl.static_range(GROUP):
+            if n0 + j < C:
+                x = _load_row(_pick(n0 + j, x0, x1, x2, x3, x4, x5, x6, x7), rows, t_ok, D, CH, CHUNK)
+                dsrc = _pick(n0 + j, g0, g1, g2, g3, g4, g5, g6, g7)
+                acc_on = ((acc_mask >> (n0 + j)) & 1) != 0
+                for c in tl.static_range(CH):
+                    cols = c * CHUNK + tl.arange(0, CHUNK)
+                    ok = t_ok[:, None] & (cols < D)[None, :]
+                    dx = acc[j * CH + c] - e_sum[j][:, None] * x[c].to(tl.float32)
+                    dx += tl.load(dsrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False),
+                                  other=0.0).to(tl.float32)
+                    tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
 
 
 @functools.lru_cache(maxsize=64)
@@ -650,5 +655,5 @@ def flush_triton(sources: list[torch.Tensor], bufs: list[torch.Tensor], acc_mask
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), FLUSH_NUM_WARPS, FLUSH_MAX_CHUNKS, FLUSH_THREAD_ELEMS)
     _attn_res_flush_kernel[(triton.cdiv(m, block_t),)](
         *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs), *_slots(us), m, d, acc_mask,
-        C=len(sources), S=len(dhs), BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=FLUSH_PREFETCH,
+        C=len(sources), S=len(dhs), BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=FLUSH_GROUP,
         num_warps=FLUSH_NUM_WARPS)

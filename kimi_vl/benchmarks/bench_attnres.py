@@ -160,16 +160,18 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
     ],
     "flush": [
         {},
-        {"FLUSH_PREFETCH": 1},
-        {"FLUSH_PREFETCH": 2},
-        {"FLUSH_PREFETCH": 8},
+        {"FLUSH_GROUP": 1, "FLUSH_THREAD_ELEMS": 24},
+        {"FLUSH_GROUP": 4, "FLUSH_THREAD_ELEMS": 24},
+        {"FLUSH_GROUP": 2, "FLUSH_THREAD_ELEMS": 12},
+        {"FLUSH_GROUP": 8, "FLUSH_THREAD_ELEMS": 12},
+        {"FLUSH_GROUP": 8, "FLUSH_THREAD_ELEMS": 24},
     ],
 }
-FLUSH_MIXES = 3  # the flush sweep: this many mixes' deferred gradients into the N - 1 shared sources
+FLUSH_MIXES = 6  # the flush sweep: this many mixes' deferred gradients (the small flavor's block) into N - 1 sources
 
 
 def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dtype: torch.dtype,
-                    iters: int) -> list[dict]:
+                    iters: int, kernels: tuple[str, ...] = ("forward", "backward", "flush")) -> list[dict]:
     """The Triton forward (``mix_fwd_triton``), backward (``mix_bwd_triton``: kernel + query-gradient sum) and
     deferred-gradient flush (``flush_triton``: ``FLUSH_MIXES`` mixes into N - 1 shared sources) kernels alone under
     each entry of :data:`SWEEPS`, with the error against the default configuration (relative RMS over all outputs)
@@ -189,9 +191,12 @@ def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dt
             shared = srcs[: n - 1]
             bufs = [torch.empty_like(x) for x in shared]
             coefs = [torch.rand(n - 1, 3, tokens, device=device) for _ in range(FLUSH_MIXES)]
-            calls["flush"] = (partial(_flush, mt, shared, bufs, [dh] * FLUSH_MIXES, [u] * FLUSH_MIXES, coefs),
+            dhs = [torch.randn_like(dh) for _ in range(FLUSH_MIXES)]  # distinct tiles, as in a block
+            calls["flush"] = (partial(_flush, mt, shared, bufs, dhs, [u] * FLUSH_MIXES, coefs),
                               2 * (n - 1) + FLUSH_MIXES)
         for kernel, (fn, passes) in calls.items():
+            if kernel not in kernels:
+                continue
             ref = None
             for cfg in SWEEPS[kernel]:
                 row, flat = _sweep_row(mt, kernel, cfg, fn, passes, n, tokens, d, srcs[0].element_size(), iters,
@@ -429,6 +434,8 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=50.0, help="skip the hybrid when the run is past this")
     p.add_argument("--bwd-sweep", action="store_true",
                    help="also time the Triton forward and backward kernels alone under each configuration of SWEEPS")
+    p.add_argument("--sweep-kernels", nargs="+", choices=("forward", "backward", "flush"),
+                   default=["forward", "backward", "flush"], help="which kernels --bwd-sweep times")
     p.add_argument("--profile", action="store_true",
                    help="also profile one step of standard and attnres_triton: the kernels whose time differs most")
     p.add_argument("--profile-top", type=int, default=15)
@@ -460,7 +467,8 @@ def main() -> None:
     _save(results)
     if args.bwd_sweep:
         ns = [n for n in args.sources if 1 < n <= 8]
-        results["bwd_sweep"] = bench_bwd_sweep(args.batch * args.seq, d, ns, device, dtype, args.mix_iters)
+        results["bwd_sweep"] = bench_bwd_sweep(args.batch * args.seq, d, ns, device, dtype, args.mix_iters,
+                                               tuple(args.sweep_kernels))
         _save(results)
     results["train"] = {}
     if "mla" in args.layouts:

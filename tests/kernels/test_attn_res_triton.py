@@ -330,20 +330,21 @@ def test_triton_backward_adds_into_a_sink_buffer():
     assert_rel_rms(du2, du, 0.0, "du")
 
 
-@pytest.mark.parametrize("flush_prefetch", [0, 2])
+@pytest.mark.parametrize("flush_group", [1, 2, 4])
 @pytest.mark.parametrize(("dtype", "d", "tol"), [(torch.float32, 40, 1e-6), (torch.bfloat16, 768, 1e-2)])
-def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flush_prefetch):
-    """Three mixes share two sources (completed block states) and each has its own third (a partial sum):
-    deferring the shared sources' gradients (``mix_bwd_triton(defer=...)``, then one ``flush_deferred``, with its
-    dh tiles loaded where used or through a window) gives what adding each mix's gradient into the sinks gives
-    (bf16: one rounding instead of one per mix), the same partial-sum gradients and query gradients, and empties the
+def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flush_group):
+    """Four mixes share three sources (completed block states) and each has its own fourth (a partial sum). The
+    first to run backward (a later block's) adds its gradients into both sets of sinks, so that the flush then adds
+    to started buffers; the other three defer theirs (``mix_bwd_triton(defer=...)``, then one ``flush_deferred``,
+    its sources one, two (a ragged last group) or all per pass over the mixes). That gives what adding each mix's
+    gradient into the sinks gives (bf16: fewer roundings), the same partial-sum and query gradients, and empties the
     block."""
-    monkeypatch.setattr(mix_triton, "FLUSH_PREFETCH", flush_prefetch)
+    monkeypatch.setattr(mix_triton, "FLUSH_GROUP", flush_group)
     gen = torch.Generator().manual_seed(21)
     dev = kernel_device()
-    shared = [(torch.randn(31, d, generator=gen) * (1 + i)).to(dev, dtype) for i in range(2)]
+    shared = [(torch.randn(31, d, generator=gen) * (1 + i)).to(dev, dtype) for i in range(3)]
     mixes = []
-    for _ in range(3):
+    for _ in range(4):
         srcs = shared + [torch.randn(31, d, generator=gen).to(dev, dtype)]
         u = (0.3 * torch.randn(d, generator=gen)).to(dev)
         _, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
@@ -351,19 +352,23 @@ def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flus
     task = torch._C._current_graph_task_id()
     per_mix, deferred = [mix_triton.GradSink() for _ in shared], [mix_triton.GradSink() for _ in shared]
     block = mix_autograd.DeferredBlock()
-    for srcs, u, dh, rstd, alpha in reversed(mixes):  # backward order
+    srcs, u, dh, rstd, alpha = mixes[-1]
+    mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*per_mix, None])
+    mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*deferred, None])
+    started = [s.buf.clone() for s in deferred]
+    for srcs, u, dh, rstd, alpha in reversed(mixes[:-1]):  # backward order
         dx_a, du_a, coef_a = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*per_mix, None])
-        dx_b, du_b, coef_b = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*deferred, None], defer=0b11)
-        assert coef_a is None and coef_b.shape == (3, 3, 31) and dx_b[:2] == [None, None]
-        assert_rel_rms(dx_b[2], dx_a[2], 0.0, "partial sum's gradient")
+        dx_b, du_b, coef_b = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*deferred, None], defer=0b111)
+        assert coef_a is None and coef_b.shape == (4, 3, 31) and dx_b[:3] == [None, None, None]
+        assert_rel_rms(dx_b[3], dx_a[3], 0.0, "partial sum's gradient")
         assert_rel_rms(du_b, du_a, 1e-6, "du")
         block.add(task, dh, u, coef_b)
-    assert all(s.buf is None for s in deferred), "a deferring mix touched a sink"
+    assert all(torch.equal(s.buf, b) for s, b in zip(deferred, started)), "a deferring mix touched a sink"
     mix_autograd.flush_deferred(shared, deferred, block, task)
     assert block.entries == []
     for i, (a, b) in enumerate(zip(per_mix, deferred)):
         assert_rel_rms(b.buf, a.buf, tol, f"shared source {i}")
-    ref = [sum(_naive_grad(srcs, u, dh)[i] for srcs, u, dh, *_ in mixes) for i in range(2)]
+    ref = [sum(_naive_grad(srcs, u, dh)[i] for srcs, u, dh, *_ in mixes) for i in range(3)]
     for i, b in enumerate(deferred):
         assert_rel_rms(b.buf.float(), ref[i], tol, f"shared source {i} vs reference")
 
