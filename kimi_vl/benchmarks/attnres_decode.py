@@ -217,18 +217,19 @@ def decode_lines(layers: str, dec: dict, what: str = "decode") -> list[str]:
     if "overhead_pct" not in dec:
         return []
     lines = [f"| {layers} | {what} @ {dec['context']} (no_grad): standard {dec['standard_tokens_per_s']:.1f} vs "
-             f"two-phase Triton {dec['attnres_block_tokens_per_s']:.1f} tok/s | | | {dec['overhead_pct']:+.1f}% | | |"]
+             f"two-phase Triton {dec['attnres_block_tokens_per_s']:.1f} tok/s | | | {dec['overhead_pct']:+.1f}%"
+             " | | | |"]
     if "overhead_median_pct" in dec:
         lines.append(f"| {layers} | {what}, median of {len(dec['round_ratios'])} per-round ratios | | | "
-                     f"{dec['overhead_median_pct']:+.1f}% | | |")
+                     f"{dec['overhead_median_pct']:+.1f}% | | | |")
     if "unfused_overhead_pct" in dec:
         gain = dec["fused_norm_gain_pct"]
         lines.append(f"| {layers} | {what}, separate norm launches (KVL_FUSED_NORM=0): standard "
                      f"{dec['standard_unfused_tokens_per_s']:.1f} vs {dec['attnres_block_unfused_tokens_per_s']:.1f} "
                      f"tok/s (median of rounds {dec['unfused_overhead_median_pct']:+.1f}%; the fused norms gain "
                      f"{gain['standard']:+.1f}% / {gain['attnres_block']:+.1f}%) | | | "
-                     f"{dec['unfused_overhead_pct']:+.1f}% | | |")
+                     f"{dec['unfused_overhead_pct']:+.1f}% | | | |")
     if "two_phase_torch_overhead_pct" in dec:
         lines.append(f"| {layers} | decode, two-phase PyTorch form: {dec['attnres_two_phase_torch_tokens_per_s']:.1f} "
-                     f"tok/s | | | {dec['two_phase_torch_overhead_pct']:+.1f}% | | |")
+                     f"tok/s | | | {dec['two_phase_torch_overhead_pct']:+.1f}% | | | |")
     return lines

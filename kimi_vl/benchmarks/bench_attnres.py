@@ -489,7 +489,7 @@ def _kernel_diff_lines(layers: str, rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
         lines.append(f"| {layers} | profile: {r['name'][:70]} ({r['base_calls']} -> {r['other_calls']} calls) | "
-                     f"{r['base_ms']:.3f} -> {r['other_ms']:.3f} ms | | {r['diff_ms']:+.3f} ms | | |")
+                     f"{r['base_ms']:.3f} -> {r['other_ms']:.3f} ms | | {r['diff_ms']:+.3f} ms | | | |")
     return lines
 
 
