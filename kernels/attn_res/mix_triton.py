@@ -8,10 +8,12 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
 
 - Forward: one program per tile of ``BLOCK_T`` tokens x all of ``D`` walks the sources once with an online
   softmax: per source, RMS and score in fp32, then ``acc = acc * e^(m - m') + e^(s - m') x``. Writes
-  ``h [M, D]``, fp32 ``rstd [N, M]``, scores ``s [N, M]`` and ``lse [M]``; the wrapper turns ``s`` into
-  ``alpha = exp(s - lse)`` in place (saved for backward, returned for diagnostics). The pointer-argument forward
-  uses the backward's layout (below: warp-owned rows of ``CH`` chunks, ``N`` a compile-time constant, the next
-  ``FWD_PREFETCH`` sources' tiles loaded before the current one is used; the ``FWD_*`` constants). The address-table forward keeps
+  ``h [M, D]``, fp32 ``rstd [N, M]`` and ``alpha = exp(s - lse) [N, M]`` (saved for backward, returned for
+  diagnostics). The pointer-argument forward uses the backward's layout (below: warp-owned rows of ``CH`` chunks,
+  ``N`` a compile-time constant, the next ``FWD_PREFETCH`` sources' tiles loaded before the current one is used; the
+  ``FWD_*`` constants) and keeps the ``N`` scores in registers until ``lse`` is known (session 22; before, both
+  forwards wrote the scores and ``lse`` and the wrapper took two more launches for ``alpha``). The address-table
+  forward (any ``N``) still writes scores and ``lse``, turned into ``alpha`` by the wrapper. It keeps
   the first layout, ``BLOCK_D`` = the next power of two of ``D`` (``D = 768`` pads to 1024) with reductions across
   the program's warps. Measured on an H100 (session 12, ``bench_attnres --bwd-sweep``, M = 32768, D = 768, bf16):
   the row layout took 0.070 / 0.085 / 0.124 / 0.133 ms at N = 2 / 3 / 4 / 5 against 0.105 / 0.129 / 0.161 /
@@ -335,12 +337,13 @@ def _fwd_stats(x, u, D, eps, CH: tl.constexpr):
 
 @triton.jit
 def _attn_res_fwd_rows_kernel(
-    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N: tl.constexpr, M, D, eps,
+    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, alpha_ptr, N: tl.constexpr, M, D, eps,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr = 1,
 ):
     """Pointer-argument forward, ``N`` a compile-time constant, the backward's layout: a row is ``CH`` chunks of
     ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
-    straight-line code over the sources with the next ``PRE`` sources' tiles loaded before the current one is used."""
+    straight-line code over the sources with the next ``PRE`` sources' tiles loaded before the current one is used.
+    The scores stay in registers and ``alpha`` is stored once the softmax's normaliser is known."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
@@ -352,12 +355,13 @@ def _attn_res_fwd_rows_kernel(
     m = tl.full([BLOCK_T], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_T], dtype=tl.float32)
     acc = _zeros_row(BLOCK_T, CH, CHUNK)
+    scores = ()
     for n in tl.static_range(N):
         x = win[n]
         win = _prefetch(win, n + PRE, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
         xs, rstd, s = _fwd_stats(x, u, D, eps, CH)
         tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
-        tl.store(score_ptr + n * M + offs_t, s, mask=t_ok)
+        scores = scores + (s,)
         m_new = tl.maximum(m, s)
         scale = tl.exp(m - m_new)
         p = tl.exp(s - m_new)
@@ -372,7 +376,9 @@ def _attn_res_fwd_rows_kernel(
         cols = c * CHUNK + tl.arange(0, CHUNK)
         tl.store(h_ptr + rows + cols[None, :], (acc[c] * inv_l[:, None]).to(h_ptr.dtype.element_ty),
                  mask=t_ok[:, None] & (cols < D)[None, :])
-    tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)
+    lse = m + tl.log(l)
+    for n in tl.static_range(N):
+        tl.store(alpha_ptr + n * M + offs_t, tl.exp(scores[n] - lse), mask=t_ok)
 
 
 @triton.jit(do_not_specialize=["acc_mask"])
@@ -569,18 +575,18 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     h = torch.empty_like(x0)
     rstd = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
-    lse = torch.empty(m, device=x0.device, dtype=torch.float32)
     if use_args(n):
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
         _attn_res_fwd_rows_kernel[(triton.cdiv(m, block_t),)](
-            *_slots(sources), u, h, rstd, alpha, lse, n, m, d, eps,
+            *_slots(sources), u, h, rstd, alpha, n, m, d, eps,
             BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=FWD_PREFETCH, num_warps=FWD_NUM_WARPS)
-    else:
+    else:  # the scores (any number of sources) and their log-sum-exp, then alpha
+        lse = torch.empty(m, device=x0.device, dtype=torch.float32)
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
             _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
             BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
-    alpha.sub_(lse).exp_()
+        alpha.sub_(lse).exp_()
     return h, rstd, alpha
 
 

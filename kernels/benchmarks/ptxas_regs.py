@@ -193,7 +193,7 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     if kernel == "fwd":
         fn = mt._attn_res_fwd_rows_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
-        args = srcs + [f32, bf, f32, f32, f32, "i32", "i32", "fp32"]
+        args = srcs + [f32, bf, f32, f32, "i32", "i32", "fp32"]
         consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH), mt.FWD_NUM_WARPS
     elif kernel == "bwd":
         fn = mt._attn_res_bwd_args_kernel
