@@ -81,6 +81,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.backend import sm_count
+
 TILE_ELEMS = 4096  # the address-table forward and the two-phase kernels: BLOCK_T * BLOCK_D per program
 NUM_WARPS = 8
 FWD_NUM_WARPS = 4  # the pointer-argument forward: the backward's row layout (see _row_blocks) with these settings
@@ -533,17 +535,11 @@ def _aligned(tensors: list[torch.Tensor]) -> bool:
 def _num_bwd_programs(num_tiles: int, device: torch.device) -> int:
     if device.type != "cuda":
         return min(num_tiles, 4)
-    return min(num_tiles, BWD_PROGRAMS_PER_SM * _sm_count(device.index))
+    return min(num_tiles, BWD_PROGRAMS_PER_SM * sm_count(device))
 
 
 def _maxnreg() -> dict[str, int]:
     return {} if BWD_MAXNREG is None else {"maxnreg": BWD_MAXNREG}
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
-                                            ).multi_processor_count
 
 
 class GradSink:

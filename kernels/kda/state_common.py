@@ -4,20 +4,15 @@ programs own one (sequence, value head, block of value columns) and walk its chu
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from kernels.backend import sm_count
+
 # the forward's widths: 32 columns never beat 16 in the sweeps (H200, session 22: 0.211 / 0.745 against 0.204 / 0.664 ms
 # at 8 x 2048 x 16 / 1 x 32768 x 16; session 20: 0.232 against 0.217 at 1 x 8192 x 32)
 STATE_BV_CHOICES = (64, 16)
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def state_block_v(setting: int | None, v: int, sequences_heads: int, device: torch.device,
@@ -33,8 +28,7 @@ def state_block_v(setting: int | None, v: int, sequences_heads: int, device: tor
     vp = max(16, triton.next_power_of_2(v))
     if setting is not None:
         return min(vp, setting)
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 1
+    sms = sm_count(device) if device.type == "cuda" else 1
     for bv in choices:
         if bv <= vp and sequences_heads * triton.cdiv(vp, bv) >= sms:
             return bv

@@ -297,7 +297,7 @@ def test_state_block_v_choice(monkeypatch):
     off CUDA the widest."""
     from kernels.kda import state_common
 
-    monkeypatch.setattr(state_common, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(state_common, "sm_count", lambda device: 132)
     cuda = torch.device("cuda", 0)
     pick = state_common.state_block_v
     assert pick(32, 128, 32, cuda) == 32 and pick(64, 48, 1, cuda) == 64 and pick(64, 20, 1, cuda) == 32
