@@ -4,18 +4,37 @@
 #       scores kept in registers until the log-sum-exp is known; the wrapper's two launches per mix for alpha are gone:
 #       call3 of session 22 profiled them at 0.094 ms a hybrid step); not yet run on a GPU. AttnRes GPU tests, then the
 #       small hybrid's step overhead over 6 interleaved rounds with a profiled step (session 22 call7: +5.7%).
-# Part limits sum to 340 s; one command may run 600.
+#   bash scripts/gpu_session23.sh order     call2: AttnRes GPU tests with alpha = exp(s - m) / l (call1: exp(s - lse)
+#       failed the N = 1 test: dweight 1.1e-5 where it is 0); the KDA forward with its per-(chunk, head) kernels' grids
+#       heads first (PREP_ / SCORES2_ / OUT_HEADS_FIRST) at two shapes; the AttnRes backward with 2 / 4 / 8 programs
+#       per SM (fewer rows for the query-gradient sum), kernels alone and as the hybrid step's profile.
+# Part limits sum to 340 s (attnres) and 560 s (order); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session23.sh attnres}" in
+case "${1:?usage: gpu_session23.sh attnres|order}" in
 attnres)
   PART_TAIL=8 part "AttnRes tests on the GPU" 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
   PART_TAIL=60 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 6 rounds, profiled" 250 python3 \
     -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds 6 --hybrid-iters 4 --decode-steps 0 \
     --profile --profile-top 20 --budget-s 400
+  ;;
+order)
+  install_fla
+  PART_TAIL=8 part "AttnRes tests on the GPU" 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  settings="prep heads first,scores heads first,output heads first,all heads first"
+  sweep_best 1x8192x32 80 "$settings"
+  sweep_best 8x2048x16 80 "$settings"
+  OUT=$OUT/sweep PART_TAIL=30 part "bench_attnres --bwd-sweep: backward programs per SM" 60 python3 \
+    -m kimi_vl.benchmarks.bench_attnres --layouts --sources 3 5 --bwd-sweep --sweep-kernels backward --decode-steps 0
+  for ppsm in 8 4; do
+    OUT=$OUT/ppsm$ppsm PART_TAIL=12 part "bench_attnres: hybrid step, BWD_PROGRAMS_PER_SM=$ppsm, profiled" 120 \
+      python3 -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 --rounds 3 --hybrid-iters 4 \
+      --decode-steps 0 --profile --profile-top 8 --budget-s 400 --set BWD_PROGRAMS_PER_SM=$ppsm
+  done
   ;;
 esac
 ls -la "$OUT"

@@ -345,7 +345,7 @@ def _attn_res_fwd_rows_kernel(
     """Pointer-argument forward, ``N`` a compile-time constant, the backward's layout: a row is ``CH`` chunks of
     ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
     straight-line code over the sources with the next ``PRE`` sources' tiles loaded before the current one is used.
-    The scores stay in registers and ``alpha`` is stored once the softmax's normaliser is known."""
+    The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
@@ -378,9 +378,8 @@ def _attn_res_fwd_rows_kernel(
         cols = c * CHUNK + tl.arange(0, CHUNK)
         tl.store(h_ptr + rows + cols[None, :], (acc[c] * inv_l[:, None]).to(h_ptr.dtype.element_ty),
                  mask=t_ok[:, None] & (cols < D)[None, :])
-    lse = m + tl.log(l)
-    for n in tl.static_range(N):
-        tl.store(alpha_ptr + n * M + offs_t, tl.exp(scores[n] - lse), mask=t_ok)
+    for n in tl.static_range(N):  # exp(s - m) / l: no log (exp(s - lse) gave alpha != 1 at N = 1 on an H200)
+        tl.store(alpha_ptr + n * M + offs_t, tl.exp(scores[n] - m) * inv_l, mask=t_ok)
 
 
 @triton.jit(do_not_specialize=["acc_mask"])

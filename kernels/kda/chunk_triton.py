@@ -60,7 +60,7 @@ from kernels.kda.prep_triton import (
     token_rows,
 )
 from kernels.kda.scores_triton import _scores2_kernel
-from kernels.kda.state_common import _load_state, _mm, _state_program, state_block_v
+from kernels.kda.state_common import _chunk_head_ids, _load_state, _mm, _state_program, chunk_head_grid, state_block_v
 
 SUB = 16
 
@@ -132,6 +132,7 @@ def _prep_kernel(
     HAS_DTB: tl.constexpr,
     L2: tl.constexpr,
     SUFFIX: tl.constexpr,
+    HEADS_FIRST: tl.constexpr = False,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
@@ -139,8 +140,7 @@ def _prep_kernel(
     0.18 ms without; H200, session 20.) ``SUFFIX`` (fp32 inputs): also kg's exponent ``G_last - G`` as a suffix sum
     of g, into ``E_ptr`` (kg's fp32 buffer, which the W / U loop then overwrites with kg). (One program for
     the norms and one per key tile took the forward from 1.111 to 1.128 ms: H200, session 21, removed.)"""
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
+    i_c, i_hv = _chunk_head_ids(0, HEADS_FIRST)
     i_h = i_hv // (HV // H)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
@@ -208,10 +208,10 @@ def _output_kernel(
     BV: tl.constexpr,
     C: tl.constexpr,
     FP32: tl.constexpr,
+    HEADS_FIRST: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
-    i_c = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    i_c, i_hv = _chunk_head_ids(1, HEADS_FIRST)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
     sc = i_c.to(tl.int64) * HV + i_hv
@@ -267,6 +267,12 @@ STATE_BV: int | None = None
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
 OUT_WARPS = 4
+# grid order of the per-(chunk, value head) kernels (state_common.chunk_head_grid): heads first, the programs running
+# together read whole token rows of q, k, v, g and write neighbouring slabs; chunks first (False), a head's rows of
+# neighbouring chunks (the order before session 23)
+PREP_HEADS_FIRST = False
+SCORES2_HEADS_FIRST = False
+OUT_HEADS_FIRST = False
 
 
 def _interpreting() -> bool:
@@ -368,7 +374,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         )
         bkp = min(BK, PREP_BK)
         suffix = fp32 and FP32_KG_SUFFIX
-        _prep_kernel[(nch, HV)](
+        grid, hf = chunk_head_grid(nch, HV, PREP_HEADS_FIRST)
+        _prep_kernel[grid](
             q,
             k,
             **gate_args,
@@ -389,11 +396,13 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             HAS_DTB=dt_bias is not None,
             L2=use_l2,
             SUFFIX=suffix,
+            HEADS_FIRST=hf,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
         prec = "ieee" if fp32 else INTRA_PREC16
-        _scores2_kernel[(nch, HV)](
+        grid, hf = chunk_head_grid(nch, HV, SCORES2_HEADS_FIRST)
+        _scores2_kernel[grid](
             q,
             k,
             beta,
@@ -426,6 +435,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             DPREC=dprec,
             SUFFIX=suffix,
             span_max=INTRA_SPAN_MAX,
+            HEADS_FIRST=hf,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),
@@ -456,7 +466,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     )
     if nch:
         bvo = min(BV, OUT_BV)
-        _output_kernel[(triton.cdiv(V, bvo), nch, HV)](
+        grid, hf = chunk_head_grid(nch, HV, OUT_HEADS_FIRST, lead=(triton.cdiv(V, bvo),))
+        _output_kernel[grid](
             qg,
             h,
             Aqk,
@@ -471,6 +482,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             BV=bvo,
             C=CHUNK,
             FP32=fp32,
+            HEADS_FIRST=hf,
             num_warps=OUT_WARPS,
         )
     return KDAFwdState(o, ht, G, gl, Aqk, Tm, W, U, qg, kg, h, vn, cbos, clen, s0, snc)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.kda.state_common import _chunk_head_ids
+
 
 @triton.jit
 def _inv_diag4(Akk_ptr, a_base, r16, C: tl.constexpr, S: tl.constexpr):
@@ -63,13 +65,12 @@ def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constex
 
 @triton.jit
 def _scores_program(cbos_ptr, clen_ptr, QS: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                    C: tl.constexpr, S: tl.constexpr):
+                    C: tl.constexpr, S: tl.constexpr, HEADS_FIRST: tl.constexpr):
     """A (chunk, value head) program's set-up: ``(i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb)``: the
     value head, the chunk's first token and length, its slab index, row indices, each row's place in its sub-block
     and that sub-block's first row, and the bases of q / k (tokens ``QS`` elements apart), of G and of the per-row
     norms."""
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
+    i_c, i_hv = _chunk_head_ids(0, HEADS_FIRST)
     i_h = i_hv // (HV // H)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
@@ -164,6 +165,7 @@ def _scores2_kernel(
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
     SUFFIX: tl.constexpr = False,
+    HEADS_FIRST: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -182,7 +184,7 @@ def _scores2_kernel(
     stay far inside fp32's range), else pairwise (step j: key row ``16 (i // 16) + j`` for every row i, ``where``
     before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
     lower blocks of Akk (zero on and above the diagonal)."""
-    i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, QS, H, HV, K, C, S)
+    i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, QS, H, HV, K, C, S, HEADS_FIRST)
     blk = rows // S
     NB: tl.constexpr = C // S
     akk3 = tl.zeros([NB, S, C], dtype=tl.float32)  # the off-diagonal blocks: [sub-block, row, column]

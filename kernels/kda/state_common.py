@@ -35,6 +35,31 @@ def state_block_v(setting: int | None, v: int, sequences_heads: int, device: tor
     return min(vp, choices[-1])
 
 
+MAX_GRID_YZ = 65535  # CUDA's limit on a grid's second and third dimensions
+
+
+def chunk_head_grid(chunks: int, heads: int, heads_first: bool, lead: tuple[int, ...] = ()) -> tuple[tuple, bool]:
+    """The grid of a per-(chunk, value head) kernel after ``lead`` dimensions, and whether it runs heads first:
+    ``(*lead, heads, chunks)`` when ``heads_first`` and the chunks fit a grid dimension past the first, else
+    ``(*lead, chunks, heads)``. Heads first, the programs resident together work on the same tokens' rows of every
+    head (contiguous in q, k, v, g) and write neighbouring ``[NC, HV, ...]`` slabs; chunks first, neighbouring
+    programs read a head's rows of other chunks, ``C`` tokens apart (the layout before session 23)."""
+    hf = heads_first and chunks <= MAX_GRID_YZ
+    return (*lead, heads, chunks) if hf else (*lead, chunks, heads), hf
+
+
+@triton.jit
+def _chunk_head_ids(AXIS: tl.constexpr, HEADS_FIRST: tl.constexpr):
+    """``(chunk, value head)`` of a program of a :func:`chunk_head_grid` grid, whose two axes start at ``AXIS``."""
+    if HEADS_FIRST:
+        i_hv = tl.program_id(AXIS)
+        i_c = tl.program_id(AXIS + 1)
+    else:
+        i_c = tl.program_id(AXIS)
+        i_hv = tl.program_id(AXIS + 1)
+    return i_c, i_hv
+
+
 @triton.jit
 def _mm(a, b, FP32: tl.constexpr):
     """fp32 ``ieee`` dot for fp32 inputs, else a tensor-core dot in the operands' (16-bit) dtype."""

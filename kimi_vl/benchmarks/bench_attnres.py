@@ -39,6 +39,7 @@ sizes on the CPU to check the script itself (``TRITON_INTERPRET=1 python -m ... 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import time
@@ -152,6 +153,7 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"BWD_THREAD_ELEMS": 12},
         {"BWD_THREAD_ELEMS": 48},
         {"BWD_MAXNREG": 128},
+        {"BWD_PROGRAMS_PER_SM": 2},
         {"BWD_PROGRAMS_PER_SM": 4},
         {"BWD_PROGRAMS_PER_SM": 16},
         {"BWD_PREFETCH": 2},
@@ -429,7 +431,7 @@ def main() -> None:
     p.add_argument("--decode-context", type=int, default=4096)
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--no-hybrid", action="store_true")
-    p.add_argument("--layouts", nargs="+", choices=("mla", "hybrid"), default=["mla", "hybrid"],
+    p.add_argument("--layouts", nargs="*", choices=("mla", "hybrid"), default=["mla", "hybrid"],
                    help="training-step layer layouts (all-MLA, the flavor's KDA/MLA hybrid)")
     p.add_argument("--budget-s", type=float, default=50.0, help="skip the hybrid when the run is past this")
     p.add_argument("--bwd-sweep", action="store_true",
@@ -446,8 +448,12 @@ def main() -> None:
     p.add_argument("--graph-rounds", type=int, default=12, help="interleaved rounds of the graph decode")
     p.add_argument("--stream-cost", action="store_true",
                    help="also the residual stream's host time per decoded token alone (standard vs two-phase AttnRes)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a constant of kernels/attn_res/mix_triton.py for the whole run (VALUE a Python literal), "
+                        "e.g. --set BWD_PROGRAMS_PER_SM=4")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (debug flavor), checks the script")
     args = p.parse_args()
+    _set_mix_constants(p, args.set)
     t0 = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -482,6 +488,20 @@ def main() -> None:
     results["wall_s"] = time.perf_counter() - t0
     _save(results)
     print(table(results))
+
+
+def _set_mix_constants(parser: argparse.ArgumentParser, pairs: list[str]) -> None:
+    """Apply ``NAME=VALUE`` pairs to ``kernels.attn_res.mix_triton``, refusing names it does not have."""
+    from kernels.attn_res import mix_triton as mt
+
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if not name.isupper() or not hasattr(mt, name):
+            parser.error(f"--set {pair!r}: kernels/attn_res/mix_triton.py has no constant {name!r}")
+        try:
+            setattr(mt, name, ast.literal_eval(value))
+        except (ValueError, SyntaxError):
+            parser.error(f"--set {pair!r}: {value!r} is not a Python literal")
 
 
 def _kernel_diff_lines(layers: str, rows: list[dict]) -> list[str]:

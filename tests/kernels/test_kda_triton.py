@@ -268,11 +268,12 @@ def test_triton_l2_gate_several_k_tiles():
 
 
 @pytest.mark.parametrize("consts", [dict(PREP_BK=16, WU_B=16), dict(INTRA_SPAN_MAX=-1.0, SCORES2_BK=32),
-                                    dict(PREP_BK=64), dict(STATE_BV=16)])
+                                    dict(PREP_BK=64), dict(STATE_BV=16),
+                                    dict(PREP_HEADS_FIRST=True, SCORES2_HEADS_FIRST=True, OUT_HEADS_FIRST=True)])
 def test_tile_constants_agree(monkeypatch, consts):
     """Other prep / W-U tile widths (qg and kg are written K tile by K tile in the W / U loop), the prep kernel's work
-    in one tile, the pairwise diagonal blocks with 32-column score tiles, and two programs per head in the state
-    pass (V = 24 in 16-column blocks), against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2 norm
+    in one tile, the pairwise diagonal blocks with 32-column score tiles, two programs per head in the state
+    pass (V = 24 in 16-column blocks) and the per-(chunk, head) kernels' grids heads first, against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2 norm
     and gate with dt_bias, fp32)."""
     from kernels.kda import chunk_triton
 
@@ -289,6 +290,16 @@ def test_tile_constants_agree(monkeypatch, consts):
     o, S = chunk_kda(*x[:5], **kw)
     assert_rel_rms(o, o0, 1e-5, "o")
     assert_rel_rms(S, S0, 1e-5, "S")
+
+
+def test_chunk_head_grid():
+    """Heads first when asked and the chunks fit a grid dimension past the first (65535), else chunks first."""
+    from kernels.kda.state_common import chunk_head_grid
+
+    assert chunk_head_grid(100, 32, True) == ((32, 100), True)
+    assert chunk_head_grid(100, 32, False) == ((100, 32), False)
+    assert chunk_head_grid(70000, 32, True) == ((70000, 32), False)
+    assert chunk_head_grid(65535, 4, True, lead=(2,)) == ((2, 4, 65535), True)
 
 
 def test_state_block_v_choice(monkeypatch):

@@ -88,3 +88,20 @@ def test_h_identity_loses_the_query_gradient_with_a_bf16_h():
         assert r["du_rel_err_sources"] < 1e-5 and r["dx_rel_err_sources"] < 1e-5
     peaked = rows[-1]
     assert peaked["mean_alpha_partial"] > 0.9 and peaked["du_rel_err_h_bf16"] > 1e-2
+
+
+def test_set_mix_constants(monkeypatch):
+    """``--set NAME=VALUE`` sets a mix_triton constant for the run; an unknown name or a non-literal value is refused
+    with the pair in the message."""
+    import argparse
+
+    from kernels.attn_res import mix_triton as mt
+    from kimi_vl.benchmarks.bench_attnres import _set_mix_constants
+
+    monkeypatch.setattr(mt, "BWD_PROGRAMS_PER_SM", mt.BWD_PROGRAMS_PER_SM)  # restored after the test
+    parser = argparse.ArgumentParser()
+    _set_mix_constants(parser, ["BWD_PROGRAMS_PER_SM=4"])
+    assert mt.BWD_PROGRAMS_PER_SM == 4
+    for bad in ("NO_SUCH_CONSTANT=1", "BWD_PROGRAMS_PER_SM=four", "torch=1"):
+        with pytest.raises(SystemExit):
+            _set_mix_constants(parser, [bad])
