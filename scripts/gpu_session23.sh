@@ -8,12 +8,17 @@
 #       failed the N = 1 test: dweight 1.1e-5 where it is 0); the KDA forward with its per-(chunk, head) kernels' grids
 #       heads first (PREP_ / SCORES2_ / OUT_HEADS_FIRST) at two shapes; the AttnRes backward with 2 / 4 / 8 programs
 #       per SM (fewer rows for the query-gradient sum), kernels alone and as the hybrid step's profile.
-# Part limits sum to 340 s (attnres) and 560 s (order); one command may run 600.
+#   bash scripts/gpu_session23.sh final     call3: KDA GPU tests and the five-shape benchmark against fla with the grids
+#       heads first (the new default); AttnRes GPU tests with 2 backward programs per SM and the query gradient summed
+#       by _colsum_kernel (ATen's sum took 8-15 us a mix in call2's profiles); the backward alone under the sweep's
+#       configurations; the small hybrid's step overhead, 6 rounds, profiled; the small hybrid's MFU (issue 5).
+# Part limits sum to 340 s (attnres), 560 s (order) and 645 s (final: the parts took 85-90 s or less in session 22); one command
+# may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session23.sh attnres|order}" in
+case "${1:?usage: gpu_session23.sh attnres|order|final}" in
 attnres)
   PART_TAIL=8 part "AttnRes tests on the GPU" 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
@@ -35,6 +40,20 @@ order)
       python3 -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 --rounds 3 --hybrid-iters 4 \
       --decode-steps 0 --profile --profile-top 8 --budget-s 400 --set BWD_PROGRAMS_PER_SM=$ppsm
   done
+  ;;
+final)
+  install_fla
+  kda_tests 110 tests/model/test_kda_layer_backends.py
+  bench_five 190
+  PART_TAIL=8 part "AttnRes tests on the GPU" 85 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  OUT=$OUT/sweep PART_TAIL=30 part "bench_attnres --bwd-sweep: the backward alone" 50 python3 \
+    -m kimi_vl.benchmarks.bench_attnres --layouts --sources 3 5 --bwd-sweep --sweep-kernels backward --decode-steps 0
+  PART_TAIL=40 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 6 rounds, profiled" 150 python3 \
+    -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds 6 --hybrid-iters 4 --decode-steps 0 \
+    --profile --profile-top 12 --budget-s 400
+  PART_TAIL=30 part "bench_backbone --profile: the small hybrid's training step" 60 python3 \
+    -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile --variants hybrid
   ;;
 esac
 ls -la "$OUT"

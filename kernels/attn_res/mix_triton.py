@@ -24,10 +24,12 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   warp's width of 16-byte vectors or more, ``CH <= BWD_MAX_CHUNKS``), so each warp owns whole rows: the per-token
   dot products are warp shuffles (no shared memory, no barrier inside the loop) and ``D = 768`` is 3 x 256 with
   no padding. Per token ``g_n = dh . x_n``, ``q_n = u . x_n`` (pass A, one read of each source) give
-  ``ds_n = alpha_n (g_n - sum_j alpha_j g_j)``, the score ``s_n = q_n rstd_n`` and, in pass B (a second read of
-  each source, mostly from L2, no reductions), ``dx_n = alpha_n dh + ds_n rstd_n (u - x_n rstd_n s_n / D)``; the
-  query gradient ``du = sum ds_n rstd_n x_n`` is accumulated per program in fp32 registers and the per-program
-  rows are summed afterwards (no atomics, deterministic). The pointer-argument kernel is compiled per ``N``
+  ``ds_n = alpha_n (g_n - sum_j alpha_j g_j)``, the score ``s_n = q_n rstd_n`` and, in pass B (no reductions),
+  ``dx_n = alpha_n dh + ds_n rstd_n (u - x_n rstd_n s_n / D)``. Pass B loads the sources again in the source, but
+  the compiler merges those loads with pass A's (the pointer-argument kernel's PTX for sm_90a has one load per
+  tile and source, Triton 3.9, session 23), so the tiles stay in registers. The query gradient
+  ``du = sum ds_n rstd_n x_n`` is accumulated per program in fp32 registers and the per-program rows are summed
+  afterwards by a column-sum kernel (no atomics, deterministic). The pointer-argument kernel is compiled per ``N``
   (straight-line code; the next ``BWD_PREFETCH`` sources' tiles are loaded before the current one is used: all of
   them by default, which took the H200's forward from 0.096 to 0.079 ms and the backward from 0.179 to 0.166 ms at
   N = 4, M = 32768, D = 768, session 20 call8). ``h`` is not rebuilt:
@@ -104,7 +106,11 @@ FLUSH_THREAD_ELEMS = 12  # 24 before session 22; with FLUSH_GROUP = 4 that spill
 # / 0.114 ms against 0.108 at N = 3 and 0.212 / 0.214 / 0.213 against 0.222 at N = 5 on an H200, session 22, removed).
 # `ptxas_regs.py --attnres`: 186-233 registers at 12 elements a thread, no spills up to 7 sources
 FLUSH_GROUP = 4
-BWD_PROGRAMS_PER_SM = 8  # backward grid: at most this many programs per SM, each strides over token tiles
+# backward grid: at most this many programs per SM, each strides over token tiles. H200, M = 32768, D = 768 (session 23
+# call2, kernel + query-gradient sum): 2 / 4 / 8 / 16 a SM 0.124 / 0.134 / 0.143 / 0.161 ms at N = 3, 0.190 / 0.206 /
+# 0.209 / 0.247 at N = 5 (from N = 3 the kernel takes 239-255 registers: 2 programs of 4 warps fit an SM)
+BWD_PROGRAMS_PER_SM = 2
+COLSUM_BLOCK_P, COLSUM_BLOCK_D = 32, 64  # the query gradient's sum over the backward's programs (_colsum_kernel)
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -414,7 +420,7 @@ def _attn_res_bwd_args_kernel(
             gs, qs = gs + (g,), qs + (q,)
             alphas = alphas + (a,)
             rstds = rstds + (tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0),)
-        win = ()  # mostly L2 hits: read a moment ago
+        win = ()  # the same loads as pass A's: the compiler merges them (no second read)
         for j in tl.static_range(PRE):
             win = _prefetch(win, j, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
         for n in tl.static_range(N):  # pass B: gradients, no reductions
@@ -427,6 +433,29 @@ def _attn_res_bwd_args_kernel(
                 du = _write_grad(x, dh, u, du, _pick(n, g0, g1, g2, g3, g4, g5, g6, g7), rows, t_ok,
                                  ((acc_mask >> n) & 1) != 0, alphas[n], rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK)
     _store_du(du_ptr + pid * D, du, D, CH, CHUNK)
+
+
+@triton.jit
+def _colsum_kernel(p_ptr, out_ptr, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``out [D] = sum_p p [P, D]`` (fp32), one program per block of columns adding the rows in a fixed order
+    (deterministic): the backward's per-program query-gradient rows."""
+    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = cols < D
+    acc = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        rows = p0 + tl.arange(0, BLOCK_P)
+        acc += tl.load(p_ptr + rows[:, None] * D + cols[None, :], mask=(rows < P)[:, None] & d_ok[None, :], other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0), mask=d_ok)
+
+
+def _column_sum(partial: torch.Tensor) -> torch.Tensor:
+    """``partial.sum(0)`` of a contiguous fp32 ``[P, D]`` by :func:`_colsum_kernel` (one launch; ATen's reduction took
+    8 us for P = 1056 and 15 us for P = 528 at D = 768 on an H200, session 23 call2, against ~2 us of reading)."""
+    p, d = partial.shape
+    out = torch.empty(d, device=partial.device, dtype=torch.float32)
+    _colsum_kernel[(triton.cdiv(d, COLSUM_BLOCK_D),)](partial, out, p, d, BLOCK_P=COLSUM_BLOCK_P,
+                                                      BLOCK_D=COLSUM_BLOCK_D, num_warps=4)
+    return out
 
 
 @triton.jit(do_not_specialize=["acc_mask"])
@@ -643,7 +672,7 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
             _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, gq, du_partial,
             n, m, d, num_tiles, BLOCK_T=block_t, CHUNK=chunk, CH=ch, ALIGNED=_aligned(sources + dxs),
             num_warps=BWD_NUM_WARPS, **_maxnreg())
-    return [None if (defer >> i) & 1 else dx for i, dx in enumerate(dxs)], du_partial.sum(0), coef
+    return [None if (defer >> i) & 1 else dx for i, dx in enumerate(dxs)], _column_sum(du_partial), coef
 
 
 def flush_triton(sources: list[torch.Tensor], bufs: list[torch.Tensor], acc_mask: int, dhs: list[torch.Tensor],

@@ -400,3 +400,11 @@ def test_two_phase_launcher_calls_compiled_kernels_directly_on_gpu(monkeypatch):
         results[fast] = (torch.stack(hs), run.v.clone())
         assert len(run._phase2.runners) == (2 if fast else 0)  # PEND_FIRST true and false, reused once
     assert torch.equal(results[True][0], results[False][0]) and torch.equal(results[True][1], results[False][1])
+
+
+@pytest.mark.parametrize(("p", "d"), [(1, 5), (70, 100), (264, 768)])
+def test_column_sum(p, d):
+    """The backward's query-gradient sum over programs: ``_column_sum`` equals ``sum(0)`` for row counts and widths
+    that are not multiples of its blocks."""
+    x = torch.randn(p, d, generator=torch.Generator().manual_seed(p), dtype=torch.float32).to(kernel_device())
+    assert_rel_rms(mix_triton._column_sum(x), x.double().sum(0), 1e-6, "column sum")
