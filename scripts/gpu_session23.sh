@@ -16,13 +16,15 @@
 #       (FLUSH_PROGRAMS_PER_SM 2 / 4 / 8; it compiles to 255 registers with spills from N = 3); the query-gradient sum
 #       with 24 programs (64 x 32 blocks; call3: 6.5 us a call at 12); the small hybrid's step overhead, 8 rounds,
 #       profiled.
-# Part limits sum to 340 s (attnres), 560 s (order), 645 s (final: the parts took 85-90 s or less in session 22) and
-# 320 s (flush); one command may run 600.
+#   bash scripts/gpu_session23.sh last      call5: the committed state (grid-stride flush removed, alpha's gradient no
+#       longer zero-filled): AttnRes GPU tests; the small hybrid's step overhead, 8 rounds, profiled.
+# Part limits sum to 340 s (attnres), 560 s (order), 645 s (final: the parts took 85-90 s or less in session 22),
+# 320 s (flush) and 270 s (last); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session23.sh attnres|order|final|flush}" in
+case "${1:?usage: gpu_session23.sh attnres|order|final|flush|last}" in
 attnres)
   PART_TAIL=8 part "AttnRes tests on the GPU" 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
@@ -64,6 +66,13 @@ flush)
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
   OUT=$OUT/sweep PART_TAIL=24 part "bench_attnres --bwd-sweep: the flush alone" 50 python3 \
     -m kimi_vl.benchmarks.bench_attnres --layouts --sources 3 5 --bwd-sweep --sweep-kernels flush --decode-steps 0
+  PART_TAIL=40 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 8 rounds, profiled" 185 python3 \
+    -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds 8 --hybrid-iters 4 --decode-steps 0 \
+    --profile --profile-top 12 --budget-s 400
+  ;;
+last)
+  PART_TAIL=8 part "AttnRes tests on the GPU" 85 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
   PART_TAIL=40 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 8 rounds, profiled" 185 python3 \
     -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds 8 --hybrid-iters 4 --decode-steps 0 \
     --profile --profile-top 12 --budget-s 400

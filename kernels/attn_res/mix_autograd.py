@@ -32,6 +32,7 @@ class AttnResMixTriton(torch.autograd.Function):
         h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
         ctx.save_for_backward(u, rstd, alpha, *sources)
         ctx.mark_non_differentiable(alpha)
+        ctx.set_materialize_grads(False)  # alpha's gradient stays None instead of a zero-filled [N, M] (a launch a mix)
         _claim_sinks(ctx, sinks, len(sources))
         ctx.defer, ctx.defer_mask = None, 0
         if defer is not None and ctx.sinks is not None:
@@ -42,7 +43,7 @@ class AttnResMixTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
-        dh = _as_source(dh, sources[0])
+        dh = _as_source(dh, sources[0])  # never None: h is the only differentiable output, so it has a gradient
         dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask)
         if ctx.defer is not None:
             block, flush = ctx.defer

@@ -106,14 +106,12 @@ FLUSH_THREAD_ELEMS = 12  # 24 before session 22; with FLUSH_GROUP = 4 that spill
 # / 0.114 ms against 0.108 at N = 3 and 0.212 / 0.214 / 0.213 against 0.222 at N = 5 on an H200, session 22, removed).
 # `ptxas_regs.py --attnres`: 186-233 registers at 12 elements a thread, no spills up to 7 sources
 FLUSH_GROUP = 4
-FLUSH_PROGRAMS_PER_SM: int | None = None  # flush grid: None, a program per token tile; else at most this many an SM,
-# each striding over tiles (off the GPU: this many programs)
 # backward grid: at most this many programs per SM, each strides over token tiles. H200, M = 32768, D = 768 (session 23
 # call2, kernel + query-gradient sum): 2 / 4 / 8 / 16 a SM 0.124 / 0.134 / 0.143 / 0.161 ms at N = 3, 0.190 / 0.206 /
 # 0.209 / 0.247 at N = 5 (from N = 3 the kernel takes 239-255 registers: 2 programs of 4 warps fit an SM)
 BWD_PROGRAMS_PER_SM = 2
 # the query gradient's sum over the backward's programs (_colsum_kernel): 64 rows x 32 columns a step, 24 programs at
-# D = 768 (32 x 64: 12 programs, 6.5 us a call at 264 rows, H200, session 23 call3)
+# D = 768: 4.2 us a call at 264 rows (32 x 64, 12 programs: 6.5 us; H200, session 23 calls 4 and 3)
 COLSUM_BLOCK_P, COLSUM_BLOCK_D = 64, 32
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
@@ -462,15 +460,22 @@ def _column_sum(partial: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@triton.jit
-def _flush_tile(
-    tile, x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
+@triton.jit(do_not_specialize=["acc_mask"])
+def _attn_res_flush_kernel(
+    x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
     d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
     M, D, acc_mask, C: tl.constexpr, S: tl.constexpr,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr = 1,
 ):
-    """Token tile ``tile`` of :func:`_attn_res_flush_kernel`."""
-    offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    """The deferred gradients of ``C`` shared sources ``x_n`` (into buffers ``g_n``; bit ``n`` of ``acc_mask``: add
+    to the content) from ``S`` mixes (gradient of the output ``d_i``, coefficients ``c_i [C', 3, M]``, query
+    ``u_i``): ``dx_n = sum_i (alpha_ni d_i + k_ni u_i) - (sum_i e_ni) x_n``, summed in fp32, rounded once.
+    ``GROUP`` sources per pass over the mixes: each ``d_i`` tile is loaded once a pass and feeds ``GROUP`` fp32
+    accumulators (1: once per source). A program per token tile: a grid-stride loop over tiles compiled to 255
+    registers with spills from N = 3 (186-233 without, ptxas sm_90a) and took 0.26 / 0.44 ms against 0.19 / 0.30 at
+    N = 3 / 5 (2, 4 or 8 programs an SM; H200, session 23 call4); removed."""
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
     for n0 in tl.static_range(0, C, GROUP):
@@ -507,33 +512,6 @@ def _flush_tile(
                     dx += tl.load(dsrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False),
                                   other=0.0).to(tl.float32)
                     tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
-
-
-@triton.jit(do_not_specialize=["acc_mask"])
-def _attn_res_flush_kernel(
-    x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-    d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
-    M, D, acc_mask, num_tiles, C: tl.constexpr, S: tl.constexpr,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr = 1,
-    STRIDE: tl.constexpr = False,
-):
-    """The deferred gradients of ``C`` shared sources ``x_n`` (into buffers ``g_n``; bit ``n`` of ``acc_mask``: add
-    to the content) from ``S`` mixes (gradient of the output ``d_i``, coefficients ``c_i [C', 3, M]``, query
-    ``u_i``): ``dx_n = sum_i (alpha_ni d_i + k_ni u_i) - (sum_i e_ni) x_n``, summed in fp32, rounded once.
-    ``GROUP`` sources per pass over the mixes: each ``d_i`` tile is loaded once a pass and feeds ``GROUP`` fp32
-    accumulators (1: once per source). A program per token tile, or with ``STRIDE`` grid-stride over ``num_tiles``
-    of them (a separate path: with the loop around it, the one-tile code compiled to 255 registers and spills from
-    N = 3 where it takes 186-233 without, ptxas sm_90a)."""
-    pid = tl.program_id(0)
-    if STRIDE:
-        for tile in range(pid, num_tiles, tl.num_programs(0)):
-            _flush_tile(tile, x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-                        d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
-                        M, D, acc_mask, C, S, BLOCK_T, CHUNK, CH, GROUP)
-    else:
-        _flush_tile(pid, x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-                    d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
-                    M, D, acc_mask, C, S, BLOCK_T, CHUNK, CH, GROUP)
 
 
 @functools.lru_cache(maxsize=64)
@@ -711,11 +689,7 @@ def flush_triton(sources: list[torch.Tensor], bufs: list[torch.Tensor], acc_mask
     x0 = sources[0]
     m, d = x0.shape
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), FLUSH_NUM_WARPS, FLUSH_MAX_CHUNKS, FLUSH_THREAD_ELEMS)
-    num_tiles = triton.cdiv(m, block_t)
-    programs = num_tiles
-    if FLUSH_PROGRAMS_PER_SM is not None:
-        programs = min(num_tiles, FLUSH_PROGRAMS_PER_SM * (sm_count(x0.device) if x0.is_cuda else 1))
-    _attn_res_flush_kernel[(programs,)](
-        *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs), *_slots(us), m, d, acc_mask, num_tiles,
+    _attn_res_flush_kernel[(triton.cdiv(m, block_t),)](
+        *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs), *_slots(us), m, d, acc_mask,
         C=len(sources), S=len(dhs), BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=FLUSH_GROUP,
-        STRIDE=programs < num_tiles, num_warps=FLUSH_NUM_WARPS)
+        num_warps=FLUSH_NUM_WARPS)

@@ -204,9 +204,8 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     elif kernel == "flush":
         fn = mt._attn_res_flush_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.FLUSH_NUM_WARPS, mt.FLUSH_MAX_CHUNKS, mt.FLUSH_THREAD_ELEMS)
-        args = srcs * 3 + [f32] * (2 * mt.MAX_ARGS) + ["i32", "i32", "i32", "i32"]
-        consts = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=mt.FLUSH_GROUP,
-                      STRIDE=mt.FLUSH_PROGRAMS_PER_SM is not None)
+        args = srcs * 3 + [f32] * (2 * mt.MAX_ARGS) + ["i32", "i32", "i32"]
+        consts = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=mt.FLUSH_GROUP)
         warps = mt.FLUSH_NUM_WARPS
     else:
         raise ValueError(f"attnres_ptxas_report: kernel must be fwd, bwd or flush, got {kernel!r}")

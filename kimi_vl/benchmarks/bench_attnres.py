@@ -168,9 +168,6 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"FLUSH_GROUP": 2, "FLUSH_THREAD_ELEMS": 12},
         {"FLUSH_GROUP": 8, "FLUSH_THREAD_ELEMS": 12},
         {"FLUSH_GROUP": 8, "FLUSH_THREAD_ELEMS": 24},
-        {"FLUSH_PROGRAMS_PER_SM": 2},
-        {"FLUSH_PROGRAMS_PER_SM": 4},
-        {"FLUSH_PROGRAMS_PER_SM": 8},
     ],
 }
 FLUSH_MIXES = 6  # the flush sweep: this many mixes' deferred gradients (the small flavor's block) into N - 1 sources

@@ -330,17 +330,16 @@ def test_triton_backward_adds_into_a_sink_buffer():
     assert_rel_rms(du2, du, 0.0, "du")
 
 
-@pytest.mark.parametrize(("flush_group", "flush_programs"), [(1, None), (2, None), (4, None), (4, 3)])
+@pytest.mark.parametrize("flush_group", [1, 2, 4])
 @pytest.mark.parametrize(("dtype", "d", "tol"), [(torch.float32, 40, 1e-6), (torch.bfloat16, 768, 1e-2)])
-def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flush_group, flush_programs):
+def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flush_group):
     """Four mixes share three sources (completed block states) and each has its own fourth (a partial sum). The
     first to run backward (a later block's) adds its gradients into both sets of sinks, so that the flush then adds
     to started buffers; the other three defer theirs (``mix_bwd_triton(defer=...)``, then one ``flush_deferred``,
-    its sources one, two (a ragged last group) or all per pass over the mixes; a program per token tile, or three
-    programs striding over the 16 tiles). That gives what adding each mix's gradient into the sinks gives (bf16: fewer
-    roundings), the same partial-sum and query gradients, and empties the block."""
+    its sources one, two (a ragged last group) or all per pass over the mixes). That gives what adding each mix's
+    gradient into the sinks gives (bf16: fewer roundings), the same partial-sum and query gradients, and empties the
+    block."""
     monkeypatch.setattr(mix_triton, "FLUSH_GROUP", flush_group)
-    monkeypatch.setattr(mix_triton, "FLUSH_PROGRAMS_PER_SM", flush_programs)
     gen = torch.Generator().manual_seed(21)
     dev = kernel_device()
     shared = [(torch.randn(31, d, generator=gen) * (1 + i)).to(dev, dtype) for i in range(3)]
