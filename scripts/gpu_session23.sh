@@ -23,24 +23,35 @@
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
+attnres_tests() {  # limit_s
+  PART_TAIL=8 part "AttnRes tests on the GPU" "$1" python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+}
+
+attnres_sweep() {  # kernel title limit_s tail: bench_attnres --bwd-sweep of one kernel at N = 3, 5 into $OUT/sweep
+  OUT=$OUT/sweep PART_TAIL=$4 part "bench_attnres --bwd-sweep: $2" "$3" python3 -m kimi_vl.benchmarks.bench_attnres \
+    --layouts --sources 3 5 --bwd-sweep --sweep-kernels "$1" --decode-steps 0
+}
+
+attnres_step() {  # rounds limit_s tail top: the small hybrid's block-AttnRes step overhead, profiled
+  PART_TAIL=$3 part "bench_attnres: the small hybrid's block-AttnRes step overhead, $1 rounds, profiled" "$2" python3 \
+    -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds "$1" --hybrid-iters 4 --decode-steps 0 \
+    --profile --profile-top "$4" --budget-s 400
+}
+
 gpu_header
 case "${1:?usage: gpu_session23.sh attnres|order|final|flush|last}" in
 attnres)
-  PART_TAIL=8 part "AttnRes tests on the GPU" 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
-  PART_TAIL=60 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 6 rounds, profiled" 250 python3 \
-    -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds 6 --hybrid-iters 4 --decode-steps 0 \
-    --profile --profile-top 20 --budget-s 400
+  attnres_tests 90
+  attnres_step 6 250 60 20
   ;;
 order)
   install_fla
-  PART_TAIL=8 part "AttnRes tests on the GPU" 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  attnres_tests 90
   settings="prep heads first,scores heads first,output heads first,all heads first"
   sweep_best 1x8192x32 80 "$settings"
   sweep_best 8x2048x16 80 "$settings"
-  OUT=$OUT/sweep PART_TAIL=30 part "bench_attnres --bwd-sweep: backward programs per SM" 60 python3 \
-    -m kimi_vl.benchmarks.bench_attnres --layouts --sources 3 5 --bwd-sweep --sweep-kernels backward --decode-steps 0
+  attnres_sweep backward "backward programs per SM" 60 30
   for ppsm in 8 4; do
     OUT=$OUT/ppsm$ppsm PART_TAIL=12 part "bench_attnres: hybrid step, BWD_PROGRAMS_PER_SM=$ppsm, profiled" 120 \
       python3 -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 --rounds 3 --hybrid-iters 4 \
@@ -51,31 +62,20 @@ final)
   install_fla
   kda_tests 110 tests/model/test_kda_layer_backends.py
   bench_five 190
-  PART_TAIL=8 part "AttnRes tests on the GPU" 85 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
-  OUT=$OUT/sweep PART_TAIL=30 part "bench_attnres --bwd-sweep: the backward alone" 50 python3 \
-    -m kimi_vl.benchmarks.bench_attnres --layouts --sources 3 5 --bwd-sweep --sweep-kernels backward --decode-steps 0
-  PART_TAIL=40 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 6 rounds, profiled" 150 python3 \
-    -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds 6 --hybrid-iters 4 --decode-steps 0 \
-    --profile --profile-top 12 --budget-s 400
+  attnres_tests 85
+  attnres_sweep backward "the backward alone" 50 30
+  attnres_step 6 150 40 12
   PART_TAIL=30 part "bench_backbone --profile: the small hybrid's training step" 60 python3 \
     -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile --variants hybrid
   ;;
 flush)
-  PART_TAIL=8 part "AttnRes tests on the GPU" 85 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
-  OUT=$OUT/sweep PART_TAIL=24 part "bench_attnres --bwd-sweep: the flush alone" 50 python3 \
-    -m kimi_vl.benchmarks.bench_attnres --layouts --sources 3 5 --bwd-sweep --sweep-kernels flush --decode-steps 0
-  PART_TAIL=40 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 8 rounds, profiled" 185 python3 \
-    -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds 8 --hybrid-iters 4 --decode-steps 0 \
-    --profile --profile-top 12 --budget-s 400
+  attnres_tests 85
+  attnres_sweep flush "the flush alone" 50 24
+  attnres_step 8 185 40 12
   ;;
 last)
-  PART_TAIL=8 part "AttnRes tests on the GPU" 85 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
-  PART_TAIL=40 part "bench_attnres: the small hybrid's block-AttnRes step overhead, 8 rounds, profiled" 185 python3 \
-    -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds 8 --hybrid-iters 4 --decode-steps 0 \
-    --profile --profile-top 12 --budget-s 400
+  attnres_tests 85
+  attnres_step 8 185 40 12
   ;;
 esac
 ls -la "$OUT"
