@@ -25,8 +25,8 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   dot products are warp shuffles (no shared memory, no barrier inside the loop) and ``D = 768`` is 3 x 256 with
   no padding. Per token ``g_n = dh . x_n``, ``q_n = u . x_n`` (pass A, one read of each source) give
   ``ds_n = alpha_n (g_n - sum_j alpha_j g_j)``, the score ``s_n = q_n rstd_n`` and, in pass B (no reductions),
-  ``dx_n = alpha_n dh + ds_n rstd_n (u - x_n rstd_n s_n / D)``. Pass B loads the sources again in the source, but
-  the compiler merges those loads with pass A's (the pointer-argument kernel's PTX for sm_90a has one load per
+  ``dx_n = alpha_n dh + ds_n rstd_n (u - x_n rstd_n s_n / D)``. Pass B's code loads the tiles again, but the
+  compiler merges those loads with pass A's (the pointer-argument kernel's PTX for sm_90a has one load per
   tile and source, Triton 3.9, session 23), so the tiles stay in registers. The query gradient
   ``du = sum ds_n rstd_n x_n`` is accumulated per program in fp32 registers and the per-program rows are summed
   afterwards by a column-sum kernel (no atomics, deterministic). The pointer-argument kernel is compiled per ``N``
