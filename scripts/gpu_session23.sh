@@ -18,8 +18,11 @@
 #       profiled.
 #   bash scripts/gpu_session23.sh last      call5: the committed state (grid-stride flush removed, alpha's gradient no
 #       longer zero-filled): AttnRes GPU tests; the small hybrid's step overhead, 8 rounds, profiled.
+#   bash scripts/gpu_session23.sh unroll    call6: the prep kernel's K loops as straight-line code (PREP_UNROLL, the new
+#       default; 80 registers against 88) against the loops ("prep rolled") at two shapes, with o's difference and its
+#       error against fp64; the five shapes against fla with the new default.
 # Part limits sum to 340 s (attnres), 560 s (order), 645 s (final: the parts took 85-90 s or less in session 22),
-# 320 s (flush) and 270 s (last); one command may run 600.
+# 320 s (flush), 270 s (last) and 290 s (unroll); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -40,7 +43,7 @@ attnres_step() {  # rounds limit_s tail top: the small hybrid's block-AttnRes st
 }
 
 gpu_header
-case "${1:?usage: gpu_session23.sh attnres|order|final|flush|last}" in
+case "${1:?usage: gpu_session23.sh attnres|order|final|flush|last|unroll}" in
 attnres)
   attnres_tests 90
   attnres_step 6 250 60 20
@@ -76,6 +79,12 @@ flush)
 last)
   attnres_tests 85
   attnres_step 8 185 40 12
+  ;;
+unroll)
+  install_fla
+  sweep_best 1x8192x32 70 "prep rolled"
+  sweep_best 8x2048x16 70 "prep rolled"
+  bench_five 150
   ;;
 esac
 ls -la "$OUT"
