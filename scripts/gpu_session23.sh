@@ -20,7 +20,8 @@
 #       longer zero-filled): AttnRes GPU tests; the small hybrid's step overhead, 8 rounds, profiled.
 #   bash scripts/gpu_session23.sh unroll    call6: the prep kernel's K loops as straight-line code (PREP_UNROLL, the new
 #       default; 80 registers against 88) against the loops ("prep rolled") at two shapes, with o's difference and its
-#       error against fp64; the five shapes against fla with the new default.
+#       error against fp64; the five shapes against fla with the new default. The unrolled loops were slower (prep
+#       0.193 against 0.154 ms) and PREP_UNROLL was removed after this call, so this mode no longer runs.
 # Part limits sum to 340 s (attnres), 560 s (order), 645 s (final: the parts took 85-90 s or less in session 22),
 # 320 s (flush), 270 s (last) and 290 s (unroll); one command may run 600.
 set -u

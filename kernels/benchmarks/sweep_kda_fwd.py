@@ -58,7 +58,6 @@ SETTINGS = [
     ("state w2", {"STATE_LAUNCH": (2, 3)}),
     ("state bv64", {"STATE_BV": 64}),
     ("state bv64 w8 s3", {"STATE_BV": 64, "STATE_LAUNCH": (8, 3)}),
-    ("prep rolled", {"PREP_UNROLL": False}),
     ("prep chunks first", {"PREP_HEADS_FIRST": False}),
     ("scores chunks first", {"SCORES2_HEADS_FIRST": False}),
     ("output chunks first", {"OUT_HEADS_FIRST": False}),

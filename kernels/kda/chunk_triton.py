@@ -66,31 +66,19 @@ SUB = 16
 
 
 @triton.jit
-def _norm_tile(q_ptr, k_ptr, qk_off, rm, k0, sq, sk, K: tl.constexpr, BKP: tl.constexpr):
-    """``sq``, ``sk`` plus the squares of key-column tile ``k0`` of the chunk's q and k rows."""
-    ck = k0 + tl.arange(0, BKP)
-    m = rm[:, None] & (ck < K)[None, :]
-    x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-    sq += tl.sum(x * x, 1)
-    x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-    sk += tl.sum(x * x, 1)
-    return sq, sk
-
-
-@triton.jit
 def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS: tl.constexpr, K: tl.constexpr,
-                C: tl.constexpr, BKP: tl.constexpr, UNROLL: tl.constexpr):
-    """Store the inverse L2 norms of the chunk's q and k rows (fp32, eps 1e-6 under the root), K tile by K tile
-    (``UNROLL``: the tiles as straight-line code, so that their loads can be issued together)."""
+                C: tl.constexpr, BKP: tl.constexpr):
+    """Store the inverse L2 norms of the chunk's q and k rows (fp32, eps 1e-6 under the root), K tile by K tile."""
     qk_off = (bos + rows)[:, None] * QS + i_h * K
     sq = tl.zeros([C], dtype=tl.float32)
     sk = tl.zeros([C], dtype=tl.float32)
-    if UNROLL:
-        for k0 in tl.static_range(0, K, BKP):
-            sq, sk = _norm_tile(q_ptr, k_ptr, qk_off, rm, k0, sq, sk, K, BKP)
-    else:
-        for k0 in range(0, K, BKP):
-            sq, sk = _norm_tile(q_ptr, k_ptr, qk_off, rm, k0, sq, sk, K, BKP)
+    for k0 in range(0, K, BKP):
+        ck = k0 + tl.arange(0, BKP)
+        m = rm[:, None] & (ck < K)[None, :]
+        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        sq += tl.sum(x * x, 1)
+        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        sk += tl.sum(x * x, 1)
     tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
     tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
 
@@ -145,15 +133,15 @@ def _prep_kernel(
     L2: tl.constexpr,
     SUFFIX: tl.constexpr,
     HEADS_FIRST: tl.constexpr = False,
-    UNROLL: tl.constexpr = False,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
     W / U loop: written here, they took this kernel to 162 registers and 0.33 ms at 1 x 8192 x 32, against 72 and
     0.18 ms without; H200, session 20.) ``SUFFIX`` (fp32 inputs): also kg's exponent ``G_last - G`` as a suffix sum
     of g, into ``E_ptr`` (kg's fp32 buffer, which the W / U loop then overwrites with kg). (One program for
-    the norms and one per key tile took the forward from 1.111 to 1.128 ms: H200, session 21, removed.) ``UNROLL``:
-    both K loops as straight-line code."""
+    the norms and one per key tile took the forward from 1.111 to 1.128 ms: H200, session 21, removed. Both K loops
+    as straight-line code: 80 registers against 88 but 0.193 against 0.154 ms at 1 x 8192 x 32; H200, session 23,
+    removed.)"""
     i_c, i_hv = _chunk_head_ids(0, HEADS_FIRST)
     i_h = i_hv // (HV // H)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
@@ -162,15 +150,10 @@ def _prep_kernel(
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
     if L2:
-        _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP, UNROLL)
-    if UNROLL:
-        for k0 in tl.static_range(0, K, BKP):
-            _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
-                            k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
-    else:
-        for k0 in range(0, K, BKP):
-            _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
-                            k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+        _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
+    for k0 in range(0, K, BKP):
+        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
+                        k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
 
 
 @triton.jit
@@ -263,7 +246,6 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the prep kernel (norms, gate, cumsum)
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
-PREP_UNROLL = True  # the prep kernel's K loops as straight-line code (False: Triton loops, before session 23)
 # fp32 inputs: kg's exponent G_last - G as a suffix sum of g (a second scan in the prep kernel, stored in kg's buffer)
 # rather than a difference of the stored prefix sums, which lost up to ~1e-5 of the final state with sharp gates
 # (H200, session 20 call6: max 9.2e-6 against 2.5e-7). 16-bit inputs always take the difference (bf16 errors equal).
@@ -419,7 +401,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             SUFFIX=suffix,
             HEADS_FIRST=hf,
-            UNROLL=PREP_UNROLL,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
