@@ -13,7 +13,6 @@ instruction).
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import re
 import subprocess
@@ -26,6 +25,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from kernels.benchmarks.constants import set_constants  # noqa: E402
 from kernels.kda import chunk_triton as ct  # noqa: E402
 
 SHAPE = dict(HV=32, K=128, V=128, BK=128, C=64)
@@ -137,12 +137,7 @@ def _set_constants(pairs: list[str], attnres: bool) -> None:
     """Apply ``NAME=VALUE`` pairs (VALUE a Python literal) to the kernels' module, refusing unknown names."""
     from kernels.attn_res import mix_triton as mt
 
-    mod = mt if attnres else ct
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        if not hasattr(mod, name):
-            raise SystemExit(f"ptxas_regs.py: --set {pair!r}: {mod.__name__} has no constant {name!r}")
-        setattr(mod, name, ast.literal_eval(value))
+    set_constants(mt if attnres else ct, pairs, "ptxas_regs.py")
 
 
 

@@ -39,7 +39,6 @@ sizes on the CPU to check the script itself (``TRITON_INTERPRET=1 python -m ... 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import time
@@ -454,7 +453,7 @@ def main() -> None:
                         "e.g. --set BWD_PROGRAMS_PER_SM=4")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (debug flavor), checks the script")
     args = p.parse_args()
-    _set_mix_constants(p, args.set)
+    _set_mix_constants(args.set)
     t0 = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -491,18 +490,12 @@ def main() -> None:
     print(table(results))
 
 
-def _set_mix_constants(parser: argparse.ArgumentParser, pairs: list[str]) -> None:
-    """Apply ``NAME=VALUE`` pairs to ``kernels.attn_res.mix_triton``, refusing names it does not have."""
+def _set_mix_constants(pairs: list[str]) -> None:
+    """Apply ``--set NAME=VALUE`` pairs to ``kernels.attn_res.mix_triton`` for the run."""
     from kernels.attn_res import mix_triton as mt
+    from kernels.benchmarks.constants import set_constants
 
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        if not name.isupper() or not hasattr(mt, name):
-            parser.error(f"--set {pair!r}: kernels/attn_res/mix_triton.py has no constant {name!r}")
-        try:
-            setattr(mt, name, ast.literal_eval(value))
-        except (ValueError, SyntaxError):
-            parser.error(f"--set {pair!r}: {value!r} is not a Python literal")
+    set_constants(mt, pairs, "bench_attnres")
 
 
 def _kernel_diff_lines(layers: str, rows: list[dict]) -> list[str]:

@@ -1,0 +1,24 @@
+"""``NAME=VALUE`` overrides of a kernel module's tuning constants, shared by the benchmark scripts' ``--set`` options
+(``ptxas_regs.py``, ``kimi_vl/benchmarks/bench_attnres.py``)."""
+
+from __future__ import annotations
+
+import ast
+from types import ModuleType
+
+
+def set_constants(module: ModuleType, pairs: list[str], where: str) -> dict:
+    """Set each ``NAME=VALUE`` of ``pairs`` (VALUE a Python literal) on ``module`` and return them as a dict. NAME
+    must be an upper-case constant the module has; otherwise, or for a VALUE that is not a literal, exit with a
+    message naming ``where``, the pair and the module."""
+    out = {}
+    for pair in pairs:
+        name, _, value = (x.strip() for x in pair.partition("="))
+        if not name.isupper() or not hasattr(module, name):
+            raise SystemExit(f"{where}: --set {pair!r}: {module.__name__} has no constant {name!r}")
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise SystemExit(f"{where}: --set {pair!r}: {value!r} is not a Python literal") from None
+        setattr(module, name, out[name])
+    return out
