@@ -8,12 +8,14 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
 
 - Forward: one program per tile of ``BLOCK_T`` tokens x all of ``D`` walks the sources once with an online
   softmax: per source, RMS and score in fp32, then ``acc = acc * e^(m - m') + e^(s - m') x``. Writes
-  ``h [M, D]``, fp32 ``rstd [N, M]`` and ``alpha = exp(s - lse) [N, M]`` (saved for backward, returned for
-  diagnostics). The pointer-argument forward uses the backward's layout (below: warp-owned rows of ``CH`` chunks,
-  ``N`` a compile-time constant, the next ``FWD_PREFETCH`` sources' tiles loaded before the current one is used; the
-  ``FWD_*`` constants) and keeps the ``N`` scores in registers until ``lse`` is known (session 22; before, both
-  forwards wrote the scores and ``lse`` and the wrapper took two more launches for ``alpha``). The address-table
-  forward (any ``N``) still writes scores and ``lse``, turned into ``alpha`` by the wrapper. It keeps
+  ``h [M, D]``, fp32 ``rstd [N, M]`` and ``alpha = exp(s - m) / l [N, M]`` (saved for backward, returned for
+  diagnostics; no log: ``exp(s - lse)`` with the GPU's approximate log gave alpha a few ulp below 1 for one source,
+  H200, session 23). The pointer-argument forward uses the backward's layout (below: warp-owned rows of ``CH``
+  chunks, ``N`` a compile-time constant, the next ``FWD_PREFETCH`` sources' tiles loaded before the current one is
+  used; the ``FWD_*`` constants) and keeps the ``N`` scores in registers until the softmax's max and sum are known
+  (session 22; before, both forwards wrote the scores and ``lse`` and the wrapper took two more launches for
+  ``alpha``). The address-table forward (any ``N``) stores the scores into alpha's buffer and rewrites them at the
+  end (session 23; before, ``lse`` and two launches in the wrapper). It keeps
   the first layout, ``BLOCK_D`` = the next power of two of ``D`` (``D = 768`` pads to 1024) with reductions across
   the program's warps. Measured on an H100 (session 12, ``bench_attnres --bwd-sweep``, M = 32768, D = 768, bf16):
   the row layout took 0.070 / 0.085 / 0.124 / 0.133 ms at N = 2 / 3 / 4 / 5 against 0.105 / 0.129 / 0.161 /
@@ -144,9 +146,12 @@ def _online_softmax_step(m, l, acc, s, x):
 
 @triton.jit
 def _attn_res_fwd_kernel(
-    src_tab, u_ptr, h_ptr, rstd_ptr, score_ptr, lse_ptr, N, M, D, eps,
+    src_tab, u_ptr, h_ptr, rstd_ptr, alpha_ptr, N, M, D, eps,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr,
 ):
+    """Address-table forward (any ``N``, runtime loop over the sources): the scores go to ``alpha_ptr`` as they come
+    and are turned into ``alpha = exp(s - m) / l`` there once the softmax's max and sum are known (after a barrier:
+    a token's score may have been stored by another thread holding a copy of it)."""
     offs_t, offs_d, t_ok, d_ok, tile_ok, offs = _token_tile(tl.program_id(0), M, D, BLOCK_T, BLOCK_D)
     u = tl.load(u_ptr + offs_d, mask=d_ok, other=0.0)
     m = tl.full([BLOCK_T], float("-inf"), tl.float32)
@@ -160,11 +165,14 @@ def _attn_res_fwd_kernel(
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
         s = tl.sum(x * u[None, :], axis=1) * rstd
         tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
-        tl.store(score_ptr + n * M + offs_t, s, mask=t_ok)
+        tl.store(alpha_ptr + n * M + offs_t, s, mask=t_ok)
         m, l, acc = _online_softmax_step(m, l, acc, s, x)
-    h = acc / l[:, None]
-    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=tile_ok)
-    tl.store(lse_ptr + offs_t, m + tl.log(l), mask=t_ok)
+    inv_l = 1.0 / l
+    tl.store(h_ptr + offs, (acc * inv_l[:, None]).to(h_ptr.dtype.element_ty), mask=tile_ok)
+    tl.debug_barrier()  # the scores' stores are visible to every thread of the program
+    for n in range(N):
+        s = tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0)
+        tl.store(alpha_ptr + n * M + offs_t, tl.exp(s - m) * inv_l, mask=t_ok)
 
 
 @triton.jit
@@ -386,7 +394,7 @@ def _attn_res_fwd_rows_kernel(
         cols = c * CHUNK + tl.arange(0, CHUNK)
         tl.store(h_ptr + rows + cols[None, :], (acc[c] * inv_l[:, None]).to(h_ptr.dtype.element_ty),
                  mask=t_ok[:, None] & (cols < D)[None, :])
-    for n in tl.static_range(N):  # exp(s - m) / l: no log (exp(s - lse) gave alpha != 1 at N = 1 on an H200)
+    for n in tl.static_range(N):  # exp(s - m) / l: no log (see the module docstring)
         tl.store(alpha_ptr + n * M + offs_t, tl.exp(scores[n] - m) * inv_l, mask=t_ok)
 
 
@@ -452,7 +460,8 @@ def _colsum_kernel(p_ptr, out_ptr, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.cons
 
 def _column_sum(partial: torch.Tensor) -> torch.Tensor:
     """``partial.sum(0)`` of a contiguous fp32 ``[P, D]`` by :func:`_colsum_kernel` (one launch; ATen's reduction took
-    8 us for P = 1056 and 15 us for P = 528 at D = 768 on an H200, session 23 call2, against ~2 us of reading)."""
+    8 us for P = 1056 and 15 us for P = 528 at D = 768 on an H200, session 23 call2; this one 4.2 us at P = 264,
+    call4)."""
     p, d = partial.shape
     out = torch.empty(d, device=partial.device, dtype=torch.float32)
     _colsum_kernel[(triton.cdiv(d, COLSUM_BLOCK_D),)](partial, out, p, d, BLOCK_P=COLSUM_BLOCK_P,
@@ -608,13 +617,11 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
         _attn_res_fwd_rows_kernel[(triton.cdiv(m, block_t),)](
             *_slots(sources), u, h, rstd, alpha, n, m, d, eps,
             BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=FWD_PREFETCH, num_warps=FWD_NUM_WARPS)
-    else:  # the scores (any number of sources) and their log-sum-exp, then alpha
-        lse = torch.empty(m, device=x0.device, dtype=torch.float32)
+    else:  # any number of sources
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
-            _address_table(sources, x0.device), u, h, rstd, alpha, lse, n, m, d, eps,
+            _address_table(sources, x0.device), u, h, rstd, alpha, n, m, d, eps,
             BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
-        alpha.sub_(lse).exp_()
     return h, rstd, alpha
 
 
