@@ -43,7 +43,8 @@ def chunk_head_grid(chunks: int, heads: int, heads_first: bool, lead: tuple[int,
     ``(*lead, heads, chunks)`` when ``heads_first`` and the chunks fit a grid dimension past the first, else
     ``(*lead, chunks, heads)``. Heads first, the programs resident together work on the same tokens' rows of every
     head (contiguous in q, k, v, g) and write neighbouring ``[NC, HV, ...]`` slabs; chunks first, neighbouring
-    programs read a head's rows of other chunks, ``C`` tokens apart (the layout before session 23)."""
+    programs read a head's rows of other chunks, ``C`` tokens apart (the layout before session 23). With ``lead``
+    both orders put the chunks past the first dimension, so the fallback keeps only the order."""
     hf = heads_first and chunks <= MAX_GRID_YZ
     return (*lead, heads, chunks) if hf else (*lead, chunks, heads), hf
 
