@@ -9,7 +9,8 @@
 #   app_ab A ENV_A B ENV_B          24-step runs A B A B (rounds _a, _b; ENV_*: one VAR=VALUE each), compared per round
 # and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one, with its tuning cache;
 # use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache, else
-# the committed $FLA_TUNING).
+# the committed $FLA_TUNING). The KDA parts: kda_tests, sweep_best, bench_five; the AttnRes parts: attnres_tests,
+# attnres_sweep, attnres_step (each function's arguments are on its first line).
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 # fla-core 0.6.0's autotuning results on an H100 with Triton 3.6 (session 5, call7): without them fla tunes for minutes
 FLA_TUNING=${FLA_TUNING:-$PWD/kernels/benchmarks/fla_tuning/h100_triton3.6_fla0.6.0.tar.gz}
@@ -130,4 +131,22 @@ bench_five() {  # limit_s [best.txt]: bench_kda.py ours vs fla at the five shape
   PART_TAIL=40 part "bench_kda ours vs fla, five shapes, with CUDA-graph forwards" "$limit" python3 \
     kernels/benchmarks/bench_kda.py --no-prelude --graph --impls ours,fla --deadline $((limit - 30)) --shapes "$FIVE" \
     "${set_file[@]}" --out "$OUT/bench_kda.json"
+}
+
+attnres_tests() {  # limit_s
+  PART_TAIL=8 part "AttnRes tests on the GPU" "$1" python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+}
+
+attnres_sweep() {  # kernel title limit_s tail [sources]: bench_attnres --bwd-sweep of one kernel at N = sources
+  # (default "3 5") into $OUT/sweep
+  # shellcheck disable=SC2086 # the sources are words
+  OUT=$OUT/sweep PART_TAIL=$4 part "bench_attnres --bwd-sweep: $2" "$3" python3 -m kimi_vl.benchmarks.bench_attnres \
+    --layouts --sources ${5:-3 5} --bwd-sweep --sweep-kernels "$1" --decode-steps 0
+}
+
+attnres_step() {  # rounds limit_s tail top: the small hybrid's block-AttnRes step overhead, profiled
+  PART_TAIL=$3 part "bench_attnres: the small hybrid's block-AttnRes step overhead, $1 rounds, profiled" "$2" python3 \
+    -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds "$1" --hybrid-iters 4 --decode-steps 0 \
+    --profile --profile-top "$4" --budget-s 400
 }

@@ -27,22 +27,6 @@
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
-attnres_tests() {  # limit_s
-  PART_TAIL=8 part "AttnRes tests on the GPU" "$1" python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
-}
-
-attnres_sweep() {  # kernel title limit_s tail: bench_attnres --bwd-sweep of one kernel at N = 3, 5 into $OUT/sweep
-  OUT=$OUT/sweep PART_TAIL=$4 part "bench_attnres --bwd-sweep: $2" "$3" python3 -m kimi_vl.benchmarks.bench_attnres \
-    --layouts --sources 3 5 --bwd-sweep --sweep-kernels "$1" --decode-steps 0
-}
-
-attnres_step() {  # rounds limit_s tail top: the small hybrid's block-AttnRes step overhead, profiled
-  PART_TAIL=$3 part "bench_attnres: the small hybrid's block-AttnRes step overhead, $1 rounds, profiled" "$2" python3 \
-    -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds "$1" --hybrid-iters 4 --decode-steps 0 \
-    --profile --profile-top "$4" --budget-s 400
-}
-
 gpu_header
 case "${1:?usage: gpu_session23.sh attnres|order|final|flush|last|unroll}" in
 attnres)

@@ -68,6 +68,14 @@ SETTINGS = [
     ("prep w8", {"PREP_LAUNCH": (8, 2)}),
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
+    ("prep norm bk64", {"PREP_NORM_BK": 64}),
+    ("prep norm bk128", {"PREP_NORM_BK": 128}),
+    ("prep norm bk128 w8", {"PREP_NORM_BK": 128, "PREP_LAUNCH": (8, 2)}),
+    ("prep one loop", {"PREP_ONE_LOOP": True}),
+    ("prep one loop bk64", {"PREP_ONE_LOOP": True, "PREP_BK": 64}),
+    ("prep one loop s1", {"PREP_ONE_LOOP": True, "PREP_LAUNCH": (4, 1)}),
+    ("probe prep no norms", {"PREP_PROBE": "no_norms"}),
+    ("probe prep no gate", {"PREP_PROBE": "no_gate"}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]
 

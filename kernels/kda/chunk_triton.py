@@ -66,21 +66,32 @@ SUB = 16
 
 
 @triton.jit
-def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS: tl.constexpr, K: tl.constexpr,
-                C: tl.constexpr, BKP: tl.constexpr):
-    """Store the inverse L2 norms of the chunk's q and k rows (fp32, eps 1e-6 under the root), K tile by K tile."""
-    qk_off = (bos + rows)[:, None] * QS + i_h * K
+def _sumsq_tile(q_ptr, k_ptr, qk_off, rm, ck, K: tl.constexpr):
+    """Row sums of squares of one key-column tile ``ck`` of the chunk's q and k rows (fp32)."""
+    m = rm[:, None] & (ck < K)[None, :]
+    x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+    y = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+    return tl.sum(x * x, 1), tl.sum(y * y, 1)
+
+
+@triton.jit
+def _store_norms(rq_ptr, rk_ptr, sq, sk, rows, sc, C: tl.constexpr):
+    """Inverse L2 norms (eps 1e-6 under the root) from the rows' sums of squares."""
+    tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
+    tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
+
+
+@triton.jit
+def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_off, rows, rm, sc, K: tl.constexpr, C: tl.constexpr,
+                BKP: tl.constexpr):
+    """Store the inverse L2 norms of the chunk's q and k rows, K tile by K tile."""
     sq = tl.zeros([C], dtype=tl.float32)
     sk = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, K, BKP):
-        ck = k0 + tl.arange(0, BKP)
-        m = rm[:, None] & (ck < K)[None, :]
-        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        sq += tl.sum(x * x, 1)
-        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        sk += tl.sum(x * x, 1)
-    tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
-    tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
+        dq, dk = _sumsq_tile(q_ptr, k_ptr, qk_off, rm, k0 + tl.arange(0, BKP), K)
+        sq += dq
+        sk += dk
+    _store_norms(rq_ptr, rk_ptr, sq, sk, rows, sc, C)
 
 
 @triton.jit
@@ -133,6 +144,9 @@ def _prep_kernel(
     L2: tl.constexpr,
     SUFFIX: tl.constexpr,
     HEADS_FIRST: tl.constexpr = False,
+    BKN: tl.constexpr = 32,
+    ONE_LOOP: tl.constexpr = False,
+    GATE_LOOP: tl.constexpr = True,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
@@ -149,11 +163,28 @@ def _prep_kernel(
     rows = tl.arange(0, C)
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
-    if L2:
-        _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
-    for k0 in range(0, K, BKP):
-        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
-                        k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+    qk_off = (bos + rows)[:, None] * QS + i_h * K
+    if ONE_LOOP:  # the norms' q, k tiles loaded in the gate's K loop
+        sq = tl.zeros([C], dtype=tl.float32)
+        sk = tl.zeros([C], dtype=tl.float32)
+        for k0 in range(0, K, BKP):
+            ck = k0 + tl.arange(0, BKP)
+            if L2:
+                dq, dk = _sumsq_tile(q_ptr, k_ptr, qk_off, rm, ck, K)
+                sq += dq
+                sk += dk
+            if GATE_LOOP:
+                _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
+                                HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+        if L2:
+            _store_norms(rq_ptr, rk_ptr, sq, sk, rows, sc, C)
+    else:
+        if L2:
+            _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_off, rows, rm, sc, K, C, BKN)
+        if GATE_LOOP:
+            for k0 in range(0, K, BKP):
+                _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
+                                k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
 
 
 @triton.jit
@@ -246,6 +277,11 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the prep kernel (norms, gate, cumsum)
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
+PREP_NORM_BK: int | None = None  # key columns per step of the prep kernel's norm pass (None: PREP_BK)
+PREP_ONE_LOOP = False  # the norms' q, k tiles loaded in the gate's K loop (one pass) instead of a pass of their own
+# Timing probe, not a setting (outputs are wrong): "no_norms" leaves the prep kernel's norm pass out, "no_gate" its
+# gate / cumsum pass, so the benchmark can place the kernel's time (session 24).
+PREP_PROBE = ""
 # fp32 inputs: kg's exponent G_last - G as a suffix sum of g (a second scan in the prep kernel, stored in kg's buffer)
 # rather than a difference of the stored prefix sums, which lost up to ~1e-5 of the final state with sharp gates
 # (H200, session 20 call6: max 9.2e-6 against 2.5e-7). 16-bit inputs always take the difference (bf16 errors equal).
@@ -398,9 +434,12 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             GATE=use_gate,
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
-            L2=use_l2,
+            L2=use_l2 and PREP_PROBE != "no_norms",
             SUFFIX=suffix,
             HEADS_FIRST=hf,
+            BKN=min(BK, PREP_NORM_BK or PREP_BK),
+            ONE_LOOP=PREP_ONE_LOOP,
+            GATE_LOOP=PREP_PROBE != "no_gate",
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
