@@ -138,11 +138,11 @@ attnres_tests() {  # limit_s
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
 }
 
-attnres_sweep() {  # kernel title limit_s tail [sources]: bench_attnres --bwd-sweep of one kernel at N = sources
-  # (default "3 5") into $OUT/sweep
-  # shellcheck disable=SC2086 # the sources are words
-  OUT=$OUT/sweep PART_TAIL=$4 part "bench_attnres --bwd-sweep: $2" "$3" python3 -m kimi_vl.benchmarks.bench_attnres \
-    --layouts --sources ${5:-3 5} --bwd-sweep --sweep-kernels "$1" --decode-steps 0
+attnres_sweep() {  # kernels title limit_s tail [sources]: bench_attnres --bwd-sweep of the kernels at N = sources
+  # (default "3 5") into $OUT/sweep_<kernels>
+  # shellcheck disable=SC2086 # the kernels and sources are words
+  OUT=$OUT/sweep_${1// /_} PART_TAIL=$4 part "bench_attnres --bwd-sweep: $2" "$3" python3 -m kimi_vl.benchmarks.bench_attnres \
+    --layouts --sources ${5:-3 5} --bwd-sweep --sweep-kernels $1 --decode-steps 0
 }
 
 attnres_step() {  # rounds limit_s tail top: the small hybrid's block-AttnRes step overhead, profiled

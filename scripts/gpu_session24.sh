@@ -5,12 +5,16 @@
 #       per SM: 2 chosen at N = 3 and 5); KDA GPU tests (the prep kernel's norm pass refactored, with options); the
 #       prep kernel's options and timing probes (no norm pass, no gate pass) at 1x8192x32; Nsight Compute on our
 #       prep and scores kernels and fla's L2 norm, gate and intra-chunk kernels (stall reasons by source line).
-# Part limits sum to 480 s (probe); one command may run 600.
+#   bash scripts/gpu_session24.sh prep    call2: the prep kernel's G_last from G's last row (no column sum: 72 -> 56
+#       registers), G = cumsum(g) as tensor-core dots, and their combinations with the one-loop form (call1: 0.145
+#       against 0.155 ms) at two shapes; the AttnRes kernels alone under their sweeps timed round-robin (call1 timed
+#       the default 0.114 ms and the same setting 0.095 later in the same sweep).
+# Part limits sum to 480 s (probe), 440 s (prep); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session24.sh probe}" in
+case "${1:?usage: gpu_session24.sh probe|prep}" in
 probe)
   install_fla
   attnres_tests 90
@@ -21,6 +25,15 @@ probe)
   NCU_IMPLS="ours fla" NCU_EXTRA="--section SourceCounters" PART_TAIL=80 part "ncu: prep, scores; fla's counterparts" \
     120 bash kernels/benchmarks/ncu_kda.sh \
     "_prep_kernel|_scores2_kernel|l2norm_fwd_kernel|kda_gate_chunk_cumsum|chunk_kda_fwd_kernel_intra|inter_solve_fused|recompute_w_u_fwd"
+  ;;
+prep)
+  install_fla
+  settings="prep one loop,prep last row,prep one loop last row,prep one loop last row bk16,prep one loop last row bk64"
+  settings="$settings,prep one loop last row w2,prep dot2,prep dot1,prep one loop last row dot2"
+  sweep_best 1x8192x32 130 "$settings,probe prep no norms,probe prep no norms last row,probe prep no norms last row dot2,default again"
+  sweep_best 2x16384x16 100 "$settings,default again"
+  attnres_sweep backward "the backward alone, round-robin" 70 40 "2 3 5"
+  attnres_sweep "forward flush" "the forward and the flush alone, round-robin" 70 40
   ;;
 esac
 ls -la "$OUT"

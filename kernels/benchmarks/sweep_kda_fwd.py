@@ -76,6 +76,17 @@ SETTINGS = [
     ("prep one loop s1", {"PREP_ONE_LOOP": True, "PREP_LAUNCH": (4, 1)}),
     ("probe prep no norms", {"PREP_PROBE": "no_norms"}),
     ("probe prep no gate", {"PREP_PROBE": "no_gate"}),
+    ("prep last row", {"PREP_LAST_ROW": True}),
+    ("prep one loop last row", {"PREP_ONE_LOOP": True, "PREP_LAST_ROW": True}),
+    ("prep one loop last row bk16", {"PREP_ONE_LOOP": True, "PREP_LAST_ROW": True, "PREP_BK": 16}),
+    ("prep one loop last row bk64", {"PREP_ONE_LOOP": True, "PREP_LAST_ROW": True, "PREP_BK": 64}),
+    ("prep one loop last row w2", {"PREP_ONE_LOOP": True, "PREP_LAST_ROW": True, "PREP_LAUNCH": (2, 2)}),
+    ("prep dot2", {"PREP_SCAN_DOT": "16bit", "PREP_SCAN_DOT_FORM": 2}),
+    ("prep dot1", {"PREP_SCAN_DOT": "16bit", "PREP_SCAN_DOT_FORM": 1}),
+    ("prep one loop last row dot2", {"PREP_ONE_LOOP": True, "PREP_LAST_ROW": True, "PREP_SCAN_DOT": "16bit"}),
+    ("probe prep no norms last row", {"PREP_PROBE": "no_norms", "PREP_LAST_ROW": True}),
+    ("probe prep no norms last row dot2", {"PREP_PROBE": "no_norms", "PREP_LAST_ROW": True, "PREP_SCAN_DOT": "16bit"}),
+    ("default again", {}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]
 

@@ -97,9 +97,13 @@ def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_off, rows, rm, sc, K: tl.conste
 @triton.jit
 def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
                     HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
-                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
+                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr, SCAN_DOT: tl.constexpr = 0,
+                    LAST_ROW: tl.constexpr = False):
     """One key-column tile ``ck`` of the chunk: the gate of raw g (or g as given), G = cumsum(g) and G_last stored;
-    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``."""
+    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``. ``SCAN_DOT`` (0: ``tl.cumsum``): G as a
+    lower-triangular ones matrix times g on tensor cores, fp32-grade (the ones are exact in tf32): 1 tf32x3, 2 two tf32
+    dots of g's high and low parts;
+    ``LAST_ROW``: G_last stored from G's last row (rows past the chunk's end hold g = 0) instead of a column sum."""
     cm = ck < K
     m = rm[:, None] & cm[None, :]
     g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
@@ -110,9 +114,20 @@ def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, row
         if HAS_DTB:
             dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
         g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
-    tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
+    if SCAN_DOT == 1:
+        Gc = tl.dot(tl.where(rows[:, None] >= rows[None, :], 1.0, 0.0), g, input_precision="tf32x3")
+    elif SCAN_DOT == 2:  # g = hi + lo, hi g's top 10 mantissa bits (exact in tf32): two tf32 dots instead of three
+        tril = tl.where(rows[:, None] >= rows[None, :], 1.0, 0.0)
+        hi = (g.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+        Gc = tl.dot(tril, g - hi, tl.dot(tril, hi, input_precision="tf32"), input_precision="tf32")
+    else:
+        Gc = tl.cumsum(g, 0)
+    if LAST_ROW:
+        tl.store(gl_ptr + sc * K + (rows * 0)[:, None] + ck[None, :], Gc, mask=(rows == C - 1)[:, None] & cm[None, :])
+    else:
+        tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
     off = sc * (C * K) + rows[:, None] * K + ck[None, :]
-    tl.store(G_ptr + off, tl.cumsum(g, 0), mask=cm[None, :])
+    tl.store(G_ptr + off, Gc, mask=cm[None, :])
     if SUFFIX:
         tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
 
@@ -147,6 +162,8 @@ def _prep_kernel(
     BKN: tl.constexpr = 32,
     ONE_LOOP: tl.constexpr = False,
     GATE_LOOP: tl.constexpr = True,
+    SCAN_DOT: tl.constexpr = 0,
+    LAST_ROW: tl.constexpr = False,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
@@ -175,7 +192,7 @@ def _prep_kernel(
                 sk += dk
             if GATE_LOOP:
                 _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
-                                HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+                                HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX, SCAN_DOT, LAST_ROW)
         if L2:
             _store_norms(rq_ptr, rk_ptr, sq, sk, rows, sc, C)
     else:
@@ -184,7 +201,7 @@ def _prep_kernel(
         if GATE_LOOP:
             for k0 in range(0, K, BKP):
                 _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
-                                k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+                                k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX, SCAN_DOT, LAST_ROW)
 
 
 @triton.jit
@@ -282,6 +299,13 @@ PREP_ONE_LOOP = False  # the norms' q, k tiles loaded in the gate's K loop (one 
 # Timing probe, not a setting (outputs are wrong): "no_norms" leaves the prep kernel's norm pass out, "no_gate" its
 # gate / cumsum pass, so the benchmark can place the kernel's time (session 24).
 PREP_PROBE = ""
+# G = cumsum(g) as a dot with a lower-triangular ones matrix rather than tl.cumsum: "never", "16bit" (16-bit inputs; fp32
+# inputs keep the scan) or "always"; PREP_SCAN_DOT_FORM 1: tf32x3, 2: two tf32 dots (g's high and low parts); PREP_LAST_ROW: G_last from G's last row rather than a column sum.
+# ncu (H200, session 24 call1) had the prep kernel compute-bound (SM 78%, DRAM 34%; 28% excess shared wavefronts) and
+# its gate pass alone (the "no_norms" probe) at 0.126 ms against fla's gate + cumsum kernel at 0.058.
+PREP_SCAN_DOT = "never"
+PREP_SCAN_DOT_FORM = 2
+PREP_LAST_ROW = False
 # fp32 inputs: kg's exponent G_last - G as a suffix sum of g (a second scan in the prep kernel, stored in kg's buffer)
 # rather than a difference of the stored prefix sums, which lost up to ~1e-5 of the final state with sharp gates
 # (H200, session 20 call6: max 9.2e-6 against 2.5e-7). 16-bit inputs always take the difference (bf16 errors equal).
@@ -440,6 +464,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             BKN=min(BK, PREP_NORM_BK or PREP_BK),
             ONE_LOOP=PREP_ONE_LOOP,
             GATE_LOOP=PREP_PROBE != "no_gate",
+            SCAN_DOT=PREP_SCAN_DOT_FORM if PREP_SCAN_DOT == "always" or (PREP_SCAN_DOT == "16bit" and not fp32) else 0,
+            LAST_ROW=PREP_LAST_ROW,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )

@@ -39,8 +39,10 @@ sizes on the CPU to check the script itself (``TRITON_INTERPRET=1 python -m ... 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
 from functools import partial
@@ -169,6 +171,7 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"FLUSH_GROUP": 8, "FLUSH_THREAD_ELEMS": 24},
     ],
 }
+SWEEP_ROUNDS = 3  # the --bwd-sweep's configurations are timed round-robin, this many rounds (median)
 FLUSH_MIXES = 6  # the flush sweep: this many mixes' deferred gradients (the small flavor's block) into N - 1 sources
 
 
@@ -199,12 +202,13 @@ def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dt
         for kernel, (fn, passes) in calls.items():
             if kernel not in kernels:
                 continue
-            ref = None
+            ref, kernel_rows = None, []
             for cfg in SWEEPS[kernel]:
-                row, flat = _sweep_row(mt, kernel, cfg, fn, passes, n, tokens, d, srcs[0].element_size(), iters,
-                                       device, ref)
-                rows.append(row)
+                row, flat = _sweep_row(mt, kernel, cfg, fn, n, tokens, d, srcs[0].element_size(), ref)
+                kernel_rows.append(row)
                 ref = flat if ref is None else ref
+            _time_rows(mt, kernel_rows, fn, passes * srcs[0].element_size() * tokens * d, iters, device)
+            rows += kernel_rows
         del xs, dh, srcs
     return rows
 
@@ -216,34 +220,55 @@ def _flush(mt, shared: list[torch.Tensor], bufs: list[torch.Tensor], dhs: list[t
     return bufs
 
 
-def _sweep_row(mt, kernel: str, cfg: dict, fn: Callable, passes: int, n: int, tokens: int, d: int, elem: int,
-               iters: int, device: torch.device, ref: torch.Tensor | None) -> tuple[dict, torch.Tensor | None]:
-    """One configuration of one kernel: set the constants, time ``fn``, restore them; the row and the flattened
-    outputs (``None`` on an error)."""
+@contextlib.contextmanager
+def _constants(mt, cfg: dict):
+    """``mix_triton``'s constants set to ``cfg`` inside the block (its row-layout cache cleared on both sides)."""
     old = {k: getattr(mt, k) for k in cfg}
-    row: dict = {"kernel": kernel, "n": n, "tokens": tokens, "d": d, "config": dict(cfg) or "default"}
-    flat = None
     try:
         for k, v in cfg.items():
             setattr(mt, k, v)
         mt._row_blocks.cache_clear()
-        out = fn()
-        tensors = (*out[0], out[1]) if kernel == "backward" else out
-        flat = torch.cat([t.float().reshape(-1) for t in tensors])
-        row["rel_err_vs_default"] = 0.0 if ref is None else ((flat - ref).norm() / ref.norm()).item()
-        ms = 1e3 * time_per_iter(fn, 2, iters, device)
-        row["ms"] = ms
-        row["gbps"] = passes * elem * tokens * d / ms / 1e6
-        prefix = {"forward": "FWD", "backward": "BWD", "flush": "FLUSH"}[kernel]  # all three: the row layout
-        row["block_t_chunk_ch"] = mt._row_blocks(d, elem, *(getattr(mt, f"{prefix}_{k}") for k in
-                                                             ("NUM_WARPS", "MAX_CHUNKS", "THREAD_ELEMS")))
-    except Exception as err:  # a configuration that fails to compile or run is itself a result
-        row["error"] = f"{type(err).__name__}: {err}"[:2000]
+        yield
     finally:
         for k, v in old.items():
             setattr(mt, k, v)
         mt._row_blocks.cache_clear()
+
+
+def _sweep_row(mt, kernel: str, cfg: dict, fn: Callable, n: int, tokens: int, d: int, elem: int,
+               ref: torch.Tensor | None) -> tuple[dict, torch.Tensor | None]:
+    """One configuration of one kernel, run once (compiled) with its error against ``ref``: the row and the flattened
+    outputs (``None`` on an error). :func:`_time_rows` times the rows afterwards."""
+    row: dict = {"kernel": kernel, "n": n, "tokens": tokens, "d": d, "config": dict(cfg) or "default"}
+    flat = None
+    try:
+        with _constants(mt, cfg):
+            out = fn()
+            tensors = (*out[0], out[1]) if kernel == "backward" else out
+            flat = torch.cat([t.float().reshape(-1) for t in tensors])
+            row["rel_err_vs_default"] = 0.0 if ref is None else ((flat - ref).norm() / ref.norm()).item()
+            prefix = {"forward": "FWD", "backward": "BWD", "flush": "FLUSH"}[kernel]  # all three: the row layout
+            row["block_t_chunk_ch"] = mt._row_blocks(d, elem, *(getattr(mt, f"{prefix}_{k}") for k in
+                                                                 ("NUM_WARPS", "MAX_CHUNKS", "THREAD_ELEMS")))
+    except Exception as err:  # a configuration that fails to compile or run is itself a result
+        row["error"] = f"{type(err).__name__}: {err}"[:2000]
     return row, flat
+
+
+def _time_rows(mt, rows: list[dict], fn: Callable, traffic_bytes: int, iters: int, device: torch.device) -> None:
+    """Time the rows' configurations (those without an error) round-robin, ``SWEEP_ROUNDS`` rounds: each row gets
+    the median ``ms``, ``ms_rounds`` and the bandwidth of ``traffic_bytes``. Timed one after another, the first
+    configuration (the default) came out up to 20% slower than the same configuration timed later (H200, session 24
+    call1: 0.114 against 0.095 ms), so no configuration is timed in one block any more."""
+    timed = [r for r in rows if "error" not in r]
+    for _ in range(SWEEP_ROUNDS):
+        for row in timed:
+            cfg = {} if row["config"] == "default" else row["config"]
+            with _constants(mt, cfg):
+                row.setdefault("ms_rounds", []).append(1e3 * time_per_iter(fn, 2, iters, device))
+    for row in timed:
+        row["ms"] = statistics.median(row["ms_rounds"])
+        row["gbps"] = traffic_bytes / row["ms"] / 1e6
 
 
 def _config(flavor: str, layers: str, residual: str) -> KimiVLConfig:

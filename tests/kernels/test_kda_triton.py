@@ -270,18 +270,21 @@ def test_triton_l2_gate_several_k_tiles():
 @pytest.mark.parametrize("consts", [dict(PREP_BK=16, WU_B=16), dict(INTRA_SPAN_MAX=-1.0, SCORES2_BK=32),
                                     dict(PREP_BK=64), dict(STATE_BV=16), dict(PREP_NORM_BK=16),
                                     dict(PREP_ONE_LOOP=True, PREP_BK=16),
+                                    dict(PREP_SCAN_DOT="always", PREP_LAST_ROW=True),
                                     dict(PREP_HEADS_FIRST=False, SCORES2_HEADS_FIRST=False, OUT_HEADS_FIRST=False)])
 def test_tile_constants_agree(monkeypatch, consts):
     """Other prep / W-U tile widths (qg and kg are written K tile by K tile in the W / U loop), the prep kernel's work
-    in one tile, the prep's norms over 16-column tiles of their own and inside its gate loop, the pairwise
+    in one tile, the prep's norms over 16-column tiles of their own and inside its gate loop, its cumsum as a dot
+    with G_last from G's last row, the pairwise
     diagonal blocks with 32-column score tiles, two programs per head in the state
     pass (V = 24 in 16-column blocks) and the per-(chunk, head) kernels' grids chunks first, against the PyTorch
-    path (varlen, K = 48 over several tiles, HV = 2H, L2 norm and gate with dt_bias, fp32)."""
+    path (varlen, K = 48 over several tiles, HV = 2H, L2 norm and gate with dt_bias, a slow and a fast head, fp32)."""
     from kernels.kda import chunk_triton
 
     cu = torch.tensor([0, 5, 70, 150], dtype=torch.int32)
     q, k, v, g, beta, s0 = make_inputs(1, 150, 1, 2, 48, 24, h0=True, N=3)
-    A_log = torch.log(torch.empty(2, dtype=torch.float64).uniform_(1, 16))
+    # one slow head (a chunk's decay ~e^-1, so the state carried between chunks counts) and one fast (e^-100)
+    A_log = torch.log(torch.tensor([0.03, 3.0], dtype=torch.float64))
     dtb = torch.randn(2 * 48, dtype=torch.float64)
     x = _to([q * 3, k * 2, v, g, beta, s0, A_log, dtb])
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x[6], dt_bias=x[7],

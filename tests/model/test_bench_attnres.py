@@ -102,3 +102,23 @@ def test_set_mix_constants(monkeypatch):
     for bad in ("NO_SUCH_CONSTANT=1", "BWD_PROGRAMS_PER_SM=four", "torch=1"):
         with pytest.raises(SystemExit, match=bad.split("=")[0]):
             _set_mix_constants([bad])
+
+
+def test_bwd_sweep_times_configurations_round_robin(monkeypatch):
+    """``--bwd-sweep`` runs every configuration once for its error, then times them in turns: each timed row has
+    ``SWEEP_ROUNDS`` times and their median; a configuration that fails keeps its error and gets no time; the
+    constants are restored afterwards (the Triton kernels under the interpreter, tiny sizes)."""
+    from kernels.attn_res import mix_triton as mt
+    from kimi_vl.benchmarks import bench_attnres as ba
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(ba, "SWEEP_ROUNDS", 2)
+    monkeypatch.setattr(ba, "SWEEPS", {"backward": [{}, {"BWD_PREFETCH": 1}, {"BWD_MAX_CHUNKS": "bad"}]})
+    before = mt.BWD_PREFETCH
+    rows = ba.bench_bwd_sweep(16, 32, [2], torch.device("cpu"), torch.float32, 1, ("backward",))
+    assert [r["config"] for r in rows] == ["default", {"BWD_PREFETCH": 1}, {"BWD_MAX_CHUNKS": "bad"}]
+    for row in rows[:2]:
+        assert len(row["ms_rounds"]) == 2 and row["ms"] == sum(row["ms_rounds"]) / 2  # the median of two
+        assert row["rel_err_vs_default"] < 1e-6
+    assert "error" in rows[2] and "ms" not in rows[2]
+    assert mt.BWD_PREFETCH == before and mt.BWD_MAX_CHUNKS != "bad"
