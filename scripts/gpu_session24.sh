@@ -8,13 +8,16 @@
 #   bash scripts/gpu_session24.sh prep    call2: the prep kernel's G_last from G's last row (no column sum: 72 -> 56
 #       registers), G = cumsum(g) as tensor-core dots, and their combinations with the one-loop form (call1: 0.145
 #       against 0.155 ms) at two shapes; the AttnRes kernels alone under their sweeps timed round-robin (call1 timed
-#       the default 0.114 ms and the same setting 0.095 later in the same sweep).
-# Part limits sum to 480 s (probe), 440 s (prep); one command may run 600.
+#       the default 0.114 ms and the same setting 0.095 later in the same sweep). The prep options it swept were
+#       removed after it (G_last from G's last row became the kernel's only form), so this mode is the record of call2.
+#   bash scripts/gpu_session24.sh final   call3: KDA GPU tests and the five shapes against fla with the new prep
+#       kernel; the small hybrid's MFU (issue 5).
+# Part limits sum to 480 s (probe), 440 s (prep), 370 s (final); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session24.sh probe|prep}" in
+case "${1:?usage: gpu_session24.sh probe|prep|final}" in
 probe)
   install_fla
   attnres_tests 90
@@ -34,6 +37,13 @@ prep)
   sweep_best 2x16384x16 100 "$settings,default again"
   attnres_sweep backward "the backward alone, round-robin" 70 40 "2 3 5"
   attnres_sweep "forward flush" "the forward and the flush alone, round-robin" 70 40
+  ;;
+final)
+  install_fla
+  kda_tests 110 tests/model/test_kda_layer_backends.py
+  bench_five 190
+  PART_TAIL=30 part "bench_backbone --profile: the small hybrid's training step" 70 python3 \
+    -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile --variants hybrid
   ;;
 esac
 ls -la "$OUT"

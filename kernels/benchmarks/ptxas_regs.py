@@ -51,8 +51,7 @@ def _signature(name: str) -> tuple:
         args += [("G", f32), ("gl", f32), ("rq", f32), ("rk", f32), ("E", bf)]
         fn = ct._prep_kernel
         extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True, SUFFIX=False,
-                     HEADS_FIRST=ct.PREP_HEADS_FIRST, BKN=ct.PREP_NORM_BK or ct.PREP_BK, ONE_LOOP=ct.PREP_ONE_LOOP,
-                     GATE_LOOP=True, SCAN_DOT=ct.PREP_SCAN_DOT_FORM if ct.PREP_SCAN_DOT != "never" else 0, LAST_ROW=ct.PREP_LAST_ROW)
+                     HEADS_FIRST=ct.PREP_HEADS_FIRST)
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf), ("qg", bf), ("kg", bf)]

@@ -97,13 +97,12 @@ def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_off, rows, rm, sc, K: tl.conste
 @triton.jit
 def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
                     HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
-                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr, SCAN_DOT: tl.constexpr = 0,
-                    LAST_ROW: tl.constexpr = False):
+                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
     """One key-column tile ``ck`` of the chunk: the gate of raw g (or g as given), G = cumsum(g) and G_last stored;
-    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``. ``SCAN_DOT`` (0: ``tl.cumsum``): G as a
-    lower-triangular ones matrix times g on tensor cores, fp32-grade (the ones are exact in tf32): 1 tf32x3, 2 two tf32
-    dots of g's high and low parts;
-    ``LAST_ROW``: G_last stored from G's last row (rows past the chunk's end hold g = 0) instead of a column sum."""
+    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``. G_last is G's last row, stored by the
+    threads that hold it (rows past a short chunk's end hold g = 0, so the last row is the chunk's total). Until
+    session 24 it was a column sum of g: the cross-warp reduction took the kernel from 56 to 72 registers and
+    from 0.117 to 0.156 ms at 1 x 8192 x 32 (H200, call2)."""
     cm = ck < K
     m = rm[:, None] & cm[None, :]
     g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
@@ -114,20 +113,11 @@ def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, row
         if HAS_DTB:
             dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
         g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
-    if SCAN_DOT == 1:
-        Gc = tl.dot(tl.where(rows[:, None] >= rows[None, :], 1.0, 0.0), g, input_precision="tf32x3")
-    elif SCAN_DOT == 2:  # g = hi + lo, hi g's top 10 mantissa bits (exact in tf32): two tf32 dots instead of three
-        tril = tl.where(rows[:, None] >= rows[None, :], 1.0, 0.0)
-        hi = (g.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
-        Gc = tl.dot(tril, g - hi, tl.dot(tril, hi, input_precision="tf32"), input_precision="tf32")
-    else:
-        Gc = tl.cumsum(g, 0)
-    if LAST_ROW:
-        tl.store(gl_ptr + sc * K + (rows * 0)[:, None] + ck[None, :], Gc, mask=(rows == C - 1)[:, None] & cm[None, :])
-    else:
-        tl.store(gl_ptr + sc * K + ck, tl.sum(g, 0), mask=cm)
+    G = tl.cumsum(g, 0)
+    last = (rows == C - 1)[:, None] & cm[None, :]
+    tl.store(gl_ptr + sc * K + (rows * 0)[:, None] + ck[None, :], G, mask=last)
     off = sc * (C * K) + rows[:, None] * K + ck[None, :]
-    tl.store(G_ptr + off, Gc, mask=cm[None, :])
+    tl.store(G_ptr + off, G, mask=cm[None, :])
     if SUFFIX:
         tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
 
@@ -159,11 +149,6 @@ def _prep_kernel(
     L2: tl.constexpr,
     SUFFIX: tl.constexpr,
     HEADS_FIRST: tl.constexpr = False,
-    BKN: tl.constexpr = 32,
-    ONE_LOOP: tl.constexpr = False,
-    GATE_LOOP: tl.constexpr = True,
-    SCAN_DOT: tl.constexpr = 0,
-    LAST_ROW: tl.constexpr = False,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
@@ -172,7 +157,12 @@ def _prep_kernel(
     of g, into ``E_ptr`` (kg's fp32 buffer, which the W / U loop then overwrites with kg). (One program for
     the norms and one per key tile took the forward from 1.111 to 1.128 ms: H200, session 21, removed. Both K loops
     as straight-line code: 80 registers against 88 but 0.193 against 0.154 ms at 1 x 8192 x 32; H200, session 23,
-    removed.)"""
+    removed. Session 24, H200, 1 x 8192 x 32 (call1, call2: with G_last as a column sum, then from G's last row):
+    the norms inside the gate's K loop 0.145 against 0.155 ms, then 0.114 against 0.117 (2 x 16384 x 16: 0.218
+    against 0.213); the norms over 64 / 128-column tiles 0.152 / 0.152 (197 / 166 registers); the cumsum as a dot
+    with a triangular ones matrix (tf32x3 / two tf32 dots of g's high and low parts) 0.218 / 0.175; all removed. Timing
+    probes placed the kernel's time before the G_last change: gate pass alone 0.128 ms, norm pass alone 0.050; after
+    it the gate pass alone took 0.080.)"""
     i_c, i_hv = _chunk_head_ids(0, HEADS_FIRST)
     i_h = i_hv // (HV // H)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
@@ -180,28 +170,11 @@ def _prep_kernel(
     rows = tl.arange(0, C)
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
-    qk_off = (bos + rows)[:, None] * QS + i_h * K
-    if ONE_LOOP:  # the norms' q, k tiles loaded in the gate's K loop
-        sq = tl.zeros([C], dtype=tl.float32)
-        sk = tl.zeros([C], dtype=tl.float32)
-        for k0 in range(0, K, BKP):
-            ck = k0 + tl.arange(0, BKP)
-            if L2:
-                dq, dk = _sumsq_tile(q_ptr, k_ptr, qk_off, rm, ck, K)
-                sq += dq
-                sk += dk
-            if GATE_LOOP:
-                _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
-                                HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX, SCAN_DOT, LAST_ROW)
-        if L2:
-            _store_norms(rq_ptr, rk_ptr, sq, sk, rows, sc, C)
-    else:
-        if L2:
-            _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_off, rows, rm, sc, K, C, BKN)
-        if GATE_LOOP:
-            for k0 in range(0, K, BKP):
-                _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
-                                k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX, SCAN_DOT, LAST_ROW)
+    if L2:
+        _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, (bos + rows)[:, None] * QS + i_h * K, rows, rm, sc, K, C, BKP)
+    for k0 in range(0, K, BKP):
+        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
+                        k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
 
 
 @triton.jit
@@ -294,18 +267,6 @@ def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.devic
 
 PREP_BK = 32  # key columns per step of the prep kernel (norms, gate, cumsum)
 PREP_LAUNCH = (4, 2)  # num_warps, num_stages
-PREP_NORM_BK: int | None = None  # key columns per step of the prep kernel's norm pass (None: PREP_BK)
-PREP_ONE_LOOP = False  # the norms' q, k tiles loaded in the gate's K loop (one pass) instead of a pass of their own
-# Timing probe, not a setting (outputs are wrong): "no_norms" leaves the prep kernel's norm pass out, "no_gate" its
-# gate / cumsum pass, so the benchmark can place the kernel's time (session 24).
-PREP_PROBE = ""
-# G = cumsum(g) as a dot with a lower-triangular ones matrix rather than tl.cumsum: "never", "16bit" (16-bit inputs; fp32
-# inputs keep the scan) or "always"; PREP_SCAN_DOT_FORM 1: tf32x3, 2: two tf32 dots (g's high and low parts); PREP_LAST_ROW: G_last from G's last row rather than a column sum.
-# ncu (H200, session 24 call1) had the prep kernel compute-bound (SM 78%, DRAM 34%; 28% excess shared wavefronts) and
-# its gate pass alone (the "no_norms" probe) at 0.126 ms against fla's gate + cumsum kernel at 0.058.
-PREP_SCAN_DOT = "never"
-PREP_SCAN_DOT_FORM = 2
-PREP_LAST_ROW = False
 # fp32 inputs: kg's exponent G_last - G as a suffix sum of g (a second scan in the prep kernel, stored in kg's buffer)
 # rather than a difference of the stored prefix sums, which lost up to ~1e-5 of the final state with sharp gates
 # (H200, session 20 call6: max 9.2e-6 against 2.5e-7). 16-bit inputs always take the difference (bf16 errors equal).
@@ -458,14 +419,9 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             GATE=use_gate,
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
-            L2=use_l2 and PREP_PROBE != "no_norms",
+            L2=use_l2,
             SUFFIX=suffix,
             HEADS_FIRST=hf,
-            BKN=min(BK, PREP_NORM_BK or PREP_BK),
-            ONE_LOOP=PREP_ONE_LOOP,
-            GATE_LOOP=PREP_PROBE != "no_gate",
-            SCAN_DOT=PREP_SCAN_DOT_FORM if PREP_SCAN_DOT == "always" or (PREP_SCAN_DOT == "16bit" and not fp32) else 0,
-            LAST_ROW=PREP_LAST_ROW,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
