@@ -12,12 +12,14 @@
 #       removed after it (G_last from G's last row became the kernel's only form), so this mode is the record of call2.
 #   bash scripts/gpu_session24.sh final   call3: KDA GPU tests and the five shapes against fla with the new prep
 #       kernel; the small hybrid's MFU (issue 5).
-# Part limits sum to 480 s (probe), 440 s (prep), 370 s (final); one command may run 600.
+#   bash scripts/gpu_session24.sh scores  call4: the scores kernel's time placed by probes (the diagonal inverses
+#       replaced by the identity; the per-tile span check left out) and the diagonal inverses as products of powers.
+# Part limits sum to 480 s (probe), 440 s (prep), 370 s (final), 200 s (scores); one command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session24.sh probe|prep|final}" in
+case "${1:?usage: gpu_session24.sh probe|prep|final|scores}" in
 probe)
   install_fla
   attnres_tests 90
@@ -44,6 +46,12 @@ final)
   bench_five 190
   PART_TAIL=30 part "bench_backbone --profile: the small hybrid's training step" 70 python3 \
     -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile --variants hybrid
+  ;;
+scores)
+  install_fla
+  settings="scores diag products,probe scores diag identity,probe scores no span check,probe scores both,default again"
+  sweep_best 1x8192x32 100 "$settings"
+  sweep_best 8x2048x16 100 "$settings"
   ;;
 esac
 ls -la "$OUT"

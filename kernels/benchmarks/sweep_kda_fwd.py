@@ -68,6 +68,10 @@ SETTINGS = [
     ("prep w8", {"PREP_LAUNCH": (8, 2)}),
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
+    ("scores diag products", {"SCORES2_DIAG_INV": 1}),
+    ("probe scores diag identity", {"SCORES2_DIAG_INV": 2}),
+    ("probe scores no span check", {"SCORES2_PROBE": "no_span_check"}),
+    ("probe scores both", {"SCORES2_DIAG_INV": 2, "SCORES2_PROBE": "no_span_check"}),
     ("default again", {}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]

@@ -283,6 +283,13 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # leaves ~1e-10 of a unit-norm key above fp32's smallest normal; a negative value sends every tile pairwise (the
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
+# the solve's four diagonal 16 x 16 inverses: 0 forward substitution (15 steps, 4 cross-warp reductions each), 1
+# products of powers (I - A)(I + A^2)(I + A^4)(I + A^8) as batched dots (INTRA_DIAG_PREC16 / ieee), 2 a timing probe
+# (the identity: outputs wrong)
+SCORES2_DIAG_INV = 0
+# timing probe, not a setting: "no_span_check" takes the diagonal blocks' fast path in every K tile without the
+# tile's max |G_i - G_f| (a full-tile reduction a tile); outputs are wrong wherever a tile needs the pairwise path
+SCORES2_PROBE = ""
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -461,6 +468,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             SUFFIX=suffix,
             span_max=INTRA_SPAN_MAX,
             HEADS_FIRST=hf,
+            DINV=SCORES2_DIAG_INV,
+            SPAN_CHECK=SCORES2_PROBE != "no_span_check",
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),

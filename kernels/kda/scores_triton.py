@@ -48,6 +48,29 @@ def _inv_diag4(Akk_ptr, a_base, r16, C: tl.constexpr, S: tl.constexpr):
 
 
 @triton.jit
+def _inv_diag4_products(Akk_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr):
+    """(I + A_II)^-1 for the four strictly-lower 16 x 16 diagonal blocks as batched [4, 16, 16] dots: A is
+    nilpotent (A^16 = 0), so the inverse's series sum_k (-A)^k is the product (I - A)(I + A^2)(I + A^4)(I + A^8):
+    three squarings and three products, no reductions or barriers (the substitution takes four cross-warp
+    reductions in each of its 15 steps)."""
+    NB: tl.constexpr = C // S
+    blk = tl.arange(0, NB)[:, None, None] * S
+    r = tl.arange(0, S)[None, :, None]
+    c = tl.arange(0, S)[None, None, :]
+    A = tl.load(Akk_ptr + a_base + (blk + r) * C + blk + c)
+    A2 = tl.dot(A, A, input_precision=PREC)
+    A4 = tl.dot(A2, A2, input_precision=PREC)
+    X = tl.where(r == c, 1.0, 0.0) - A
+    X = tl.dot(X, A2, X, input_precision=PREC)
+    X = tl.dot(X, A4, X, input_precision=PREC)
+    X = tl.dot(X, tl.dot(A4, A4, input_precision=PREC), X, input_precision=PREC)
+    even, odd = tl.split(tl.reshape(tl.permute(X, (1, 2, 0)), (S, S, 2, 2)))  # blocks 0, 2 and 1, 3
+    X0, X2 = tl.split(even)
+    X1, X3 = tl.split(odd)
+    return X0, X1, X2, X3
+
+
+@triton.jit
 def _store_rows(ptr, base, x, r, cols, ncol: tl.constexpr, W: tl.constexpr):
     """Store x [16, B*] into rows r of a per-chunk slab [C, ncol] at ``base`` (row stride W)."""
     tl.store(ptr + base + r[:, None] * W + cols[None, :], x.to(ptr.dtype.element_ty), mask=(cols < ncol)[None, :])
@@ -97,11 +120,11 @@ def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, 
 @triton.jit
 def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, span_max,
                QS: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
-               L2: tl.constexpr, DPREC: tl.constexpr):
+               L2: tl.constexpr, DPREC: tl.constexpr, SPAN_CHECK: tl.constexpr = True):
     """One K tile's share of the four diagonal 16 x 16 blocks ``dkk``, ``dqk`` ([4, 16, 16] fp32): one batched dot
     through each block's first row where the tile's gates allow (``|Gd| <= span_max``), else pairwise."""
     NB: tl.constexpr = C // S
-    if tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the diagonal blocks through their first rows
+    if not SPAN_CHECK or tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the blocks through their first rows
         R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
         dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
         dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
@@ -166,6 +189,8 @@ def _scores2_kernel(
     DPREC: tl.constexpr,
     SUFFIX: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
+    DINV: tl.constexpr = 0,
+    SPAN_CHECK: tl.constexpr = True,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -203,7 +228,7 @@ def _scores2_kernel(
         akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc,
-                              ck, n, span_max, QS, K, C, S, BKS, L2, DPREC)
+                              ck, n, span_max, QS, K, C, S, BKS, L2, DPREC, SPAN_CHECK)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     akk = tl.reshape(akk3, (C, C))
@@ -215,7 +240,7 @@ def _scores2_kernel(
              mask=outside)
     _store_diag(Akk_ptr, Aqk_ptr, a_off, first, loc, dkk, dqk, b, scale, C, S)
     tl.debug_barrier()
-    _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC)
+    _solve_chunk(Akk_ptr, T_ptr, sc * (C * C), C, S, PREC, DINV, DPREC)
     tl.debug_barrier()
     _wu_chunk(
         q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, rq_ptr, rk_ptr, T_ptr, W_ptr, U_ptr, qg_ptr, kg_ptr, scale, i_hv, bos, n,
@@ -230,13 +255,20 @@ def _load_blk(ptr, base, I: tl.constexpr, J: tl.constexpr, r16, C: tl.constexpr,
 
 
 @triton.jit
-def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr):
+def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr,
+                 DINV: tl.constexpr = 0, DPREC: tl.constexpr = "ieee"):
     """T = (I + Akk)^-1 of one chunk by blocked forward substitution: the four diagonal 16 x 16 inverses
     interleaved, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above). Reads only the lower
     blocks of Akk, all before a barrier that precedes every store, so Akk may live in T's buffer (in place)."""
     r16 = tl.arange(0, S)
     r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
-    T00, T11, T22, T33 = _inv_diag4(Akk_ptr, a_base, r16, C, S)
+    if DINV == 1:  # products of powers, DPREC
+        T00, T11, T22, T33 = _inv_diag4_products(Akk_ptr, a_base, C, S, DPREC)
+    elif DINV == 2:  # timing probe: the identity (outputs wrong)
+        T00 = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)
+        T11, T22, T33 = T00, T00, T00
+    else:
+        T00, T11, T22, T33 = _inv_diag4(Akk_ptr, a_base, r16, C, S)
     A10 = _load_blk(Akk_ptr, a_base, 1, 0, r16, C, S)
     A21 = _load_blk(Akk_ptr, a_base, 2, 1, r16, C, S)
     A32 = _load_blk(Akk_ptr, a_base, 3, 2, r16, C, S)
