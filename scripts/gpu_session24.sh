@@ -14,12 +14,17 @@
 #       kernel; the small hybrid's MFU (issue 5).
 #   bash scripts/gpu_session24.sh scores  call4: the scores kernel's time placed by probes (the diagonal inverses
 #       replaced by the identity; the per-tile span check left out) and the diagonal inverses as products of powers.
-# Part limits sum to 480 s (probe), 440 s (prep), 370 s (final), 200 s (scores); one command may run 600.
+#       (Call4 ran products over whole 16 x 16 blocks and the probes as SCORES2_PROBE, both since replaced.)
+#   bash scripts/gpu_session24.sh scores2 call5: the new defaults (diagonal inverses as products over 8 x 8 halves,
+#       the tiles' spans in a pass before the scores loop): KDA GPU tests; against the substitution, per-tile
+#       reductions, both (the kernel before this session) and register caps, at two shapes.
+# Part limits sum to 480 s (probe), 440 s (prep), 370 s (final), 200 s (scores), 330 s (scores2); one command may
+# run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session24.sh probe|prep|final|scores}" in
+case "${1:?usage: gpu_session24.sh probe|prep|final|scores|scores2}" in
 probe)
   install_fla
   attnres_tests 90
@@ -52,6 +57,14 @@ scores)
   settings="scores diag products,probe scores diag identity,probe scores no span check,probe scores both,default again"
   sweep_best 1x8192x32 100 "$settings"
   sweep_best 8x2048x16 100 "$settings"
+  ;;
+scores2)
+  install_fla
+  kda_tests 110 tests/model/test_kda_layer_backends.py
+  settings="scores diag substitution,scores span per tile,scores before s24,probe scores diag identity"
+  settings="$settings,probe scores no span check,scores nreg192,scores nreg255,scores s2,default again"
+  sweep_best 1x8192x32 110 "$settings"
+  sweep_best 2x16384x16 110 "$settings"
   ;;
 esac
 ls -la "$OUT"

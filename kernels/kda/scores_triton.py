@@ -49,21 +49,25 @@ def _inv_diag4(Akk_ptr, a_base, r16, C: tl.constexpr, S: tl.constexpr):
 
 @triton.jit
 def _inv_diag4_products(Akk_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr):
-    """(I + A_II)^-1 for the four strictly-lower 16 x 16 diagonal blocks as batched [4, 16, 16] dots: A is
-    nilpotent (A^16 = 0), so the inverse's series sum_k (-A)^k is the product (I - A)(I + A^2)(I + A^4)(I + A^8):
-    three squarings and three products, no reductions or barriers (the substitution takes four cross-warp
-    reductions in each of its 15 steps)."""
+    """(I + A)^-1 for the four strictly-lower 16 x 16 diagonal blocks A as batched [4, 16, 16] dots, no reductions or
+    barriers (the substitution's 15 steps take four cross-warp reductions each). Each block is split into its two
+    8 x 8 diagonal blocks ``Ab`` (nilpotent: Ab^8 = 0) and the rest ``Ao``: ``X = (I + Ab)^-1`` is the series
+    ``sum_k (-Ab)^k = (I - Ab)(I + Ab^2)(I + Ab^4)``, and ``(I + Ab + Ao)^-1 = X - X Ao X`` (``(X Ao)^2 = 0``).
+    Six dots. Over whole 16 x 16 blocks, ``(I - A)(I + A^2)(I + A^4)(I + A^8)``, the powers' binomial-sized entries
+    cancel: with keys of cosine 0.9-0.999, beta = 1 and no decay, fp32 gave 1e-4 relative error against 9e-8 for
+    the substitution; the 8 x 8 split gives 1e-6 (``tests/kernels/test_kda_triton.py``, correlated keys)."""
     NB: tl.constexpr = C // S
     blk = tl.arange(0, NB)[:, None, None] * S
     r = tl.arange(0, S)[None, :, None]
     c = tl.arange(0, S)[None, None, :]
     A = tl.load(Akk_ptr + a_base + (blk + r) * C + blk + c)
-    A2 = tl.dot(A, A, input_precision=PREC)
-    A4 = tl.dot(A2, A2, input_precision=PREC)
-    X = tl.where(r == c, 1.0, 0.0) - A
+    half: tl.constexpr = S // 2
+    Ab = tl.where(r // half == c // half, A, 0.0)
+    A2 = tl.dot(Ab, Ab, input_precision=PREC)
+    X = tl.where(r == c, 1.0, 0.0) - Ab
     X = tl.dot(X, A2, X, input_precision=PREC)
-    X = tl.dot(X, A4, X, input_precision=PREC)
-    X = tl.dot(X, tl.dot(A4, A4, input_precision=PREC), X, input_precision=PREC)
+    X = tl.dot(X, tl.dot(A2, A2, input_precision=PREC), X, input_precision=PREC)
+    X = tl.dot(-X, tl.dot(A - Ab, X, input_precision=PREC), X, input_precision=PREC)
     even, odd = tl.split(tl.reshape(tl.permute(X, (1, 2, 0)), (S, S, 2, 2)))  # blocks 0, 2 and 1, 3
     X0, X2 = tl.split(even)
     X1, X3 = tl.split(odd)
@@ -118,13 +122,30 @@ def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, 
 
 
 @triton.jit
-def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, span_max,
+def _tile_spans(G_ptr, span_ptr, g_base, rows, first, sc, K: tl.constexpr, BKS: tl.constexpr, NTP: tl.constexpr):
+    """Each K tile's largest ``|G_i - G_f|`` over the chunk (f: row i's sub-block's first row) into
+    ``span_ptr[sc, tile]``: per row and tile a maximum over the tile's columns (inside a warp), then one reduction
+    over the rows for all tiles. The scores loop then reads one number a tile instead of reducing the tile across
+    warps (the per-tile reductions took 0.084 of the kernel's 0.608 ms at 1 x 8192 x 32: H200, session 24 call4)."""
+    tcol = tl.arange(0, NTP)
+    acc = tl.zeros([rows.shape[0], NTP], dtype=tl.float32)
+    for k0 in range(0, K, BKS):
+        ck = k0 + tl.arange(0, BKS)
+        cm = (ck < K)[None, :]
+        Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
+        G0 = tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
+        acc = tl.where(tcol[None, :] == k0 // BKS, tl.max(tl.abs(Gf - G0), 1)[:, None], acc)
+    tl.store(span_ptr + sc * NTP + tcol, tl.max(acc, 0))
+
+
+@triton.jit
+def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, fast,
                QS: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
-               L2: tl.constexpr, DPREC: tl.constexpr, SPAN_CHECK: tl.constexpr = True):
+               L2: tl.constexpr, DPREC: tl.constexpr):
     """One K tile's share of the four diagonal 16 x 16 blocks ``dkk``, ``dqk`` ([4, 16, 16] fp32): one batched dot
-    through each block's first row where the tile's gates allow (``|Gd| <= span_max``), else pairwise."""
+    through each block's first row where the tile's gates allow (``fast``: ``|Gd| <= span_max``), else pairwise."""
     NB: tl.constexpr = C // S
-    if not SPAN_CHECK or tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max:  # the blocks through their first rows
+    if fast:  # the diagonal blocks through their first rows
         R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
         dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
         dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
@@ -171,6 +192,7 @@ def _scores2_kernel(
     U_ptr,
     qg_ptr,
     kg_ptr,
+    span_ptr,
     scale,
     span_max,
     VS,
@@ -190,7 +212,8 @@ def _scores2_kernel(
     SUFFIX: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
     DINV: tl.constexpr = 0,
-    SPAN_CHECK: tl.constexpr = True,
+    SPAN: tl.constexpr = 1,
+    NTP: tl.constexpr = 8,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -217,6 +240,9 @@ def _scores2_kernel(
     aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
+    if SPAN == 1:  # the tiles' spans first (one reduction), read back after a barrier
+        _tile_spans(G_ptr, span_ptr, g_base, rows, first, sc, K, BKS, NTP)
+        tl.debug_barrier()
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
@@ -227,8 +253,14 @@ def _scores2_kernel(
         R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
         akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
+        if SPAN == 1:
+            fast = tl.load(span_ptr + sc * NTP + k0 // BKS) <= span_max
+        elif SPAN == 2:  # timing probe: no check (outputs wrong wherever a tile needs the pairwise path)
+            fast = True
+        else:  # the tile reduced across warps
+            fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc,
-                              ck, n, span_max, QS, K, C, S, BKS, L2, DPREC, SPAN_CHECK)
+                              ck, n, fast, QS, K, C, S, BKS, L2, DPREC)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     akk = tl.reshape(akk3, (C, C))
