@@ -18,13 +18,16 @@
 #   bash scripts/gpu_session24.sh scores2 call5: the new defaults (diagonal inverses as products over 8 x 8 halves,
 #       the tiles' spans in a pass before the scores loop): KDA GPU tests; against the substitution, per-tile
 #       reductions, both (the kernel before this session) and register caps, at two shapes.
-# Part limits sum to 480 s (probe), 440 s (prep), 370 s (final), 200 s (scores), 330 s (scores2); one command may
-# run 600.
+#       (The spans' pass gave NaN on the GPU and was removed after call5, with the probes.)
+#   bash scripts/gpu_session24.sh final2  call6: the committed kernels (products over 8 x 8 halves, the per-tile span
+#       check): KDA GPU tests and the five shapes against fla.
+# Part limits sum to 480 s (probe), 440 s (prep), 370 s (final), 200 s (scores), 330 s (scores2), 260 s (final2); one
+# command may run 600.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session24.sh probe|prep|final|scores|scores2}" in
+case "${1:?usage: gpu_session24.sh probe|prep|final|scores|scores2|final2}" in
 probe)
   install_fla
   attnres_tests 90
@@ -65,6 +68,11 @@ scores2)
   settings="$settings,probe scores no span check,scores nreg192,scores nreg255,scores s2,default again"
   sweep_best 1x8192x32 110 "$settings"
   sweep_best 2x16384x16 110 "$settings"
+  ;;
+final2)
+  install_fla
+  kda_tests 140 tests/model/test_kda_layer_backends.py
+  bench_five 120
   ;;
 esac
 ls -la "$OUT"

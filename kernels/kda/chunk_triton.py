@@ -283,15 +283,11 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # leaves ~1e-10 of a unit-norm key above fp32's smallest normal; a negative value sends every tile pairwise (the
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
-# the solve's four diagonal 16 x 16 inverses: 0 forward substitution (15 steps, 4 cross-warp reductions each), 1
-# products of powers over 8 x 8 halves as batched dots (INTRA_DIAG_PREC16 / ieee), 2 a timing probe (the identity:
-# outputs wrong). H200, session 24 call4 (with products over whole 16 x 16 blocks): scores 0.608 -> 0.524 ms at
-# 1 x 8192 x 32; the identity 0.496
+# the solve's four diagonal 16 x 16 inverses: 1 products of powers over 8 x 8 halves as six batched dots
+# (INTRA_DIAG_PREC16 / ieee), 0 forward substitution (15 steps, four cross-warp reductions each). H200, session 24
+# call5: scores kernel 0.642 -> 0.562 ms at 1 x 8192 x 32, 1.259 -> 1.108 at 2 x 16384 x 16; the identity in their
+# place (a timing probe, call4) 0.496 against 0.608
 SCORES2_DIAG_INV = 1
-# each K tile's diagonal-block path (fast when its max |G_i - G_f| <= INTRA_SPAN_MAX): 1 all tiles' spans in a pass
-# before the scores loop (one reduction), 0 a cross-warp reduction of each tile, 2 a timing probe (no check: outputs
-# wrong where a tile needs the pairwise path). Session 24 call4: 0 -> 2 took the kernel from 0.608 to 0.524 ms
-SCORES2_SPAN = 1
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -394,8 +390,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     G = torch.empty(nc1, HV, CHUNK, K, dtype=torch.float32, device=dev)
     Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev)
     Akk = Tm  # the solve runs in place
-    ntp = triton.next_power_of_2(triton.cdiv(K, SCORES2_BK))
-    span = torch.empty(nc1 * HV * ntp, dtype=torch.float32, device=dev)  # the scores kernel's per-tile spans
     rq, rk = (torch.empty(nc1, HV, CHUNK, dtype=torch.float32, device=dev) if use_l2 else dummy for _ in range(2))
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
@@ -454,7 +448,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             U_ptr=U,
             qg_ptr=qg,
             kg_ptr=kg,
-            span_ptr=span,
             scale=scale,
             QS=qs,
             VS=vs,
@@ -474,8 +467,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             span_max=INTRA_SPAN_MAX,
             HEADS_FIRST=hf,
             DINV=SCORES2_DIAG_INV,
-            SPAN=SCORES2_SPAN,
-            NTP=ntp,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),

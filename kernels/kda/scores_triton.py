@@ -8,9 +8,11 @@ the scores ``Akk`` / ``Aqk``, the solve ``T = (I + Akk)^-1`` and ``W``, ``U``, i
   or ``ieee``), each through its own first row, as one batched [4, 16, 16] dot in every K tile whose largest
   ``|G_i - G_ref|`` inside a block is <= ``span_max`` (60: ``exp(+-60)`` stays far inside fp32), pairwise in tiles
   with sharper gates (``where`` before ``exp``).
-- :func:`_solve_chunk`: ``T = (I + Akk)^-1`` by blocked forward substitution (the four diagonal 16 x 16 inverses
-  in one interleaved 15-step loop reading Akk's rows from memory, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as
-  16 x 16 dots), T stored fp32; Akk lives in T's buffer (all reads precede a barrier before the stores).
+- :func:`_solve_chunk`: ``T = (I + Akk)^-1`` by blocked forward substitution: the four diagonal 16 x 16 inverses as
+  products of powers over 8 x 8 halves (:func:`_inv_diag4_products`, six batched dots; or, ``DINV = 0``, by
+  substitution in one interleaved 15-step loop reading Akk's rows from memory), then
+  ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ`` as 16 x 16 dots, T stored fp32; Akk lives in T's buffer (all reads precede
+  a barrier before the stores).
 - :func:`_wu_chunk`: ``W = T (beta K Gamma)``, ``U = T (beta V)`` as [64, 64] x [64, 32] dots, tile by tile.
 
 (The earlier split versions were removed; ``README.md`` says where they were measured.)
@@ -122,28 +124,15 @@ def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, 
 
 
 @triton.jit
-def _tile_spans(G_ptr, span_ptr, g_base, rows, first, sc, K: tl.constexpr, BKS: tl.constexpr, NTP: tl.constexpr):
-    """Each K tile's largest ``|G_i - G_f|`` over the chunk (f: row i's sub-block's first row) into
-    ``span_ptr[sc, tile]``: per row and tile a maximum over the tile's columns (inside a warp), then one reduction
-    over the rows for all tiles. The scores loop then reads one number a tile instead of reducing the tile across
-    warps (the per-tile reductions took 0.084 of the kernel's 0.608 ms at 1 x 8192 x 32: H200, session 24 call4)."""
-    tcol = tl.arange(0, NTP)
-    acc = tl.zeros([rows.shape[0], NTP], dtype=tl.float32)
-    for k0 in range(0, K, BKS):
-        ck = k0 + tl.arange(0, BKS)
-        cm = (ck < K)[None, :]
-        Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        G0 = tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
-        acc = tl.where(tcol[None, :] == k0 // BKS, tl.max(tl.abs(Gf - G0), 1)[:, None], acc)
-    tl.store(span_ptr + sc * NTP + tcol, tl.max(acc, 0))
-
-
-@triton.jit
 def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, fast,
                QS: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
                L2: tl.constexpr, DPREC: tl.constexpr):
     """One K tile's share of the four diagonal 16 x 16 blocks ``dkk``, ``dqk`` ([4, 16, 16] fp32): one batched dot
-    through each block's first row where the tile's gates allow (``fast``: ``|Gd| <= span_max``), else pairwise."""
+    through each block's first row where the tile's gates allow (``fast``: ``|Gd| <= span_max``), else pairwise.
+    The check, a reduction of the tile across warps, costs: without it (a timing probe, wrong where a tile needs the
+    pairwise path) the scores kernel took 0.450 against 0.562 ms at 1 x 8192 x 32 (H200, session 24 call5). All
+    tiles' spans from one pass before the loop (one reduction, then a number a tile read back after a barrier) took
+    0.640 and gave NaN on the GPU (fast flags wrong; not understood, interpreter tests passed): removed."""
     NB: tl.constexpr = C // S
     if fast:  # the diagonal blocks through their first rows
         R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
@@ -192,7 +181,6 @@ def _scores2_kernel(
     U_ptr,
     qg_ptr,
     kg_ptr,
-    span_ptr,
     scale,
     span_max,
     VS,
@@ -211,9 +199,7 @@ def _scores2_kernel(
     DPREC: tl.constexpr,
     SUFFIX: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
-    DINV: tl.constexpr = 0,
-    SPAN: tl.constexpr = 1,
-    NTP: tl.constexpr = 8,
+    DINV: tl.constexpr = 1,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -240,9 +226,6 @@ def _scores2_kernel(
     aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
-    if SPAN == 1:  # the tiles' spans first (one reduction), read back after a barrier
-        _tile_spans(G_ptr, span_ptr, g_base, rows, first, sc, K, BKS, NTP)
-        tl.debug_barrier()
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
@@ -253,12 +236,7 @@ def _scores2_kernel(
         R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
         akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
-        if SPAN == 1:
-            fast = tl.load(span_ptr + sc * NTP + k0 // BKS) <= span_max
-        elif SPAN == 2:  # timing probe: no check (outputs wrong wherever a tile needs the pairwise path)
-            fast = True
-        else:  # the tile reduced across warps
-            fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max
+        fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max  # a reduction across warps: see _diag_step
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc,
                               ck, n, fast, QS, K, C, S, BKS, L2, DPREC)
     a_off = sc * (C * C) + rows[:, None] * C
@@ -288,7 +266,7 @@ def _load_blk(ptr, base, I: tl.constexpr, J: tl.constexpr, r16, C: tl.constexpr,
 
 @triton.jit
 def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr,
-                 DINV: tl.constexpr = 0, DPREC: tl.constexpr = "ieee"):
+                 DINV: tl.constexpr = 1, DPREC: tl.constexpr = "ieee"):
     """T = (I + Akk)^-1 of one chunk by blocked forward substitution: the four diagonal 16 x 16 inverses
     interleaved, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above). Reads only the lower
     blocks of Akk, all before a barrier that precedes every store, so Akk may live in T's buffer (in place)."""
@@ -296,9 +274,6 @@ def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC:
     r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
     if DINV == 1:  # products of powers, DPREC
         T00, T11, T22, T33 = _inv_diag4_products(Akk_ptr, a_base, C, S, DPREC)
-    elif DINV == 2:  # timing probe: the identity (outputs wrong)
-        T00 = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)
-        T11, T22, T33 = T00, T00, T00
     else:
         T00, T11, T22, T33 = _inv_diag4(Akk_ptr, a_base, r16, C, S)
     A10 = _load_blk(Akk_ptr, a_base, 1, 0, r16, C, S)
