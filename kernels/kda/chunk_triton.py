@@ -66,32 +66,21 @@ SUB = 16
 
 
 @triton.jit
-def _sumsq_tile(q_ptr, k_ptr, qk_off, rm, ck, K: tl.constexpr):
-    """Row sums of squares of one key-column tile ``ck`` of the chunk's q and k rows (fp32)."""
-    m = rm[:, None] & (ck < K)[None, :]
-    x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-    y = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-    return tl.sum(x * x, 1), tl.sum(y * y, 1)
-
-
-@triton.jit
-def _store_norms(rq_ptr, rk_ptr, sq, sk, rows, sc, C: tl.constexpr):
-    """Inverse L2 norms (eps 1e-6 under the root) from the rows' sums of squares."""
-    tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
-    tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
-
-
-@triton.jit
-def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_off, rows, rm, sc, K: tl.constexpr, C: tl.constexpr,
-                BKP: tl.constexpr):
-    """Store the inverse L2 norms of the chunk's q and k rows, K tile by K tile."""
+def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS: tl.constexpr, K: tl.constexpr,
+                C: tl.constexpr, BKP: tl.constexpr):
+    """Store the inverse L2 norms of the chunk's q and k rows (fp32, eps 1e-6 under the root), K tile by K tile."""
+    qk_off = (bos + rows)[:, None] * QS + i_h * K
     sq = tl.zeros([C], dtype=tl.float32)
     sk = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, K, BKP):
-        dq, dk = _sumsq_tile(q_ptr, k_ptr, qk_off, rm, k0 + tl.arange(0, BKP), K)
-        sq += dq
-        sk += dk
-    _store_norms(rq_ptr, rk_ptr, sq, sk, rows, sc, C)
+        ck = k0 + tl.arange(0, BKP)
+        m = rm[:, None] & (ck < K)[None, :]
+        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        sq += tl.sum(x * x, 1)
+        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        sk += tl.sum(x * x, 1)
+    tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
+    tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
 
 
 @triton.jit
@@ -171,7 +160,7 @@ def _prep_kernel(
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
     if L2:
-        _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, (bos + rows)[:, None] * QS + i_h * K, rows, rm, sc, K, C, BKP)
+        _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
     for k0 in range(0, K, BKP):
         _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
                         k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)

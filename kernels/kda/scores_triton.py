@@ -267,8 +267,8 @@ def _load_blk(ptr, base, I: tl.constexpr, J: tl.constexpr, r16, C: tl.constexpr,
 @triton.jit
 def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr,
                  DINV: tl.constexpr = 1, DPREC: tl.constexpr = "ieee"):
-    """T = (I + Akk)^-1 of one chunk by blocked forward substitution: the four diagonal 16 x 16 inverses
-    interleaved, then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above). Reads only the lower
+    """T = (I + Akk)^-1 of one chunk by blocked forward substitution: the four diagonal 16 x 16 inverses (``DINV``
+    1: products of powers in ``DPREC``; 0: substitution, interleaved), then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above). Reads only the lower
     blocks of Akk, all before a barrier that precedes every store, so Akk may live in T's buffer (in place)."""
     r16 = tl.arange(0, S)
     r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
