@@ -10,7 +10,7 @@
 # and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one, with its tuning cache;
 # use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache, else
 # the committed $FLA_TUNING). The KDA parts: kda_tests, sweep_best, bench_five; the AttnRes parts: attnres_tests,
-# attnres_sweep, attnres_step (each function's arguments are on its first line).
+# attnres_sweep, attnres_step; backbone_profile (each function's arguments are on its first line).
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 # fla-core 0.6.0's autotuning results on an H100 with Triton 3.6 (session 5, call7): without them fla tunes for minutes
 FLA_TUNING=${FLA_TUNING:-$PWD/kernels/benchmarks/fla_tuning/h100_triton3.6_fla0.6.0.tar.gz}
@@ -149,4 +149,9 @@ attnres_step() {  # rounds limit_s tail top: the small hybrid's block-AttnRes st
   PART_TAIL=$3 part "bench_attnres: the small hybrid's block-AttnRes step overhead, $1 rounds, profiled" "$2" python3 \
     -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds "$1" --hybrid-iters 4 --decode-steps 0 \
     --profile --profile-top "$4" --budget-s 400
+}
+
+backbone_profile() {  # limit_s: bench_backbone --profile of the small hybrid's training step at 4096 (issue 5's MFU)
+  PART_TAIL=30 part "bench_backbone --profile: the small hybrid's training step" "$1" python3 \
+    -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile --variants hybrid
 }

@@ -53,8 +53,7 @@ final)
   install_fla
   kda_tests 130 tests/model/test_kda_layer_backends.py
   bench_five 200
-  PART_TAIL=30 part "bench_backbone --profile: the small hybrid's training step" 70 python3 \
-    -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile --variants hybrid
+  backbone_profile 70
   ;;
 flush)
   PART_TAIL=8 part "AttnRes tests on the GPU" 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \

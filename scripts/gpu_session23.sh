@@ -53,8 +53,7 @@ final)
   attnres_tests 85
   attnres_sweep backward "the backward alone" 50 30
   attnres_step 6 150 40 12
-  PART_TAIL=30 part "bench_backbone --profile: the small hybrid's training step" 60 python3 \
-    -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --profile --variants hybrid
+  backbone_profile 60
   ;;
 flush)
   attnres_tests 85
