@@ -21,6 +21,8 @@
 #       (The spans' pass gave NaN on the GPU and was removed after call5, with the probes.)
 #   bash scripts/gpu_session24.sh final2  call6: the committed kernels (products over 8 x 8 halves, the per-tile span
 #       check): KDA GPU tests and the five shapes against fla.
+# Modes probe, prep, scores and scores2 name sweep settings that were removed after they ran: they are the records of
+# calls 1, 2, 4 and 5 and no longer run as they did. Call7 ran bench_kda.py alone (see the results README).
 # Part limits sum to 480 s (probe), 440 s (prep), 370 s (final), 200 s (scores), 330 s (scores2), 260 s (final2); one
 # command may run 600.
 set -u
