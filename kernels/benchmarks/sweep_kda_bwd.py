@@ -28,6 +28,7 @@ from kernels.kda import chunk_triton_bwd as cb  # noqa: E402
 SETTINGS = [
     ("default", {}, {}),
     ("diag pairwise", {"BWD_SPAN_MAX": -1.0}, {}),
+    ("inter ee diff", {"BWD_EE_FROM_G": "16bit"}, {}),
     ("diag ieee", {"BWD_DIAG_PREC16": "ieee"}, {}),
     ("diag tf32", {"BWD_DIAG_PREC16": "tf32"}, {}),
     ("diag ieee pair w4", {"BWD_DIAG_PREC16": "ieee"}, {"pair": (4, 1)}),

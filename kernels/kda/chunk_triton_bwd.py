@@ -388,6 +388,7 @@ def _bwd_inter_kernel(
     C: tl.constexpr,
     FP32: tl.constexpr,
     PREC: tl.constexpr,
+    EE_DIFF: tl.constexpr = False,
 ):
     """Per (block of key channels, chunk x value head), after ``_bwd_intra_pair_kernel``: the reductions over V as
     whole-chunk dots (``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dX = -dY h^T``, ``[C, BK]``) and ``dGl = e^Gl sum_v
@@ -432,8 +433,13 @@ def _bwd_inter_kernel(
     off = (bos + rows)[:, None] * GS + i_hv * K + ck[None, :]
     kk = tl.load(k_ptr + qk_off, mask=m, other=0.0).to(tl.float32)
     gg = tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32)
-    eG = tl.exp(tl.load(G_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0))
-    eE = tl.exp(tl.cumsum(gg, 0, reverse=True) - gg)
+    Gt = tl.load(G_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
+    eG = tl.exp(Gt)
+    gl = tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)
+    if EE_DIFF:  # kg's exponent as the forward's 16-bit path forms it: G_last - G (no scan of g)
+        eE = tl.exp(gl[None, :] - Gt)
+    else:  # a suffix sum of g
+        eE = tl.exp(tl.cumsum(gg, 0, reverse=True) - gg)
     bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rmask, other=0.0).to(tl.float32)
     qe = scale * tl.load(q_ptr + qk_off, mask=m, other=0.0).to(tl.float32) * eG  # d qg / d G
     kE = kk * eE
@@ -441,7 +447,7 @@ def _bwd_inter_kernel(
     dq = tl.load(dq_ptr + off, mask=m, other=0.0) + scale * eG * dqg
     dk = tl.load(dk_ptr + off, mask=m, other=0.0) + bb[:, None] * eG * dX + eE * dkg
     dG = tl.load(dg_ptr + off, mask=m, other=0.0) + qe * dqg - kE * dkg + X * dX
-    dgl = dgl * tl.exp(tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)) + tl.sum(kE * dkg, 0)
+    dgl = dgl * tl.exp(gl) + tl.sum(kE * dkg, 0)
     tl.store(dq_out + off, dq.to(dq_out.dtype.element_ty), mask=m)
     tl.store(dk_out + off, dk.to(dk_out.dtype.element_ty), mask=m)
     tl.store(dg_out + off, (tl.cumsum(dG, 0, reverse=True) + dgl[None, :]).to(dg_out.dtype.element_ty), mask=m)
@@ -500,6 +506,11 @@ BWD_SPAN_MAX = 60.0
 BWD_DIAG_PREC16 = "ieee"  # the diagonal blocks' dots for 16-bit inputs (call6: tf32x3 same time, tf32 dg error 1.7x)
 BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions over V) kernel
 BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
+# kg's exponent E = G_last - G in the inter-chunk kernel: "never" a suffix sum of g (a reverse scan a program, and g
+# loaded), "16bit" the difference of the stored prefix sums for 16-bit inputs (as the forward forms kg for them; fp32
+# inputs keep the scan, see FP32_KG_SUFFIX in chunk_triton.py), "always" for every dtype (tests). Prepared after
+# session 24's device time was spent: interpreter-tested, not yet run on a GPU, so "never"
+BWD_EE_FROM_G = "never"
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128): no spills
 BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(2, 1), inter=(4, 2))
@@ -625,6 +636,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         C=C,
         FP32=fp32,
         PREC=prec,
+        EE_DIFF=BWD_EE_FROM_G == "always" or (BWD_EE_FROM_G == "16bit" and not fp32),
         num_warps=BWD_LAUNCH["inter"][0],
         num_stages=BWD_LAUNCH["inter"][1],
     )

@@ -71,17 +71,22 @@ def _interp(monkeypatch):
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.mark.parametrize("dtype,tol,state_bv", [(torch.float32, 1e-5, 32), (torch.float16, 2e-3, 32),
-                                                (torch.float32, 1e-5, 16), (torch.float32, 1e-5, None)])
-def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv):
+@pytest.mark.parametrize("dtype,tol,state_bv,ee", [(torch.float32, 1e-5, 32, "never"),
+                                                   (torch.float16, 2e-3, 32, "never"),
+                                                   (torch.float32, 1e-5, 16, "never"),
+                                                   (torch.float32, 1e-5, None, "never"),
+                                                   (torch.float16, 2e-3, 32, "16bit")])
+def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv, ee):
     """Triton reverse state pass and the chained backward vs the PyTorch manual backward on the same (Triton) forward
     intermediates; varlen with a 1-token sequence and a ragged tail, HV > H, h0 and dht present; V = 48 in blocks of
-    16, 32 or (``None``: the choice, off CUDA 64) value columns per reverse-state program. The fp16 case also checks
-    that dq, dk, dv come back in the inputs' dtype."""
+    16, 32 or (``None``: the choice, off CUDA 64) value columns per reverse-state program. The fp16 cases also check
+    that dq, dk, dv come back in the inputs' dtype; ``ee``: ``BWD_EE_FROM_G`` (kg's exponent in the inter-chunk
+    kernel as G_last - G instead of a suffix sum of g)."""
     dev = _interp(monkeypatch)
     from kernels.kda import chunk_triton_bwd
 
     monkeypatch.setattr(chunk_triton_bwd, "BWD_STATE_BV", state_bv)
+    monkeypatch.setattr(chunk_triton_bwd, "BWD_EE_FROM_G", ee)
     from kernels.kda.chunk_bwd_torch import bwd_state_pass_torch, to_chunks
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import bwd_state_pass_triton, chunk_kda_bwd_triton
