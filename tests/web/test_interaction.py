@@ -30,6 +30,12 @@ CLICK = ScrollVideoConfig(step_px=120, interaction="click")
 SEEDS = (0, 4)  # nav + button + cards + footer between them
 
 
+def _decoded(mp4: bytes) -> np.ndarray:
+    """The video's frames as ``[F, H, W, 3]`` uint8 RGB."""
+    with av.open(io.BytesIO(mp4)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
 def _changed(frame: np.ndarray, plain: np.ndarray) -> np.ndarray:
     return (frame != plain).any(-1)  # [H, W] bool
 
@@ -94,11 +100,18 @@ def test_hover_needs_the_styles_and_default_videos_are_unchanged(browser) -> Non
 def test_interactive_video_family(browser) -> None:  # the fixture fails with the install hint without Chromium
     ctx = FamilyContext(split="train", index=0, seed=0, image_sides=(56, 320))
     sample = make_page_video_interactive(random.Random(3), ctx)
-    assert make_page_video_interactive(random.Random(3), ctx).media[0].data == sample.media[0].data
+    again = make_page_video_interactive(random.Random(3), ctx)
+    assert again.spec == sample.spec
+    frames, frames_again = _decoded(sample.media[0].data), _decoded(again.media[0].data)
+    assert frames.shape == frames_again.shape
+    # Same HTML gives the same frames up to a few anti-aliased pixels near the pointer (README: <= 0.1% of a frame);
+    # after x264 (crf 18) such a difference can spread over its 16 x 16 blocks, so 1% of the pixels may move by more
+    # than the codec's noise. Byte equality of the two mp4s failed once under load (session 23).
+    for i, (a, b) in enumerate(zip(frames, frames_again)):
+        moved = int((np.abs(a.astype(np.int16) - b.astype(np.int16)) > 24).any(-1).sum())
+        assert moved <= 0.01 * a.shape[0] * a.shape[1], f"frame {i}: {moved} px differ between two renders"
     assert sample.family == "page_video_interactive" and ":hover" in sample.spec["html"]
     assert sample.messages[-1]["content"] == sample.spec["html"]
-    with av.open(io.BytesIO(sample.media[0].data)) as container:
-        n_frames = sum(1 for _ in container.decode(video=0))
     plain = make_page_video(random.Random(3), ctx)
-    assert n_frames == sample.media[0].frames > plain.media[0].frames
+    assert len(frames) == sample.media[0].frames > plain.media[0].frames
     assert plain.spec["layout"] == sample.spec["layout"] and ":hover" not in plain.spec["html"]
