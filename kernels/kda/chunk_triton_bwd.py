@@ -432,13 +432,13 @@ def _bwd_inter_kernel(
     qk_off = (bos + rows)[:, None] * QS + i_h * K + ck[None, :]
     off = (bos + rows)[:, None] * GS + i_hv * K + ck[None, :]
     kk = tl.load(k_ptr + qk_off, mask=m, other=0.0).to(tl.float32)
-    gg = tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32)
     Gt = tl.load(G_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
     eG = tl.exp(Gt)
     gl = tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)
     if EE_DIFF:  # kg's exponent as the forward's 16-bit path forms it: G_last - G (no scan of g)
         eE = tl.exp(gl[None, :] - Gt)
     else:  # a suffix sum of g
+        gg = tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32)
         eE = tl.exp(tl.cumsum(gg, 0, reverse=True) - gg)
     bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rmask, other=0.0).to(tl.float32)
     qe = scale * tl.load(q_ptr + qk_off, mask=m, other=0.0).to(tl.float32) * eG  # d qg / d G
