@@ -110,9 +110,8 @@ FLUSH_THREAD_ELEMS = 12  # 24 before session 22; with FLUSH_GROUP = 4 that spill
 FLUSH_GROUP = 4
 # backward grid: at most this many programs per SM, each strides over token tiles. H200, M = 32768, D = 768 (session 23
 # call2, kernel + query-gradient sum): 2 / 4 / 8 / 16 a SM 0.124 / 0.134 / 0.143 / 0.161 ms at N = 3, 0.190 / 0.206 /
-# 0.209 / 0.247 at N = 5 (from N = 3 the kernel takes 239-255 registers: 2 programs of 4 warps fit an SM). Session 24
-# call2 (round-robin timing), 2 / 3 / 4 / 8 a SM: N = 2 0.094 / 0.090 / 0.110 / 0.123 ms, N = 3 0.115 / 0.138 / 0.128 /
-# 0.151, N = 5 0.189 / 0.215 / 0.200 / 0.223
+# 0.209 / 0.247 at N = 5 (from N = 3 the kernel takes 239-255 registers: 2 programs of 4 warps fit an SM); session 24
+# call2, timed round-robin: 2 still best at N = 3 and 5, within 5% of 3 a SM at N = 2
 BWD_PROGRAMS_PER_SM = 2
 # the query gradient's sum over the backward's programs (_colsum_kernel): 64 rows x 32 columns a step, 24 programs at
 # D = 768: 4.2 us a call at 264 rows (32 x 64, 12 programs: 6.5 us; H200, session 23 calls 4 and 3)

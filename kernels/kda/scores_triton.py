@@ -125,6 +125,16 @@ def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, 
 
 
 @triton.jit
+def _diag_dots(kl, ql, right, dkk, dqk, NB: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr, DPREC: tl.constexpr):
+    """The four diagonal blocks' batched dots through each block's first row: ``kl``, ``ql`` (``k e^Gd``, ``q e^Gd``)
+    against ``right`` (``k e^-Gd``), all ``[C, BKS]``, added to ``dkk``, ``dqk`` ``[NB, S, S]``."""
+    R3 = tl.permute(tl.reshape(right, (NB, S, BKS)), (0, 2, 1))
+    dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
+    dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
+    return dkk, dqk
+
+
+@triton.jit
 def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, fast,
                QS: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
                L2: tl.constexpr, DPREC: tl.constexpr):
@@ -136,9 +146,7 @@ def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, 
     0.640 and gave NaN on the GPU (fast flags wrong; not understood, interpreter tests passed): removed."""
     NB: tl.constexpr = C // S
     if fast:  # the diagonal blocks through their first rows
-        R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))
-        dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
-        dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
+        dkk, dqk = _diag_dots(kl, ql, kf * tl.exp(-Gd), dkk, dqk, NB, S, BKS, DPREC)
     else:  # pairwise, column j of every diagonal block at once
         cm = (ck < K)[None, :]
         for j in range(0, S):
@@ -241,9 +249,7 @@ def _scores2_kernel(
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
         fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max  # a reduction across warps: see _diag_step
         if PAIR_AFTER:  # no branch in this loop: a sharp tile's fast-path operand is zero, its bit set for later
-            R3 = tl.permute(tl.reshape(tl.where(fast, kf * tl.exp(-Gd), 0.0), (NB, S, BKS)), (0, 2, 1))
-            dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
-            dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
+            dkk, dqk = _diag_dots(kl, ql, tl.where(fast, kf * tl.exp(-Gd), 0.0), dkk, dqk, NB, S, BKS, DPREC)
             sharp = sharp | tl.where(fast, 0, 1 << (k0 // BKS))
         else:
             dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
@@ -285,7 +291,8 @@ def _load_blk(ptr, base, I: tl.constexpr, J: tl.constexpr, r16, C: tl.constexpr,
 def _solve_chunk(Akk_ptr, T_ptr, a_base, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr,
                  DINV: tl.constexpr = 1, DPREC: tl.constexpr = "ieee"):
     """T = (I + Akk)^-1 of one chunk by blocked forward substitution: the four diagonal 16 x 16 inverses (``DINV``
-    1: products of powers in ``DPREC``; 0: substitution, interleaved), then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``. Writes T (fp32, zero above). Reads only the lower
+    1: products of powers in ``DPREC``; 0: substitution, interleaved), then ``T_IJ = -T_II sum_{J<=M<I} A_IM T_MJ``.
+    Writes T (fp32, zero above). Reads only the lower
     blocks of Akk, all before a barrier that precedes every store, so Akk may live in T's buffer (in place)."""
     r16 = tl.arange(0, S)
     r0, r1, r2, r3 = r16, S + r16, 2 * S + r16, 3 * S + r16
