@@ -277,12 +277,6 @@ INTRA_SPAN_MAX = 60.0
 # call5: scores kernel 0.642 -> 0.562 ms at 1 x 8192 x 32, 1.259 -> 1.108 at 2 x 16384 x 16; the identity in their
 # place (a timing probe, call4) 0.496 against 0.608
 SCORES2_DIAG_INV = 1
-# the diagonal blocks' pairwise path (K tiles with sharp gates) after the scores loop instead of a branch inside it: the
-# loop's fast-path dot then takes a zero operand for a sharp tile and sets the tile's bit, and a second loop redoes
-# those tiles pairwise. Without the branch (session 24 call5's probe, which dropped the check and the pairwise path)
-# the scores kernel took 0.450 against 0.562 ms at 1 x 8192 x 32. Prepared after session 24's device time was spent:
-# interpreter-tested, not yet run on a GPU, so off (at most 31 K tiles: the bits are an int32)
-SCORES2_PAIR_AFTER = False
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -462,7 +456,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             span_max=INTRA_SPAN_MAX,
             HEADS_FIRST=hf,
             DINV=SCORES2_DIAG_INV,
-            PAIR_AFTER=SCORES2_PAIR_AFTER and triton.cdiv(K, SCORES2_BK) <= 31,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),

@@ -508,9 +508,9 @@ BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions ove
 BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 # kg's exponent E = G_last - G in the inter-chunk kernel: "never" a suffix sum of g (a reverse scan a program, and g
 # loaded), "16bit" the difference of the stored prefix sums for 16-bit inputs (as the forward forms kg for them; fp32
-# inputs keep the scan, see FP32_KG_SUFFIX in chunk_triton.py), "always" for every dtype (tests). Prepared after
-# session 24's device time was spent: interpreter-tested, not yet run on a GPU, so "never"
-BWD_EE_FROM_G = "never"
+# inputs keep the scan, see FP32_KG_SUFFIX in chunk_triton.py), "always" for every dtype (tests). H200, session 25
+# call1, backward alone at 1 x 8192 x 32 (sweep_kda_bwd.py "inter ee diff"): 3.368 / 3.372 ms "never", 3.202 "16bit"
+BWD_EE_FROM_G = "16bit"
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128): no spills
 BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(2, 1), inter=(4, 2))

@@ -209,7 +209,6 @@ def _scores2_kernel(
     SUFFIX: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
     DINV: tl.constexpr = 1,
-    PAIR_AFTER: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -236,7 +235,6 @@ def _scores2_kernel(
     aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
-    sharp = tl.zeros([], dtype=tl.int32)  # PAIR_AFTER: bit t set when K tile t needs the pairwise path
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
@@ -248,20 +246,8 @@ def _scores2_kernel(
         akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
         fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max  # a reduction across warps: see _diag_step
-        if PAIR_AFTER:  # no branch in this loop: a sharp tile's fast-path operand is zero, its bit set for later
-            dkk, dqk = _diag_dots(kl, ql, tl.where(fast, kf * tl.exp(-Gd), 0.0), dkk, dqk, NB, S, BKS, DPREC)
-            sharp = sharp | tl.where(fast, 0, 1 << (k0 // BKS))
-        else:
-            dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
-                                  loc, ck, n, fast, QS, K, C, S, BKS, L2, DPREC)
-    if PAIR_AFTER:  # the sharp tiles pairwise, their k, q and G loaded again
-        for k0 in range(0, K, BKS):
-            if (sharp >> (k0 // BKS)) & 1:
-                ck = k0 + tl.arange(0, BKS)
-                kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows,
-                                                     first, ck, n, QS, K, L2)
-                dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb,
-                                      first, loc, ck, n, False, QS, K, C, S, BKS, L2, DPREC)
+        dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
+                              loc, ck, n, fast, QS, K, C, S, BKS, L2, DPREC)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     akk = tl.reshape(akk3, (C, C))

@@ -82,15 +82,14 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
-@pytest.mark.parametrize("span_max,pair_after", [(None, False), (-1.0, False), (None, True), (-1.0, True)])
-def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max, pair_after):
+@pytest.mark.parametrize("span_max", [None, -1.0])
+def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
     and goes pairwise in tiles with sharp ones: one chunk here holds both (16-column tiles: sharp, mild, near the
     span limit); ``INTRA_SPAN_MAX = -1`` sends every tile pairwise. Both match the oracle; they are different
-    computations (not bit-identical). ``pair_after``: the sharp tiles' pairwise path after the scores loop."""
+    computations (not bit-identical)."""
     from kernels.kda import chunk_triton
 
-    monkeypatch.setattr(chunk_triton, "SCORES2_PAIR_AFTER", pair_after)
     if span_max is not None:
         monkeypatch.setattr(chunk_triton, "INTRA_SPAN_MAX", span_max)
     q, k, v, _, beta, s0 = make_inputs(1, 130, 1, 2, 48, 16, h0=True)
