@@ -7,26 +7,36 @@
 #   bash scripts/gpu_session25.sh bwdprof call2: BWD_EE_FROM_G="16bit" the default (SCORES2_PAIR_AFTER removed): the five
 #       shapes against fla; Nsight Compute (stall reasons by source line) on our backward's pair and inter-chunk
 #       kernels and fla's two largest backward kernels; per-kernel times of a training step of each at 1x8192x32.
+#   bash scripts/gpu_session25.sh pair    call3: the backward's pair kernel without its spills (call2: 255 registers,
+#       9.5 M local-memory requests; ptxas: the pairwise diagonal path's 16 unrolled steps): that path as a loop (the
+#       new default), the off-diagonal part one sub-block at a time (BWD_PAIR_BLOCKS), launches, at two shapes; the
+#       KDA GPU tests in a copy with BWD_PAIR_BLOCKS on, then in the tree as it is.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
-flipped_tree() {  # a copy of the tree at /tmp/flip with both session-24 options on
+flipped_tree() {  # file sed-expression...: a copy of the tree at /tmp/flip with each expression applied to the file
   rm -rf /tmp/flip && cp -r . /tmp/flip
-  sed -i 's/^SCORES2_PAIR_AFTER = False/SCORES2_PAIR_AFTER = True/' /tmp/flip/kernels/kda/chunk_triton.py
-  sed -i 's/^BWD_EE_FROM_G = "never"/BWD_EE_FROM_G = "16bit"/' /tmp/flip/kernels/kda/chunk_triton_bwd.py
-  grep -n "^SCORES2_PAIR_AFTER\|^BWD_EE_FROM_G" /tmp/flip/kernels/kda/chunk_triton*.py | tee -a "$LOG"
+  while [ $# -ge 2 ]; do
+    sed -i "$2" "/tmp/flip/$1" && diff "$1" "/tmp/flip/$1" | tee -a "$LOG"
+    shift 2
+  done
+}
+
+bwd_sweep() {  # shape limit_s settings: sweep_kda_bwd.py of those settings and the default into $OUT/bwd_<shape>
+  mkdir -p "$OUT/bwd_$1"
+  PART_TAIL=16 part "sweep_kda_bwd at $1: $3" "$2" python3 kernels/benchmarks/sweep_kda_bwd.py --shape "$1" \
+    --only "$3" --out "$OUT/bwd_$1/sweep_kda_bwd.json"
 }
 
 gpu_header
-case "${1:?usage: gpu_session25.sh flip|bwdprof}" in
+case "${1:?usage: gpu_session25.sh flip|bwdprof|pair}" in
 flip)
   install_fla
   sweep_best 1x8192x32 90 "scores pair after,default again"
   sweep_best 2x16384x16 90 "scores pair after,default again"
-  mkdir -p "$OUT/bwd"
-  PART_TAIL=16 part "sweep_kda_bwd at 1x8192x32: inter ee diff" 100 python3 kernels/benchmarks/sweep_kda_bwd.py \
-    --shape 1x8192x32 --only "inter ee diff,default again" --out "$OUT/bwd/sweep_kda_bwd.json"
-  flipped_tree
+  bwd_sweep 1x8192x32 100 "inter ee diff,default again"  # (call1 wrote it to $OUT/bwd)
+  flipped_tree kernels/kda/chunk_triton.py 's/^SCORES2_PAIR_AFTER = False/SCORES2_PAIR_AFTER = True/' \
+    kernels/kda/chunk_triton_bwd.py 's/^BWD_EE_FROM_G = "never"/BWD_EE_FROM_G = "16bit"/'
   (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 150)
   ;;
 bwdprof)
@@ -37,6 +47,14 @@ bwdprof)
     "_bwd_intra_pair_kernel|_bwd_inter_kernel|chunk_kda_bwd_kernel_intra|chunk_kda_bwd_kernel_wy_dqkg_fused"
   PART_TAIL=12 part "step kernels of ours and fla at 1x8192x32" 70 python3 kernels/benchmarks/bench_kda.py --no-prelude \
     --profile --impls ours,fla --shapes 1x8192x32 --out "$OUT/bench_kda_profile.json"
+  ;;
+pair)
+  settings="pair unroll,pair blocks,pair blocks w4,pair blocks w4 bk64,pair blocks w4 bk16,pair blocks w4 s2,pair w4"
+  bwd_sweep 1x8192x32 120 "$settings,default again"
+  bwd_sweep 8x2048x16 100 "$settings,default again"
+  flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_PAIR_BLOCKS = False/BWD_PAIR_BLOCKS = True/'
+  (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 140)
+  kda_tests 140
   ;;
 esac
 ls -la "$OUT"

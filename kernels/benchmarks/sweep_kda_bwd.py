@@ -47,6 +47,12 @@ SETTINGS = [
     ("inter w4 s3", {}, {"inter": (4, 3)}),
     ("inter w4 s1", {}, {"inter": (4, 1)}),
     ("inter w4 bk64", {"BWD_INTER_BK": 64}, {}),
+    ("pair unroll", {"BWD_PAIR_UNROLL": True}, {}),
+    ("pair blocks", {"BWD_PAIR_BLOCKS": True}, {}),
+    ("pair blocks w4", {"BWD_PAIR_BLOCKS": True}, {"pair": (4, 1)}),
+    ("pair blocks w4 bk64", {"BWD_PAIR_BLOCKS": True, "BWD_PAIR_BK": 64}, {"pair": (4, 1)}),
+    ("pair blocks w4 bk16", {"BWD_PAIR_BLOCKS": True, "BWD_PAIR_BK": 16}, {"pair": (4, 1)}),
+    ("pair blocks w4 s2", {"BWD_PAIR_BLOCKS": True}, {"pair": (4, 2)}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 

@@ -174,6 +174,28 @@ def _chunk_head(pid, cbos_ptr, clen_ptr, H: tl.constexpr, HV: tl.constexpr):
 
 
 @triton.jit
+def _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first, n, base, abase,
+                    rI, r16, ck, kmask, i_h, i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                    C: tl.constexpr):
+    """Step j of :func:`_pair_diag`: key j for the rows i >= j, query j for the keys i <= j."""
+    t = bos + first + j
+    ok = kmask & (ck * 0 + first + j < n)  # (a vector mask: the interpreter rejects scalar ones)
+    kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
+    qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
+    bj = tl.load(b_ptr + t * HV + i_hv + ck * 0, mask=ok, other=0.0).to(tl.float32)  # beta_j in every lane
+    Gj = tl.load(G_ptr + base + (first + j) * K + ck, mask=kmask, other=0.0)
+    e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
+    e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
+    col = abase + rI * C + first + j  # dA[i, j]
+    row = abase + (first + j) * C + rI  # dA[j, i]
+    daq += tl.load(dAq_ptr + col)[:, None] * e_lo * kj[None, :]
+    dak += tl.load(dAk_ptr + col)[:, None] * e_lo * kj[None, :]
+    dkq += tl.load(dAq_ptr + row)[:, None] * e_up * (scale * qj)[None, :]
+    dkk += tl.load(dAk_ptr + row)[:, None] * e_up * (bj * kj)[None, :]
+    return daq, dak, dkq, dkk
+
+
+@triton.jit
 def _pair_diag(
     q_ptr,
     k_ptr,
@@ -202,27 +224,56 @@ def _pair_diag(
     K: tl.constexpr,
     C: tl.constexpr,
     S: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """The diagonal block's part of :func:`_bwd_intra_pair_kernel`'s four gradients, pairwise in fp32 as outer
-    products (16 unrolled steps, no reductions), for gates too sharp to factor through a reference row."""
+    products (16 steps, no reductions; ``UNROLL``: unrolled), for gates too sharp to factor through a reference
+    row."""
     r16 = tl.arange(0, S)
     # diagonal block: step j is key j for the rows i >= j and query j for the keys i <= j (exponents masked to 0
     # outside, where dA is 0; rows past the sequence load zeros)
-    for j in tl.static_range(S):
-        t = bos + first + j
-        ok = kmask & (ck * 0 + first + j < n)  # (a vector mask: the interpreter rejects scalar ones)
-        kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
-        qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
-        bj = tl.load(b_ptr + t * HV + i_hv + ck * 0, mask=ok, other=0.0).to(tl.float32)  # beta_j in every lane
-        Gj = tl.load(G_ptr + base + (first + j) * K + ck, mask=kmask, other=0.0)
-        e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
-        e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
-        col = abase + rI * C + first + j  # dA[i, j]
-        row = abase + (first + j) * C + rI  # dA[j, i]
-        daq += tl.load(dAq_ptr + col)[:, None] * e_lo * kj[None, :]
-        dak += tl.load(dAk_ptr + col)[:, None] * e_lo * kj[None, :]
-        dkq += tl.load(dAq_ptr + row)[:, None] * e_up * (scale * qj)[None, :]
-        dkk += tl.load(dAk_ptr + row)[:, None] * e_up * (bj * kj)[None, :]
+    if UNROLL:
+        for j in tl.static_range(S):
+            daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI,
+                                                 bos, first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS,
+                                                 HV, K, C)
+    else:  # a loop: unrolled, every step's loads were hoisted (255 registers and 1 KB of spills at 2 warps)
+        for j in range(S):
+            daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI,
+                                                 bos, first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS,
+                                                 HV, K, C)
+    return daq, dak, dkq, dkk
+
+
+@triton.jit
+def _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, base, abase, rI, ck, kmask, i_h,
+                 i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
+                 BK: tl.constexpr, PREC: tl.constexpr):
+    """The off-diagonal part of :func:`_bwd_intra_pair_kernel`'s four gradients one 16-row sub-block J at a time:
+    ``[16, 16] x [16, BK]`` dots for the J before I (through I's first row) and the J after I and inside the
+    sequence (through its last row), each J's k, q, G loaded only when used. Returns the sums before the
+    ``e^{G_i - G_f}`` / ``e^{G_l - G_i}`` row factors."""
+    r16 = tl.arange(0, S)
+    daq = tl.zeros([S, BK], dtype=tl.float32)
+    dak = tl.zeros([S, BK], dtype=tl.float32)
+    dkq = tl.zeros([S, BK], dtype=tl.float32)
+    dkk = tl.zeros([S, BK], dtype=tl.float32)
+    for J in tl.static_range(C // S):
+        rJ = J * S + r16
+        if J < I:
+            kd = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * tl.exp(G_f[None, :] - _rows16(G_ptr, base, rJ, ck,
+                                                                                                    kmask, K))
+            blk = abase + rI[:, None] * C + rJ[None, :]  # dA[i in I, j in J]
+            daq = tl.dot(tl.load(dAq_ptr + blk), kd, daq, input_precision=PREC)
+            dak = tl.dot(tl.load(dAk_ptr + blk), kd, dak, input_precision=PREC)
+        if (J > I) & (J * S < n):
+            e = tl.exp(_rows16(G_ptr, base, rJ, ck, kmask, K) - G_l[None, :])
+            bJ = tl.load(b_ptr + (bos + rJ) * HV + i_hv, mask=rJ < n, other=0.0).to(tl.float32)
+            blk = abase + rJ[:, None] * C + rI[None, :]  # dA[i in J, j in I]
+            qa = _tok(q_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * scale
+            ka = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * bJ[:, None]
+            dkq = tl.dot(tl.trans(tl.load(dAq_ptr + blk)), qa, dkq, input_precision=PREC)
+            dkk = tl.dot(tl.trans(tl.load(dAk_ptr + blk)), ka, dkk, input_precision=PREC)
     return daq, dak, dkq, dkk
 
 
@@ -251,17 +302,20 @@ def _bwd_intra_pair_kernel(
     S: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
+    BLOCKS: tl.constexpr = False,
+    UNROLL: tl.constexpr = False,
 ):
     """Per (block of key channels, row block I of S = 16 rows, chunk x value head): the gradients of ``Aqk = scale
     q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
-    dAkk (strictly lower). No loops over blocks: the row gradients ``daq, dak`` from every key before I are one
-    ``[S, C] x [C, BK]`` dot through I's first row ``G_f`` (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the
-    column gradients ``dkq, dkk`` from every query after I one ``[S, C] x [C, BK]`` dot through I's last row
-    ``G_l``; every exponent is <= 0, and where a factor underflows the exact product is smaller still. The
+    dAkk (strictly lower). The row gradients ``daq, dak`` from every key before I go through I's first row ``G_f``
+    (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the column gradients ``dkq, dkk`` from every query after I
+    through I's last row ``G_l``: as one ``[S, C] x [C, BK]`` dot each over the whole chunk masked to those rows, or
+    (``BLOCKS``) one ``[S, S] x [S, BK]`` dot per sub-block before / after I (:func:`_pair_blocks`). Every exponent
+    is <= 0, and where a factor underflows the exact product is smaller still. The
     diagonal block goes through the same two rows as fp32 16 x 16 dots (``DPREC``, ieee by default; exponents in
     [0, span]) when the largest ``|G_i - G_f|`` inside I is <= ``span_max`` (a tf32 diagonal inside the off-diagonal
     dots put dA_log's error against fp64 at 5.6e-2, session 5 call3); with
-    sharper gates it is pairwise in fp32 as outer products (:func:`_pair_diag`, 16 unrolled steps, no reductions).
+    sharper gates it is pairwise in fp32 as outer products (:func:`_pair_diag`, 16 steps, no reductions).
     Writes the intra-chunk
     parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
     (slot ``i_k``)."""
@@ -280,32 +334,36 @@ def _bwd_intra_pair_kernel(
     GS = HV * K
     first = I * S
     last = I * S + S - 1
-    # whole chunk, [C, BK]
-    G = tl.load(G_ptr + base + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
-    kk = _tok(k_ptr, bos, rows, n, QS, i_h * K, ck, kmask)
-    bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)
     G_f = tl.load(G_ptr + base + first * K + ck, mask=kmask, other=0.0)
     G_l = tl.load(G_ptr + base + last * K + ck, mask=kmask, other=0.0)
     # rows of I
     rI = first + r16
     GI = _rows16(G_ptr, base, rI, ck, kmask, K)
-    before = rows[:, None] < first
-    after = rows[:, None] > last
-    kd = tl.where(before, kk * tl.exp(tl.where(before, G_f[None, :] - G, 0.0)), 0.0)
-    e_after = tl.exp(tl.where(after, G - G_l[None, :], 0.0))
-    qa = tl.where(after, _tok(q_ptr, bos, rows, n, QS, i_h * K, ck, kmask) * e_after * scale, 0.0)
-    ka = tl.where(after, kk * e_after * bb[:, None], 0.0)
     qI = _tok(q_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
     kI = _tok(k_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
     bI = tl.load(b_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)
-    row_off = abase + rI[:, None] * C + rows[None, :]  # dA[i in I, all j]: [S, C]
-    col_off = abase + rows[:, None] * C + rI[None, :]  # dA[all i, j in I]: [C, S]
     e_f = tl.exp(GI - G_f[None, :])
-    daq = tl.dot(tl.load(dAq_ptr + row_off), kd, input_precision=PREC) * e_f
-    dak = tl.dot(tl.load(dAk_ptr + row_off), kd, input_precision=PREC) * e_f
     e_l = tl.exp(G_l[None, :] - GI)
-    dkq = tl.dot(tl.trans(tl.load(dAq_ptr + col_off)), qa, input_precision=PREC) * e_l
-    dkk = tl.dot(tl.trans(tl.load(dAk_ptr + col_off)), ka, input_precision=PREC) * e_l
+    if BLOCKS:
+        daq, dak, dkq, dkk = _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, base, abase,
+                                          rI, ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, BK, PREC)
+        daq, dak, dkq, dkk = daq * e_f, dak * e_f, dkq * e_l, dkk * e_l
+    else:  # the whole chunk as [C, BK] tiles, masked to the rows before / after I
+        G = tl.load(G_ptr + base + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
+        kk = _tok(k_ptr, bos, rows, n, QS, i_h * K, ck, kmask)
+        bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)
+        before = rows[:, None] < first
+        after = rows[:, None] > last
+        kd = tl.where(before, kk * tl.exp(tl.where(before, G_f[None, :] - G, 0.0)), 0.0)
+        e_after = tl.exp(tl.where(after, G - G_l[None, :], 0.0))
+        qa = tl.where(after, _tok(q_ptr, bos, rows, n, QS, i_h * K, ck, kmask) * e_after * scale, 0.0)
+        ka = tl.where(after, kk * e_after * bb[:, None], 0.0)
+        row_off = abase + rI[:, None] * C + rows[None, :]  # dA[i in I, all j]: [S, C]
+        col_off = abase + rows[:, None] * C + rI[None, :]  # dA[all i, j in I]: [C, S]
+        daq = tl.dot(tl.load(dAq_ptr + row_off), kd, input_precision=PREC) * e_f
+        dak = tl.dot(tl.load(dAk_ptr + row_off), kd, input_precision=PREC) * e_f
+        dkq = tl.dot(tl.trans(tl.load(dAq_ptr + col_off)), qa, input_precision=PREC) * e_l
+        dkk = tl.dot(tl.trans(tl.load(dAk_ptr + col_off)), ka, input_precision=PREC) * e_l
     # diagonal block: through I's first / last row as fp32 16 x 16 dots when |G_i - G_f| <= span_max inside I
     # (every exponent then within +-span_max, far inside fp32's range), else pairwise
     fast = tl.max(tl.max(tl.abs(GI - G_f[None, :]), 1), 0) <= span_max
@@ -346,6 +404,7 @@ def _bwd_intra_pair_kernel(
             K,
             C,
             S,
+            UNROLL,
         )
     m = (rI < n)[:, None] & kmask[None, :]
     off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
@@ -500,6 +559,12 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 
 
 BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
+# the pairwise kernel's off-diagonal part one 16-row sub-block at a time (True), only the blocks before / after the
+# program's row block loaded and multiplied, or as whole-chunk [C, BK] tiles masked to them (False: 255 registers and
+# 1 KB of spills at 2 warps, ptxas_regs.py; 9.5 M local-memory requests a step under Nsight Compute, session 25 call2)
+BWD_PAIR_BLOCKS = False
+# the pairwise diagonal path's 16 steps unrolled (True: the loads of all steps hoisted, which spilled) or a loop
+BWD_PAIR_UNROLL = False
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
@@ -594,6 +659,8 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         S=S,
         PREC=prec,
         DPREC="ieee" if fp32 else BWD_DIAG_PREC16,
+        BLOCKS=BWD_PAIR_BLOCKS,
+        UNROLL=BWD_PAIR_UNROLL,
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )
