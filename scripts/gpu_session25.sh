@@ -10,7 +10,12 @@
 #   bash scripts/gpu_session25.sh pair    call3: the backward's pair kernel without its spills (call2: 255 registers,
 #       9.5 M local-memory requests; ptxas: the pairwise diagonal path's 16 unrolled steps): that path as a loop (the
 #       new default), the off-diagonal part one sub-block at a time (BWD_PAIR_BLOCKS), launches, at two shapes; the
-#       KDA GPU tests in a copy with BWD_PAIR_BLOCKS on, then in the tree as it is.
+#       KDA GPU tests in a copy with BWD_PAIR_BLOCKS on, then in the tree as it is. (The option was removed after
+#       call3, its "on" the kernel's only form, so this mode is the record of call3.)
+#   bash scripts/gpu_session25.sh final   call4: the committed kernels (pair kernel one sub-block at a time at 4 warps):
+#       KDA GPU tests, the five shapes against fla, the backward's launches around the new default.
+#   bash scripts/gpu_session25.sh model   call5: the small hybrid's MFU (issue 5) and block-AttnRes step overhead
+#       (issue 6) with this session's KDA kernels.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -29,7 +34,7 @@ bwd_sweep() {  # shape limit_s settings: sweep_kda_bwd.py of those settings and 
 }
 
 gpu_header
-case "${1:?usage: gpu_session25.sh flip|bwdprof|pair}" in
+case "${1:?usage: gpu_session25.sh flip|bwdprof|pair|final|model}" in
 flip)
   install_fla
   sweep_best 1x8192x32 90 "scores pair after,default again"
@@ -55,6 +60,16 @@ pair)
   flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_PAIR_BLOCKS = False/BWD_PAIR_BLOCKS = True/'
   (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 140)
   kda_tests 140
+  ;;
+final)
+  install_fla
+  kda_tests 140
+  bench_five 150
+  bwd_sweep 1x8192x32 120 "inter ee scan,pair w2,pair w4 s2,pair w8,inter w8,inter bk16,inter bv32,default again"
+  ;;
+model)
+  backbone_profile 80
+  attnres_step 8 190 40 12
   ;;
 esac
 ls -la "$OUT"

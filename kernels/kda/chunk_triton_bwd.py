@@ -224,24 +224,15 @@ def _pair_diag(
     K: tl.constexpr,
     C: tl.constexpr,
     S: tl.constexpr,
-    UNROLL: tl.constexpr,
 ):
     """The diagonal block's part of :func:`_bwd_intra_pair_kernel`'s four gradients, pairwise in fp32 as outer
-    products (16 steps, no reductions; ``UNROLL``: unrolled), for gates too sharp to factor through a reference
-    row."""
+    products (16 steps, no reductions), for gates too sharp to factor through a reference row."""
     r16 = tl.arange(0, S)
     # diagonal block: step j is key j for the rows i >= j and query j for the keys i <= j (exponents masked to 0
     # outside, where dA is 0; rows past the sequence load zeros)
-    if UNROLL:
-        for j in tl.static_range(S):
-            daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI,
-                                                 bos, first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS,
-                                                 HV, K, C)
-    else:  # a loop: unrolled, every step's loads were hoisted (255 registers and 1 KB of spills at 2 warps)
-        for j in range(S):
-            daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI,
-                                                 bos, first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS,
-                                                 HV, K, C)
+    for j in range(S):  # a loop: unrolled, every step's loads were hoisted (255 registers, 1 KB of spills at 2 warps)
+        daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos,
+                                             first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS, HV, K, C)
     return daq, dak, dkq, dkk
 
 
@@ -302,16 +293,14 @@ def _bwd_intra_pair_kernel(
     S: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
-    BLOCKS: tl.constexpr = False,
-    UNROLL: tl.constexpr = False,
 ):
     """Per (block of key channels, row block I of S = 16 rows, chunk x value head): the gradients of ``Aqk = scale
     q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
     dAkk (strictly lower). The row gradients ``daq, dak`` from every key before I go through I's first row ``G_f``
     (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the column gradients ``dkq, dkk`` from every query after I
-    through I's last row ``G_l``: as one ``[S, C] x [C, BK]`` dot each over the whole chunk masked to those rows, or
-    (``BLOCKS``) one ``[S, S] x [S, BK]`` dot per sub-block before / after I (:func:`_pair_blocks`). Every exponent
-    is <= 0, and where a factor underflows the exact product is smaller still. The
+    through I's last row ``G_l``, one ``[S, S] x [S, BK]`` dot per sub-block before / after I
+    (:func:`_pair_blocks`; one ``[S, C] x [C, BK]`` dot each over the whole chunk masked to those rows before session
+    25, see ``BWD_LAUNCH``). Every exponent is <= 0, and where a factor underflows the exact product is smaller still. The
     diagonal block goes through the same two rows as fp32 16 x 16 dots (``DPREC``, ieee by default; exponents in
     [0, span]) when the largest ``|G_i - G_f|`` inside I is <= ``span_max`` (a tf32 diagonal inside the off-diagonal
     dots put dA_log's error against fp64 at 5.6e-2, session 5 call3); with
@@ -324,7 +313,6 @@ def _bwd_intra_pair_kernel(
     sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(2), cbos_ptr, clen_ptr, H, HV)
     if I * S >= n:  # a block of padded rows: nothing to write
         return
-    rows = tl.arange(0, C)
     r16 = tl.arange(0, S)
     ck = i_k * BK + tl.arange(0, BK)
     kmask = ck < K
@@ -344,26 +332,9 @@ def _bwd_intra_pair_kernel(
     bI = tl.load(b_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)
     e_f = tl.exp(GI - G_f[None, :])
     e_l = tl.exp(G_l[None, :] - GI)
-    if BLOCKS:
-        daq, dak, dkq, dkk = _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, base, abase,
-                                          rI, ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, BK, PREC)
-        daq, dak, dkq, dkk = daq * e_f, dak * e_f, dkq * e_l, dkk * e_l
-    else:  # the whole chunk as [C, BK] tiles, masked to the rows before / after I
-        G = tl.load(G_ptr + base + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
-        kk = _tok(k_ptr, bos, rows, n, QS, i_h * K, ck, kmask)
-        bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)
-        before = rows[:, None] < first
-        after = rows[:, None] > last
-        kd = tl.where(before, kk * tl.exp(tl.where(before, G_f[None, :] - G, 0.0)), 0.0)
-        e_after = tl.exp(tl.where(after, G - G_l[None, :], 0.0))
-        qa = tl.where(after, _tok(q_ptr, bos, rows, n, QS, i_h * K, ck, kmask) * e_after * scale, 0.0)
-        ka = tl.where(after, kk * e_after * bb[:, None], 0.0)
-        row_off = abase + rI[:, None] * C + rows[None, :]  # dA[i in I, all j]: [S, C]
-        col_off = abase + rows[:, None] * C + rI[None, :]  # dA[all i, j in I]: [C, S]
-        daq = tl.dot(tl.load(dAq_ptr + row_off), kd, input_precision=PREC) * e_f
-        dak = tl.dot(tl.load(dAk_ptr + row_off), kd, input_precision=PREC) * e_f
-        dkq = tl.dot(tl.trans(tl.load(dAq_ptr + col_off)), qa, input_precision=PREC) * e_l
-        dkk = tl.dot(tl.trans(tl.load(dAk_ptr + col_off)), ka, input_precision=PREC) * e_l
+    daq, dak, dkq, dkk = _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, base, abase, rI,
+                                      ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, BK, PREC)
+    daq, dak, dkq, dkk = daq * e_f, dak * e_f, dkq * e_l, dkk * e_l
     # diagonal block: through I's first / last row as fp32 16 x 16 dots when |G_i - G_f| <= span_max inside I
     # (every exponent then within +-span_max, far inside fp32's range), else pairwise
     fast = tl.max(tl.max(tl.abs(GI - G_f[None, :]), 1), 0) <= span_max
@@ -404,7 +375,6 @@ def _bwd_intra_pair_kernel(
             K,
             C,
             S,
-            UNROLL,
         )
     m = (rI < n)[:, None] & kmask[None, :]
     off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
@@ -559,12 +529,6 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 
 
 BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
-# the pairwise kernel's off-diagonal part one 16-row sub-block at a time (True), only the blocks before / after the
-# program's row block loaded and multiplied, or as whole-chunk [C, BK] tiles masked to them (False: 255 registers and
-# 1 KB of spills at 2 warps, ptxas_regs.py; 9.5 M local-memory requests a step under Nsight Compute, session 25 call2)
-BWD_PAIR_BLOCKS = False
-# the pairwise diagonal path's 16 steps unrolled (True: the loads of all steps hoisted, which spilled) or a loop
-BWD_PAIR_UNROLL = False
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
@@ -574,11 +538,16 @@ BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 # kg's exponent E = G_last - G in the inter-chunk kernel: "never" a suffix sum of g (a reverse scan a program, and g
 # loaded), "16bit" the difference of the stored prefix sums for 16-bit inputs (as the forward forms kg for them; fp32
 # inputs keep the scan, see FP32_KG_SUFFIX in chunk_triton.py), "always" for every dtype (tests). H200, session 25
-# call1, backward alone at 1 x 8192 x 32 (sweep_kda_bwd.py "inter ee diff"): 3.368 / 3.372 ms "never", 3.202 "16bit"
+# call1, backward alone at 1 x 8192 x 32 (sweep_kda_bwd.py, then "inter ee diff"): 3.368 / 3.372 ms "never", 3.202 "16bit"
 BWD_EE_FROM_G = "16bit"
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
-# (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128): no spills
-BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(2, 1), inter=(4, 2))
+# (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128, ptxas_regs.py): no spills.
+# The pair kernel: until session 25 2 warps, whole-chunk [C, BK] tiles and the pairwise diagonal path's 16 steps
+# unrolled: 255 registers and 1 KB of spills (9.5 M local-memory requests a step under Nsight Compute, call2).
+# Backward alone at 1 x 8192 x 32 / 8 x 2048 x 16 (H200, session 25 call3, sweep_kda_bwd.py): 3.357 / 3.337 ms so,
+# 3.209 / 3.126 with the path as a loop, 3.214 / 3.150 with also one sub-block at a time, 3.105 / 3.016 with that
+# at 4 warps (136 registers; at 64 key channels 3.281 / 3.202, at 16 4.544 / 4.449)
+BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(4, 1), inter=(4, 2))
 
 
 def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[torch.Tensor, ...]:
@@ -659,8 +628,6 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         S=S,
         PREC=prec,
         DPREC="ieee" if fp32 else BWD_DIAG_PREC16,
-        BLOCKS=BWD_PAIR_BLOCKS,
-        UNROLL=BWD_PAIR_UNROLL,
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )
