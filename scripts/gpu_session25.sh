@@ -16,6 +16,9 @@
 #       KDA GPU tests, the five shapes against fla, the backward's launches around the new default.
 #   bash scripts/gpu_session25.sh model   call5: the small hybrid's MFU (issue 5) and block-AttnRes step overhead
 #       (issue 6) with this session's KDA kernels.
+#   bash scripts/gpu_session25.sh unroll  call6: call5's model profile had the pair kernel slower than session 24's
+#       (10.47 against 8.13 ms a step) although the kernel benchmark had it faster: the pairwise diagonal path as a
+#       loop vs unrolled (BWD_PAIR_UNROLL 1, 16, 4, 2) in the small hybrid's step profile and in the kernel sweep.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -34,7 +37,7 @@ bwd_sweep() {  # shape limit_s settings: sweep_kda_bwd.py of those settings and 
 }
 
 gpu_header
-case "${1:?usage: gpu_session25.sh flip|bwdprof|pair|final|model}" in
+case "${1:?usage: gpu_session25.sh flip|bwdprof|pair|final|model|unroll}" in
 flip)
   install_fla
   sweep_best 1x8192x32 90 "scores pair after,default again"
@@ -66,6 +69,15 @@ final)
   kda_tests 140
   bench_five 150
   bwd_sweep 1x8192x32 120 "inter ee scan,pair w2,pair w4 s2,pair w8,inter w8,inter bk16,inter bv32,default again"
+  ;;
+unroll)
+  install_fla
+  bwd_sweep 1x8192x32 110 "pair unroll 16,pair unroll 4,pair unroll 2,diag pairwise,pair diag pairwise unroll 16,default again"
+  for u in 1 16 4; do
+    flipped_tree kernels/kda/chunk_triton_bwd.py "s/^BWD_PAIR_UNROLL = 1$/BWD_PAIR_UNROLL = $u/"
+    (cd /tmp/flip && OUT=$OUT/unroll$u PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} backbone_profile 70)
+    grep -h -A3 '"kda"' "$OUT/unroll$u/bench_backbone.json" | head -n 2 | tee -a "$LOG"
+  done
   ;;
 model)
   backbone_profile 80

@@ -224,15 +224,24 @@ def _pair_diag(
     K: tl.constexpr,
     C: tl.constexpr,
     S: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """The diagonal block's part of :func:`_bwd_intra_pair_kernel`'s four gradients, pairwise in fp32 as outer
-    products (16 steps, no reductions), for gates too sharp to factor through a reference row."""
+    products (16 steps, no reductions; ``UNROLL``: steps unrolled, ``BWD_PAIR_UNROLL``), for gates too sharp to
+    factor through a reference row."""
     r16 = tl.arange(0, S)
     # diagonal block: step j is key j for the rows i >= j and query j for the keys i <= j (exponents masked to 0
     # outside, where dA is 0; rows past the sequence load zeros)
-    for j in range(S):  # a loop: unrolled, every step's loads were hoisted (255 registers, 1 KB of spills at 2 warps)
-        daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos,
-                                             first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS, HV, K, C)
+    if UNROLL >= S:  # every step's loads hoisted: 255 registers and 1 KB of spills at 2 warps
+        for j in tl.static_range(S):
+            daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI,
+                                                 bos, first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS,
+                                                 HV, K, C)
+    else:
+        for j in tl.range(0, S, loop_unroll_factor=UNROLL):
+            daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI,
+                                                 bos, first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS,
+                                                 HV, K, C)
     return daq, dak, dkq, dkk
 
 
@@ -293,6 +302,7 @@ def _bwd_intra_pair_kernel(
     S: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
+    UNROLL: tl.constexpr = 1,
 ):
     """Per (block of key channels, row block I of S = 16 rows, chunk x value head): the gradients of ``Aqk = scale
     q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
@@ -375,6 +385,7 @@ def _bwd_intra_pair_kernel(
             K,
             C,
             S,
+            UNROLL,
         )
     m = (rI < n)[:, None] & kmask[None, :]
     off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
@@ -529,6 +540,8 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 
 
 BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
+# steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled: 1 a loop, 16 all (static_range)
+BWD_PAIR_UNROLL = 1
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
@@ -628,6 +641,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         S=S,
         PREC=prec,
         DPREC="ieee" if fp32 else BWD_DIAG_PREC16,
+        UNROLL=BWD_PAIR_UNROLL,
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )
