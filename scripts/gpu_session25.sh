@@ -19,6 +19,8 @@
 #   bash scripts/gpu_session25.sh unroll  call6: call5's model profile had the pair kernel slower than session 24's
 #       (10.47 against 8.13 ms a step) although the kernel benchmark had it faster: the pairwise diagonal path as a
 #       loop vs unrolled (BWD_PAIR_UNROLL 1, 16, 4, 2) in the small hybrid's step profile and in the kernel sweep.
+#   bash scripts/gpu_session25.sh last    call7: BWD_PAIR_UNROLL = 4 the default: KDA GPU tests, the small hybrid's MFU
+#       and profile, the block-AttnRes step overhead.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -37,7 +39,7 @@ bwd_sweep() {  # shape limit_s settings: sweep_kda_bwd.py of those settings and 
 }
 
 gpu_header
-case "${1:?usage: gpu_session25.sh flip|bwdprof|pair|final|model|unroll}" in
+case "${1:?usage: gpu_session25.sh flip|bwdprof|pair|final|model|unroll|last}" in
 flip)
   install_fla
   sweep_best 1x8192x32 90 "scores pair after,default again"
@@ -78,6 +80,11 @@ unroll)
     (cd /tmp/flip && OUT=$OUT/unroll$u PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} backbone_profile 70)
     grep -h -A3 '"kda"' "$OUT/unroll$u/bench_backbone.json" | head -n 2 | tee -a "$LOG"
   done
+  ;;
+last)
+  kda_tests 120
+  backbone_profile 70
+  attnres_step 8 120 40 12
   ;;
 model)
   backbone_profile 80

@@ -540,8 +540,11 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 
 
 BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
-# steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled: 1 a loop, 16 all (static_range)
-BWD_PAIR_UNROLL = 1
+# steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled: 1 a loop, 16 all (static_range). H200,
+# session 25 call6: the backward alone at 1 x 8192 x 32 3.140 / 3.135 / 4.146 ms at 1 / 4 / 16 (every block
+# pairwise: 4.302 at 1, 5.989 at 16); the small hybrid's step profile, whose gates send many more blocks pairwise than
+# the benchmark's: pair kernel 10.74 / 8.58 / 15.34 ms a step, KDA kernels 31.16 / 28.99 / 35.78
+BWD_PAIR_UNROLL = 4
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
