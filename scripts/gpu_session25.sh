@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 25's GPU calls (results: docs/results/gpu-2026-11-29-s25/):
+# Modes flip, pair and unroll name options removed or changed after they ran: they are the records of those calls.
 #   bash scripts/gpu_session25.sh flip    call1: the two options prepared in session 24 and never run on a GPU:
 #       SCORES2_PAIR_AFTER (the scores kernel's pairwise diagonal path after its loop, no branch in the loop) at two
 #       shapes, BWD_EE_FROM_G="16bit" (the inter-chunk backward's exponent as G_last - G, no reverse scan); then the
@@ -19,6 +20,7 @@
 #   bash scripts/gpu_session25.sh unroll  call6: call5's model profile had the pair kernel slower than session 24's
 #       (10.47 against 8.13 ms a step) although the kernel benchmark had it faster: the pairwise diagonal path as a
 #       loop vs unrolled (BWD_PAIR_UNROLL 1, 16, 4, 2) in the small hybrid's step profile and in the kernel sweep.
+#       (The default became 4 after call6, so the mode's edit of "BWD_PAIR_UNROLL = 1" no longer applies: its record.)
 #   bash scripts/gpu_session25.sh last    call7: BWD_PAIR_UNROLL = 4 the default: KDA GPU tests, the small hybrid's MFU
 #       and profile, the block-AttnRes step overhead.
 set -u
