@@ -20,6 +20,7 @@ import ast
 import contextlib
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -35,6 +36,12 @@ from kernels.kda import chunk_kda, fused_recurrent_kda  # noqa: E402
 SHAPES = ["1x8192x32", "4x4096x32", "1x32768x16", "8x2048x16", "2x16384x16"]
 K = V = 128
 C = 64
+# the gates' distribution (``--gates``). "bench": raw gates N(0, 1), A_log = log U(1, 16), dt_bias N(-3, 0.5^2); at
+# 1x8192x32 29% of (chunk, head) pairs hold a K tile too sharp for the fast diagonal path. "init": a model's KDA layer
+# at initialisation, as kimi_vl's kda_init_values draws it (dt_bias = softplus^-1(dt), dt ~ logU(1e-3, 1e-1)), raw
+# gates N(0, 0.125^2), the small flavor's f_b f_a projection spread; no sharp tile (scripts/kda_gate_spans.py)
+GATES = "bench"
+INIT_RAW_STD = 0.125
 
 
 def bench(fn) -> float:
@@ -51,13 +58,32 @@ def ceilings() -> dict:
 
 
 def make(B, T, H, dev="cuda", grad=False):
+    """bf16 q, k, v, raw gates, beta and the gate's fp32 A_log, dt_bias at (B, T, H), K = V = 128 (``GATES``)."""
+    if GATES not in ("bench", "init"):
+        raise ValueError(f"bench_kda.GATES must be 'bench' or 'init', got {GATES!r}")
     q, k, v = (torch.randn(B, T, H, K, dtype=torch.bfloat16, device=dev) for _ in range(3))
-    g = torch.randn(B, T, H, K, dtype=torch.bfloat16, device=dev)
+    raw_std = 1.0 if GATES == "bench" else INIT_RAW_STD
+    g = (torch.randn(B, T, H, K, device=dev) * raw_std).to(torch.bfloat16)
     beta = torch.rand(B, T, H, dtype=torch.bfloat16, device=dev)
     A_log = torch.log(torch.empty(H, device=dev).uniform_(1, 16))
-    dt_bias = torch.randn(H * K, device=dev) * 0.5 - 3.0
+    if GATES == "bench":
+        dt_bias = torch.randn(H * K, device=dev) * 0.5 - 3.0
+    else:
+        dt = torch.empty(H * K, device=dev).uniform_(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
+        dt_bias = dt + torch.log(-torch.expm1(-dt))
     xs = [q, k, v, g, beta, A_log, dt_bias]
     return [x.requires_grad_(grad) for x in xs]
+
+
+def add_gates_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--gates", choices=("bench", "init"), default="bench",
+                    help="the gates' distribution: the benchmark's (sharper) or a model's at initialisation")
+
+
+def use_gates(name: str) -> None:
+    """Set the gates ``make`` draws for this process (the sweeps import ``make`` from here)."""
+    global GATES
+    GATES = name
 
 
 def call(impl, xs, fn_name="chunk"):
@@ -278,10 +304,13 @@ def main() -> None:
         "--set-file", default=None, help="NAME=VALUE lines (sweep_kda_fwd.py --best-out): constants of ours"
     )
     ap.add_argument("--graph", action="store_true", help="also the forward replayed as a CUDA graph (fwd_graph_ms)")
+    add_gates_arg(ap)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kda.json"))
     args = ap.parse_args()
+    use_gates(args.gates)
     t0 = time.time()
-    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                 "gates": GATES}
     if args.set_file:
         res["ours_constants"] = apply_constants(args.set_file)
     impls = ["ours"]

@@ -21,7 +21,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels.benchmarks.bench_kda import V, bench, call, correctness, make, profile_step, rel  # noqa: E402
+from kernels.benchmarks.bench_kda import (  # noqa: E402
+    V,
+    add_gates_arg,
+    bench,
+    call,
+    correctness,
+    make,
+    profile_step,
+    rel,
+    use_gates,
+)
 from kernels.kda import chunk_triton_bwd as cb  # noqa: E402
 
 # (name, {module constant: value}, {launch key: (num_warps, num_stages)})
@@ -81,11 +91,13 @@ def main() -> None:
     ap.add_argument("--shape", default="1x8192x32")
     ap.add_argument("--only", default="", help="comma-separated setting names (default: all)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sweep_kda_bwd.json"))
+    add_gates_arg(ap)
     args = ap.parse_args()
+    use_gates(args.gates)
     B, T, H = (int(x) for x in args.shape.split("x"))
     xs = make(B, T, H, grad=True)
     do = torch.randn(B, T, H, V, dtype=torch.bfloat16, device="cuda")
-    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "settings": {}}
+    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "gates": args.gates, "settings": {}}
     ref = None
     t0 = time.time()
     only = {s for s in args.only.split(",") if s}

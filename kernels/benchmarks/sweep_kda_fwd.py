@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from kernels.benchmarks.bench_kda import (  # noqa: E402
+    add_gates_arg,
     bench,
     call,
     correctness,
@@ -32,6 +33,7 @@ from kernels.benchmarks.bench_kda import (  # noqa: E402
     kernel_ms,
     make,
     rel,
+    use_gates,
 )
 
 # (name, {chunk_triton constant: value})
@@ -98,10 +100,12 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated setting names (default: all)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sweep_kda_fwd.json"))
     ap.add_argument("--best-out", default=None, help="write the fastest setting within 2%% of the lowest o error")
+    add_gates_arg(ap)
     args = ap.parse_args()
+    use_gates(args.gates)
     B, T, H = (int(x) for x in args.shape.split("x"))
     xs = make(B, T, H, grad=True)
-    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "settings": {}}
+    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "gates": args.gates, "settings": {}}
     try:
         call("fla", xs)
         res["fla_fwd_ms"] = bench(lambda: call("fla", xs))

@@ -542,8 +542,9 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
 # steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled: 1 a loop, 16 all (static_range). H200,
 # session 25 call6: the backward alone at 1 x 8192 x 32 3.140 / 3.135 / 4.146 ms at 1 / 4 / 16 (every block
-# pairwise: 4.302 at 1, 5.989 at 16); the small hybrid's step profile, whose gates send many more blocks pairwise than
-# the benchmark's: pair kernel 10.74 / 8.58 / 15.34 ms a step, KDA kernels 31.16 / 28.99 / 35.78
+# pairwise: 4.302 at 1, 5.989 at 16); the small hybrid's step profile: pair kernel 10.74 / 8.58 / 15.34 ms a step, KDA
+# kernels 31.16 / 28.99 / 35.78, although its gates at initialisation send no block pairwise (largest span 23,
+# scripts/kda_gate_spans.py --flavor small): the untaken path's form changes how the whole kernel compiles
 BWD_PAIR_UNROLL = 4
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
@@ -554,7 +555,8 @@ BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 # kg's exponent E = G_last - G in the inter-chunk kernel: "never" a suffix sum of g (a reverse scan a program, and g
 # loaded), "16bit" the difference of the stored prefix sums for 16-bit inputs (as the forward forms kg for them; fp32
 # inputs keep the scan, see FP32_KG_SUFFIX in chunk_triton.py), "always" for every dtype (tests). H200, session 25
-# call1, backward alone at 1 x 8192 x 32 (sweep_kda_bwd.py, then "inter ee diff"): 3.368 / 3.372 ms "never", 3.202 "16bit"
+# call1, backward alone at 1 x 8192 x 32 (sweep_kda_bwd.py; its setting is now "inter ee scan", the other way round):
+# 3.368 / 3.372 ms "never", 3.202 "16bit"
 BWD_EE_FROM_G = "16bit"
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128, ptxas_regs.py): no spills.

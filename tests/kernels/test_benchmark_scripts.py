@@ -8,6 +8,7 @@ import importlib
 import pkgutil
 
 import pytest
+import torch
 
 import kernels.benchmarks as benchmarks
 
@@ -69,3 +70,38 @@ def test_graph_ms_records_a_failed_capture(monkeypatch):
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", refuse)
     out = graph_ms(lambda: None)
     assert out == "capture failed: RuntimeError: operation not permitted when stream is capturing", out
+
+
+def test_bench_init_gates_match_a_fresh_model_layer(monkeypatch):
+    """``bench_kda --gates init`` draws gates like the ``small`` flavor's KDA layer at initialisation (the 99.9th
+    percentile of the per-step |g|, which sets how often the kernels' pairwise paths run, within a factor 1.5;
+    seeds move it by ~1.4x), unlike the benchmark's default gates (over 3x sharper); an unknown name is refused."""
+    import torch.nn.functional as F
+
+    from kernels.benchmarks import bench_kda
+    from kimi_vl import KimiVLConfig
+    from kimi_vl.modeling.kda_layer import KDALayer, kda_gate_torch, kda_init_values
+
+    def tail(g: torch.Tensor) -> float:
+        return float(g.abs().flatten().quantile(0.999))
+
+    def bench_tail(gates: str) -> float:
+        monkeypatch.setattr(bench_kda, "GATES", gates)
+        _, _, _, g, _, a_log, dt_bias = bench_kda.make(1, 2048, 6, dev="cpu")
+        return tail(a_log.exp()[:, None] * F.softplus(g.float() + dt_bias.view(6, -1)))
+
+    torch.manual_seed(0)
+    cfg = KimiVLConfig.from_flavor("small")
+    layer = KDALayer(cfg, 0)
+    for proj in (layer.f_a_proj, layer.f_b_proj):
+        torch.nn.init.normal_(proj.weight, std=cfg.initializer_range)
+    a_log, dt_bias, _ = kda_init_values(layer)
+    with torch.no_grad():
+        raw = layer.f_b_proj(layer.f_a_proj(torch.randn(1, 2048, cfg.hidden_size)))
+    model = tail(kda_gate_torch(raw.view(1, 2048, cfg.linear_num_heads, -1), a_log, dt_bias, None))
+    init, default = bench_tail("init"), bench_tail("bench")
+    assert 1 / 1.5 < init / model < 1.5, (init, model)
+    assert default > 3 * model, (default, model)
+    monkeypatch.setattr(bench_kda, "GATES", "sharp")
+    with pytest.raises(ValueError, match="GATES"):
+        bench_kda.make(1, 64, 1, dev="cpu")
