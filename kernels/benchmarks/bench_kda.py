@@ -11,6 +11,7 @@ ceilings (device copy bandwidth, bf16 matmul rate). Writes ``$OUT/bench_kda.json
 every shape and prints a table.
 
     python kernels/benchmarks/bench_kda.py --shapes 1x8192x32,4x4096x32 --deadline 400
+    python kernels/benchmarks/bench_kda.py --no-prelude --shapes 8x4096x6 --gates init   # as the small hybrid
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ differ) and its errors against fp64 at a small shape (``bench_kda.correctness``)
 of one training step with the default. Writes ``$OUT/sweep_kda_bwd.json`` and prints a table.
 
     python kernels/benchmarks/sweep_kda_bwd.py --shape 1x8192x32
+    python kernels/benchmarks/sweep_kda_bwd.py --shape 8x4096x6 --gates init   # the small hybrid's shape and gates
 """
 
 from __future__ import annotations

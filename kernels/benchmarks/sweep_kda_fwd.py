@@ -8,6 +8,7 @@ difference of its output from the default setting's (the same maths, so only rou
 it is installed. Writes ``$OUT/sweep_kda_fwd.json`` after every setting and prints a table.
 
     python kernels/benchmarks/sweep_kda_fwd.py --shape 1x8192x32
+    python kernels/benchmarks/sweep_kda_fwd.py --shape 8x4096x6 --gates init   # the small hybrid's shape and gates
 """
 
 from __future__ import annotations
