@@ -66,6 +66,9 @@ SETTINGS = [
     ("pair unroll 4", {"BWD_PAIR_UNROLL": 4}, {}),
     ("pair unroll 2", {"BWD_PAIR_UNROLL": 2}, {}),
     ("pair diag pairwise unroll 16", {"BWD_PAIR_UNROLL": 16, "BWD_SPAN_MAX": -1.0}, {}),
+    ("pair per chunk", {"BWD_PAIR_PER_CHUNK": True}, {}),
+    ("pair per chunk w8", {"BWD_PAIR_PER_CHUNK": True}, {"pair": (8, 1)}),
+    ("pair per chunk s2", {"BWD_PAIR_PER_CHUNK": True}, {"pair": (4, 2)}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 

@@ -266,63 +266,24 @@ def _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos,
             blk = abase + rI[:, None] * C + rJ[None, :]  # dA[i in I, j in J]
             daq = tl.dot(tl.load(dAq_ptr + blk), kd, daq, input_precision=PREC)
             dak = tl.dot(tl.load(dAk_ptr + blk), kd, dak, input_precision=PREC)
-        if (J > I) & (J * S < n):
-            e = tl.exp(_rows16(G_ptr, base, rJ, ck, kmask, K) - G_l[None, :])
-            bJ = tl.load(b_ptr + (bos + rJ) * HV + i_hv, mask=rJ < n, other=0.0).to(tl.float32)
-            blk = abase + rJ[:, None] * C + rI[None, :]  # dA[i in J, j in I]
-            qa = _tok(q_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * scale
-            ka = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * bJ[:, None]
-            dkq = tl.dot(tl.trans(tl.load(dAq_ptr + blk)), qa, dkq, input_precision=PREC)
-            dkk = tl.dot(tl.trans(tl.load(dAk_ptr + blk)), ka, dkk, input_precision=PREC)
+        if J > I:  # (I is a program index or, per chunk, a compile-time constant)
+            if J * S < n:
+                e = tl.exp(_rows16(G_ptr, base, rJ, ck, kmask, K) - G_l[None, :])
+                bJ = tl.load(b_ptr + (bos + rJ) * HV + i_hv, mask=rJ < n, other=0.0).to(tl.float32)
+                blk = abase + rJ[:, None] * C + rI[None, :]  # dA[i in J, j in I]
+                qa = _tok(q_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * scale
+                ka = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * bJ[:, None]
+                dkq = tl.dot(tl.trans(tl.load(dAq_ptr + blk)), qa, dkq, input_precision=PREC)
+                dkk = tl.dot(tl.trans(tl.load(dAk_ptr + blk)), ka, dkk, input_precision=PREC)
     return daq, dak, dkq, dkk
 
 
 @triton.jit
-def _bwd_intra_pair_kernel(
-    q_ptr,
-    k_ptr,
-    b_ptr,
-    G_ptr,
-    dAq_ptr,
-    dAk_ptr,
-    cbos_ptr,
-    clen_ptr,
-    dq_ptr,
-    dk_ptr,
-    dg_ptr,
-    db_ptr,
-    scale,
-    n_tok,
-    span_max,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BK: tl.constexpr,
-    C: tl.constexpr,
-    S: tl.constexpr,
-    PREC: tl.constexpr,
-    DPREC: tl.constexpr,
-    UNROLL: tl.constexpr = 1,
-):
-    """Per (block of key channels, row block I of S = 16 rows, chunk x value head): the gradients of ``Aqk = scale
-    q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
-    dAkk (strictly lower). The row gradients ``daq, dak`` from every key before I go through I's first row ``G_f``
-    (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the column gradients ``dkq, dkk`` from every query after I
-    through I's last row ``G_l``, one ``[S, S] x [S, BK]`` dot per sub-block before / after I
-    (:func:`_pair_blocks`; one ``[S, C] x [C, BK]`` dot each over the whole chunk masked to those rows before session
-    25, see ``BWD_LAUNCH``). Every exponent is <= 0, and where a factor underflows the exact product is smaller still. The
-    diagonal block goes through the same two rows as fp32 16 x 16 dots (``DPREC``, ieee by default; exponents in
-    [0, span]) when the largest ``|G_i - G_f|`` inside I is <= ``span_max`` (a tf32 diagonal inside the off-diagonal
-    dots put dA_log's error against fp64 at 5.6e-2, session 5 call3); with
-    sharper gates it is pairwise in fp32 as outer products (:func:`_pair_diag`, 16 steps, no reductions).
-    Writes the intra-chunk
-    parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
-    (slot ``i_k``)."""
-    i_k = tl.program_id(0)
-    I = tl.program_id(1)
-    sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(2), cbos_ptr, clen_ptr, H, HV)
-    if I * S >= n:  # a block of padded rows: nothing to write
-        return
+def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok, span_max,
+                    I, i_k, sc, i_hv, i_h, bos, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                    BK: tl.constexpr, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr,
+                    UNROLL: tl.constexpr):
+    """:func:`_bwd_intra_pair_kernel`'s work for row block I of one chunk and block of key channels."""
     r16 = tl.arange(0, S)
     ck = i_k * BK + tl.arange(0, BK)
     kmask = ck < K
@@ -393,6 +354,65 @@ def _bwd_intra_pair_kernel(
     tl.store(dk_ptr + off, dkq + dkk + bI[:, None] * dak, mask=m)
     tl.store(dg_ptr + off, scale * qI * daq - kI * dkq + bI[:, None] * kI * dak - kI * dkk, mask=m)
     tl.store(db_ptr + i_k * n_tok + (bos + rI) * HV + i_hv, tl.sum(kI * dak, 1), mask=rI < n)
+
+
+@triton.jit
+def _bwd_intra_pair_kernel(
+    q_ptr,
+    k_ptr,
+    b_ptr,
+    G_ptr,
+    dAq_ptr,
+    dAk_ptr,
+    cbos_ptr,
+    clen_ptr,
+    dq_ptr,
+    dk_ptr,
+    dg_ptr,
+    db_ptr,
+    scale,
+    n_tok,
+    span_max,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+    PREC: tl.constexpr,
+    DPREC: tl.constexpr,
+    UNROLL: tl.constexpr = 1,
+    PER_CHUNK: tl.constexpr = False,
+):
+    """Per (block of key channels, row block I of S = 16 rows, chunk x value head) (``PER_CHUNK``: per block of key
+    channels and chunk x value head, the chunk's row blocks in turn, so that the blocks' k, q, G and dA loads are
+    shared in one program): the gradients of ``Aqk = scale
+    q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
+    dAkk (strictly lower). The row gradients ``daq, dak`` from every key before I go through I's first row ``G_f``
+    (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the column gradients ``dkq, dkk`` from every query after I
+    through I's last row ``G_l``, one ``[S, S] x [S, BK]`` dot per sub-block before / after I
+    (:func:`_pair_blocks`; one ``[S, C] x [C, BK]`` dot each over the whole chunk masked to those rows before session
+    25, see ``BWD_LAUNCH``). Every exponent is <= 0, and where a factor underflows the exact product is smaller still. The
+    diagonal block goes through the same two rows as fp32 16 x 16 dots (``DPREC``, ieee by default; exponents in
+    [0, span]) when the largest ``|G_i - G_f|`` inside I is <= ``span_max`` (a tf32 diagonal inside the off-diagonal
+    dots put dA_log's error against fp64 at 5.6e-2, session 5 call3); with
+    sharper gates it is pairwise in fp32 as outer products (:func:`_pair_diag`, 16 steps, no reductions).
+    Writes the intra-chunk
+    parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
+    (slot ``i_k``)."""
+    i_k = tl.program_id(0)
+    if PER_CHUNK:  # the chunk's row blocks in turn
+        sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(1), cbos_ptr, clen_ptr, H, HV)
+        for I in tl.static_range(C // S):
+            if I * S < n:  # (a block of padded rows: nothing to write)
+                _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok,
+                                span_max, I, i_k, sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC, UNROLL)
+    else:
+        I = tl.program_id(1)
+        sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(2), cbos_ptr, clen_ptr, H, HV)
+        if I * S < n:
+            _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok,
+                            span_max, I, i_k, sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC, UNROLL)
 
 
 @triton.jit
@@ -546,6 +566,10 @@ BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
 # kernels 31.16 / 28.99 / 35.78, although its gates at initialisation send no block pairwise (largest span 23,
 # scripts/kda_gate_spans.py --flavor small): the untaken path's form changes how the whole kernel compiles
 BWD_PAIR_UNROLL = 4
+# one pair-kernel program a (key block, chunk x value head) walking the chunk's four row blocks (True) instead of one a
+# row block: 4x fewer programs, each sub-block's loads shared by the row blocks in L1. Prepared after session 25's
+# device time was spent: interpreter-tested, not yet run on a GPU, so off (sweep_kda_bwd.py "pair per chunk")
+BWD_PAIR_PER_CHUNK = False
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
@@ -622,7 +646,8 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         num_stages=BWD_LAUNCH["dy"][1],
     )
     S = 16
-    _bwd_intra_pair_kernel[(nkt_pair, C // S, NC * HV)](
+    grid = (nkt_pair, NC * HV) if BWD_PAIR_PER_CHUNK else (nkt_pair, C // S, NC * HV)
+    _bwd_intra_pair_kernel[grid](
         q,
         k,
         beta,
@@ -647,6 +672,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         PREC=prec,
         DPREC="ieee" if fp32 else BWD_DIAG_PREC16,
         UNROLL=BWD_PAIR_UNROLL,
+        PER_CHUNK=BWD_PAIR_PER_CHUNK,
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )
