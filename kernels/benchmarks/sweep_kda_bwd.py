@@ -63,7 +63,7 @@ SETTINGS = [
     ("inter bk16", {"BWD_INTER_BK": 16}, {}),
     ("inter bv32", {"BWD_INTER_BV": 32}, {}),
     ("pair unroll 16", {"BWD_PAIR_UNROLL": 16}, {}),
-    ("pair unroll 4", {"BWD_PAIR_UNROLL": 4}, {}),
+    ("pair unroll 1", {"BWD_PAIR_UNROLL": 1}, {}),
     ("pair unroll 2", {"BWD_PAIR_UNROLL": 2}, {}),
     ("pair diag pairwise unroll 16", {"BWD_PAIR_UNROLL": 16, "BWD_SPAN_MAX": -1.0}, {}),
     ("pair per chunk", {"BWD_PAIR_PER_CHUNK": True}, {}),
