@@ -143,7 +143,9 @@ def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, 
     The check, a reduction of the tile across warps, costs: without it (a timing probe, wrong where a tile needs the
     pairwise path) the scores kernel took 0.450 against 0.562 ms at 1 x 8192 x 32 (H200, session 24 call5). All
     tiles' spans from one pass before the loop (one reduction, then a number a tile read back after a barrier) took
-    0.640 and gave NaN on the GPU (fast flags wrong; not understood, interpreter tests passed): removed."""
+    0.640 and gave NaN on the GPU (fast flags wrong; not understood, interpreter tests passed): removed. The
+    pairwise path after the loop instead of this branch (a sharp tile's fast-path operand zeroed, its bit set, a
+    second loop over those tiles) took 0.602 against 0.551 ms (session 25 call1): removed."""
     NB: tl.constexpr = C // S
     if fast:  # the diagonal blocks through their first rows
         dkk, dqk = _diag_dots(kl, ql, kf * tl.exp(-Gd), dkk, dqk, NB, S, BKS, DPREC)
