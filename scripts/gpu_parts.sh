@@ -10,7 +10,9 @@
 # and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one, with its tuning cache;
 # use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache, else
 # the committed $FLA_TUNING). The KDA parts: kda_tests, sweep_best, bench_five; the AttnRes parts: attnres_tests,
-# attnres_sweep, attnres_step; backbone_profile (each function's arguments are on its first line).
+# attnres_sweep, attnres_step; backbone_profile; bwd_sweep (the KDA backward's settings) and flipped_tree (a copy of
+# the tree at /tmp/flip with module constants edited, to run tests or the model with an option on); each function's
+# arguments are on its first line.
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 # fla-core 0.6.0's autotuning results on an H100 with Triton 3.6 (session 5, call7): without them fla tunes for minutes
 FLA_TUNING=${FLA_TUNING:-$PWD/kernels/benchmarks/fla_tuning/h100_triton3.6_fla0.6.0.tar.gz}
@@ -149,6 +151,20 @@ attnres_step() {  # rounds limit_s tail top: the small hybrid's block-AttnRes st
   PART_TAIL=$3 part "bench_attnres: the small hybrid's block-AttnRes step overhead, $1 rounds, profiled" "$2" python3 \
     -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 5 --rounds "$1" --hybrid-iters 4 --decode-steps 0 \
     --profile --profile-top "$4" --budget-s 400
+}
+
+flipped_tree() {  # file sed-expression...: a copy of the tree at /tmp/flip with each expression applied to the file
+  rm -rf /tmp/flip && cp -r . /tmp/flip
+  while [ $# -ge 2 ]; do
+    sed -i "$2" "/tmp/flip/$1" && diff "$1" "/tmp/flip/$1" | tee -a "$LOG"
+    shift 2
+  done
+}
+
+bwd_sweep() {  # shape limit_s settings: sweep_kda_bwd.py of those settings and the default into $OUT/bwd_<shape>
+  mkdir -p "$OUT/bwd_$1"
+  PART_TAIL=16 part "sweep_kda_bwd at $1: $3" "$2" python3 kernels/benchmarks/sweep_kda_bwd.py --shape "$1" \
+    --only "$3" --out "$OUT/bwd_$1/sweep_kda_bwd.json"
 }
 
 backbone_profile() {  # limit_s: bench_backbone --profile of the small hybrid's training step at 4096 (issue 5's MFU)

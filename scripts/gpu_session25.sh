@@ -26,20 +26,6 @@
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
-flipped_tree() {  # file sed-expression...: a copy of the tree at /tmp/flip with each expression applied to the file
-  rm -rf /tmp/flip && cp -r . /tmp/flip
-  while [ $# -ge 2 ]; do
-    sed -i "$2" "/tmp/flip/$1" && diff "$1" "/tmp/flip/$1" | tee -a "$LOG"
-    shift 2
-  done
-}
-
-bwd_sweep() {  # shape limit_s settings: sweep_kda_bwd.py of those settings and the default into $OUT/bwd_<shape>
-  mkdir -p "$OUT/bwd_$1"
-  PART_TAIL=16 part "sweep_kda_bwd at $1: $3" "$2" python3 kernels/benchmarks/sweep_kda_bwd.py --shape "$1" \
-    --only "$3" --out "$OUT/bwd_$1/sweep_kda_bwd.json"
-}
-
 gpu_header
 case "${1:?usage: gpu_session25.sh flip|bwdprof|pair|final|model|unroll|last}" in
 flip)
