@@ -174,74 +174,30 @@ def _chunk_head(pid, cbos_ptr, clen_ptr, H: tl.constexpr, HV: tl.constexpr):
 
 
 @triton.jit
-def _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first, n, base, abase,
-                    rI, r16, ck, kmask, i_h, i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                    C: tl.constexpr):
-    """Step j of :func:`_pair_diag`: key j for the rows i >= j, query j for the keys i <= j."""
-    t = bos + first + j
-    ok = kmask & (ck * 0 + first + j < n)  # (a vector mask: the interpreter rejects scalar ones)
-    kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
-    qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
-    bj = tl.load(b_ptr + t * HV + i_hv + ck * 0, mask=ok, other=0.0).to(tl.float32)  # beta_j in every lane
-    Gj = tl.load(G_ptr + base + (first + j) * K + ck, mask=kmask, other=0.0)
-    e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
-    e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
-    col = abase + rI * C + first + j  # dA[i, j]
-    row = abase + (first + j) * C + rI  # dA[j, i]
-    daq += tl.load(dAq_ptr + col)[:, None] * e_lo * kj[None, :]
-    dak += tl.load(dAk_ptr + col)[:, None] * e_lo * kj[None, :]
-    dkq += tl.load(dAq_ptr + row)[:, None] * e_up * (scale * qj)[None, :]
-    dkk += tl.load(dAk_ptr + row)[:, None] * e_up * (bj * kj)[None, :]
-    return daq, dak, dkq, dkk
-
-
-@triton.jit
-def _pair_diag(
-    q_ptr,
-    k_ptr,
-    b_ptr,
-    G_ptr,
-    dAq_ptr,
-    dAk_ptr,
-    daq,
-    dak,
-    dkq,
-    dkk,
-    GI,
-    bos,
-    first,
-    n,
-    base,
-    abase,
-    rI,
-    ck,
-    kmask,
-    i_h,
-    i_hv,
-    scale,
-    QS: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    C: tl.constexpr,
-    S: tl.constexpr,
-    UNROLL: tl.constexpr,
-):
+def _pair_diag(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first, n, base, abase, rI, ck,
+               kmask, i_h, i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
+               S: tl.constexpr, UNROLL: tl.constexpr):
     """The diagonal block's part of :func:`_bwd_intra_pair_kernel`'s four gradients, pairwise in fp32 as outer
-    products (16 steps, no reductions; ``UNROLL``: steps unrolled, ``BWD_PAIR_UNROLL``), for gates too sharp to
+    products (16 steps, no reductions; ``UNROLL`` of them unrolled, ``BWD_PAIR_UNROLL``), for gates too sharp to
     factor through a reference row."""
     r16 = tl.arange(0, S)
-    # diagonal block: step j is key j for the rows i >= j and query j for the keys i <= j (exponents masked to 0
-    # outside, where dA is 0; rows past the sequence load zeros)
-    if UNROLL >= S:  # every step's loads hoisted: 255 registers and 1 KB of spills at 2 warps
-        for j in tl.static_range(S):
-            daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI,
-                                                 bos, first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS,
-                                                 HV, K, C)
-    else:
-        for j in tl.range(0, S, loop_unroll_factor=UNROLL):
-            daq, dak, dkq, dkk = _pair_diag_step(j, q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI,
-                                                 bos, first, n, base, abase, rI, r16, ck, kmask, i_h, i_hv, scale, QS,
-                                                 HV, K, C)
+    # step j is key j for the rows i >= j and query j for the keys i <= j (exponents masked to 0 outside, where dA
+    # is 0; rows past the sequence load zeros)
+    for j in tl.range(0, S, loop_unroll_factor=UNROLL):
+        t = bos + first + j
+        ok = kmask & (ck * 0 + first + j < n)  # (a vector mask: the interpreter rejects scalar ones)
+        kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
+        qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
+        bj = tl.load(b_ptr + t * HV + i_hv + ck * 0, mask=ok, other=0.0).to(tl.float32)  # beta_j in every lane
+        Gj = tl.load(G_ptr + base + (first + j) * K + ck, mask=kmask, other=0.0)
+        e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
+        e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
+        col = abase + rI * C + first + j  # dA[i, j]
+        row = abase + (first + j) * C + rI  # dA[j, i]
+        daq += tl.load(dAq_ptr + col)[:, None] * e_lo * kj[None, :]
+        dak += tl.load(dAk_ptr + col)[:, None] * e_lo * kj[None, :]
+        dkq += tl.load(dAq_ptr + row)[:, None] * e_up * (scale * qj)[None, :]
+        dkk += tl.load(dAk_ptr + row)[:, None] * e_up * (bj * kj)[None, :]
     return daq, dak, dkq, dkk
 
 
@@ -318,36 +274,8 @@ def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr
         dkq += tl.dot(tl.trans(tl.load(dAq_ptr + d_off)), qI * el * scale, input_precision=DPREC) * e_l
         dkk += tl.dot(tl.trans(tl.load(dAk_ptr + d_off)), kI * el * bI[:, None], input_precision=DPREC) * e_l
     else:
-        daq, dak, dkq, dkk = _pair_diag(
-            q_ptr,
-            k_ptr,
-            b_ptr,
-            G_ptr,
-            dAq_ptr,
-            dAk_ptr,
-            daq,
-            dak,
-            dkq,
-            dkk,
-            GI,
-            bos,
-            first,
-            n,
-            base,
-            abase,
-            rI,
-            ck,
-            kmask,
-            i_h,
-            i_hv,
-            scale,
-            QS,
-            HV,
-            K,
-            C,
-            S,
-            UNROLL,
-        )
+        daq, dak, dkq, dkk = _pair_diag(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first,
+                                        n, base, abase, rI, ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, UNROLL)
     m = (rI < n)[:, None] & kmask[None, :]
     off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
     tl.store(dq_ptr + off, scale * daq, mask=m)
@@ -400,19 +328,15 @@ def _bwd_intra_pair_kernel(
     Writes the intra-chunk
     parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
     (slot ``i_k``)."""
-    i_k = tl.program_id(0)
-    if PER_CHUNK:  # the chunk's row blocks in turn
-        sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(1), cbos_ptr, clen_ptr, H, HV)
-        for I in tl.static_range(C // S):
-            if I * S < n:  # (a block of padded rows: nothing to write)
-                _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok,
-                                span_max, I, i_k, sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC, UNROLL)
-    else:
-        I = tl.program_id(1)
-        sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(2), cbos_ptr, clen_ptr, H, HV)
-        if I * S < n:
+    # PER_CHUNK: the chunk's row blocks in turn (compile-time constants); else this program's row block
+    NI: tl.constexpr = C // S if PER_CHUNK else 1
+    I0 = 0 if PER_CHUNK else tl.program_id(1)
+    sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(1 if PER_CHUNK else 2), cbos_ptr, clen_ptr, H, HV)
+    for j in tl.static_range(NI):
+        if (I0 + j) * S < n:  # (a block of padded rows: nothing to write)
             _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok,
-                            span_max, I, i_k, sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC, UNROLL)
+                            span_max, I0 + j, tl.program_id(0), sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC,
+                            UNROLL)
 
 
 @triton.jit
@@ -560,9 +484,10 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 
 
 BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
-# steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled: 1 a loop, 16 all (static_range). H200,
-# session 25 call6: the backward alone at 1 x 8192 x 32 3.140 / 3.135 / 4.146 ms at 1 / 4 / 16 (every block
-# pairwise: 4.302 at 1, 5.989 at 16); the small hybrid's step profile: pair kernel 10.74 / 8.58 / 15.34 ms a step, KDA
+# steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled (tl.range's loop_unroll_factor; 1: none).
+# H200, session 25 call6: the backward alone at 1 x 8192 x 32 3.140 / 3.135 ms at 1 / 4, 4.146 all 16 unrolled as a
+# tl.static_range (every block pairwise: 4.302 at 1, 5.989 so; that form, which hoisted every step's loads, was then
+# removed); the small hybrid's step profile: pair kernel 10.74 / 8.58 / 15.34 ms a step, KDA
 # kernels 31.16 / 28.99 / 35.78, although its gates at initialisation send no block pairwise (largest span 23,
 # scripts/kda_gate_spans.py --flavor small): the untaken path's form changes how the whole kernel compiles
 BWD_PAIR_UNROLL = 4
