@@ -125,16 +125,6 @@ def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, 
 
 
 @triton.jit
-def _diag_dots(kl, ql, right, dkk, dqk, NB: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr, DPREC: tl.constexpr):
-    """The four diagonal blocks' batched dots through each block's first row: ``kl``, ``ql`` (``k e^Gd``, ``q e^Gd``)
-    against ``right`` (``k e^-Gd``), all ``[C, BKS]``, added to ``dkk``, ``dqk`` ``[NB, S, S]``."""
-    R3 = tl.permute(tl.reshape(right, (NB, S, BKS)), (0, 2, 1))
-    dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
-    dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
-    return dkk, dqk
-
-
-@triton.jit
 def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, fast,
                QS: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
                L2: tl.constexpr, DPREC: tl.constexpr):
@@ -148,7 +138,9 @@ def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, 
     second loop over those tiles) took 0.602 against 0.551 ms (session 25 call1): removed."""
     NB: tl.constexpr = C // S
     if fast:  # the diagonal blocks through their first rows
-        dkk, dqk = _diag_dots(kl, ql, kf * tl.exp(-Gd), dkk, dqk, NB, S, BKS, DPREC)
+        R3 = tl.permute(tl.reshape(kf * tl.exp(-Gd), (NB, S, BKS)), (0, 2, 1))  # k e^-Gd, per block transposed
+        dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
+        dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
     else:  # pairwise, column j of every diagonal block at once
         cm = (ck < K)[None, :]
         for j in range(0, S):
