@@ -32,6 +32,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from kernels.benchmarks.constants import overridden  # noqa: E402
 from kernels.kda import chunk_kda, fused_recurrent_kda  # noqa: E402
 
 SHAPES = ["1x8192x32", "4x4096x32", "1x32768x16", "8x2048x16", "2x16384x16"]
@@ -267,17 +268,9 @@ def parse_constants(pairs, where: str) -> dict:
     return out
 
 
-@contextlib.contextmanager
-def kda_constants(consts: dict):
+def kda_constants(consts: dict) -> contextlib.AbstractContextManager:
     """Set KDA kernel constants on the modules that define them for the ``with`` block, then restore them."""
-    saved = [(m, name, getattr(m, name)) for name in consts for m in (_kda_module(name, strict=True),)]
-    try:
-        for m, name, _ in saved:
-            setattr(m, name, consts[name])
-        yield
-    finally:
-        for m, name, value in reversed(saved):
-            setattr(m, name, value)
+    return overridden([(_kda_module(name, strict=True), name, value) for name, value in consts.items()])
 
 
 def apply_constants(path: str) -> dict:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+from collections.abc import Iterator
 from types import ModuleType
 
 
@@ -22,3 +24,16 @@ def set_constants(module: ModuleType, pairs: list[str], where: str) -> dict:
             raise SystemExit(f"{where}: --set {pair!r}: {value!r} is not a Python literal") from None
         setattr(module, name, out[name])
     return out
+
+
+@contextlib.contextmanager
+def overridden(settings: list[tuple[ModuleType, str, object]]) -> Iterator[None]:
+    """Set each ``(module, NAME, value)`` for the ``with`` block, then restore the old values (also on an error)."""
+    saved = [(m, name, getattr(m, name)) for m, name, _ in settings]
+    try:
+        for m, name, value in settings:
+            setattr(m, name, value)
+        yield
+    finally:
+        for m, name, value in reversed(saved):
+            setattr(m, name, value)

@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from kernels.attn_res import attn_res_mix, attn_res_mix_naive
+from kernels.benchmarks.constants import overridden, set_constants
 from kernels.profiling import diff_by_name
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
 from kimi_vl.benchmarks.attnres_common import profile_step, restore_env, with_env
@@ -223,15 +224,11 @@ def _flush(mt, shared: list[torch.Tensor], bufs: list[torch.Tensor], dhs: list[t
 @contextlib.contextmanager
 def _constants(mt, cfg: dict):
     """``mix_triton``'s constants set to ``cfg`` inside the block (its row-layout cache cleared on both sides)."""
-    old = {k: getattr(mt, k) for k in cfg}
     try:
-        for k, v in cfg.items():
-            setattr(mt, k, v)
-        mt._row_blocks.cache_clear()
-        yield
+        with overridden([(mt, k, v) for k, v in cfg.items()]):
+            mt._row_blocks.cache_clear()
+            yield
     finally:
-        for k, v in old.items():
-            setattr(mt, k, v)
         mt._row_blocks.cache_clear()
 
 
@@ -518,7 +515,6 @@ def main() -> None:
 def _set_mix_constants(pairs: list[str]) -> None:
     """Apply ``--set NAME=VALUE`` pairs to ``kernels.attn_res.mix_triton`` for the run."""
     from kernels.attn_res import mix_triton as mt
-    from kernels.benchmarks.constants import set_constants
 
     set_constants(mt, pairs, "bench_attnres")
 
