@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,14 +75,12 @@ def test_graph_ms_records_a_failed_capture(monkeypatch):
 
 
 def test_bench_init_gates_match_a_fresh_model_layer(monkeypatch):
-    """``bench_kda --gates init`` draws gates like the ``small`` flavor's KDA layer at initialisation (the 99.9th
+    """``bench_kda --gates init`` draws gates like the ``small`` flavor's KDA layer at initialisation
+    (``scripts/kda_gate_spans.py``'s ``flavor_gates``; the 99.9th
     percentile of the per-step |g|, which sets how often the kernels' pairwise paths run, within a factor 1.5;
     seeds move it by ~1.4x), unlike the benchmark's default gates (over 3x sharper); an unknown name is refused."""
-    import torch.nn.functional as F
-
     from kernels.benchmarks import bench_kda
-    from kimi_vl import KimiVLConfig
-    from kimi_vl.modeling.kda_layer import KDALayer, kda_gate_torch, kda_init_values
+    from kimi_vl.modeling.kda_layer import kda_gate_torch
 
     def tail(g: torch.Tensor) -> float:
         return float(g.abs().flatten().quantile(0.999))
@@ -88,17 +88,11 @@ def test_bench_init_gates_match_a_fresh_model_layer(monkeypatch):
     def bench_tail(gates: str) -> float:
         monkeypatch.setattr(bench_kda, "GATES", gates)
         _, _, _, g, _, a_log, dt_bias = bench_kda.make(1, 2048, 6, dev="cpu")
-        return tail(a_log.exp()[:, None] * F.softplus(g.float() + dt_bias.view(6, -1)))
+        return tail(kda_gate_torch(g, a_log, dt_bias, None))
 
-    torch.manual_seed(0)
-    cfg = KimiVLConfig.from_flavor("small")
-    layer = KDALayer(cfg, 0)
-    for proj in (layer.f_a_proj, layer.f_b_proj):
-        torch.nn.init.normal_(proj.weight, std=cfg.initializer_range)
-    a_log, dt_bias, _ = kda_init_values(layer)
-    with torch.no_grad():
-        raw = layer.f_b_proj(layer.f_a_proj(torch.randn(1, 2048, cfg.hidden_size)))
-    model = tail(kda_gate_torch(raw.view(1, 2048, cfg.linear_num_heads, -1), a_log, dt_bias, None))
+    torch.manual_seed(0)  # the small layer's gates, as scripts/kda_gate_spans.py --flavor small draws them
+    spans = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "kda_gate_spans.py"))
+    model = tail(spans["flavor_gates"]("small", 1, 2048))
     init, default = bench_tail("init"), bench_tail("bench")
     assert 1 / 1.5 < init / model < 1.5, (init, model)
     assert default > 3 * model, (default, model)
