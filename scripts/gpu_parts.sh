@@ -161,10 +161,12 @@ flipped_tree() {  # file sed-expression...: a copy of the tree at /tmp/flip with
   done
 }
 
-bwd_sweep() {  # shape limit_s settings: sweep_kda_bwd.py of those settings and the default into $OUT/bwd_<shape>
-  mkdir -p "$OUT/bwd_$1"
-  PART_TAIL=16 part "sweep_kda_bwd at $1: $3" "$2" python3 kernels/benchmarks/sweep_kda_bwd.py --shape "$1" \
-    --only "$3" --out "$OUT/bwd_$1/sweep_kda_bwd.json"
+bwd_sweep() {  # shape limit_s settings [gates]: sweep_kda_bwd.py of those settings and the default (with
+  # --gates when given) into $OUT/bwd_<shape>[_<gates>]
+  local dir=$OUT/bwd_$1${4:+_$4}
+  mkdir -p "$dir"
+  PART_TAIL=16 part "sweep_kda_bwd at $1${4:+, --gates $4}: $3" "$2" python3 kernels/benchmarks/sweep_kda_bwd.py \
+    --shape "$1" ${4:+--gates "$4"} --only "$3" --out "$dir/sweep_kda_bwd.json"
 }
 
 backbone_profile() {  # limit_s: bench_backbone --profile of the small hybrid's training step at 4096 (issue 5's MFU)

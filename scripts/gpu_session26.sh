@@ -13,9 +13,7 @@ first)
   install_fla
   settings="pair per chunk,pair per chunk w8,pair per chunk s2,pair unroll 1,default again"
   bwd_sweep 1x8192x32 110 "$settings"
-  mkdir -p "$OUT/bwd_8x4096x6_init"
-  PART_TAIL=16 part "sweep_kda_bwd at 8x4096x6, --gates init: $settings" 110 python3 kernels/benchmarks/sweep_kda_bwd.py \
-    --shape 8x4096x6 --gates init --only "$settings" --out "$OUT/bwd_8x4096x6_init/sweep_kda_bwd.json"
+  bwd_sweep 8x4096x6 110 "$settings" init
   PART_TAIL=12 part "bench_kda ours vs fla at 8x4096x6, --gates init" 60 python3 kernels/benchmarks/bench_kda.py \
     --no-prelude --graph --impls ours,fla --gates init --shapes 8x4096x6 --out "$OUT/bench_kda_8x4096x6_init.json"
   flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_PAIR_PER_CHUNK = False/BWD_PAIR_PER_CHUNK = True/'
