@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Session 26's GPU calls (results: docs/results/gpu-<date>-s26/), prepared at the end of session 25:
+# Session 26's GPU calls (results: docs/results/gpu-2026-11-29-s26/):
 #   bash scripts/gpu_session26.sh first   call1: the pair kernel one program a chunk (BWD_PAIR_PER_CHUNK, prepared in
-#       session 25, interpreter-tested only) against the default at the issue's 1x8192x32 and at the small hybrid's
+#       session 25; removed after this call) against the default at the issue's 1x8192x32 and at the small hybrid's
 #       shape and gates (8x4096x6, --gates init); ours against fla at that shape and gates; the KDA GPU tests in a
 #       copy with BWD_PAIR_PER_CHUNK on; the small hybrid's step profile with it on.
+#   bash scripts/gpu_session26.sh span    call2: the span checks from each sub-block's first and last rows
+#       (SCORES2_SPAN 1 / 2, BWD_SPAN 1) against the tile reductions at both shapes; the pair kernel's unroll at the
+#       model's shape again; the KDA GPU tests in a copy with SCORES2_SPAN = 2 and BWD_SPAN = 1.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
+fwd_sweep() {  # shape limit_s settings [gates]: sweep_kda_fwd.py of those settings and the default
+  local dir=$OUT/fwd_$1${4:+_$4}
+  mkdir -p "$dir"
+  PART_TAIL=16 part "sweep_kda_fwd at $1${4:+, --gates $4}: $3" "$2" python3 kernels/benchmarks/sweep_kda_fwd.py \
+    --shape "$1" ${4:+--gates "$4"} --only "$3" --out "$dir/sweep_kda_fwd.json"
+}
+
 gpu_header
-case "${1:?usage: gpu_session26.sh first}" in
+case "${1:?usage: gpu_session26.sh first|span}" in
 first)
   install_fla
   settings="pair per chunk,pair per chunk w8,pair per chunk s2,pair unroll 1,default again"
@@ -19,6 +29,16 @@ first)
   flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_PAIR_PER_CHUNK = False/BWD_PAIR_PER_CHUNK = True/'
   (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 140)
   (cd /tmp/flip && OUT=$OUT/per_chunk PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} backbone_profile 70)
+  ;;
+span)
+  install_fla
+  fwd_sweep 1x8192x32 75 "span rows,span chunk,default again"
+  fwd_sweep 8x4096x6 60 "span rows,span chunk,default again" init
+  bwd_sweep 1x8192x32 80 "pair span rows,default again"
+  bwd_sweep 8x4096x6 110 "pair unroll 1,pair span rows,pair span rows unroll 1,default again" init
+  flipped_tree kernels/kda/chunk_triton.py 's/^SCORES2_SPAN = 0/SCORES2_SPAN = 2/' \
+    kernels/kda/chunk_triton_bwd.py 's/^BWD_SPAN = 0/BWD_SPAN = 1/'
+  (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 140)
   ;;
 esac
 ls -la "$OUT"

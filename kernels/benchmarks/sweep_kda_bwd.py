@@ -64,9 +64,8 @@ SETTINGS = [
     ("inter bv32", {"BWD_INTER_BV": 32}, {}),
     ("pair unroll 1", {"BWD_PAIR_UNROLL": 1}, {}),
     ("pair unroll 2", {"BWD_PAIR_UNROLL": 2}, {}),
-    ("pair per chunk", {"BWD_PAIR_PER_CHUNK": True}, {}),
-    ("pair per chunk w8", {"BWD_PAIR_PER_CHUNK": True}, {"pair": (8, 1)}),
-    ("pair per chunk s2", {"BWD_PAIR_PER_CHUNK": True}, {"pair": (4, 2)}),
+    ("pair span rows", {"BWD_SPAN": 1}, {}),
+    ("pair span rows unroll 1", {"BWD_SPAN": 1, "BWD_PAIR_UNROLL": 1}, {}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 

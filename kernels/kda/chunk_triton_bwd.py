@@ -222,7 +222,7 @@ def _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos,
             blk = abase + rI[:, None] * C + rJ[None, :]  # dA[i in I, j in J]
             daq = tl.dot(tl.load(dAq_ptr + blk), kd, daq, input_precision=PREC)
             dak = tl.dot(tl.load(dAk_ptr + blk), kd, dak, input_precision=PREC)
-        if J > I:  # (I is a program index or, per chunk, a compile-time constant)
+        if J > I:
             if J * S < n:
                 e = tl.exp(_rows16(G_ptr, base, rJ, ck, kmask, K) - G_l[None, :])
                 bJ = tl.load(b_ptr + (bos + rJ) * HV + i_hv, mask=rJ < n, other=0.0).to(tl.float32)
@@ -238,7 +238,7 @@ def _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos,
 def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok, span_max,
                     I, i_k, sc, i_hv, i_h, bos, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                     BK: tl.constexpr, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr,
-                    UNROLL: tl.constexpr):
+                    UNROLL: tl.constexpr, SPAN: tl.constexpr):
     """:func:`_bwd_intra_pair_kernel`'s work for row block I of one chunk and block of key channels."""
     r16 = tl.arange(0, S)
     ck = i_k * BK + tl.arange(0, BK)
@@ -264,7 +264,10 @@ def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr
     daq, dak, dkq, dkk = daq * e_f, dak * e_f, dkq * e_l, dkk * e_l
     # diagonal block: through I's first / last row as fp32 16 x 16 dots when |G_i - G_f| <= span_max inside I
     # (every exponent then within +-span_max, far inside fp32's range), else pairwise
-    fast = tl.max(tl.max(tl.abs(GI - G_f[None, :]), 1), 0) <= span_max
+    if SPAN == 0:  # the block's largest |G_i - G_f|: a reduction of the [16, BK] tile across warps
+        fast = tl.max(tl.max(tl.abs(GI - G_f[None, :]), 1), 0) <= span_max
+    else:  # (g <= 0: G non-increasing down a chunk) I's first row less its last, BK values
+        fast = tl.max(G_f - G_l, 0) <= span_max
     if fast:
         d_off = abase + rI[:, None] * C + rI[None, :]  # dA[i in I, j in I]
         kf = kI * tl.exp(G_f[None, :] - GI)
@@ -310,11 +313,9 @@ def _bwd_intra_pair_kernel(
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
     UNROLL: tl.constexpr = 1,
-    PER_CHUNK: tl.constexpr = False,
+    SPAN: tl.constexpr = 0,
 ):
-    """Per (block of key channels, row block I of S = 16 rows, chunk x value head) (``PER_CHUNK``: per block of key
-    channels and chunk x value head, the chunk's row blocks in turn, so that the blocks' k, q, G and dA loads are
-    shared in one program): the gradients of ``Aqk = scale
+    """Per (block of key channels, row block I of S = 16 rows, chunk x value head): the gradients of ``Aqk = scale
     q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
     dAkk (strictly lower). The row gradients ``daq, dak`` from every key before I go through I's first row ``G_f``
     (``e^{G_i - G_j} = e^{G_i - G_f} e^{G_f - G_j}``), the column gradients ``dkq, dkk`` from every query after I
@@ -328,15 +329,12 @@ def _bwd_intra_pair_kernel(
     Writes the intra-chunk
     parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
     (slot ``i_k``)."""
-    # PER_CHUNK: the chunk's row blocks in turn (compile-time constants); else this program's row block
-    NI: tl.constexpr = C // S if PER_CHUNK else 1
-    I0 = 0 if PER_CHUNK else tl.program_id(1)
-    sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(1 if PER_CHUNK else 2), cbos_ptr, clen_ptr, H, HV)
-    for j in tl.static_range(NI):
-        if (I0 + j) * S < n:  # (a block of padded rows: nothing to write)
-            _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok,
-                            span_max, I0 + j, tl.program_id(0), sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC,
-                            UNROLL)
+    I = tl.program_id(1)
+    sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(2), cbos_ptr, clen_ptr, H, HV)
+    if I * S < n:  # (a block of padded rows: nothing to write)
+        _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok,
+                        span_max, I, tl.program_id(0), sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC, UNROLL,
+                        SPAN)
 
 
 @triton.jit
@@ -491,13 +489,12 @@ BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
 # kernels 31.16 / 28.99 / 35.78, although its gates at initialisation send no block pairwise (largest span 23,
 # scripts/kda_gate_spans.py --flavor small): the untaken path's form changes how the whole kernel compiles
 BWD_PAIR_UNROLL = 4
-# one pair-kernel program a (key block, chunk x value head) walking the chunk's four row blocks (True) instead of one a
-# row block: 4x fewer programs, each sub-block's loads shared by the row blocks in L1. Prepared after session 25's
-# device time was spent: interpreter-tested, not yet run on a GPU, so off (sweep_kda_bwd.py "pair per chunk")
-BWD_PAIR_PER_CHUNK = False
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
+# how the pair kernel decides a block's diagonal path (as chunk_triton.SCORES2_SPAN): 0 the largest |G_i - G_f| of the
+# [16, 32] tile; 1 the block's first row less its last (32 values; exact when g <= 0)
+BWD_SPAN = 0
 BWD_DIAG_PREC16 = "ieee"  # the diagonal blocks' dots for 16-bit inputs (call6: tf32x3 same time, tf32 dg error 1.7x)
 BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions over V) kernel
 BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
@@ -571,7 +568,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         num_stages=BWD_LAUNCH["dy"][1],
     )
     S = 16
-    grid = (nkt_pair, NC * HV) if BWD_PAIR_PER_CHUNK else (nkt_pair, C // S, NC * HV)
+    grid = (nkt_pair, C // S, NC * HV)
     _bwd_intra_pair_kernel[grid](
         q,
         k,
@@ -597,7 +594,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         PREC=prec,
         DPREC="ieee" if fp32 else BWD_DIAG_PREC16,
         UNROLL=BWD_PAIR_UNROLL,
-        PER_CHUNK=BWD_PAIR_PER_CHUNK,
+        SPAN=BWD_SPAN,
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )

@@ -71,22 +71,20 @@ def _interp(monkeypatch):
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.mark.parametrize("dtype,tol,state_bv,ee,per_chunk", [(torch.float32, 1e-5, 32, "never", False),
-                                                             (torch.float16, 2e-3, 32, "never", False),
-                                                             (torch.float32, 1e-5, 16, "never", True),
-                                                             (torch.float32, 1e-5, None, "never", False),
-                                                             (torch.float16, 2e-3, 32, "16bit", True)])
-def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv, ee, per_chunk):
+@pytest.mark.parametrize("dtype,tol,state_bv,ee", [(torch.float32, 1e-5, 32, "never"),
+                                                   (torch.float16, 2e-3, 32, "never"),
+                                                   (torch.float32, 1e-5, 16, "never"),
+                                                   (torch.float32, 1e-5, None, "never"),
+                                                   (torch.float16, 2e-3, 32, "16bit")])
+def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv, ee):
     """Triton reverse state pass and the chained backward vs the PyTorch manual backward on the same (Triton) forward
     intermediates; varlen with a 1-token sequence and a ragged tail, HV > H, h0 and dht present; V = 48 in blocks of
     16, 32 or (``None``: the choice, off CUDA 64) value columns per reverse-state program. The fp16 cases also check
     that dq, dk, dv come back in the inputs' dtype; ``ee``: ``BWD_EE_FROM_G`` (kg's exponent in the inter-chunk
-    kernel as G_last - G instead of a suffix sum of g); ``per_chunk``: ``BWD_PAIR_PER_CHUNK`` (one pair-kernel
-    program walks a chunk's row blocks)."""
+    kernel as G_last - G instead of a suffix sum of g)."""
     dev = _interp(monkeypatch)
     from kernels.kda import chunk_triton_bwd
 
-    monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_PER_CHUNK", per_chunk)
     monkeypatch.setattr(chunk_triton_bwd, "BWD_STATE_BV", state_bv)
     monkeypatch.setattr(chunk_triton_bwd, "BWD_EE_FROM_G", ee)
     from kernels.kda.chunk_bwd_torch import bwd_state_pass_torch, to_chunks
@@ -112,15 +110,10 @@ def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv, ee, per_c
         assert_rel_rms(a, b, tol, name)
 
 
-@pytest.mark.parametrize("per_chunk", [False, True])
-def test_triton_bwd_strong_decay_grouped_heads(monkeypatch, per_chunk):
+def test_triton_bwd_strong_decay_grouped_heads(monkeypatch):
     """Fused Triton backward with -50 log-decays (finite, dg <= 5e-5 vs the fp32 PyTorch manual backward), two q/k
-    heads of two value heads each, K = 40 (two key-channel blocks, the second masked) and V = 20 (masked);
-    ``per_chunk``: ``BWD_PAIR_PER_CHUNK``."""
+    heads of two value heads each, K = 40 (two key-channel blocks, the second masked) and V = 20 (masked)."""
     dev = _interp(monkeypatch)
-    from kernels.kda import chunk_triton_bwd
-
-    monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_PER_CHUNK", per_chunk)
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 
@@ -136,18 +129,18 @@ def test_triton_bwd_strong_decay_grouped_heads(monkeypatch, per_chunk):
         assert_rel_rms(a, b, 5e-5 if name == "dg" else 1e-5, name)
 
 
-@pytest.mark.parametrize("unroll,per_chunk", [(1, False), (4, False), (4, True)])
-def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch, unroll, per_chunk):
+@pytest.mark.parametrize("unroll,span", [(1, 0), (4, 0), (4, 1)])
+def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch, unroll, span):
     """The pairwise kernel's diagonal blocks join its dots where the gates are mild and go pairwise where they are
     sharp: key channels 0-31 (one program's block) hold sharp gates, 32-63 mild and moderate ones, over a ragged
     chunk. Both, and every block forced pairwise (``BWD_SPAN_MAX = -1``), match the PyTorch manual backward; the
     two settings are different computations (not bit-identical). ``unroll``: ``BWD_PAIR_UNROLL``, the pairwise
-    path's steps unrolled; ``per_chunk``: ``BWD_PAIR_PER_CHUNK``."""
+    path's steps unrolled; ``span``: ``BWD_SPAN``, how the kernel finds the sharp blocks."""
     dev = _interp(monkeypatch)
     from kernels.kda import chunk_triton_bwd
 
     monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_UNROLL", unroll)
-    monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_PER_CHUNK", per_chunk)
+    monkeypatch.setattr(chunk_triton_bwd, "BWD_SPAN", span)
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 
