@@ -6,7 +6,11 @@
 #       copy with BWD_PAIR_PER_CHUNK on; the small hybrid's step profile with it on.
 #   bash scripts/gpu_session26.sh span    call2: the span checks from each sub-block's first and last rows
 #       (SCORES2_SPAN 1 / 2, BWD_SPAN 1) against the tile reductions at both shapes; the pair kernel's unroll at the
-#       model's shape again; the KDA GPU tests in a copy with SCORES2_SPAN = 2 and BWD_SPAN = 1.
+#       model's shape again; the KDA GPU tests in a copy with SCORES2_SPAN = 2 and BWD_SPAN = 1 (both options removed
+#       after this call).
+#   bash scripts/gpu_session26.sh unroll  call3: the small hybrid's step profile with the pair kernel's pairwise steps
+#       unrolled 4 times (the default) and not at all, interleaved twice; ours against fla at the model's shape and
+#       gates; the five shapes against fla and the KDA GPU tests with the steps not unrolled.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -18,7 +22,7 @@ fwd_sweep() {  # shape limit_s settings [gates]: sweep_kda_fwd.py of those setti
 }
 
 gpu_header
-case "${1:?usage: gpu_session26.sh first|span}" in
+case "${1:?usage: gpu_session26.sh first|span|unroll}" in
 first)
   install_fla
   settings="pair per chunk,pair per chunk w8,pair per chunk s2,pair unroll 1,default again"
@@ -39,6 +43,19 @@ span)
   flipped_tree kernels/kda/chunk_triton.py 's/^SCORES2_SPAN = 0/SCORES2_SPAN = 2/' \
     kernels/kda/chunk_triton_bwd.py 's/^BWD_SPAN = 0/BWD_SPAN = 1/'
   (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 140)
+  ;;
+unroll)
+  install_fla
+  flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_PAIR_UNROLL = 4/BWD_PAIR_UNROLL = 1/'
+  mkdir -p "$OUT"/unroll4_1 "$OUT"/unroll4_2 "$OUT"/unroll1_1 "$OUT"/unroll1_2 "$OUT"/unroll1
+  for round in 1 2; do
+    OUT=$OUT/unroll4_$round backbone_profile 70
+    (cd /tmp/flip && OUT=$OUT/unroll1_$round PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} backbone_profile 70)
+  done
+  PART_TAIL=12 part "bench_kda ours vs fla at 8x4096x6, --gates init" 90 python3 kernels/benchmarks/bench_kda.py \
+    --no-prelude --graph --impls ours,fla --gates init --shapes 8x4096x6 --out "$OUT/bench_kda_8x4096x6_init.json"
+  (cd /tmp/flip && OUT=$OUT/unroll1 PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} bench_five 130)
+  (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 100)
   ;;
 esac
 ls -la "$OUT"

@@ -59,7 +59,7 @@ def _signature(name: str) -> tuple:
         fn = ct._scores2_kernel
         extra = dict(QS=32 * 128, H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
                      DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False, HEADS_FIRST=ct.SCORES2_HEADS_FIRST,
-                     DINV=ct.SCORES2_DIAG_INV, SPAN=ct.SCORES2_SPAN, BKC=128)
+                     DINV=ct.SCORES2_DIAG_INV)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]
@@ -167,7 +167,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     elif name == "pair":
         args = [bf, bf, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]
         fn, consts = cb._bwd_intra_pair_kernel, dict(H=32, HV=32, K=128, BK=cb.BWD_PAIR_BK, C=64, S=16, PREC="tf32")
-        consts |= dict(DPREC=cb.BWD_DIAG_PREC16, UNROLL=cb.BWD_PAIR_UNROLL, SPAN=cb.BWD_SPAN)
+        consts |= dict(DPREC=cb.BWD_DIAG_PREC16, UNROLL=cb.BWD_PAIR_UNROLL)
     else:
         # dq, dk, dg fp32 partial sums in; dq, dk out in bf16, dg out in fp32 (the gate's dtype); dbeta fp32
         args = [bf, bf, f32, bf, f32, f32, bf, bf, f32, bf, f32] + tab + [f32] * 3 + [bf, bf, f32, f32, "fp32", "i32"]

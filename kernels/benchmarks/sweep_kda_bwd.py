@@ -64,8 +64,6 @@ SETTINGS = [
     ("inter bv32", {"BWD_INTER_BV": 32}, {}),
     ("pair unroll 1", {"BWD_PAIR_UNROLL": 1}, {}),
     ("pair unroll 2", {"BWD_PAIR_UNROLL": 2}, {}),
-    ("pair span rows", {"BWD_SPAN": 1}, {}),
-    ("pair span rows unroll 1", {"BWD_SPAN": 1, "BWD_PAIR_UNROLL": 1}, {}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 

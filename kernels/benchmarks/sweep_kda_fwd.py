@@ -73,8 +73,6 @@ SETTINGS = [
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
     ("scores diag substitution", {"SCORES2_DIAG_INV": 0}),
-    ("span rows", {"SCORES2_SPAN": 1}),
-    ("span chunk", {"SCORES2_SPAN": 2}),
     ("default again", {}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]

@@ -277,11 +277,6 @@ INTRA_SPAN_MAX = 60.0
 # call5: scores kernel 0.642 -> 0.562 ms at 1 x 8192 x 32, 1.259 -> 1.108 at 2 x 16384 x 16; the identity in their
 # place (a timing probe, call4) 0.496 against 0.608
 SCORES2_DIAG_INV = 1
-# how the scores kernel decides a tile's diagonal path: 0 the tile's largest |G_i - G_ref| (a [64, 16] reduction a
-# tile); 1 each sub-block's first row less its last ([4, 16] a tile; exact when g <= 0, G non-increasing down a
-# chunk); 2 as 1, but only in chunks whose span over all key columns (one [4, K] reduction before the loop) exceeds
-# INTRA_SPAN_MAX
-SCORES2_SPAN = 0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -461,8 +456,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             span_max=INTRA_SPAN_MAX,
             HEADS_FIRST=hf,
             DINV=SCORES2_DIAG_INV,
-            SPAN=SCORES2_SPAN,
-            BKC=BK,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),

@@ -238,7 +238,7 @@ def _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos,
 def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok, span_max,
                     I, i_k, sc, i_hv, i_h, bos, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                     BK: tl.constexpr, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr,
-                    UNROLL: tl.constexpr, SPAN: tl.constexpr):
+                    UNROLL: tl.constexpr):
     """:func:`_bwd_intra_pair_kernel`'s work for row block I of one chunk and block of key channels."""
     r16 = tl.arange(0, S)
     ck = i_k * BK + tl.arange(0, BK)
@@ -264,10 +264,7 @@ def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr
     daq, dak, dkq, dkk = daq * e_f, dak * e_f, dkq * e_l, dkk * e_l
     # diagonal block: through I's first / last row as fp32 16 x 16 dots when |G_i - G_f| <= span_max inside I
     # (every exponent then within +-span_max, far inside fp32's range), else pairwise
-    if SPAN == 0:  # the block's largest |G_i - G_f|: a reduction of the [16, BK] tile across warps
-        fast = tl.max(tl.max(tl.abs(GI - G_f[None, :]), 1), 0) <= span_max
-    else:  # (g <= 0: G non-increasing down a chunk) I's first row less its last, BK values
-        fast = tl.max(G_f - G_l, 0) <= span_max
+    fast = tl.max(tl.max(tl.abs(GI - G_f[None, :]), 1), 0) <= span_max
     if fast:
         d_off = abase + rI[:, None] * C + rI[None, :]  # dA[i in I, j in I]
         kf = kI * tl.exp(G_f[None, :] - GI)
@@ -313,7 +310,6 @@ def _bwd_intra_pair_kernel(
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
     UNROLL: tl.constexpr = 1,
-    SPAN: tl.constexpr = 0,
 ):
     """Per (block of key channels, row block I of S = 16 rows, chunk x value head): the gradients of ``Aqk = scale
     q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
@@ -333,8 +329,7 @@ def _bwd_intra_pair_kernel(
     sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(2), cbos_ptr, clen_ptr, H, HV)
     if I * S < n:  # (a block of padded rows: nothing to write)
         _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok,
-                        span_max, I, tl.program_id(0), sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC, UNROLL,
-                        SPAN)
+                        span_max, I, tl.program_id(0), sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC, UNROLL)
 
 
 @triton.jit
@@ -492,9 +487,6 @@ BWD_PAIR_UNROLL = 4
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
-# how the pair kernel decides a block's diagonal path (as chunk_triton.SCORES2_SPAN): 0 the largest |G_i - G_f| of the
-# [16, 32] tile; 1 the block's first row less its last (32 values; exact when g <= 0)
-BWD_SPAN = 0
 BWD_DIAG_PREC16 = "ieee"  # the diagonal blocks' dots for 16-bit inputs (call6: tf32x3 same time, tf32 dg error 1.7x)
 BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions over V) kernel
 BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
@@ -594,7 +586,6 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         PREC=prec,
         DPREC="ieee" if fp32 else BWD_DIAG_PREC16,
         UNROLL=BWD_PAIR_UNROLL,
-        SPAN=BWD_SPAN,
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )

@@ -203,8 +203,6 @@ def _scores2_kernel(
     SUFFIX: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
     DINV: tl.constexpr = 1,
-    SPAN: tl.constexpr = 0,
-    BKC: tl.constexpr = 16,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -231,13 +229,6 @@ def _scores2_kernel(
     aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
-    blast = (tl.arange(0, NB) * S + S - 1)[:, None] * K  # each sub-block's last row
-    chunk_span = span_max + 1.0  # SPAN 1: every tile checks
-    if SPAN == 2:  # the whole chunk's largest span, once: G is non-increasing down a chunk (g <= 0)
-        ca = tl.arange(0, BKC)[None, :]
-        bfirst = (tl.arange(0, NB) * S)[:, None] * K
-        chunk_span = tl.max(tl.max(tl.load(G_ptr + g_base + bfirst + ca, mask=ca < K, other=0.0)
-                                   - tl.load(G_ptr + g_base + blast + ca, mask=ca < K, other=0.0), 1), 0)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
@@ -245,16 +236,10 @@ def _scores2_kernel(
         # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
         ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :],
                       mask=(ck < K)[None, :], other=0.0)
-        if SPAN == 0:  # the tile's largest |Gd|: a reduction of the tile across warps, see _diag_step
-            fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max
-        else:  # (g <= 0) each sub-block's first row less its last; SPAN 2: only in chunks with a sharp tile
-            fast = chunk_span <= span_max
-            if chunk_span > span_max:
-                last = tl.load(G_ptr + g_base + blast + ck[None, :], mask=(ck < K)[None, :], other=0.0)
-                fast = tl.max(tl.max(ref - last, 1), 0) <= span_max
         R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
         akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
+        fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max  # a reduction across warps: see _diag_step
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
                               loc, ck, n, fast, QS, K, C, S, BKS, L2, DPREC)
     a_off = sc * (C * C) + rows[:, None] * C

@@ -129,18 +129,17 @@ def test_triton_bwd_strong_decay_grouped_heads(monkeypatch):
         assert_rel_rms(a, b, 5e-5 if name == "dg" else 1e-5, name)
 
 
-@pytest.mark.parametrize("unroll,span", [(1, 0), (4, 0), (4, 1)])
-def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch, unroll, span):
+@pytest.mark.parametrize("unroll", [1, 4])
+def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch, unroll):
     """The pairwise kernel's diagonal blocks join its dots where the gates are mild and go pairwise where they are
     sharp: key channels 0-31 (one program's block) hold sharp gates, 32-63 mild and moderate ones, over a ragged
     chunk. Both, and every block forced pairwise (``BWD_SPAN_MAX = -1``), match the PyTorch manual backward; the
     two settings are different computations (not bit-identical). ``unroll``: ``BWD_PAIR_UNROLL``, the pairwise
-    path's steps unrolled; ``span``: ``BWD_SPAN``, how the kernel finds the sharp blocks."""
+    path's steps unrolled."""
     dev = _interp(monkeypatch)
     from kernels.kda import chunk_triton_bwd
 
     monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_UNROLL", unroll)
-    monkeypatch.setattr(chunk_triton_bwd, "BWD_SPAN", span)
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 
