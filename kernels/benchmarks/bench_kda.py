@@ -44,6 +44,8 @@ C = 64
 # gates N(0, 0.125^2), the small flavor's f_b f_a projection spread; no sharp tile (scripts/kda_gate_spans.py)
 GATES = "bench"
 INIT_RAW_STD = 0.125
+# beta's dtype (``--beta``): bf16, or fp32 as kimi_vl's KDA layer passes it (sigmoid of the fp32 projection)
+BETA_DTYPE = torch.bfloat16
 
 
 def bench(fn) -> float:
@@ -60,13 +62,14 @@ def ceilings() -> dict:
 
 
 def make(B, T, H, dev="cuda", grad=False):
-    """bf16 q, k, v, raw gates, beta and the gate's fp32 A_log, dt_bias at (B, T, H), K = V = 128 (``GATES``)."""
+    """bf16 q, k, v, raw gates, beta (``BETA_DTYPE``) and the gate's fp32 A_log, dt_bias at (B, T, H), K = V = 128
+    (``GATES``)."""
     if GATES not in ("bench", "init"):
         raise ValueError(f"bench_kda.GATES must be 'bench' or 'init', got {GATES!r}")
     q, k, v = (torch.randn(B, T, H, K, dtype=torch.bfloat16, device=dev) for _ in range(3))
     raw_std = 1.0 if GATES == "bench" else INIT_RAW_STD
     g = (torch.randn(B, T, H, K, device=dev) * raw_std).to(torch.bfloat16)
-    beta = torch.rand(B, T, H, dtype=torch.bfloat16, device=dev)
+    beta = torch.rand(B, T, H, device=dev).to(BETA_DTYPE)
     A_log = torch.log(torch.empty(H, device=dev).uniform_(1, 16))
     if GATES == "bench":
         dt_bias = torch.randn(H * K, device=dev) * 0.5 - 3.0
@@ -80,12 +83,14 @@ def make(B, T, H, dev="cuda", grad=False):
 def add_gates_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--gates", choices=("bench", "init"), default="bench",
                     help="the gates' distribution: the benchmark's (sharper) or a model's at initialisation")
+    ap.add_argument("--beta", choices=("bf16", "fp32"), default="bf16", help="beta's dtype (the model passes fp32)")
 
 
-def use_gates(name: str) -> None:
-    """Set the gates ``make`` draws for this process (the sweeps import ``make`` from here)."""
-    global GATES
+def use_gates(name: str, beta: str = "bf16") -> None:
+    """Set the gates and beta's dtype ``make`` draws for this process (the sweeps import ``make`` from here)."""
+    global GATES, BETA_DTYPE
     GATES = name
+    BETA_DTYPE = {"bf16": torch.bfloat16, "fp32": torch.float32}[beta]
 
 
 def call(impl, xs, fn_name="chunk"):
@@ -301,10 +306,10 @@ def main() -> None:
     add_gates_arg(ap)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_kda.json"))
     args = ap.parse_args()
-    use_gates(args.gates)
+    use_gates(args.gates, args.beta)
     t0 = time.time()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                 "gates": GATES}
+                 "gates": GATES, "beta": args.beta}
     if args.set_file:
         res["ours_constants"] = apply_constants(args.set_file)
     impls = ["ours"]

@@ -92,11 +92,12 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sweep_kda_bwd.json"))
     add_gates_arg(ap)
     args = ap.parse_args()
-    use_gates(args.gates)
+    use_gates(args.gates, args.beta)
     B, T, H = (int(x) for x in args.shape.split("x"))
     xs = make(B, T, H, grad=True)
     do = torch.randn(B, T, H, V, dtype=torch.bfloat16, device="cuda")
-    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "gates": args.gates, "settings": {}}
+    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "gates": args.gates, "beta": args.beta,
+                 "settings": {}}
     ref = None
     t0 = time.time()
     only = {s for s in args.only.split(",") if s}

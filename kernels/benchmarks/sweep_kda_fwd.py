@@ -103,10 +103,11 @@ def main() -> None:
     ap.add_argument("--best-out", default=None, help="write the fastest setting within 2%% of the lowest o error")
     add_gates_arg(ap)
     args = ap.parse_args()
-    use_gates(args.gates)
+    use_gates(args.gates, args.beta)
     B, T, H = (int(x) for x in args.shape.split("x"))
     xs = make(B, T, H, grad=True)
-    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "gates": args.gates, "settings": {}}
+    res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "gates": args.gates, "beta": args.beta,
+                 "settings": {}}
     try:
         call("fla", xs)
         res["fla_fwd_ms"] = bench(lambda: call("fla", xs))
