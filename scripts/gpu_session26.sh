@@ -14,6 +14,8 @@
 #   bash scripts/gpu_session26.sh final   call4: the pair kernel's unroll at the model's shape with beta in fp32, as the
 #       model passes it (is beta's dtype why the benchmark and the model disagree?); the committed defaults: KDA GPU
 #       tests and the five shapes against fla.
+#   bash scripts/gpu_session26.sh check   call5: the unroll now chosen by beta's dtype (1 for 16-bit, 4 for fp32): the
+#       default against the other choice at the model's shape with each beta dtype; the KDA GPU tests.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -25,7 +27,7 @@ fwd_sweep() {  # shape limit_s settings [gates]: sweep_kda_fwd.py of those setti
 }
 
 gpu_header
-case "${1:?usage: gpu_session26.sh first|span|unroll|final}" in
+case "${1:?usage: gpu_session26.sh first|span|unroll|final|check}" in
 first)
   install_fla
   settings="pair per chunk,pair per chunk w8,pair per chunk s2,pair unroll 1,default again"
@@ -68,6 +70,16 @@ final)
     --only "pair unroll 1,pair unroll 2,default again" --out "$OUT/bwd_8x4096x6_init_beta32/sweep_kda_bwd.json"
   kda_tests 100
   bench_five 140
+  ;;
+check)
+  for beta in bf16 fp32; do
+    mkdir -p "$OUT/bwd_8x4096x6_init_$beta"
+    other=$([ $beta = bf16 ] && echo "pair unroll 4" || echo "pair unroll 1")
+    PART_TAIL=4 part "sweep_kda_bwd at 8x4096x6, --gates init --beta $beta" 80 python3 \
+      kernels/benchmarks/sweep_kda_bwd.py --shape 8x4096x6 --gates init --beta $beta \
+      --only "$other,default again" --out "$OUT/bwd_8x4096x6_init_$beta/sweep_kda_bwd.json"
+  done
+  kda_tests 100
   ;;
 esac
 ls -la "$OUT"

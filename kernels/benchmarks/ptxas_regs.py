@@ -167,7 +167,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     elif name == "pair":
         args = [bf, bf, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]
         fn, consts = cb._bwd_intra_pair_kernel, dict(H=32, HV=32, K=128, BK=cb.BWD_PAIR_BK, C=64, S=16, PREC="tf32")
-        consts |= dict(DPREC=cb.BWD_DIAG_PREC16, UNROLL=cb.BWD_PAIR_UNROLL)
+        consts |= dict(DPREC=cb.BWD_DIAG_PREC16, UNROLL=cb.BWD_PAIR_UNROLL[0])
     else:
         # dq, dk, dg fp32 partial sums in; dq, dk out in bf16, dg out in fp32 (the gate's dtype); dbeta fp32
         args = [bf, bf, f32, bf, f32, f32, bf, bf, f32, bf, f32] + tab + [f32] * 3 + [bf, bf, f32, f32, "fp32", "i32"]

@@ -62,8 +62,9 @@ SETTINGS = [
     ("inter w8", {}, {"inter": (8, 2)}),
     ("inter bk16", {"BWD_INTER_BK": 16}, {}),
     ("inter bv32", {"BWD_INTER_BV": 32}, {}),
-    ("pair unroll 1", {"BWD_PAIR_UNROLL": 1}, {}),
-    ("pair unroll 2", {"BWD_PAIR_UNROLL": 2}, {}),
+    ("pair unroll 1", {"BWD_PAIR_UNROLL": (1, 1)}, {}),
+    ("pair unroll 2", {"BWD_PAIR_UNROLL": (2, 2)}, {}),
+    ("pair unroll 4", {"BWD_PAIR_UNROLL": (4, 4)}, {}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 

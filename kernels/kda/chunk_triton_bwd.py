@@ -477,13 +477,16 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
 
 
 BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
-# steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled (tl.range's loop_unroll_factor; 1: none).
-# H200, session 25 call6: the backward alone at 1 x 8192 x 32 3.140 / 3.135 ms at 1 / 4, 4.146 all 16 unrolled as a
-# tl.static_range (every block pairwise: 4.302 at 1, 5.989 so; that form, which hoisted every step's loads, was then
-# removed); the small hybrid's step profile: pair kernel 10.74 / 8.58 / 15.34 ms a step, KDA
-# kernels 31.16 / 28.99 / 35.78, although its gates at initialisation send no block pairwise (largest span 23,
-# scripts/kda_gate_spans.py --flavor small): the untaken path's form changes how the whole kernel compiles
-BWD_PAIR_UNROLL = 4
+# steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled (tl.range's loop_unroll_factor; 1: none),
+# for 16-bit and for fp32 beta. The untaken path's form changes how the whole kernel compiles, and beta's dtype which
+# form compiles best (H200, backward alone, ms; 8x4096x6 with --gates init, which send no block pairwise):
+#   beta bf16: 1x8192x32 3.140 / 3.135 at 1 / 4 (session 25 call6), 3.105 / 3.105 (s26 call1); 8x4096x6 2.404 /
+#   2.637 (s26 call1), 2.407 / 2.633 (call2);
+#   beta fp32 (as kimi_vl's KDA layer passes it): 8x4096x6 2.699 / 2.466 (s26 call4); the small hybrid's step profile,
+#   pair kernel 10.74 / 8.58 ms a step (s25 call6), 10.80 / 8.68 and 10.82 / 8.73 (s26 call3).
+# All 16 steps unrolled as a tl.static_range, which hoisted every step's loads, took 4.146 ms at 1x8192x32 (s25 call6;
+# removed).
+BWD_PAIR_UNROLL = (1, 4)
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
@@ -585,7 +588,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         S=S,
         PREC=prec,
         DPREC="ieee" if fp32 else BWD_DIAG_PREC16,
-        UNROLL=BWD_PAIR_UNROLL,
+        UNROLL=BWD_PAIR_UNROLL[beta.dtype == torch.float32],
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )

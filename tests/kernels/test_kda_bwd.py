@@ -139,7 +139,7 @@ def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch, unroll):
     dev = _interp(monkeypatch)
     from kernels.kda import chunk_triton_bwd
 
-    monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_UNROLL", unroll)
+    monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_UNROLL", (unroll, unroll))
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 
