@@ -73,6 +73,7 @@ SETTINGS = [
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
     ("scores diag substitution", {"SCORES2_DIAG_INV": 0}),
+    ("span from prep", {"INTRA_SPAN_FROM_PREP": True}),
     ("default again", {}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]

@@ -84,14 +84,17 @@ def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS: tl.con
 
 
 @triton.jit
-def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
-                    HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
-                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
-    """One key-column tile ``ck`` of the chunk: the gate of raw g (or g as given), G = cumsum(g) and G_last stored;
-    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``. G_last is G's last row, stored by the
-    threads that hold it (rows past a short chunk's end hold g = 0, so the last row is the chunk's total). Until
-    session 24 it was a column sum of g: the cross-warp reduction took the kernel from 56 to 72 registers and
-    from 0.117 to 0.156 ms at 1 x 8192 x 32 (H200, call2)."""
+def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, span_ptr, bos, rows, rm, sc, i_hv, k0,
+                    HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BKP: tl.constexpr, GATE: tl.constexpr,
+                    LOWER: tl.constexpr, HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr, SPANS: tl.constexpr):
+    """One key-column tile (``BKP`` columns from ``k0``) of the chunk: the gate of raw g (or g as given),
+    G = cumsum(g) and G_last stored; with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``; with
+    ``SPANS`` each 16-column group's largest span of G inside a 16-row sub-block (max - min over the sub-block's
+    rows, whatever g's sign) into ``span_ptr [chunk x value head, cdiv(K, 16)]``, for the scores kernel's choice of
+    diagonal path. G_last is G's last row, stored by the threads that hold it (rows past a short chunk's end hold
+    g = 0, so the last row is the chunk's total). Until session 24 it was a column sum of g: the cross-warp
+    reduction took the kernel from 56 to 72 registers and from 0.117 to 0.156 ms at 1 x 8192 x 32 (H200, call2)."""
+    ck = k0 + tl.arange(0, BKP)
     cm = ck < K
     m = rm[:, None] & cm[None, :]
     g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
@@ -109,6 +112,13 @@ def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, row
     tl.store(G_ptr + off, G, mask=cm[None, :])
     if SUFFIX:
         tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
+    if SPANS:
+        NGT: tl.constexpr = BKP // 16
+        NG: tl.constexpr = (K + 15) // 16
+        Gb = tl.reshape(G, (C // 16, 16, NGT, 16))  # [sub-block, row, column group, column]
+        span = tl.max(tl.max(tl.max(Gb, 1) - tl.min(Gb, 1), 2), 0)  # [NGT]
+        grp = k0 // 16 + tl.arange(0, NGT)
+        tl.store(span_ptr + sc * NG + grp, span, mask=grp < NG)
 
 
 @triton.jit
@@ -126,6 +136,7 @@ def _prep_kernel(
     rq_ptr,
     rk_ptr,
     E_ptr,
+    span_ptr,
     QS: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -138,6 +149,7 @@ def _prep_kernel(
     L2: tl.constexpr,
     SUFFIX: tl.constexpr,
     HEADS_FIRST: tl.constexpr = False,
+    SPANS: tl.constexpr = False,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
@@ -162,8 +174,8 @@ def _prep_kernel(
     if L2:
         _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
     for k0 in range(0, K, BKP):
-        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
-                        k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, span_ptr, bos, rows, rm, sc, i_hv, k0,
+                        HV, K, C, BKP, GATE, LOWER, HAS_DTB, SUFFIX, SPANS)
 
 
 @triton.jit
@@ -277,6 +289,10 @@ INTRA_SPAN_MAX = 60.0
 # call5: scores kernel 0.642 -> 0.562 ms at 1 x 8192 x 32, 1.259 -> 1.108 at 2 x 16384 x 16; the identity in their
 # place (a timing probe, call4) 0.496 against 0.608
 SCORES2_DIAG_INV = 1
+# True: the prep kernel stores each (chunk, head, 16 key columns)'s largest span inside a sub-block and the scores
+# kernel reads it (a scalar load a K tile) instead of reducing its [64, 16] tile across warps (~0.11 ms of 0.55 at
+# 1 x 8192 x 32, session 24's probe). Interpreter-tested, not yet timed on a GPU (session 26), so off
+INTRA_SPAN_FROM_PREP = False
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -380,6 +396,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev)
     Akk = Tm  # the solve runs in place
     rq, rk = (torch.empty(nc1, HV, CHUNK, dtype=torch.float32, device=dev) if use_l2 else dummy for _ in range(2))
+    spans = torch.empty(nc1, HV, triton.cdiv(K, 16), dtype=torch.float32, device=dev) if INTRA_SPAN_FROM_PREP else dummy
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     if nch:
@@ -404,6 +421,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             rq_ptr=rq,
             rk_ptr=rk,
             E_ptr=kg,
+            span_ptr=spans,
             QS=qs,
             H=H,
             HV=HV,
@@ -416,6 +434,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             SUFFIX=suffix,
             HEADS_FIRST=hf,
+            SPANS=INTRA_SPAN_FROM_PREP,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
@@ -437,6 +456,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             U_ptr=U,
             qg_ptr=qg,
             kg_ptr=kg,
+            span_ptr=spans,
             scale=scale,
             QS=qs,
             VS=vs,
@@ -456,6 +476,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             span_max=INTRA_SPAN_MAX,
             HEADS_FIRST=hf,
             DINV=SCORES2_DIAG_INV,
+            SPANS=INTRA_SPAN_FROM_PREP,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),

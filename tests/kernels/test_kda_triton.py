@@ -82,19 +82,21 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
-@pytest.mark.parametrize("span_max", [None, -1.0])
-def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
+@pytest.mark.parametrize("span_max,from_prep", [(None, False), (-1.0, False), (None, True), (-1.0, True)])
+def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max, from_prep):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
-    and goes pairwise in tiles with sharp ones: one chunk here holds both (16-column tiles: sharp, mild, near the
-    span limit); ``INTRA_SPAN_MAX = -1`` sends every tile pairwise. Both match the oracle; they are different
-    computations (not bit-identical)."""
+    and goes pairwise in tiles with sharp ones: one chunk here holds both (16-column tiles: mild, near the span
+    limit, sharp); ``INTRA_SPAN_MAX = -1`` sends every tile pairwise. Both match the oracle; they are different
+    computations (not bit-identical). ``from_prep``: ``INTRA_SPAN_FROM_PREP`` (the prep kernel's spans decide; the
+    sharp tile is in the prep kernel's second 32-column tile, so a span stored at the wrong column group fails)."""
     from kernels.kda import chunk_triton
 
+    monkeypatch.setattr(chunk_triton, "INTRA_SPAN_FROM_PREP", from_prep)
     if span_max is not None:
         monkeypatch.setattr(chunk_triton, "INTRA_SPAN_MAX", span_max)
     q, k, v, _, beta, s0 = make_inputs(1, 130, 1, 2, 48, 16, h0=True)
     g = torch.cat(
-        [-30.0 * torch.rand(1, 130, 2, 16), -0.5 * torch.rand(1, 130, 2, 16), -7.5 * torch.rand(1, 130, 2, 16)], -1
+        [-0.5 * torch.rand(1, 130, 2, 16), -7.5 * torch.rand(1, 130, 2, 16), -30.0 * torch.rand(1, 130, 2, 16)], -1
     )
     g = g.double()
     o_ref, S_ref = naive_recurrent_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True)
@@ -268,6 +270,8 @@ def test_triton_l2_gate_several_k_tiles():
 
 
 @pytest.mark.parametrize("consts", [dict(PREP_BK=16, WU_B=16), dict(INTRA_SPAN_MAX=-1.0, SCORES2_BK=32),
+                                    dict(INTRA_SPAN_FROM_PREP=True, SCORES2_BK=32),
+                                    dict(INTRA_SPAN_FROM_PREP=True, PREP_BK=16, INTRA_SPAN_MAX=20.0),
                                     dict(PREP_BK=64), dict(STATE_BV=16), dict(SCORES2_DIAG_INV=0),
                                     dict(PREP_HEADS_FIRST=False, SCORES2_HEADS_FIRST=False, OUT_HEADS_FIRST=False)])
 def test_tile_constants_agree(monkeypatch, consts):

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 27's GPU calls (results: docs/results/gpu-<date>-s27/), prepared at the end of session 26:
+#   bash scripts/gpu_session27.sh first   call1: the scores kernel reading the prep kernel's spans (INTRA_SPAN_FROM_PREP,
+#       interpreter-tested only: a scalar load a K tile instead of the [64, 16] cross-warp reduction) against the
+#       default at 1x8192x32 and 2x16384x16 with the benchmark's gates and at the model's 8x4096x6 with its gates and
+#       fp32 beta; the KDA GPU tests in a copy with it on.
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+
+fwd_sweep() {  # shape limit_s settings [extra args...]: sweep_kda_fwd.py of those settings and the default
+  local shape=$1 limit=$2 settings=$3
+  shift 3
+  local dir=$OUT/fwd_$shape${1:+_init}
+  mkdir -p "$dir"
+  PART_TAIL=16 part "sweep_kda_fwd at $shape $*: $settings" "$limit" python3 kernels/benchmarks/sweep_kda_fwd.py \
+    --shape "$shape" "$@" --only "$settings" --out "$dir/sweep_kda_fwd.json"
+}
+
+gpu_header
+case "${1:?usage: gpu_session27.sh first}" in
+first)
+  install_fla
+  fwd_sweep 1x8192x32 90 "span from prep,default again"
+  fwd_sweep 2x16384x16 90 "span from prep,default again"
+  fwd_sweep 8x4096x6 60 "span from prep,default again" --gates init --beta fp32
+  flipped_tree kernels/kda/chunk_triton.py 's/^INTRA_SPAN_FROM_PREP = False/INTRA_SPAN_FROM_PREP = True/'
+  (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 120)
+  ;;
+esac
+ls -la "$OUT"
