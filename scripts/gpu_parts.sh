@@ -9,10 +9,10 @@
 #   app_ab A ENV_A B ENV_B          24-step runs A B A B (rounds _a, _b; ENV_*: one VAR=VALUE each), compared per round
 # and install_fla: fla-core from the carried wheel in .whl/ (the KDA peer), if there is one, with its tuning cache;
 # use_fla_tuning_cache: TRITON_CACHE_DIR=/tmp/tcache seeded with fla's earlier tuning results (.fla_tcache/tcache, else
-# the committed $FLA_TUNING). The KDA parts: kda_tests, sweep_best, bench_five; the AttnRes parts: attnres_tests,
-# attnres_sweep, attnres_step; backbone_profile; bwd_sweep (the KDA backward's settings) and flipped_tree (a copy of
-# the tree at /tmp/flip with module constants edited, to run tests or the model with an option on); each function's
-# arguments are on its first line.
+# the committed $FLA_TUNING). The KDA parts: kda_tests, sweep_best, bench_five, kda_sweep (fwd_sweep, bwd_sweep: the
+# KDA kernels' settings); the AttnRes parts: attnres_tests, attnres_sweep, attnres_step; backbone_profile; and
+# flipped_tree (a copy of the tree at /tmp/flip with module constants edited, to run tests or the model with an
+# option on); each function's arguments are on its first line.
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 # fla-core 0.6.0's autotuning results on an H100 with Triton 3.6 (session 5, call7): without them fla tunes for minutes
 FLA_TUNING=${FLA_TUNING:-$PWD/kernels/benchmarks/fla_tuning/h100_triton3.6_fla0.6.0.tar.gz}
@@ -161,12 +161,22 @@ flipped_tree() {  # file sed-expression...: a copy of the tree at /tmp/flip with
   done
 }
 
-bwd_sweep() {  # shape limit_s settings [gates]: sweep_kda_bwd.py of those settings and the default (with
-  # --gates when given) into $OUT/bwd_<shape>[_<gates>]
-  local dir=$OUT/bwd_$1${4:+_$4}
+kda_sweep() {  # fwd|bwd shape limit_s settings [gates [beta]]: sweep_kda_<fwd|bwd>.py of those settings and the
+  # default (with --gates / --beta when given) into $OUT/<fwd|bwd>_<shape>[_<gates>][_beta<beta>]
+  local kind=$1 shape=$2 limit=$3 settings=$4 gates=${5:-} beta=${6:-}
+  local dir=$OUT/${kind}_$shape${gates:+_$gates}${beta:+_beta$beta}
   mkdir -p "$dir"
-  PART_TAIL=16 part "sweep_kda_bwd at $1${4:+, --gates $4}: $3" "$2" python3 kernels/benchmarks/sweep_kda_bwd.py \
-    --shape "$1" ${4:+--gates "$4"} --only "$3" --out "$dir/sweep_kda_bwd.json"
+  PART_TAIL=16 part "sweep_kda_$kind at $shape${gates:+, --gates $gates}${beta:+ --beta $beta}: $settings" "$limit" \
+    python3 "kernels/benchmarks/sweep_kda_$kind.py" --shape "$shape" ${gates:+--gates "$gates"} \
+    ${beta:+--beta "$beta"} --only "$settings" --out "$dir/sweep_kda_$kind.json"
+}
+
+bwd_sweep() {  # shape limit_s settings [gates [beta]]: kda_sweep bwd
+  kda_sweep bwd "$@"
+}
+
+fwd_sweep() {  # shape limit_s settings [gates [beta]]: kda_sweep fwd
+  kda_sweep fwd "$@"
 }
 
 backbone_profile() {  # limit_s: bench_backbone --profile of the small hybrid's training step at 4096 (issue 5's MFU)

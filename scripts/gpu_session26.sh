@@ -19,13 +19,6 @@
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
-fwd_sweep() {  # shape limit_s settings [gates]: sweep_kda_fwd.py of those settings and the default
-  local dir=$OUT/fwd_$1${4:+_$4}
-  mkdir -p "$dir"
-  PART_TAIL=16 part "sweep_kda_fwd at $1${4:+, --gates $4}: $3" "$2" python3 kernels/benchmarks/sweep_kda_fwd.py \
-    --shape "$1" ${4:+--gates "$4"} --only "$3" --out "$dir/sweep_kda_fwd.json"
-}
-
 gpu_header
 case "${1:?usage: gpu_session26.sh first|span|unroll|final|check}" in
 first)

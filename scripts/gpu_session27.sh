@@ -7,22 +7,13 @@
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
-fwd_sweep() {  # shape limit_s settings [extra args...]: sweep_kda_fwd.py of those settings and the default
-  local shape=$1 limit=$2 settings=$3
-  shift 3
-  local dir=$OUT/fwd_$shape${1:+_init}
-  mkdir -p "$dir"
-  PART_TAIL=16 part "sweep_kda_fwd at $shape $*: $settings" "$limit" python3 kernels/benchmarks/sweep_kda_fwd.py \
-    --shape "$shape" "$@" --only "$settings" --out "$dir/sweep_kda_fwd.json"
-}
-
 gpu_header
 case "${1:?usage: gpu_session27.sh first}" in
 first)
   install_fla
   fwd_sweep 1x8192x32 90 "span from prep,default again"
   fwd_sweep 2x16384x16 90 "span from prep,default again"
-  fwd_sweep 8x4096x6 60 "span from prep,default again" --gates init --beta fp32
+  fwd_sweep 8x4096x6 60 "span from prep,default again" init fp32
   flipped_tree kernels/kda/chunk_triton.py 's/^INTRA_SPAN_FROM_PREP = False/INTRA_SPAN_FROM_PREP = True/'
   (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 120)
   ;;
