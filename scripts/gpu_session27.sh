@@ -4,11 +4,13 @@
 #       interpreter-tested only: a scalar load a K tile instead of the [64, 16] cross-warp reduction) against the
 #       default at 1x8192x32 and 2x16384x16 with the benchmark's gates and at the model's 8x4096x6 with its gates and
 #       fp32 beta; the KDA GPU tests in a copy with it on.
+#   bash scripts/gpu_session27.sh more    call2 (if call1's sweeps favour it): the five shapes against fla with it on,
+#       and the small hybrid's step profile with it off / on, interleaved twice.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session27.sh first}" in
+case "${1:?usage: gpu_session27.sh first|more}" in
 first)
   install_fla
   fwd_sweep 1x8192x32 90 "span from prep,default again"
@@ -16,6 +18,16 @@ first)
   fwd_sweep 8x4096x6 60 "span from prep,default again" init fp32
   flipped_tree kernels/kda/chunk_triton.py 's/^INTRA_SPAN_FROM_PREP = False/INTRA_SPAN_FROM_PREP = True/'
   (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 120)
+  ;;
+more)
+  install_fla
+  flipped_tree kernels/kda/chunk_triton.py 's/^INTRA_SPAN_FROM_PREP = False/INTRA_SPAN_FROM_PREP = True/'
+  mkdir -p "$OUT"/span_prep "$OUT"/default_1 "$OUT"/default_2 "$OUT"/span_prep_1 "$OUT"/span_prep_2
+  (cd /tmp/flip && OUT=$OUT/span_prep PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} bench_five 140)
+  for round in 1 2; do
+    OUT=$OUT/default_$round backbone_profile 70
+    (cd /tmp/flip && OUT=$OUT/span_prep_$round PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} backbone_profile 70)
+  done
   ;;
 esac
 ls -la "$OUT"
