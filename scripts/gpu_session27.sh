@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Session 27's GPU calls (results: docs/results/gpu-<date>-s27/), prepared at the end of session 26:
-#   bash scripts/gpu_session27.sh first   call1: the scores kernel reading the prep kernel's spans (INTRA_SPAN_FROM_PREP,
-#       interpreter-tested only: a scalar load a K tile instead of the [64, 16] cross-warp reduction) against the
-#       default at 1x8192x32 and 2x16384x16 with the benchmark's gates and at the model's 8x4096x6 with its gates and
-#       fp32 beta; the KDA GPU tests in a copy with it on.
-#   bash scripts/gpu_session27.sh more    call2 (if call1's sweeps favour it): the five shapes against fla with it on,
-#       and the small hybrid's step profile with it off / on, interleaved twice.
+#   bash scripts/gpu_session27.sh first   call1: two forward options prepared in session 26, interpreter-tested only:
+#       the scores kernel reading the prep kernel's spans (INTRA_SPAN_FROM_PREP: a scalar load a K tile instead of the
+#       [64, 16] cross-warp reduction) and the state pass writing the output (STATE_OUT: no output kernel), against
+#       the default at 1x8192x32 and 2x16384x16 with the benchmark's gates and at the model's 8x4096x6 with its gates
+#       and fp32 beta; the forward-only kernels' profile with STATE_OUT; the KDA GPU tests in a copy with both on.
+#   bash scripts/gpu_session27.sh more    call2 (if call1's sweeps favour INTRA_SPAN_FROM_PREP; edit the sed lines for
+#       what won): the five shapes against fla with it on, and the small hybrid's step profile with it off / on,
+#       interleaved twice.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -13,10 +15,15 @@ gpu_header
 case "${1:?usage: gpu_session27.sh first|more}" in
 first)
   install_fla
-  fwd_sweep 1x8192x32 90 "span from prep,default again"
-  fwd_sweep 2x16384x16 90 "span from prep,default again"
-  fwd_sweep 8x4096x6 60 "span from prep,default again" init fp32
-  flipped_tree kernels/kda/chunk_triton.py 's/^INTRA_SPAN_FROM_PREP = False/INTRA_SPAN_FROM_PREP = True/'
+  settings="span from prep,state out,state out bv16,state out bv64,span from prep + state out,default again"
+  fwd_sweep 1x8192x32 120 "$settings"
+  fwd_sweep 2x16384x16 120 "$settings"
+  fwd_sweep 8x4096x6 90 "$settings" init fp32
+  flipped_tree kernels/kda/chunk_triton.py 's/^INTRA_SPAN_FROM_PREP = False/INTRA_SPAN_FROM_PREP = True/' \
+    kernels/kda/chunk_triton.py 's/^STATE_OUT = False/STATE_OUT = True/'
+  (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} PART_TAIL=20 part \
+    "bench_kda --profile at 1x8192x32 with both on (forward-only kernels)" 60 python3 kernels/benchmarks/bench_kda.py \
+    --no-prelude --profile --impls ours --shapes 1x8192x32 --out "$OUT/bench_kda_profile_flip.json")
   (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 120)
   ;;
 more)

@@ -63,8 +63,9 @@ def _signature(name: str) -> tuple:
                      DINV=ct.SCORES2_DIAG_INV, SPANS=ct.INTRA_SPAN_FROM_PREP)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
-        args += [("ht", f32), ("sc0", i32), ("snc", i32)]
-        fn, extra = ct._state_kernel, dict(BV=ct.STATE_BV or 16, HAS_H0=True, FP32=False)  # None: 16 here
+        args += [("ht", f32), ("sc0", i32), ("snc", i32), ("qg", bf), ("Aqk", bf), ("o", bf)] + tab
+        fn, extra = ct._state_kernel, dict(BV=ct.STATE_BV or 16, HAS_H0=True, FP32=False,  # None: 16 here
+                                           OUT=ct.STATE_OUT, STORE=not ct.STATE_OUT)  # (the inference forward's)
     else:
         args = [(n, bf) for n in "qg h Aqk vn o".split()] + tab
         fn, extra = ct._output_kernel, dict(BV=ct.OUT_BV, FP32=False, HEADS_FIRST=ct.OUT_HEADS_FIRST)

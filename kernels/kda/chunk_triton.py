@@ -179,6 +179,23 @@ def _prep_kernel(
 
 
 @triton.jit
+def _chunk_out(qg_ptr, Aqk_ptr, o_ptr, bos, n, sc, i_hv, h, vn, rows, ck, cv, kmask, vmask, HV: tl.constexpr,
+               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, FP32: tl.constexpr):
+    """One chunk's output columns ``cv``: ``O = qg h + tril(Aqk) Vnew`` with ``h`` [BK, BV] the state entering the
+    chunk and ``vn`` [C, BV] its Vnew (both in the scratch dtype), stored in token layout (rows past ``n`` not)."""
+    qg = tl.load(qg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
+    a = tl.load(
+        Aqk_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :], mask=rows[:, None] >= rows[None, :], other=0.0
+    )
+    o = _mm(qg, h, FP32) + _mm(a, vn, FP32)
+    tl.store(
+        o_ptr + (bos + rows)[:, None] * (HV * V) + i_hv * V + cv[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        mask=(rows < n)[:, None] & vmask[None, :],
+    )
+
+
+@triton.jit
 def _state_kernel(
     W_ptr,
     U_ptr,
@@ -190,6 +207,11 @@ def _state_kernel(
     ht_ptr,
     sc0_ptr,
     snc_ptr,
+    qg_ptr,
+    Aqk_ptr,
+    o_ptr,
+    cbos_ptr,
+    clen_ptr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -198,18 +220,30 @@ def _state_kernel(
     C: tl.constexpr,
     HAS_H0: tl.constexpr,
     FP32: tl.constexpr,
+    OUT: tl.constexpr = False,
+    STORE: tl.constexpr = True,
 ):
+    """The sequential pass of one (sequence, value head, block of value columns): per chunk, h (the state entering
+    it) and ``Vnew = U - W h`` stored (``STORE``), then the state carried on; the final state. ``OUT``: also the
+    chunk's output (:func:`_chunk_out`, what ``_output_kernel`` does from the stored h and Vnew), so that inference
+    (``STORE`` off) writes neither."""
     i_nh, i_hv, c0, nc, rows, ck, cv, kmask, vmask, smask, s_off = _state_program(sc0_ptr, snc_ptr, HV, K, V, BK, BV, C)
     S = _load_state(h0_ptr, i_nh, s_off, smask, HAS_H0, K, V, BK, BV)
     for c in range(0, nc):
         sc = (c0 + c).to(tl.int64) * HV + i_hv
         Sd = S.to(h_ptr.dtype.element_ty)
-        tl.store(h_ptr + sc * (K * V) + s_off, Sd, mask=smask)
+        if STORE:
+            tl.store(h_ptr + sc * (K * V) + s_off, Sd, mask=smask)
         w = tl.load(W_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
         u = tl.load(U_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], mask=vmask[None, :], other=0.0)
         vn = u.to(tl.float32) - _mm(w, Sd, FP32)
         vnd = vn.to(vn_ptr.dtype.element_ty)
-        tl.store(vn_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], vnd, mask=vmask[None, :])
+        if STORE:
+            tl.store(vn_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], vnd, mask=vmask[None, :])
+        if OUT:
+            bos = tl.load(cbos_ptr + c0 + c).to(tl.int64)
+            n = tl.load(clen_ptr + c0 + c)
+            _chunk_out(qg_ptr, Aqk_ptr, o_ptr, bos, n, sc, i_hv, Sd, vnd, rows, ck, cv, kmask, vmask, HV, K, V, C, FP32)
         kg = tl.load(kg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
         gl = tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)
         S = S * tl.exp(gl)[:, None] + _mm(tl.trans(kg), vnd, FP32)
@@ -244,18 +278,9 @@ def _output_kernel(
     cv = i_v * BV + tl.arange(0, BV)
     kmask = ck < K
     vmask = cv < V
-    qg = tl.load(qg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
     h = tl.load(h_ptr + sc * (K * V) + ck[:, None] * V + cv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
-    a = tl.load(
-        Aqk_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :], mask=rows[:, None] >= rows[None, :], other=0.0
-    )
     vn = tl.load(vn_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], mask=vmask[None, :], other=0.0)
-    o = _mm(qg, h, FP32) + _mm(a, vn, FP32)
-    tl.store(
-        o_ptr + (bos + rows)[:, None] * (HV * V) + i_hv * V + cv[None, :],
-        o.to(o_ptr.dtype.element_ty),
-        mask=(rows < n)[:, None] & vmask[None, :],
-    )
+    _chunk_out(qg_ptr, Aqk_ptr, o_ptr, bos, n, sc, i_hv, h, vn, rows, ck, cv, kmask, vmask, HV, K, V, C, FP32)
 
 
 def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.device):
@@ -299,6 +324,10 @@ WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 STATE_BV: int | None = None
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
+# True: the state pass also writes the output (no output kernel; without gradients it stores neither h nor Vnew,
+# which only the output kernel and the backward read: 2 x 134 MB of h traffic and 2 x 67 MB of Vnew at 1 x 8192 x 32
+# bf16). Interpreter-tested, not yet timed on a GPU (session 26), so off
+STATE_OUT = False
 OUT_WARPS = 4
 # grid order of the per-(chunk, value head) kernels (state_common.chunk_head_grid): heads first, the programs running
 # together read whole token rows of q, k, v, g and write neighbouring slabs; chunks first (False), a head's rows of
@@ -370,7 +399,8 @@ def _qk_rows(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool = True) -> KDAFwdState:
     """Run the forward kernels (prep, scores + solve + W/U, state pass, output) and return every intermediate.
     ``keep_u=False`` (inference): the state pass writes Vnew over U (same rows and columns, read before written by
-    the same program), so the returned ``U`` is Vnew and one [NC, HV, C, V] scratch tensor is saved."""
+    the same program), so the returned ``U`` is Vnew and one [NC, HV, C, V] scratch tensor is saved; with
+    ``STATE_OUT`` it writes neither h nor Vnew (the returned h and U are then not filled)."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -494,6 +524,11 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         ht,
         s0,
         snc,
+        qg,
+        Aqk,
+        o,
+        cbos,
+        clen,
         HV=HV,
         K=K,
         V=V,
@@ -502,10 +537,12 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         C=CHUNK,
         HAS_H0=initial_state is not None,
         FP32=fp32,
+        OUT=STATE_OUT,
+        STORE=keep_u or not STATE_OUT,
         num_warps=STATE_LAUNCH[0],
         num_stages=STATE_LAUNCH[1],
     )
-    if nch:
+    if nch and not STATE_OUT:
         bvo = min(BV, OUT_BV)
         grid, hf = chunk_head_grid(nch, HV, OUT_HEADS_FIRST, lead=(triton.cdiv(V, bvo),))
         _output_kernel[grid](

@@ -47,8 +47,12 @@ def test_triton_fp32_vs_oracle(T, H, HV, K, V, gate, h0):
         assert_rel_rms(res[1], S, 1e-5, f"{fn.__name__} state")
 
 
-@pytest.mark.parametrize("fn", [chunk_kda, fused_recurrent_kda])
-def test_triton_varlen_gate_l2_and_backward(fn):
+@pytest.mark.parametrize("fn,state_out", [(chunk_kda, False), (chunk_kda, True), (fused_recurrent_kda, False)])
+def test_triton_varlen_gate_l2_and_backward(monkeypatch, fn, state_out):
+    """``state_out``: ``STATE_OUT`` (the state pass writes the output; training keeps h and Vnew for the backward)."""
+    from kernels.kda import chunk_triton
+
+    monkeypatch.setattr(chunk_triton, "STATE_OUT", state_out)
     H, K, V = 1, 16, 16  # sequence lengths 1, 66, 9
     cu = torch.tensor([0, 1, 67, 76], dtype=torch.int32)
     q, k, v, raw, beta, s0 = make_inputs(1, 76, H, H, K, V, h0=True, N=3)
@@ -270,7 +274,8 @@ def test_triton_l2_gate_several_k_tiles():
 
 
 @pytest.mark.parametrize("consts", [dict(PREP_BK=16, WU_B=16), dict(INTRA_SPAN_MAX=-1.0, SCORES2_BK=32),
-                                    dict(INTRA_SPAN_FROM_PREP=True, SCORES2_BK=32),
+                                    dict(INTRA_SPAN_FROM_PREP=True, SCORES2_BK=32), dict(STATE_OUT=True),
+                                    dict(STATE_OUT=True, STATE_BV=16),
                                     dict(INTRA_SPAN_FROM_PREP=True, PREP_BK=16, INTRA_SPAN_MAX=20.0),
                                     dict(PREP_BK=64), dict(STATE_BV=16), dict(SCORES2_DIAG_INV=0),
                                     dict(PREP_HEADS_FIRST=False, SCORES2_HEADS_FIRST=False, OUT_HEADS_FIRST=False)])
