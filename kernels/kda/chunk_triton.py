@@ -324,11 +324,11 @@ WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 STATE_BV: int | None = None
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
+OUT_WARPS = 4
 # True: the state pass also writes the output (no output kernel; without gradients it stores neither h nor Vnew,
 # which only the output kernel and the backward read: 2 x 134 MB of h traffic and 2 x 67 MB of Vnew at 1 x 8192 x 32
 # bf16). Interpreter-tested, not yet timed on a GPU (session 26), so off
 STATE_OUT = False
-OUT_WARPS = 4
 # grid order of the per-(chunk, value head) kernels (state_common.chunk_head_grid): heads first, the programs running
 # together read whole token rows of q, k, v, g and write neighbouring slabs; chunks first (False), a head's rows of
 # neighbouring chunks (the order before session 23). H200, session 23 call2 (sweep_kda_fwd), forward chunks first ->
@@ -420,7 +420,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     vn = torch.empty_like(U) if keep_u else U
     Aqk = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=sdt, device=dev)
     gl = torch.empty(nc1, HV, K, dtype=torch.float32, device=dev)
-    h = torch.empty(nc1, HV, K, V, dtype=sdt, device=dev)
+    # (with STATE_OUT the inference forward stores no h: a stand-in that only gives the kernel h's dtype)
+    h = torch.empty(1 if STATE_OUT and not keep_u else (nc1, HV, K, V), dtype=sdt, device=dev)
     dummy = torch.zeros(1, dtype=torch.float32, device=dev)
     G = torch.empty(nc1, HV, CHUNK, K, dtype=torch.float32, device=dev)
     Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev)
