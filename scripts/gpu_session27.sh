@@ -5,9 +5,9 @@
 #       [64, 16] cross-warp reduction) and the state pass writing the output (STATE_OUT: no output kernel), against
 #       the default at 1x8192x32 and 2x16384x16 with the benchmark's gates and at the model's 8x4096x6 with its gates
 #       and fp32 beta; the forward-only kernels' profile with STATE_OUT; the KDA GPU tests in a copy with both on.
-#   bash scripts/gpu_session27.sh more    call2 (if call1's sweeps favour INTRA_SPAN_FROM_PREP; edit the sed lines for
-#       what won): the five shapes against fla with it on, and the small hybrid's step profile with it off / on,
-#       interleaved twice.
+#   bash scripts/gpu_session27.sh more    call2 (if call1's sweeps favour the options; drop the flipped_tree pair of
+#       one that lost): the five shapes against fla with them on, and the small hybrid's step profile with them off /
+#       on, interleaved twice.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -28,12 +28,13 @@ first)
   ;;
 more)
   install_fla
-  flipped_tree kernels/kda/chunk_triton.py 's/^INTRA_SPAN_FROM_PREP = False/INTRA_SPAN_FROM_PREP = True/'
-  mkdir -p "$OUT"/span_prep "$OUT"/default_1 "$OUT"/default_2 "$OUT"/span_prep_1 "$OUT"/span_prep_2
-  (cd /tmp/flip && OUT=$OUT/span_prep PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} bench_five 140)
+  flipped_tree kernels/kda/chunk_triton.py 's/^INTRA_SPAN_FROM_PREP = False/INTRA_SPAN_FROM_PREP = True/' \
+    kernels/kda/chunk_triton.py 's/^STATE_OUT = False/STATE_OUT = True/'
+  mkdir -p "$OUT"/options "$OUT"/default_1 "$OUT"/default_2 "$OUT"/options_1 "$OUT"/options_2
+  (cd /tmp/flip && OUT=$OUT/options PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} bench_five 140)
   for round in 1 2; do
     OUT=$OUT/default_$round backbone_profile 70
-    (cd /tmp/flip && OUT=$OUT/span_prep_$round PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} backbone_profile 70)
+    (cd /tmp/flip && OUT=$OUT/options_$round PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} backbone_profile 70)
   done
   ;;
 esac
