@@ -14,15 +14,13 @@
 #   bash scripts/gpu_session26.sh final   call4: the pair kernel's unroll at the model's shape with beta in fp32, as the
 #       model passes it (is beta's dtype why the benchmark and the model disagree?); the committed defaults: KDA GPU
 #       tests and the five shapes against fla.
-#   bash scripts/gpu_session26.sh probe   call6 (the last ~90 s of device time): the two forward options prepared after
-#       call5 (INTRA_SPAN_FROM_PREP, STATE_OUT) against the default at 1x8192x32, no fla.
 #   bash scripts/gpu_session26.sh check   call5: the unroll now chosen by beta's dtype (1 for 16-bit, 4 for fp32): the
 #       default against the other choice at the model's shape with each beta dtype; the KDA GPU tests.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session26.sh first|span|unroll|final|check|probe}" in
+case "${1:?usage: gpu_session26.sh first|span|unroll|final|check}" in
 first)
   install_fla
   settings="pair per chunk,pair per chunk w8,pair per chunk s2,pair unroll 1,default again"
@@ -75,9 +73,6 @@ check)
       --only "$other,default again" --out "$OUT/bwd_8x4096x6_init_$beta/sweep_kda_bwd.json"
   done
   kda_tests 100
-  ;;
-probe)
-  fwd_sweep 1x8192x32 75 "span from prep,state out"
   ;;
 esac
 ls -la "$OUT"
