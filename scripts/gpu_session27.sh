@@ -8,11 +8,14 @@
 #   bash scripts/gpu_session27.sh more    call2 (if call1's sweeps favour the options; drop the flipped_tree pair of
 #       one that lost): the five shapes against fla with them on, and the small hybrid's step profile with them off /
 #       on, interleaved twice.
+#   bash scripts/gpu_session27.sh bwd     the reverse state pass storing dH in bf16 (BWD_DH_16BIT, prepared in session
+#       26, interpreter-tested only) at 1x8192x32 and at the model's shape, gates and beta dtype; the KDA GPU tests in
+#       a copy with it on.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session27.sh first|more}" in
+case "${1:?usage: gpu_session27.sh first|more|bwd}" in
 first)
   install_fla
   settings="span from prep,state out,state out bv16,state out bv64,span from prep + state out,default again"
@@ -36,6 +39,12 @@ more)
     OUT=$OUT/default_$round backbone_profile 70
     (cd /tmp/flip && OUT=$OUT/options_$round PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} backbone_profile 70)
   done
+  ;;
+bwd)
+  bwd_sweep 1x8192x32 120 "state dh16,default again"
+  bwd_sweep 8x4096x6 100 "state dh16,default again" init fp32
+  flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_DH_16BIT = False/BWD_DH_16BIT = True/'
+  (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 120)
   ;;
 esac
 ls -la "$OUT"

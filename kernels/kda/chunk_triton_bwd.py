@@ -33,6 +33,11 @@ from kernels.kda.state_common import _load_state, _mm, _state_program, state_blo
 # (a fixed 32 before session 22; 16 was slower at both shapes swept)
 BWD_STATE_BV: int | None = None
 BWD_STATE_BV_CHOICES = (64, 32)
+# True: the reverse state pass stores dH (the state gradient entering each chunk, read once by the inter kernel) in
+# the 16-bit inputs' dtype instead of fp32, as fla stores its dh (half of 268 MB written and read at 1 x 8192 x 32;
+# fla's chunk_gated_delta_rule_bwd_kernel_dhu took 0.214 ms against our 0.363, session 25 call2). Interpreter-tested,
+# not yet timed on a GPU (session 26), so off; fp32 inputs always keep fp32
+BWD_DH_16BIT = False
 
 
 @triton.jit
@@ -65,7 +70,7 @@ def _bwd_state_kernel(
     for i in range(0, nc):
         c = c0 + nc - 1 - i
         sc = c.to(tl.int64) * HV + i_hv
-        tl.store(dH_ptr + sc * (K * V) + s_off, dS, mask=smask)
+        tl.store(dH_ptr + sc * (K * V) + s_off, dS.to(dH_ptr.dtype.element_ty), mask=smask)
         bos = tl.load(cbos_ptr + c).to(tl.int64)
         n = tl.load(clen_ptr + c)
         do = tl.load(
@@ -432,7 +437,8 @@ def _bwd_inter_kernel(
 
 
 def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
-    """Reverse pass on the GPU (or interpreter): (dVnew [NC,HV,C,V] fp32, dH [NC,HV,K,V] fp32, dh0 [N,HV,K,V] fp32).
+    """Reverse pass on the GPU (or interpreter): (dVnew [NC,HV,C,V] fp32, dH [NC,HV,K,V] fp32 (16-bit inputs with
+    ``BWD_DH_16BIT``: their dtype), dh0 [N,HV,K,V] fp32).
 
     ``st`` is a ``KDAFwdState`` (scratch dtype tensors); do ``[B, T, HV, V]`` in the token layout; dht or None.
     """
@@ -442,7 +448,7 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     dev = do.device
     fp32 = st.qg.dtype == torch.float32
     do = do.contiguous()
-    dH = torch.empty(NC, HV, K, V, dtype=torch.float32, device=dev)
+    dH = torch.empty(NC, HV, K, V, dtype=st.qg.dtype if BWD_DH_16BIT else torch.float32, device=dev)
     dvn = torch.empty(NC, HV, C, V, dtype=torch.float32, device=dev)
     dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     BK = max(16, triton.next_power_of_2(K))
