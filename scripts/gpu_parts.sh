@@ -161,21 +161,23 @@ flipped_tree() {  # file sed-expression...: a copy of the tree at /tmp/flip with
   done
 }
 
-kda_sweep() {  # fwd|bwd shape limit_s settings [gates [beta]]: sweep_kda_<fwd|bwd>.py of those settings and the
-  # default (with --gates / --beta when given) into $OUT/<fwd|bwd>_<shape>[_<gates>][_beta<beta>]
+kda_sweep() {  # fwd|bwd shape limit_s settings [gates [beta [args...]]]: sweep_kda_<fwd|bwd>.py of those settings
+  # and the default (with --gates / --beta when not empty, and further args) into
+  # $OUT/<fwd|bwd>_<shape>[_<gates>][_beta<beta>]
   local kind=$1 shape=$2 limit=$3 settings=$4 gates=${5:-} beta=${6:-}
+  local extra=("${@:7}")
   local dir=$OUT/${kind}_$shape${gates:+_$gates}${beta:+_beta$beta}
   mkdir -p "$dir"
   PART_TAIL=16 part "sweep_kda_$kind at $shape${gates:+, --gates $gates}${beta:+ --beta $beta}: $settings" "$limit" \
     python3 "kernels/benchmarks/sweep_kda_$kind.py" --shape "$shape" ${gates:+--gates "$gates"} \
-    ${beta:+--beta "$beta"} --only "$settings" --out "$dir/sweep_kda_$kind.json"
+    ${beta:+--beta "$beta"} --only "$settings" --out "$dir/sweep_kda_$kind.json" "${extra[@]}"
 }
 
-bwd_sweep() {  # shape limit_s settings [gates [beta]]: kda_sweep bwd
+bwd_sweep() {  # shape limit_s settings [gates [beta [args...]]]: kda_sweep bwd
   kda_sweep bwd "$@"
 }
 
-fwd_sweep() {  # shape limit_s settings [gates [beta]]: kda_sweep fwd
+fwd_sweep() {  # shape limit_s settings [gates [beta [args...]]]: kda_sweep fwd
   kda_sweep fwd "$@"
 }
 

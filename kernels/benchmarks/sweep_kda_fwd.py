@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated setting names (default: all)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sweep_kda_fwd.json"))
     ap.add_argument("--best-out", default=None, help="write the fastest setting within 2%% of the lowest o error")
+    ap.add_argument("--no-fla", action="store_true", help="skip fla (it autotunes for minutes at a new head count)")
     add_gates_arg(ap)
     args = ap.parse_args()
     use_gates(args.gates, args.beta)
@@ -114,6 +115,8 @@ def main() -> None:
     res: dict = {"gpu": torch.cuda.get_device_name(), "shape": args.shape, "gates": args.gates, "beta": args.beta,
                  "settings": {}}
     try:
+        if args.no_fla:
+            raise RuntimeError("skipped: --no-fla")
         call("fla", xs)
         res["fla_fwd_ms"] = bench(lambda: call("fla", xs))
         res["fla_fwd_host_ms"] = host_ms(lambda: call("fla", xs))
