@@ -49,12 +49,16 @@ def test_kda_constants_parse_set_and_restore(tmp_path, monkeypatch):
 @pytest.mark.parametrize("sweep", ["sweep_kda_fwd", "sweep_kda_bwd"])
 def test_sweep_settings_name_existing_constants(sweep):
     """Every setting of the KDA sweeps names constants the kernel modules still define (a removed constant would
-    otherwise fail only on the GPU, in the middle of a sweep)."""
+    otherwise fail only on the GPU, in the middle of a sweep), under distinct names without a comma (``--only``
+    splits its list at commas)."""
     from kernels.benchmarks.bench_kda import kda_constants
 
     settings = importlib.import_module(f"kernels.benchmarks.{sweep}").SETTINGS
     assert settings
-    for _name, consts, *_launch in settings:  # sweep_kda_bwd's third item: BWD_LAUNCH overrides
+    names = [name for name, *_ in settings]
+    assert len(set(names)) == len(names), "two settings share a name"
+    for name, consts, *_launch in settings:  # sweep_kda_bwd's third item: BWD_LAUNCH overrides
+        assert "," not in name, name
         with kda_constants(consts):
             pass
 
