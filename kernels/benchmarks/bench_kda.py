@@ -39,7 +39,7 @@ SHAPES = ["1x8192x32", "4x4096x32", "1x32768x16", "8x2048x16", "2x16384x16"]
 K = V = 128
 C = 64
 # the gates' distribution (``--gates``). "bench": raw gates N(0, 1), A_log = log U(1, 16), dt_bias N(-3, 0.5^2); at
-# 1x8192x32 29% of (chunk, head) pairs hold a K tile too sharp for the fast diagonal path. "init": a model's KDA layer
+# 1x8192x32 24% of (chunk, head) pairs hold a K tile too sharp for the fast diagonal path. "init": a model's KDA layer
 # at initialisation, as kimi_vl's kda_init_values draws it (dt_bias = softplus^-1(dt), dt ~ logU(1e-3, 1e-1)), raw
 # gates N(0, 0.125^2), the small flavor's f_b f_a projection spread; no sharp tile (scripts/kda_gate_spans.py)
 GATES = "bench"

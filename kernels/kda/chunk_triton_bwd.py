@@ -569,8 +569,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         num_stages=BWD_LAUNCH["dy"][1],
     )
     S = 16
-    grid = (nkt_pair, C // S, NC * HV)
-    _bwd_intra_pair_kernel[grid](
+    _bwd_intra_pair_kernel[(nkt_pair, C // S, NC * HV)](
         q,
         k,
         beta,
