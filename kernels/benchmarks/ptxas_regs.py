@@ -48,24 +48,22 @@ def _signature(name: str) -> tuple:
     tab = [("cbos", i32), ("clen", i32)]
     if name == "prep":
         args = [("q", bf), ("k", bf), ("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32")] + tab
-        args += [("G", f32), ("gl", f32), ("rq", f32), ("rk", f32), ("E", bf), ("spans", f32)]
+        args += [("G", f32), ("gl", f32), ("rq", f32), ("rk", f32), ("E", bf)]
         fn = ct._prep_kernel
         extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=True, SUFFIX=False,
-                     HEADS_FIRST=ct.PREP_HEADS_FIRST, SPANS=ct.INTRA_SPAN_FROM_PREP)
+                     HEADS_FIRST=ct.PREP_HEADS_FIRST)
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
-        args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf), ("qg", bf), ("kg", bf),
-                 ("spans", f32)]
+        args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf), ("qg", bf), ("kg", bf)]
         args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
         extra = dict(QS=32 * 128, H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
                      DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False, HEADS_FIRST=ct.SCORES2_HEADS_FIRST,
-                     DINV=ct.SCORES2_DIAG_INV, SPANS=ct.INTRA_SPAN_FROM_PREP)
+                     DINV=ct.SCORES2_DIAG_INV)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
-        args += [("ht", f32), ("sc0", i32), ("snc", i32), ("qg", bf), ("Aqk", bf), ("o", bf)] + tab
-        fn, extra = ct._state_kernel, dict(BV=ct.STATE_BV or 16, HAS_H0=True, FP32=False,  # None: 16 here
-                                           OUT=ct.STATE_OUT, STORE=not ct.STATE_OUT)  # (the inference forward's)
+        args += [("ht", f32), ("sc0", i32), ("snc", i32)]
+        fn, extra = ct._state_kernel, dict(BV=ct.STATE_BV or 16, HAS_H0=True, FP32=False)  # None: 16 here
     else:
         args = [(n, bf) for n in "qg h Aqk vn o".split()] + tab
         fn, extra = ct._output_kernel, dict(BV=ct.OUT_BV, FP32=False, HEADS_FIRST=ct.OUT_HEADS_FIRST)

@@ -73,11 +73,6 @@ SETTINGS = [
     ("prep bk64 w8", {"PREP_BK": 64, "PREP_LAUNCH": (8, 2)}),
     ("prep bk16", {"PREP_BK": 16}),
     ("scores diag substitution", {"SCORES2_DIAG_INV": 0}),
-    ("span from prep", {"INTRA_SPAN_FROM_PREP": True}),
-    ("state out", {"STATE_OUT": True}),
-    ("state out bv16", {"STATE_OUT": True, "STATE_BV": 16}),
-    ("state out bv64", {"STATE_OUT": True, "STATE_BV": 64}),
-    ("span from prep + state out", {"INTRA_SPAN_FROM_PREP": True, "STATE_OUT": True}),
     ("default again", {}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
 ]

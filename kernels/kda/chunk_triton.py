@@ -84,17 +84,14 @@ def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS: tl.con
 
 
 @triton.jit
-def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, span_ptr, bos, rows, rm, sc, i_hv, k0,
-                    HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BKP: tl.constexpr, GATE: tl.constexpr,
-                    LOWER: tl.constexpr, HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr, SPANS: tl.constexpr):
-    """One key-column tile (``BKP`` columns from ``k0``) of the chunk: the gate of raw g (or g as given),
-    G = cumsum(g) and G_last stored; with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``; with
-    ``SPANS`` each 16-column group's largest span of G inside a 16-row sub-block (max - min over the sub-block's
-    rows, whatever g's sign) into ``span_ptr [chunk x value head, cdiv(K, 16)]``, for the scores kernel's choice of
-    diagonal path. G_last is G's last row, stored by the threads that hold it (rows past a short chunk's end hold
-    g = 0, so the last row is the chunk's total). Until session 24 it was a column sum of g: the cross-warp
-    reduction took the kernel from 56 to 72 registers and from 0.117 to 0.156 ms at 1 x 8192 x 32 (H200, call2)."""
-    ck = k0 + tl.arange(0, BKP)
+def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
+                    HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
+                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
+    """One key-column tile ``ck`` of the chunk: the gate of raw g (or g as given), G = cumsum(g) and G_last stored;
+    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``. G_last is G's last row, stored by the
+    threads that hold it (rows past a short chunk's end hold g = 0, so the last row is the chunk's total). Until
+    session 24 it was a column sum of g: the cross-warp reduction took the kernel from 56 to 72 registers and
+    from 0.117 to 0.156 ms at 1 x 8192 x 32 (H200, call2)."""
     cm = ck < K
     m = rm[:, None] & cm[None, :]
     g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
@@ -112,13 +109,6 @@ def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, span_ptr
     tl.store(G_ptr + off, G, mask=cm[None, :])
     if SUFFIX:
         tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
-    if SPANS:
-        NGT: tl.constexpr = BKP // 16
-        NG: tl.constexpr = (K + 15) // 16
-        Gb = tl.reshape(G, (C // 16, 16, NGT, 16))  # [sub-block, row, column group, column]
-        span = tl.max(tl.max(tl.max(Gb, 1) - tl.min(Gb, 1), 2), 0)  # [NGT]
-        grp = k0 // 16 + tl.arange(0, NGT)
-        tl.store(span_ptr + sc * NG + grp, span, mask=grp < NG)
 
 
 @triton.jit
@@ -136,7 +126,6 @@ def _prep_kernel(
     rq_ptr,
     rk_ptr,
     E_ptr,
-    span_ptr,
     QS: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -149,7 +138,6 @@ def _prep_kernel(
     L2: tl.constexpr,
     SUFFIX: tl.constexpr,
     HEADS_FIRST: tl.constexpr = False,
-    SPANS: tl.constexpr = False,
 ):
     """Per (chunk, value head): inverse row norms of q, k (L2, a first pass over K), then K tile by K tile the gate,
     G = cumsum(g) (fp32) and G_last; q and k tokens ``QS`` elements apart. (qg and kg come from the scores kernel's
@@ -174,25 +162,8 @@ def _prep_kernel(
     if L2:
         _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
     for k0 in range(0, K, BKP):
-        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, span_ptr, bos, rows, rm, sc, i_hv, k0,
-                        HV, K, C, BKP, GATE, LOWER, HAS_DTB, SUFFIX, SPANS)
-
-
-@triton.jit
-def _chunk_out(qg_ptr, Aqk_ptr, o_ptr, bos, n, sc, i_hv, h, vn, rows, ck, cv, kmask, vmask, HV: tl.constexpr,
-               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, FP32: tl.constexpr):
-    """One chunk's output columns ``cv``: ``O = qg h + tril(Aqk) Vnew`` with ``h`` [BK, BV] the state entering the
-    chunk and ``vn`` [C, BV] its Vnew (both in the scratch dtype), stored in token layout (rows past ``n`` not)."""
-    qg = tl.load(qg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
-    a = tl.load(
-        Aqk_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :], mask=rows[:, None] >= rows[None, :], other=0.0
-    )
-    o = _mm(qg, h, FP32) + _mm(a, vn, FP32)
-    tl.store(
-        o_ptr + (bos + rows)[:, None] * (HV * V) + i_hv * V + cv[None, :],
-        o.to(o_ptr.dtype.element_ty),
-        mask=(rows < n)[:, None] & vmask[None, :],
-    )
+        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
+                        k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
 
 
 @triton.jit
@@ -207,11 +178,6 @@ def _state_kernel(
     ht_ptr,
     sc0_ptr,
     snc_ptr,
-    qg_ptr,
-    Aqk_ptr,
-    o_ptr,
-    cbos_ptr,
-    clen_ptr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -220,30 +186,18 @@ def _state_kernel(
     C: tl.constexpr,
     HAS_H0: tl.constexpr,
     FP32: tl.constexpr,
-    OUT: tl.constexpr = False,
-    STORE: tl.constexpr = True,
 ):
-    """The sequential pass of one (sequence, value head, block of value columns): per chunk, h (the state entering
-    it) and ``Vnew = U - W h`` stored (``STORE``), then the state carried on; the final state. ``OUT``: also the
-    chunk's output (:func:`_chunk_out`, what ``_output_kernel`` does from the stored h and Vnew), so that inference
-    (``STORE`` off) writes neither."""
     i_nh, i_hv, c0, nc, rows, ck, cv, kmask, vmask, smask, s_off = _state_program(sc0_ptr, snc_ptr, HV, K, V, BK, BV, C)
     S = _load_state(h0_ptr, i_nh, s_off, smask, HAS_H0, K, V, BK, BV)
     for c in range(0, nc):
         sc = (c0 + c).to(tl.int64) * HV + i_hv
         Sd = S.to(h_ptr.dtype.element_ty)
-        if STORE:
-            tl.store(h_ptr + sc * (K * V) + s_off, Sd, mask=smask)
+        tl.store(h_ptr + sc * (K * V) + s_off, Sd, mask=smask)
         w = tl.load(W_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
         u = tl.load(U_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], mask=vmask[None, :], other=0.0)
         vn = u.to(tl.float32) - _mm(w, Sd, FP32)
         vnd = vn.to(vn_ptr.dtype.element_ty)
-        if STORE:
-            tl.store(vn_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], vnd, mask=vmask[None, :])
-        if OUT:
-            bos = tl.load(cbos_ptr + c0 + c).to(tl.int64)
-            n = tl.load(clen_ptr + c0 + c)
-            _chunk_out(qg_ptr, Aqk_ptr, o_ptr, bos, n, sc, i_hv, Sd, vnd, rows, ck, cv, kmask, vmask, HV, K, V, C, FP32)
+        tl.store(vn_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], vnd, mask=vmask[None, :])
         kg = tl.load(kg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
         gl = tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)
         S = S * tl.exp(gl)[:, None] + _mm(tl.trans(kg), vnd, FP32)
@@ -278,9 +232,18 @@ def _output_kernel(
     cv = i_v * BV + tl.arange(0, BV)
     kmask = ck < K
     vmask = cv < V
+    qg = tl.load(qg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
     h = tl.load(h_ptr + sc * (K * V) + ck[:, None] * V + cv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
+    a = tl.load(
+        Aqk_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :], mask=rows[:, None] >= rows[None, :], other=0.0
+    )
     vn = tl.load(vn_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], mask=vmask[None, :], other=0.0)
-    _chunk_out(qg_ptr, Aqk_ptr, o_ptr, bos, n, sc, i_hv, h, vn, rows, ck, cv, kmask, vmask, HV, K, V, C, FP32)
+    o = _mm(qg, h, FP32) + _mm(a, vn, FP32)
+    tl.store(
+        o_ptr + (bos + rows)[:, None] * (HV * V) + i_hv * V + cv[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        mask=(rows < n)[:, None] & vmask[None, :],
+    )
 
 
 def _tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.device):
@@ -314,10 +277,6 @@ INTRA_SPAN_MAX = 60.0
 # call5: scores kernel 0.642 -> 0.562 ms at 1 x 8192 x 32, 1.259 -> 1.108 at 2 x 16384 x 16; the identity in their
 # place (a timing probe, call4) 0.496 against 0.608
 SCORES2_DIAG_INV = 1
-# True: the prep kernel stores each (chunk, head, 16 key columns)'s largest span inside a sub-block and the scores
-# kernel reads it (a scalar load a K tile) instead of reducing its [64, 16] tile across warps (~0.11 ms of 0.55 at
-# 1 x 8192 x 32, session 24's probe). Interpreter-tested, not yet timed on a GPU (session 26), so off
-INTRA_SPAN_FROM_PREP = False
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -325,10 +284,6 @@ STATE_BV: int | None = None
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
 OUT_WARPS = 4
-# True: the state pass also writes the output (no output kernel; without gradients it stores neither h nor Vnew,
-# which only the output kernel and the backward read: 2 x 134 MB of h traffic and 2 x 67 MB of Vnew at 1 x 8192 x 32
-# bf16). Interpreter-tested, not yet timed on a GPU (session 26), so off
-STATE_OUT = False
 # grid order of the per-(chunk, value head) kernels (state_common.chunk_head_grid): heads first, the programs running
 # together read whole token rows of q, k, v, g and write neighbouring slabs; chunks first (False), a head's rows of
 # neighbouring chunks (the order before session 23). H200, session 23 call2 (sweep_kda_fwd), forward chunks first ->
@@ -399,8 +354,7 @@ def _qk_rows(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool = True) -> KDAFwdState:
     """Run the forward kernels (prep, scores + solve + W/U, state pass, output) and return every intermediate.
     ``keep_u=False`` (inference): the state pass writes Vnew over U (same rows and columns, read before written by
-    the same program), so the returned ``U`` is Vnew and one [NC, HV, C, V] scratch tensor is saved; with
-    ``STATE_OUT`` it writes neither h nor Vnew (the returned h and U are then not filled)."""
+    the same program), so the returned ``U`` is Vnew and one [NC, HV, C, V] scratch tensor is saved."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -420,14 +374,12 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     vn = torch.empty_like(U) if keep_u else U
     Aqk = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=sdt, device=dev)
     gl = torch.empty(nc1, HV, K, dtype=torch.float32, device=dev)
-    # (with STATE_OUT the inference forward stores no h: a stand-in that only gives the kernel h's dtype)
-    h = torch.empty(1 if STATE_OUT and not keep_u else (nc1, HV, K, V), dtype=sdt, device=dev)
+    h = torch.empty(nc1, HV, K, V, dtype=sdt, device=dev)
     dummy = torch.zeros(1, dtype=torch.float32, device=dev)
     G = torch.empty(nc1, HV, CHUNK, K, dtype=torch.float32, device=dev)
     Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev)
     Akk = Tm  # the solve runs in place
     rq, rk = (torch.empty(nc1, HV, CHUNK, dtype=torch.float32, device=dev) if use_l2 else dummy for _ in range(2))
-    spans = torch.empty(nc1, HV, triton.cdiv(K, 16), dtype=torch.float32, device=dev) if INTRA_SPAN_FROM_PREP else dummy
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     if nch:
@@ -452,7 +404,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             rq_ptr=rq,
             rk_ptr=rk,
             E_ptr=kg,
-            span_ptr=spans,
             QS=qs,
             H=H,
             HV=HV,
@@ -465,7 +416,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             L2=use_l2,
             SUFFIX=suffix,
             HEADS_FIRST=hf,
-            SPANS=INTRA_SPAN_FROM_PREP,
             num_warps=PREP_LAUNCH[0],
             num_stages=PREP_LAUNCH[1],
         )
@@ -487,7 +437,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             U_ptr=U,
             qg_ptr=qg,
             kg_ptr=kg,
-            span_ptr=spans,
             scale=scale,
             QS=qs,
             VS=vs,
@@ -507,7 +456,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             span_max=INTRA_SPAN_MAX,
             HEADS_FIRST=hf,
             DINV=SCORES2_DIAG_INV,
-            SPANS=INTRA_SPAN_FROM_PREP,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),
@@ -525,11 +473,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         ht,
         s0,
         snc,
-        qg,
-        Aqk,
-        o,
-        cbos,
-        clen,
         HV=HV,
         K=K,
         V=V,
@@ -538,12 +481,10 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         C=CHUNK,
         HAS_H0=initial_state is not None,
         FP32=fp32,
-        OUT=STATE_OUT,
-        STORE=keep_u or not STATE_OUT,
         num_warps=STATE_LAUNCH[0],
         num_stages=STATE_LAUNCH[1],
     )
-    if nch and not STATE_OUT:
+    if nch:
         bvo = min(BV, OUT_BV)
         grid, hf = chunk_head_grid(nch, HV, OUT_HEADS_FIRST, lead=(triton.cdiv(V, bvo),))
         _output_kernel[grid](

@@ -35,9 +35,10 @@ BWD_STATE_BV: int | None = None
 BWD_STATE_BV_CHOICES = (64, 32)
 # True: the reverse state pass stores dH (the state gradient entering each chunk, read once by the inter kernel) in
 # the 16-bit inputs' dtype instead of fp32, as fla stores its dh (half of 268 MB written and read at 1 x 8192 x 32;
-# fla's chunk_gated_delta_rule_bwd_kernel_dhu took 0.214 ms against our 0.363, session 25 call2). Interpreter-tested,
-# not yet timed on a GPU (session 26), so off; fp32 inputs always keep fp32
-BWD_DH_16BIT = False
+# fla's chunk_gated_delta_rule_bwd_kernel_dhu took 0.214 ms against our 0.363, session 25 call2). H200, session 27
+# call2 (sweep_kda_bwd): backward 3.157 / 3.165 -> 3.143 ms at 1 x 8192 x 32, 2.467 / 2.471 -> 2.445 at the
+# model's 8 x 4096 x 6 (init gates, fp32 beta); errors against fp64 unchanged to two digits. fp32 inputs keep fp32
+BWD_DH_16BIT = True
 
 
 @triton.jit

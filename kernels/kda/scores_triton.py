@@ -184,7 +184,6 @@ def _scores2_kernel(
     U_ptr,
     qg_ptr,
     kg_ptr,
-    span_ptr,
     scale,
     span_max,
     VS,
@@ -204,7 +203,6 @@ def _scores2_kernel(
     SUFFIX: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
     DINV: tl.constexpr = 1,
-    SPANS: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -241,14 +239,7 @@ def _scores2_kernel(
         R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
         akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
-        if SPANS:  # the prep kernel's span of each 16 key columns: scalar loads, the same in every thread
-            NG: tl.constexpr = (K + 15) // 16
-            span = tl.load(span_ptr + sc * NG + k0 // 16)
-            for j in tl.static_range(1, BKS // 16):
-                span = tl.maximum(span, tl.load(span_ptr + sc * NG + k0 // 16 + j, mask=k0 // 16 + j < NG, other=0.0))
-            fast = span <= span_max
-        else:
-            fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max  # a reduction across warps: see _diag_step
+        fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max  # a reduction across warps: see _diag_step
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
                               loc, ck, n, fast, QS, K, C, S, BKS, L2, DPREC)
     a_off = sc * (C * C) + rows[:, None] * C

@@ -47,12 +47,8 @@ def test_triton_fp32_vs_oracle(T, H, HV, K, V, gate, h0):
         assert_rel_rms(res[1], S, 1e-5, f"{fn.__name__} state")
 
 
-@pytest.mark.parametrize("fn,state_out", [(chunk_kda, False), (chunk_kda, True), (fused_recurrent_kda, False)])
-def test_triton_varlen_gate_l2_and_backward(monkeypatch, fn, state_out):
-    """``state_out``: ``STATE_OUT`` (the state pass writes the output; training keeps h and Vnew for the backward)."""
-    from kernels.kda import chunk_triton
-
-    monkeypatch.setattr(chunk_triton, "STATE_OUT", state_out)
+@pytest.mark.parametrize("fn", [chunk_kda, fused_recurrent_kda])
+def test_triton_varlen_gate_l2_and_backward(fn):
     H, K, V = 1, 16, 16  # sequence lengths 1, 66, 9
     cu = torch.tensor([0, 1, 67, 76], dtype=torch.int32)
     q, k, v, raw, beta, s0 = make_inputs(1, 76, H, H, K, V, h0=True, N=3)
@@ -86,21 +82,19 @@ def test_triton_varlen_gate_l2_and_backward(monkeypatch, fn, state_out):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
-@pytest.mark.parametrize("span_max,from_prep", [(None, False), (-1.0, False), (None, True), (-1.0, True)])
-def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max, from_prep):
+@pytest.mark.parametrize("span_max", [None, -1.0])
+def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
-    and goes pairwise in tiles with sharp ones: one chunk here holds both (16-column tiles: mild, near the span
-    limit, sharp); ``INTRA_SPAN_MAX = -1`` sends every tile pairwise. Both match the oracle; they are different
-    computations (not bit-identical). ``from_prep``: ``INTRA_SPAN_FROM_PREP`` (the prep kernel's spans decide; the
-    sharp tile is in the prep kernel's second 32-column tile, so a span stored at the wrong column group fails)."""
+    and goes pairwise in tiles with sharp ones: one chunk here holds both (16-column tiles: sharp, mild, near the
+    span limit); ``INTRA_SPAN_MAX = -1`` sends every tile pairwise. Both match the oracle; they are different
+    computations (not bit-identical)."""
     from kernels.kda import chunk_triton
 
-    monkeypatch.setattr(chunk_triton, "INTRA_SPAN_FROM_PREP", from_prep)
     if span_max is not None:
         monkeypatch.setattr(chunk_triton, "INTRA_SPAN_MAX", span_max)
     q, k, v, _, beta, s0 = make_inputs(1, 130, 1, 2, 48, 16, h0=True)
     g = torch.cat(
-        [-0.5 * torch.rand(1, 130, 2, 16), -7.5 * torch.rand(1, 130, 2, 16), -30.0 * torch.rand(1, 130, 2, 16)], -1
+        [-30.0 * torch.rand(1, 130, 2, 16), -0.5 * torch.rand(1, 130, 2, 16), -7.5 * torch.rand(1, 130, 2, 16)], -1
     )
     g = g.double()
     o_ref, S_ref = naive_recurrent_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True)
@@ -274,9 +268,6 @@ def test_triton_l2_gate_several_k_tiles():
 
 
 @pytest.mark.parametrize("consts", [dict(PREP_BK=16, WU_B=16), dict(INTRA_SPAN_MAX=-1.0, SCORES2_BK=32),
-                                    dict(INTRA_SPAN_FROM_PREP=True, SCORES2_BK=32), dict(STATE_OUT=True),
-                                    dict(STATE_OUT=True, STATE_BV=16),
-                                    dict(INTRA_SPAN_FROM_PREP=True, PREP_BK=16, INTRA_SPAN_MAX=20.0),
                                     dict(PREP_BK=64), dict(STATE_BV=16), dict(SCORES2_DIAG_INV=0),
                                     dict(PREP_HEADS_FIRST=False, SCORES2_HEADS_FIRST=False, OUT_HEADS_FIRST=False)])
 def test_tile_constants_agree(monkeypatch, consts):
