@@ -11,11 +11,18 @@
 #   bash scripts/gpu_session27.sh bwd     the reverse state pass storing dH in bf16 (BWD_DH_16BIT, prepared in session
 #       26, interpreter-tested only) at 1x8192x32 and at the model's shape, gates and beta dtype; the KDA GPU tests in
 #       a copy with it on.
+#   (first and bwd ran as calls 1 and 2 at c903b64; the two forward options are since removed, BWD_DH_16BIT is the
+#   default and its setting is now "state dh32", so those two modes no longer run as written)
+#   bash scripts/gpu_session27.sh confirm   call3: with dH in bf16 the default, the inter kernel's Vnew dH^T as a bf16
+#       dot (both operands bf16 now) against the tf32 dot of their fp32 copies (a copy with the branch sed'ed off) at
+#       1x8192x32 and the model's shape, interleaved; the KDA GPU tests.
+#   bash scripts/gpu_session27.sh final     call4: the five shapes against fla; the small hybrid's step profile twice;
+#       block AttnRes's step overhead.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session27.sh first|more|bwd}" in
+case "${1:?usage: gpu_session27.sh first|more|bwd|confirm|final}" in
 first)
   install_fla
   settings="span from prep,state out,state out bv16,state out bv64,span from prep + state out,default again"
@@ -39,6 +46,24 @@ more)
     OUT=$OUT/default_$round backbone_profile 70
     (cd /tmp/flip && OUT=$OUT/options_$round PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} backbone_profile 70)
   done
+  ;;
+confirm)
+  mkdir -p "$OUT"/tf32dot
+  flipped_tree kernels/kda/chunk_triton_bwd.py 's/if dH_ptr.dtype.element_ty == vn_ptr.dtype.element_ty:/if False:/'
+  for args in "1x8192x32 100" "8x4096x6 100 init fp32"; do
+    read -r shape limit gates beta <<<"$args"
+    bwd_sweep "$shape" "$limit" "default again" "$gates" "$beta"
+    (cd /tmp/flip && OUT=$OUT/tf32dot PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} \
+      bwd_sweep "$shape" "$limit" "default again" "$gates" "$beta")
+  done
+  kda_tests 120
+  ;;
+final)
+  install_fla
+  mkdir -p "$OUT"/round_1 "$OUT"/round_2
+  bench_five 140
+  for round in 1 2; do OUT=$OUT/round_$round backbone_profile 70; done
+  attnres_step 8 120 30 12
   ;;
 bwd)
   bwd_sweep 1x8192x32 120 "state dh16,default again"

@@ -409,7 +409,10 @@ def _bwd_inter_kernel(
         ).to(h_ptr.dtype.element_ty)
         dgl += tl.sum(dht * ht.to(tl.float32), 1)
         dqg += _mm(do, tl.trans(ht), FP32)
-        dkg += _fdot(vn, tl.trans(dht), PREC)
+        if dH_ptr.dtype.element_ty == vn_ptr.dtype.element_ty:  # (BWD_DH_16BIT, or fp32 inputs)
+            dkg += _mm(vn, tl.trans(dht), FP32)
+        else:
+            dkg += _fdot(vn, tl.trans(dht), PREC)
         dX -= _fdot(dy, tl.trans(ht), PREC)
     m = rmask[:, None] & kmask[None, :]
     qk_off = (bos + rows)[:, None] * QS + i_h * K + ck[None, :]
