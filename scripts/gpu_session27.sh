@@ -16,13 +16,15 @@
 #   bash scripts/gpu_session27.sh confirm   call3: with dH in bf16 the default, the inter kernel's Vnew dH^T as a bf16
 #       dot (both operands bf16 now) against the tf32 dot of their fp32 copies (a copy with the branch sed'ed off) at
 #       1x8192x32 and the model's shape, interleaved; the KDA GPU tests.
+#   bash scripts/gpu_session27.sh dvn       call4: dVnew and dY stored in bf16 (BWD_DVN_16BIT, interpreter-tested only)
+#       at 1x8192x32 and the model's shape; the KDA GPU tests in a copy with it on.
 #   bash scripts/gpu_session27.sh final     call4: the five shapes against fla; the small hybrid's step profile twice;
 #       block AttnRes's step overhead.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session27.sh first|more|bwd|confirm|final}" in
+case "${1:?usage: gpu_session27.sh first|more|bwd|confirm|dvn|final}" in
 first)
   install_fla
   settings="span from prep,state out,state out bv16,state out bv64,span from prep + state out,default again"
@@ -57,6 +59,12 @@ confirm)
       bwd_sweep "$shape" "$limit" "default again" "$gates" "$beta")
   done
   kda_tests 120
+  ;;
+dvn)
+  bwd_sweep 1x8192x32 120 "dvn16,default again"
+  bwd_sweep 8x4096x6 120 "dvn16,default again" init fp32
+  flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_DVN_16BIT = False/BWD_DVN_16BIT = True/'
+  (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 150)
   ;;
 final)
   install_fla

@@ -148,8 +148,8 @@ def _set_constants(pairs: list[str], attnres: bool) -> None:
 
 def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | None = None, **tiles) -> str:
     """Registers and spills of a backward kernel of ``chunk_triton_bwd`` (``state``, ``dy``, ``pair`` or ``inter``)
-    for a bf16 run at K = V = 128 (g fp32 from the PyTorch gate; dH bf16 with ``BWD_DH_16BIT``, else fp32; fp32 dY,
-    dA and gradients); warps, stages and ``tiles`` (BV, BK) default to the launch's (``chunk_triton_bwd.BWD_LAUNCH``
+    for a bf16 run at K = V = 128 (g fp32 from the PyTorch gate; dH and dVnew / dY bf16 with ``BWD_DH_16BIT`` and
+    ``BWD_DVN_16BIT``, else fp32; fp32 dA and gradients); warps, stages and ``tiles`` (BV, BK) default to the launch's (``chunk_triton_bwd.BWD_LAUNCH``
     and tile constants).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('inter'))"
@@ -158,13 +158,13 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
 
     bf, f32, i32 = "*bf16", "*fp32", "*i32"
     tab = [i32, i32]
-    dh = bf if cb.BWD_DH_16BIT else f32
+    dh, dvn = (bf if on else f32 for on in (cb.BWD_DH_16BIT, cb.BWD_DVN_16BIT))
     if name == "state":
-        args = [bf, bf, bf, bf, f32, bf, f32, dh, f32, f32] + tab + tab
+        args = [bf, bf, bf, bf, f32, bf, f32, dh, dvn, f32] + tab + tab
         fn, consts = cb._bwd_state_kernel, dict(HV=32, K=128, V=128, BK=128, BV=cb.BWD_STATE_BV or 32, C=64)
         consts |= dict(HAS_DHT=True, FP32=False)
     elif name == "dy":
-        args = [f32, bf, bf, bf, bf, f32, f32, f32, f32, f32] + tab + ["i32"]
+        args = [f32, bf, bf, bf, bf, dvn, f32, f32, f32, f32] + tab + ["i32"]
         fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32")
     elif name == "pair":
         args = [bf, bf, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]
@@ -172,7 +172,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         consts |= dict(DPREC=cb.BWD_DIAG_PREC16, UNROLL=cb.BWD_PAIR_UNROLL[0])
     else:
         # dq, dk, dg fp32 partial sums in; dq, dk out in bf16, dg out in fp32 (the gate's dtype); dbeta fp32
-        args = [bf, bf, f32, bf, f32, f32, bf, bf, f32, bf, dh] + tab + [f32] * 3 + [bf, bf, f32, f32, "fp32", "i32"]
+        args = [bf, bf, f32, bf, f32, f32, bf, bf, dvn, bf, dh] + tab + [f32] * 3 + [bf, bf, f32, f32, "fp32", "i32"]
         fn, consts = cb._bwd_inter_kernel, dict(H=32, HV=32, K=128, V=128, BK=cb.BWD_INTER_BK, BV=cb.BWD_INTER_BV)
         consts |= dict(C=64, FP32=False, PREC="tf32", EE_DIFF=cb.BWD_EE_FROM_G != "never")
     consts |= tiles

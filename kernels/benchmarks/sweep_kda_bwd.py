@@ -66,6 +66,7 @@ SETTINGS = [
     ("pair unroll 2", {"BWD_PAIR_UNROLL": (2, 2)}, {}),
     ("pair unroll 4", {"BWD_PAIR_UNROLL": (4, 4)}, {}),
     ("state dh32", {"BWD_DH_16BIT": False}, {}),
+    ("dvn16", {"BWD_DVN_16BIT": True}, {}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 

@@ -39,6 +39,11 @@ BWD_STATE_BV_CHOICES = (64, 32)
 # call2 (sweep_kda_bwd): backward 3.157 / 3.165 -> 3.143 ms at 1 x 8192 x 32, 2.467 / 2.471 -> 2.445 at the
 # model's 8 x 4096 x 6 (init gates, fp32 beta); errors against fp64 unchanged to two digits. fp32 inputs keep fp32
 BWD_DH_16BIT = True
+# True: the reverse state pass stores dVnew, and the dY kernel dY over it, in the 16-bit inputs' dtype, as fla stores
+# its dv (the state pass already rounds dVnew so for its own recursion; the dY kernel keeps its fp32 dY for dv, dbeta
+# and dAkk, so only the inter kernel's dX = -dY h^T reads the rounded one, as a 16-bit dot). Interpreter-tested, not
+# yet timed on a GPU (session 27), so off; fp32 inputs always keep fp32
+BWD_DVN_16BIT = False
 
 
 @triton.jit
@@ -82,7 +87,8 @@ def _bwd_state_kernel(
         a = tl.load(Aqk_ptr + sc * (C * C) + rows[:, None] * C + rows[None, :])
         kg = tl.load(kg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
         dv = _mm(tl.trans(a), do, FP32) + _mm(kg, dS.to(kg_ptr.dtype.element_ty), FP32)
-        tl.store(dvn_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], dv, mask=vmask[None, :])
+        tl.store(dvn_ptr + sc * (C * V) + rows[:, None] * V + cv[None, :], dv.to(dvn_ptr.dtype.element_ty),
+                 mask=vmask[None, :])
         qg = tl.load(qg_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
         w = tl.load(W_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
         gl = tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)
@@ -159,7 +165,7 @@ def _bwd_dy_kernel(
         do = tl.load(do_ptr + toff, mask=tmask, other=0.0).to(vn_ptr.dtype.element_ty)
         vv = tl.load(v_ptr + (bos + rows)[:, None] * VS + i_hv * V + cv[None, :], mask=tmask, other=0.0).to(tl.float32)
         dy = _fdot(tl.trans(Tm), dvn, PREC)
-        tl.store(dy_ptr + coff, dy, mask=vmask[None, :])
+        tl.store(dy_ptr + coff, dy.to(dy_ptr.dtype.element_ty), mask=vmask[None, :])
         tl.store(dv_ptr + toff, dy * beta[:, None], mask=tmask)
         dbv += tl.sum(vv * dy, 1)
         daq += _mm(do, tl.trans(vn), FP32)
@@ -413,7 +419,10 @@ def _bwd_inter_kernel(
             dkg += _mm(vn, tl.trans(dht), FP32)
         else:
             dkg += _fdot(vn, tl.trans(dht), PREC)
-        dX -= _fdot(dy, tl.trans(ht), PREC)
+        if dy_ptr.dtype.element_ty == h_ptr.dtype.element_ty:  # (BWD_DVN_16BIT, or fp32 inputs)
+            dX -= _mm(dy, tl.trans(ht), FP32)
+        else:
+            dX -= _fdot(dy, tl.trans(ht), PREC)
     m = rmask[:, None] & kmask[None, :]
     qk_off = (bos + rows)[:, None] * QS + i_h * K + ck[None, :]
     off = (bos + rows)[:, None] * GS + i_hv * K + ck[None, :]
@@ -441,8 +450,8 @@ def _bwd_inter_kernel(
 
 
 def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
-    """Reverse pass on the GPU (or interpreter): (dVnew [NC,HV,C,V] fp32, dH [NC,HV,K,V] fp32 (16-bit inputs with
-    ``BWD_DH_16BIT``: their dtype), dh0 [N,HV,K,V] fp32).
+    """Reverse pass on the GPU (or interpreter): (dVnew [NC,HV,C,V] fp32 (16-bit inputs with ``BWD_DVN_16BIT``:
+    their dtype), dH [NC,HV,K,V] fp32 (16-bit inputs with ``BWD_DH_16BIT``: their dtype), dh0 [N,HV,K,V] fp32).
 
     ``st`` is a ``KDAFwdState`` (scratch dtype tensors); do ``[B, T, HV, V]`` in the token layout; dht or None.
     """
@@ -453,7 +462,7 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     fp32 = st.qg.dtype == torch.float32
     do = do.contiguous()
     dH = torch.empty(NC, HV, K, V, dtype=st.qg.dtype if BWD_DH_16BIT else torch.float32, device=dev)
-    dvn = torch.empty(NC, HV, C, V, dtype=torch.float32, device=dev)
+    dvn = torch.empty(NC, HV, C, V, dtype=st.qg.dtype if BWD_DVN_16BIT else torch.float32, device=dev)
     dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     BK = max(16, triton.next_power_of_2(K))
     BV = state_block_v(BWD_STATE_BV, V, N * HV, dev, BWD_STATE_BV_CHOICES)
@@ -524,8 +533,9 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
     ``_bwd_inter_kernel``.
 
     q, k ``[B, T, H, K]``, v, do ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` (token layout); ``st``
-    the forward intermediates; dvn ``[NC, HV, C, V]`` fp32 (overwritten with ``dY = T^T dVnew``) and dH
-    ``[NC, HV, K, V]`` fp32 from :func:`bwd_state_pass_triton`. Returns dq, dk ``[B, T, H, K]``, dv ``[B, T, HV, V]``,
+    the forward intermediates; dvn ``[NC, HV, C, V]`` (overwritten with ``dY = T^T dVnew``) and dH
+    ``[NC, HV, K, V]`` from :func:`bwd_state_pass_triton` (fp32, or the 16-bit inputs' dtype: ``BWD_DVN_16BIT``,
+    ``BWD_DH_16BIT``). Returns dq, dk ``[B, T, H, K]``, dv ``[B, T, HV, V]``,
     dg ``[B, T, HV, K]`` in the dtypes of q, k, v, g (written so by the kernels: no cast passes; with grouped heads
     HV > H, dq and dk are summed over a head's value heads in fp32 first), and dbeta ``[B, T, HV]`` in fp32.
     """

@@ -71,25 +71,27 @@ def _interp(monkeypatch):
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.mark.parametrize("dtype,tol,state_bv,ee,dh16", [(torch.float32, 1e-5, 32, "never", False),
-                                                        (torch.float16, 2e-3, 32, "never", False),
-                                                        (torch.float32, 1e-5, 16, "never", True),
-                                                        (torch.float32, 1e-5, None, "never", False),
-                                                        (torch.float16, 2e-3, 32, "16bit", False),
-                                                        (torch.float16, 2e-3, None, "16bit", True)])
-def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv, ee, dh16):
+@pytest.mark.parametrize("dtype,tol,state_bv,ee,dh16,dvn16", [(torch.float32, 1e-5, 32, "never", False, False),
+                                                              (torch.float16, 2e-3, 32, "never", False, False),
+                                                              (torch.float32, 1e-5, 16, "never", True, True),
+                                                              (torch.float32, 1e-5, None, "never", False, False),
+                                                              (torch.float16, 2e-3, 32, "16bit", False, True),
+                                                              (torch.float16, 2e-3, None, "16bit", True, False),
+                                                              (torch.float16, 2e-3, None, "16bit", True, True)])
+def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv, ee, dh16, dvn16):
     """Triton reverse state pass and the chained backward vs the PyTorch manual backward on the same (Triton) forward
     intermediates; varlen with a 1-token sequence and a ragged tail, HV > H, h0 and dht present; V = 48 in blocks of
     16, 32 or (``None``: the choice, off CUDA 64) value columns per reverse-state program. The fp16 cases also check
     that dq, dk, dv come back in the inputs' dtype; ``ee``: ``BWD_EE_FROM_G`` (kg's exponent in the inter-chunk
-    kernel as G_last - G instead of a suffix sum of g); ``dh16``: ``BWD_DH_16BIT`` (dH in the 16-bit inputs' dtype;
-    fp32 inputs keep fp32)."""
+    kernel as G_last - G instead of a suffix sum of g); ``dh16`` / ``dvn16``: ``BWD_DH_16BIT`` / ``BWD_DVN_16BIT``
+    (dH / dVnew and dY in the 16-bit inputs' dtype; fp32 inputs keep fp32)."""
     dev = _interp(monkeypatch)
     from kernels.kda import chunk_triton_bwd
 
     monkeypatch.setattr(chunk_triton_bwd, "BWD_STATE_BV", state_bv)
     monkeypatch.setattr(chunk_triton_bwd, "BWD_EE_FROM_G", ee)
     monkeypatch.setattr(chunk_triton_bwd, "BWD_DH_16BIT", dh16)
+    monkeypatch.setattr(chunk_triton_bwd, "BWD_DVN_16BIT", dvn16)
     from kernels.kda.chunk_bwd_torch import bwd_state_pass_torch, to_chunks
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import bwd_state_pass_triton, chunk_kda_bwd_triton
@@ -104,6 +106,7 @@ def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv, ee, dh16)
     st32 = st._replace(**{f: getattr(st, f).float() for f in ("qg", "kg", "W", "Aqk", "h", "vn")})
     got = bwd_state_pass_triton(st, do, dht)
     assert got[1].dtype == (dtype if dh16 else torch.float32), "dH's dtype"
+    assert got[0].dtype == (dtype if dvn16 else torch.float32), "dVnew's dtype"
     ref = bwd_state_pass_torch(st32, to_chunks(do.float(), st.cbos, st.clen, 2), dht)
     for name, a, b in zip(("dvn", "dH", "dh0"), got, ref):
         assert_rel_rms(a, b, tol, name)
