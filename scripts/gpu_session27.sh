@@ -16,10 +16,11 @@
 #   bash scripts/gpu_session27.sh confirm   call3: with dH in bf16 the default, the inter kernel's Vnew dH^T as a bf16
 #       dot (both operands bf16 now) against the tf32 dot of their fp32 copies (a copy with the branch sed'ed off) at
 #       1x8192x32 and the model's shape, interleaved; the KDA GPU tests.
-#   bash scripts/gpu_session27.sh dvn       call4: dVnew and dY stored in bf16 (BWD_DVN_16BIT, interpreter-tested only)
+#   bash scripts/gpu_session27.sh dvn       call4 (at d0cd848; its setting is now "dvn32", the other way round): dVnew and dY stored in bf16 (BWD_DVN_16BIT, interpreter-tested only)
 #       at 1x8192x32 and the model's shape; the KDA GPU tests in a copy with it on.
-#   bash scripts/gpu_session27.sh final     call4: the five shapes against fla; the small hybrid's step profile twice;
-#       block AttnRes's step overhead.
+#   bash scripts/gpu_session27.sh final     call5: BWD_DVN_16BIT the default: its errors against fp64 beside fla's
+#       and dVnew in fp32 at 1x8192x32; the five shapes against fla; the small hybrid's step profile twice; block
+#       AttnRes's step overhead.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -69,6 +70,7 @@ dvn)
 final)
   install_fla
   mkdir -p "$OUT"/round_1 "$OUT"/round_2
+  bwd_sweep 1x8192x32 120 "dvn32,default again" "" "" --fla-errors
   bench_five 140
   for round in 1 2; do OUT=$OUT/round_$round backbone_profile 70; done
   attnres_step 8 120 30 12
