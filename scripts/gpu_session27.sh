@@ -18,6 +18,8 @@
 #       1x8192x32 and the model's shape, interleaved; the KDA GPU tests.
 #   bash scripts/gpu_session27.sh dvn       call4 (at d0cd848; its setting is now "dvn32", the other way round): dVnew and dY stored in bf16 (BWD_DVN_16BIT, interpreter-tested only)
 #       at 1x8192x32 and the model's shape; the KDA GPU tests in a copy with it on.
+#   bash scripts/gpu_session27.sh launch    call6: with dVnew, dY and dH in bf16 (fewer registers in three kernels), the
+#       backward's launch settings around the default again, at 1x8192x32 and the model's shape.
 #   bash scripts/gpu_session27.sh final     call5: BWD_DVN_16BIT the default: its errors against fp64 beside fla's
 #       and dVnew in fp32 at 1x8192x32; the five shapes against fla; the small hybrid's step profile twice; block
 #       AttnRes's step overhead.
@@ -25,7 +27,7 @@ set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session27.sh first|more|bwd|confirm|dvn|final}" in
+case "${1:?usage: gpu_session27.sh first|more|bwd|confirm|dvn|final|launch}" in
 first)
   install_fla
   settings="span from prep,state out,state out bv16,state out bv64,span from prep + state out,default again"
@@ -74,6 +76,12 @@ final)
   bench_five 140
   for round in 1 2; do OUT=$OUT/round_$round backbone_profile 70; done
   attnres_step 8 120 30 12
+  ;;
+launch)
+  settings="state s3,state bv64,state bv32,dy s1,dy s3,dy bv64,dy w8,inter w4 s3,inter w4 s1,inter w8,inter bk16"
+  settings+=",inter bv32,inter bv128,inter w8 bv128,default again"
+  bwd_sweep 1x8192x32 200 "$settings"
+  bwd_sweep 8x4096x6 200 "$settings" init fp32
   ;;
 bwd)
   bwd_sweep 1x8192x32 120 "state dh16,default again"

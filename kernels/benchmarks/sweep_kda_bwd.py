@@ -67,6 +67,10 @@ SETTINGS = [
     ("pair unroll 4", {"BWD_PAIR_UNROLL": (4, 4)}, {}),
     ("state dh32", {"BWD_DH_16BIT": False}, {}),
     ("dvn32", {"BWD_DVN_16BIT": False}, {}),
+    ("dy bv64", {"BWD_DY_BV": 64}, {}),
+    ("dy w8", {}, {"dy": (8, 2)}),
+    ("inter bv128", {"BWD_INTER_BV": 128}, {}),
+    ("inter w8 bv128", {"BWD_INTER_BV": 128}, {"inter": (8, 2)}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 
