@@ -20,6 +20,8 @@
 #       at 1x8192x32 and the model's shape; the KDA GPU tests in a copy with it on.
 #   bash scripts/gpu_session27.sh launch    call6: with dVnew, dY and dH in bf16 (fewer registers in three kernels), the
 #       backward's launch settings around the default again, at 1x8192x32 and the model's shape.
+#   bash scripts/gpu_session27.sh check     call7: call6's three winners together (the reverse state pass at 64 columns
+#       from 0.6 programs an SM, the dY kernel at 1 stage, the inter kernel at 3) against call6's default; KDA tests.
 #   bash scripts/gpu_session27.sh final     call5: BWD_DVN_16BIT the default: its errors against fp64 beside fla's
 #       and dVnew in fp32 at 1x8192x32; the five shapes against fla; the small hybrid's step profile twice; block
 #       AttnRes's step overhead.
@@ -27,7 +29,7 @@ set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session27.sh first|more|bwd|confirm|dvn|final|launch}" in
+case "${1:?usage: gpu_session27.sh first|more|bwd|confirm|dvn|final|launch|check}" in
 first)
   install_fla
   settings="span from prep,state out,state out bv16,state out bv64,span from prep + state out,default again"
@@ -68,6 +70,11 @@ dvn)
   bwd_sweep 8x4096x6 120 "dvn16,default again" init fp32
   flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_DVN_16BIT = False/BWD_DVN_16BIT = True/'
   (cd /tmp/flip && PYTHONPATH=/tmp/flip:${PYTHONPATH#"$PWD"} kda_tests 150)
+  ;;
+check)
+  bwd_sweep 1x8192x32 90 "call6 default,default again"
+  bwd_sweep 8x4096x6 90 "call6 default,default again" init fp32
+  kda_tests 120
   ;;
 final)
   install_fla

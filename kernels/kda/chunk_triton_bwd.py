@@ -33,6 +33,10 @@ from kernels.kda.state_common import _load_state, _mm, _state_program, state_blo
 # (a fixed 32 before session 22; 16 was slower at both shapes swept)
 BWD_STATE_BV: int | None = None
 BWD_STATE_BV_CHOICES = (64, 32)
+# the widest choice needs this many programs an SM (state_block_v's fill). H200, session 27 call6 (sweep_kda_bwd,
+# backward alone; dH and dVnew in bf16): 8 x 4096 x 6 (48 pairs: 96 programs at 64 columns for 132 SMs) 2.167 ms at
+# 64 against 2.283 at 32; 1 x 8192 x 32 (64 programs at 64) 2.949 at 64 against 2.904 at 32. 1.0 until then
+BWD_STATE_FILL = 0.6
 # True: the reverse state pass stores dH (the state gradient entering each chunk, read once by the inter kernel) in
 # the 16-bit inputs' dtype instead of fp32, as fla stores its dh (half of 268 MB written and read at 1 x 8192 x 32;
 # fla's chunk_gated_delta_rule_bwd_kernel_dhu took 0.214 ms against our 0.363, session 25 call2). H200, session 27
@@ -467,7 +471,7 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     dvn = torch.empty(NC, HV, C, V, dtype=st.qg.dtype if BWD_DVN_16BIT else torch.float32, device=dev)
     dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     BK = max(16, triton.next_power_of_2(K))
-    BV = state_block_v(BWD_STATE_BV, V, N * HV, dev, BWD_STATE_BV_CHOICES)
+    BV = state_block_v(BWD_STATE_BV, V, N * HV, dev, BWD_STATE_BV_CHOICES, BWD_STATE_FILL)
     _bwd_state_kernel[(triton.cdiv(V, BV), N * HV)](
         st.qg,
         st.kg,
@@ -526,8 +530,11 @@ BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # unrolled: 255 registers and 1 KB of spills (9.5 M local-memory requests a step under Nsight Compute, call2).
 # Backward alone at 1 x 8192 x 32 / 8 x 2048 x 16 (H200, session 25 call3, sweep_kda_bwd.py): 3.357 / 3.337 ms so,
 # 3.209 / 3.126 with the path as a loop, 3.214 / 3.150 with also one sub-block at a time, 3.105 / 3.016 with that
-# at 4 warps (136 registers; at 64 key channels 3.281 / 3.202, at 16 4.544 / 4.449)
-BWD_LAUNCH = dict(state=(4, 2), dy=(4, 2), pair=(4, 1), inter=(4, 2))
+# at 4 warps (136 registers; at 64 key channels 3.281 / 3.202, at 16 4.544 / 4.449). The dY and inter kernels at
+# 1 / 3 stages instead of 2 since session 27 call6 (dH, dVnew in bf16; 1 x 8192 x 32 / 8 x 4096 x 6 with init
+# gates): dY s1 2.886 / 2.274 ms, s3 2.886 / 2.277; inter s3 2.873 / 2.262, s1 2.921 / 2.283; both at s2 (the
+# default then) 2.908 / 2.291 and again 2.913 / 2.294
+BWD_LAUNCH = dict(state=(4, 2), dy=(4, 1), pair=(4, 1), inter=(4, 3))
 
 
 def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[torch.Tensor, ...]:

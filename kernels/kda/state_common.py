@@ -16,21 +16,21 @@ STATE_BV_CHOICES = (64, 16)
 
 
 def state_block_v(setting: int | None, v: int, sequences_heads: int, device: torch.device,
-                  choices: tuple[int, ...] = STATE_BV_CHOICES) -> int:
+                  choices: tuple[int, ...] = STATE_BV_CHOICES, fill: float = 1.0) -> int:
     """Value columns per program of a sequential state pass over ``sequences_heads`` (sequence, value head) pairs.
     ``setting`` an int: that, capped at V's power of two. ``None``: the widest of ``choices`` (widest first) that
-    still gives every SM at least one program (a narrower block re-reads the chunk's W / kg rows once per program, a
+    still gives at least ``fill`` programs an SM (a narrower block re-reads the chunk's W / kg rows once per program, a
     wider one walks its chunks more slowly), else the narrowest. H200, session 22: forward state kernel at
     8 x 2048 x 16 0.204 / 0.211 / 0.152 ms at 16 / 32 / 64 columns, at 1 x 32768 x 16 0.664 / 0.745 / 0.991 (and
     16 columns best at 1 x 8192 x 32, where 64 would give 64 programs); the whole backward at 8 x 2048 x 16
-    3.78 / 3.56 / 3.42 ms, at 1 x 8192 x 32 3.66 / 3.41 / 3.46 (hence its choices 64 / 32). Off CUDA (the
-    interpreter) every SM count is 1."""
+    3.78 / 3.56 / 3.42 ms, at 1 x 8192 x 32 3.66 / 3.41 / 3.46 (hence its choices 64 / 32; its ``fill``: see
+    ``chunk_triton_bwd.BWD_STATE_FILL``). Off CUDA (the interpreter) every SM count is 1."""
     vp = max(16, triton.next_power_of_2(v))
     if setting is not None:
         return min(vp, setting)
     sms = sm_count(device) if device.type == "cuda" else 1
     for bv in choices:
-        if bv <= vp and sequences_heads * triton.cdiv(vp, bv) >= sms:
+        if bv <= vp and sequences_heads * triton.cdiv(vp, bv) >= fill * sms:
             return bv
     return min(vp, choices[-1])
 

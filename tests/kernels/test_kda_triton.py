@@ -325,8 +325,8 @@ def test_chunk_head_grid():
 
 def test_state_block_v_choice(monkeypatch):
     """The state passes' value-column block: a fixed setting capped at V's power of two; else the widest of the
-    choices (forward 64 / 16, backward 64 / 32) with at least one program per SM (132 here), else the narrowest;
-    off CUDA the widest."""
+    choices (forward 64 / 16, backward 64 / 32) with at least one program per SM (132 here; the backward 0.6 of
+    one), else the narrowest; off CUDA the widest."""
     from kernels.kda import state_common
 
     monkeypatch.setattr(state_common, "sm_count", lambda device: 132)
@@ -340,6 +340,9 @@ def test_state_block_v_choice(monkeypatch):
     assert pick(None, 8, 1000, cuda) == 16
     backward = (64, 32)
     assert pick(None, 128, 32, cuda, backward) == 32 and pick(None, 128, 128, cuda, backward) == 64
+    assert pick(None, 128, 48, cuda, backward) == 32  # 8 x 4096 x 6: 96 programs at 64 columns
+    assert pick(None, 128, 48, cuda, backward, 0.6) == 64 and pick(None, 128, 32, cuda, backward, 0.6) == 32
+    assert pick(None, 128, 40, cuda, backward, 0.6) == 64 and pick(None, 128, 39, cuda, backward, 0.6) == 32
     assert pick(None, 128, 1, torch.device("cpu")) == 64
 
 
