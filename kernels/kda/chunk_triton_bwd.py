@@ -6,8 +6,9 @@ Kernels (fixed configurations, no autotuning, so they run under ``TRITON_INTERPR
 
 1. ``_bwd_state_kernel``, one program per (block of value columns, sequence x value head): the reverse pass over
    the sequence's chunks with the gradient of the state ``dS`` (fp32 ``[K, BV]``) in registers. Per chunk, last
-   to first: store ``dH[c] = dS``; ``dVnew = Aqk^T dO + kg dS`` (stored fp32); ``dS <- e^{Gl} dS + qg^T dO -
-   W^T dVnew``. The final ``dS`` is ``dh0``. Columns of V are independent, so tiling over V is exact.
+   to first: store ``dH[c] = dS``; ``dVnew = Aqk^T dO + kg dS`` (both stored in the 16-bit inputs' dtype,
+   ``BWD_DH_16BIT`` / ``BWD_DVN_16BIT``, else fp32); ``dS <- e^{Gl} dS + qg^T dO - W^T dVnew``. The final ``dS``
+   is ``dh0``. Columns of V are independent, so tiling over V is exact.
 2. ``_bwd_dy_kernel``, one program per (chunk, value head): ``dY = T^T dVnew``, ``dv``, dbeta's V part, ``dAqk``,
    ``dAkk``.
 3. ``_bwd_intra_pair_kernel``, one program per (key block, row block of 16, chunk x value head): the gradients of
