@@ -149,8 +149,8 @@ def _set_constants(pairs: list[str], attnres: bool) -> None:
 def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | None = None, **tiles) -> str:
     """Registers and spills of a backward kernel of ``chunk_triton_bwd`` (``state``, ``dy``, ``pair`` or ``inter``)
     for a bf16 run at K = V = 128 (g fp32 from the PyTorch gate; dH and dVnew / dY bf16 with ``BWD_DH_16BIT`` and
-    ``BWD_DVN_16BIT``, else fp32; fp32 dA and gradients); warps, stages and ``tiles`` (BV, BK) default to the launch's (``chunk_triton_bwd.BWD_LAUNCH``
-    and tile constants).
+    ``BWD_DVN_16BIT``, else fp32; fp32 dA and gradients); warps, stages and ``tiles`` (BV, BK) default to the
+    launch's (``chunk_triton_bwd.BWD_LAUNCH`` and tile constants).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('inter'))"
     """

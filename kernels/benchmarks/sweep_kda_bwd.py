@@ -93,6 +93,13 @@ def run_setting(consts: dict, launch: dict, xs, do, ref) -> dict:
             setattr(cb, name, value)
 
 
+def _errors(e: dict) -> str:
+    """A row of ``correctness``'s errors (o dq dk dv dg dbeta), or its error message."""
+    if "error" in e:
+        return e["error"][:80]
+    return " ".join(f"{e[k]:.1e}" for k in ("o", "dq", "dk", "dv", "dg", "dbeta"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="1x8192x32")
@@ -130,13 +137,9 @@ def main() -> None:
         if "error" in r:
             print(f"{name:>20} {r['error'][:80]}")
         else:
-            e = r["errors_vs_fp64"]
-            errs = " ".join(f"{e[k]:.1e}" for k in ("o", "dq", "dk", "dv", "dg", "dbeta"))
-            print(f"{name:>20} {r['bwd_ms']:8.3f} {r['max_rel_diff_vs_default']:12.2e}  {errs}")
+            print(f"{name:>20} {r['bwd_ms']:8.3f} {r['max_rel_diff_vs_default']:12.2e}  {_errors(r['errors_vs_fp64'])}")
     if "fla_errors_vs_fp64" in res:
-        e = res["fla_errors_vs_fp64"]
-        print(f"{'fla':>20} {'':>8} {'':>12}  " + (" ".join(f"{e[k]:.1e}" for k in ("o", "dq", "dk", "dv", "dg", "dbeta"))
-                                                    if "error" not in e else e["error"][:80]))
+        print(f"{'fla':>20} {'':>8} {'':>12}  {_errors(res['fla_errors_vs_fp64'])}")
     print(json.dumps(dict(list(res["default_step_kernels_ms"].items())[:12]), indent=0))
 
 
