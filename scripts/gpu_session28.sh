@@ -3,11 +3,14 @@
 #   bash scripts/gpu_session28.sh model   call1: session 27's final defaults (the KDA backward's dH, dVnew and dY in
 #       bf16, call7's launches), which its five-shape and model runs (call5) predate: the KDA GPU tests; the five
 #       shapes against fla; the small hybrid's step profile twice; block AttnRes's step overhead.
+#   bash scripts/gpu_session28.sh fuse    call2: the training residual add fused into the next RMSNorm
+#       (KVL_FUSED_NORM) and the KDA layer's small map padded to 264 rows (SMALL_PROJ_ALIGN): their GPU tests, the
+#       small map's GEMMs at 262 / 264 rows, and the small hybrid's step profile with both, without each, and again.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session28.sh model}" in
+case "${1:?usage: gpu_session28.sh model|fuse}" in
 model)
   install_fla
   mkdir -p "$OUT"/round_1 "$OUT"/round_2
@@ -15,6 +18,17 @@ model)
   bench_five 140
   for round in 1 2; do OUT=$OUT/round_$round backbone_profile 70; done
   attnres_step 8 120 30 12
+  ;;
+fuse)
+  part "GPU tests: norm, standard stream, KDA layer" 150 python3 -m pytest -q -x tests/kernels/test_norm.py \
+    tests/model/test_attn_res.py tests/model/test_kda_layer_backends.py
+  part "bench_gemm_align: the small map at 262 / 264 rows" 60 python3 -m kimi_vl.benchmarks.bench_gemm_align
+  mkdir -p "$OUT"/both "$OUT"/no_fused_norm "$OUT"/no_pad "$OUT"/both_again
+  OUT=$OUT/both backbone_profile 70
+  OUT=$OUT/no_fused_norm KVL_FUSED_NORM=0 backbone_profile 70
+  flipped_tree kimi_vl/modeling/kda_layer.py 's/^SMALL_PROJ_ALIGN = 8/SMALL_PROJ_ALIGN = 1/'
+  (cd /tmp/flip && OUT=$OUT/no_pad PYTHONPATH=/tmp/flip:$PYTHONPATH backbone_profile 70)
+  OUT=$OUT/both_again backbone_profile 70
   ;;
 esac
 ls -la "$OUT"

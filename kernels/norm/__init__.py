@@ -57,18 +57,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, backend: 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                  backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s, rms_norm(s, weight, eps))`` with ``s = x + residual`` in x's dtype: a PreNorm residual update and the
-    next sublayer's input norm. The Triton backend does both in one launch without autograd (inference); with a
-    gradient to record, or on the PyTorch backend, it is the two ops (same values)."""
+    next sublayer's input norm. The Triton backend does both in one launch; with a gradient to record, through
+    ``AddNormFunction``, whose backward also adds the stream's gradient inside the norm's backward launch (in fp32,
+    one rounding, where autograd over the two ops rounds the norm's gradient and then adds). The PyTorch backend is
+    the two ops."""
     _check_norm("add_rms_norm", x, weight, None)
     if residual.shape != x.shape or residual.dtype != x.dtype:
         _fail("add_rms_norm", f"residual must match x {x.dtype} {tuple(x.shape)}, got {residual.dtype} "
                               f"{tuple(residual.shape)}")
-    grad = torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad)
-    if grad or resolve_backend(backend, x.device, "add_rms_norm") == "torch" or x.shape[-1] > MAX_D:
+    if resolve_backend(backend, x.device, "add_rms_norm") == "torch" or x.shape[-1] > MAX_D:
         s = x + residual
         return s, rms_norm(s, weight, eps, backend)
-    from kernels.norm.norm_triton import add_norm_fwd
+    from kernels.norm.norm_triton import AddNormFunction, add_norm_fwd
 
+    if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad):
+        return AddNormFunction.apply(x, residual, weight, eps)
     return add_norm_fwd(x.contiguous(), residual.contiguous(), weight.contiguous(), eps)
 
 

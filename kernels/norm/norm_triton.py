@@ -37,7 +37,7 @@ ACT_BLOCK_M, ACT_BLOCK_I, ACT_WARPS = 4, 1024, 4
 
 @triton.jit
 def _norm_fwd_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rstd_ptr, r_ptr, s_ptr, M, D, eps, BLOCK_M: tl.constexpr,
-                     BLOCK_D: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
+                     BLOCK_D: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, STORE_RSTD: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     m = (rows < M)[:, None] & (cols < D)[None, :]
@@ -56,7 +56,7 @@ def _norm_fwd_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rstd_ptr, r_ptr, s_ptr, M, D, e
     else:
         y = w * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=m)
-    if not RESIDUAL:  # the residual form is inference-only: no backward reads rstd
+    if STORE_RSTD:  # (inference's residual form has no backward to read it)
         tl.store(rstd_ptr + rows, rstd, mask=rows < M)
 
 
@@ -72,8 +72,9 @@ def _bwd_tile(x_ptr, dy_ptr, pid, it, TILES: tl.constexpr, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def _norm_bwd_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_ptr, M, D, BLOCK_M: tl.constexpr,
-                     BLOCK_D: tl.constexpr, TILES: tl.constexpr, GATED: tl.constexpr):
+def _norm_bwd_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_ptr, ds_ptr, M, D,
+                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, TILES: tl.constexpr, GATED: tl.constexpr,
+                     STREAM: tl.constexpr = False):
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
@@ -91,6 +92,8 @@ def _norm_bwd_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_p
             dn = dy * w
             dw += tl.sum(dy * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32), axis=0)
         dx = rstd[:, None] * (dn - x_hat * (tl.sum(dn * x_hat, axis=1) / D)[:, None])
+        if STREAM:  # the residual stream's own gradient, added in fp32 (add_rms_norm's backward)
+            dx += tl.load(ds_ptr + off, mask=m, other=0.0).to(tl.float32)
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
     tl.store(dw_ptr + pid * D + cols, dw, mask=cols < D)
 
@@ -195,27 +198,29 @@ def norm_fwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     if M:
         _norm_fwd_kernel[(triton.cdiv(M, block_m),)](
             x_MD, gate_MD if gate_MD is not None else x_MD, weight, y, rstd, x_MD, x_MD, M, D, eps,
-            BLOCK_M=block_m, BLOCK_D=block_d, GATED=gate_MD is not None, RESIDUAL=False, num_warps=warps)
+            BLOCK_M=block_m, BLOCK_D=block_d, GATED=gate_MD is not None, RESIDUAL=False, STORE_RSTD=True,
+            num_warps=warps)
     return y, rstd
 
 
-def add_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(s, y)``: ``s = x + residual`` rounded to x's dtype, ``y`` the RMSNorm of ``s`` (in :func:`_out_dtype`), in
-    one launch: a residual update and the next sublayer's input norm (inference: no ``rstd`` for a backward).
-    ``x``, ``residual`` contiguous ``[..., D]`` of one shape and dtype, ``weight`` contiguous ``[D]``; the outputs
-    take x's shape, and no views are made (decode is launch-bound: two allocations are this call's only
-    operators)."""
+def add_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 with_rstd: bool = False) -> tuple[torch.Tensor, ...]:
+    """``(s, y)``, with ``with_rstd`` ``(s, y, rstd [M] fp32)``: ``s = x + residual`` rounded to x's dtype, ``y``
+    the RMSNorm of ``s`` (in :func:`_out_dtype`), in one launch: a residual update and the next sublayer's input
+    norm (``rstd`` for a backward, :class:`AddNormFunction`). ``x``, ``residual`` contiguous ``[..., D]`` of one
+    shape and dtype, ``weight`` contiguous ``[D]``; the outputs take x's shape, and no views are made (decode is
+    launch-bound: the allocations are this call's only operators)."""
     D = x.shape[-1]
     M = x.numel() // D if D else 0
     s = torch.empty_like(x)
     y = torch.empty(x.shape, dtype=_out_dtype(x, weight, False), device=x.device)
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device) if with_rstd else None
     block_m, block_d, warps = _fwd_launch(M, D)
     if M:
         _norm_fwd_kernel[(triton.cdiv(M, block_m),)](
-            x, x, weight, y, x, residual, s, M, D, eps, BLOCK_M=block_m, BLOCK_D=block_d, GATED=False,
-            RESIDUAL=True, num_warps=warps)
-    return s, y
+            x, x, weight, y, rstd if with_rstd else x, residual, s, M, D, eps, BLOCK_M=block_m, BLOCK_D=block_d,
+            GATED=False, RESIDUAL=True, STORE_RSTD=with_rstd, num_warps=warps)
+    return (s, y, rstd) if with_rstd else (s, y)
 
 
 def _bwd_grid(M: int, D: int) -> tuple[int, int, int, int]:
@@ -227,8 +232,10 @@ def _bwd_grid(M: int, D: int) -> tuple[int, int, int, int]:
 
 
 def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Tensor, rstd_M: torch.Tensor,
-             dy_MD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """``(dx, dgate or None, dweight in weight's dtype)``."""
+             dy_MD: torch.Tensor, ds_MD: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                             torch.Tensor]:
+    """``(dx, dgate or None, dweight in weight's dtype)``; with ``ds_MD`` (plain RMSNorm only), ``dx`` also holds
+    that gradient, added in fp32 before the one rounding to x's dtype."""
     M, D = x_MD.shape
     block_m, block_d, tiles, n_prog = _bwd_grid(M, D)
     dx = torch.empty_like(x_MD)
@@ -237,8 +244,8 @@ def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     if M:
         _norm_bwd_kernel[(n_prog,)](
             x_MD, gate_MD if gate_MD is not None else x_MD, weight, rstd_M, dy_MD, dx, dg if dg is not None else dx,
-            dw_part, M, D, BLOCK_M=block_m, BLOCK_D=block_d, TILES=tiles, GATED=gate_MD is not None,
-            num_warps=NORM_WARPS)
+            dw_part, ds_MD if ds_MD is not None else dx, M, D, BLOCK_M=block_m, BLOCK_D=block_d, TILES=tiles,
+            GATED=gate_MD is not None, STREAM=ds_MD is not None, num_warps=NORM_WARPS)
     return dx, dg, dw_part.sum(0).to(weight.dtype)
 
 
@@ -308,6 +315,36 @@ class NormFunction(torch.autograd.Function):
         x_MD, gate_MD, w, rstd = ctx.saved_tensors
         dx, dg, dw = norm_bwd(x_MD, gate_MD, w, rstd, dy.reshape(x_MD.shape).contiguous())
         return dx.view(ctx.shape), (dg.view(ctx.shape) if dg is not None else None), dw, None
+
+
+class AddNormFunction(torch.autograd.Function):
+    """``(x, residual, weight) -> (s, y)``: ``s = x + residual`` (x's dtype) and ``y = RMSNorm(s)``, one forward
+    launch. Backward: the stream's gradient ``ds`` and the norm's ``dy`` give ``dh = ds + dRMSNorm(dy)`` in one
+    launch (``ds`` added in fp32 before the one rounding), which is the gradient of both x and the residual.
+    Autograd would instead round the norm's dx, then add ``ds`` in a separate kernel (the forward's add too)."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps: float):
+        shape = x.shape
+        d = shape[-1]
+        w = weight.contiguous()
+        s, y, rstd = add_norm_fwd(x.reshape(-1, d).contiguous(), residual.reshape(-1, d).contiguous(), w, eps,
+                                  with_rstd=True)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(s, w, rstd)
+        ctx.shape = shape
+        return s.view(shape), y.view(shape)
+
+    @staticmethod
+    def backward(ctx, ds, dy):
+        s, w, rstd = ctx.saved_tensors
+        ds = None if ds is None else ds.reshape(s.shape).contiguous()
+        if dy is None:  # (y unused: the stream's gradient passes straight to both inputs)
+            ds = None if ds is None else ds.view(ctx.shape)
+            return ds, ds, None, None
+        dh, _, dw = norm_bwd(s, None, w, rstd, dy.reshape(s.shape).contiguous(), ds)
+        dh = dh.view(ctx.shape)
+        return dh, dh, dw, None
 
 
 class SiluMulFunction(torch.autograd.Function):

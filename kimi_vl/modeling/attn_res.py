@@ -151,11 +151,12 @@ def defer_grads_enabled() -> bool:
 
 
 def fused_norm_enabled() -> bool:
-    """``KVL_FUSED_NORM`` (``1`` default | ``0``): whether inference on CUDA applies each sublayer's input RMSNorm
-    in the kernel that updates the residual stream instead of a separate norm launch (one launch a sublayer fewer
-    in launch-bound decode), in both streams: the standard residual's add and norm as one kernel
-    (``kernels.norm.add_rms_norm``), block AttnRes's norm inside its two-phase kernels. Equal to the separate
-    Triton norm bit for bit in the interpreter (``tests/model/test_attn_res.py``)."""
+    """``KVL_FUSED_NORM`` (``1`` default | ``0``): whether each sublayer's input RMSNorm runs in the kernel that
+    updates the residual stream instead of a launch of its own. The standard residual's add and norm are one kernel
+    (``kernels.norm.add_rms_norm``) in inference and, on the Triton norm backend, in training, where the backward
+    also adds the stream's gradient inside the norm's backward kernel (no separate add either way); block AttnRes's
+    norm runs inside its two-phase kernels (inference). Equal to the separate Triton norm bit for bit in the
+    interpreter's inference (``tests/model/test_attn_res.py``); training within rounding."""
     flag = os.environ.get("KVL_FUSED_NORM") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_FUSED_NORM must be 0 or 1, got {flag!r}")
@@ -257,21 +258,22 @@ def rms(x: torch.Tensor) -> float:
 class StandardStream:
     """PreNorm residual: ``x <- x + f(norm(x))``.
 
-    Without autograd on the Triton norm backend (inference on CUDA) and with :func:`fused_norm_enabled`, a
-    sublayer's output is held back and added by the next input's RMSNorm kernel (``kernels.norm.add_rms_norm``:
-    the add and the norm in one launch), as the block AttnRes stream's phase kernels apply the norm."""
+    On the Triton norm backend (CUDA) and with :func:`fused_norm_enabled`, a sublayer's output is held back and
+    added by the next input's RMSNorm kernel (``kernels.norm.add_rms_norm``: the add and the norm in one launch,
+    and in training one backward launch for the norm's gradient plus the stream's), as the block AttnRes stream's
+    phase kernels apply the norm. Not while recording statistics (``record``)."""
 
     def __init__(self, embeddings: torch.Tensor, record: dict | None = None) -> None:
         self.x, self.record = embeddings, record
         self._pending: torch.Tensor | None = None
-        self._fuse = (record is None and not torch.is_grad_enabled() and fused_norm_enabled()
+        self._fuse = (record is None and fused_norm_enabled()
                       and resolve_norm_backend(None, embeddings.device, "StandardStream") == "triton")
 
     def input(self, i: int, norm: nn.Module | None = None) -> torch.Tensor:
         """Sublayer ``i``'s input, through its input ``norm`` when given."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            if isinstance(norm, RMSNorm) and pending.dtype == self.x.dtype:
+            if isinstance(norm, RMSNorm) and pending.dtype == self.x.dtype and not _is_dtensor(norm.weight):
                 self.x, h = add_rms_norm(self.x, pending, norm.weight, norm.eps)
                 return h
             self.x = self.x + pending

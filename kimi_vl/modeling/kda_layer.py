@@ -27,6 +27,12 @@ from kernels.short_conv import causal_conv1d, causal_conv1d_update
 from kimi_vl.modeling.cache import KDALayerCache
 from kimi_vl.modeling.norm import GatedRMSNorm
 
+# Rows of the small input map (f_a | g_a | b, 2K + H = 262 in the small flavor) are padded with zeros to a multiple
+# of this, so that its output's rows (and the f_a / g_a views the gate projections read) are 16-byte aligned: with
+# 262 columns cuBLAS ran that GEMM, its two backward GEMMs and the two gate projections as sm80 ``align2`` kernels.
+# 1: no padding.
+SMALL_PROJ_ALIGN = 8
+
 
 class KDALayer(nn.Module):
     def __init__(self, config, layer_idx: int) -> None:
@@ -59,7 +65,8 @@ class KDALayer(nn.Module):
         decode = cache is not None and cache.recurrent_state is not None and t == 1
         qkv = self._conv(qkv, cu_seqlens, cache, decode)
         q, k, v = (z.reshape(b, t, self.num_heads, self.head_dim) for z in qkv.chunk(3, dim=-1))
-        f_a, g_a, b_raw = small.split([self.head_dim, self.head_dim, self.num_heads], dim=-1)
+        f_a, g_a, b_raw = small[..., : 2 * self.head_dim + self.num_heads].split(
+            [self.head_dim, self.head_dim, self.num_heads], dim=-1)
         raw_gate = self.f_b_proj(f_a).view(b, t, self.num_heads, self.head_dim)
         beta = torch.sigmoid(b_raw.float())
         op = fused_recurrent_kda if decode else chunk_kda
@@ -72,11 +79,15 @@ class KDALayer(nn.Module):
         return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
 
     def _input_proj(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q|k|v`` ``[B, T, 3HK]`` and ``f_a|g_a|b`` ``[B, T, 2K + H]``: two GEMMs of x, one autograd node (x has one
-        consumer: its gradient is accumulated in place, :func:`kernels.linear.shared_input_linear`)."""
+        """``q|k|v`` ``[B, T, 3HK]`` and ``f_a|g_a|b|0`` ``[B, T, 2K + H + pad]``: two GEMMs of x, one autograd node (x
+        has one consumer: its gradient is accumulated in place, :func:`kernels.linear.shared_input_linear`). The
+        small map gets zero rows up to a multiple of ``SMALL_PROJ_ALIGN`` (see there)."""
         w_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        w_small = torch.cat([self.f_a_proj.weight, self.g_a_proj.weight, self.b_proj.weight])
-        return shared_input_linear(x_BTD, [w_qkv, w_small])
+        small = [self.f_a_proj.weight, self.g_a_proj.weight, self.b_proj.weight]
+        pad = -sum(w.shape[0] for w in small) % SMALL_PROJ_ALIGN
+        if pad:
+            small.append(self.b_proj.weight.new_zeros(pad, x_BTD.shape[-1]))
+        return shared_input_linear(x_BTD, [w_qkv, torch.cat(small)])
 
     def _conv(self, qkv_BTC: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: KDALayerCache | None,
               decode: bool) -> torch.Tensor:

@@ -385,10 +385,49 @@ def test_standard_stream_fused_add_norm_equals_separate(monkeypatch, dtype):
         assert torch.equal(results["1"], results["0"])
     else:
         assert_rel_rms(results["1"].float(), results["0"].float(), 1e-2, "fused add + norm, bf16 interpreter")
-    monkeypatch.setenv("KVL_FUSED_NORM", "1")
-    stream = StandardStream(emb)  # autograd on: no holding back
-    stream.add(0, outs[0])
-    assert stream._pending is None and torch.equal(stream.x, emb + outs[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_standard_stream_fused_add_norm_training(monkeypatch, dtype):
+    """Under autograd ``KVL_FUSED_NORM=1`` holds each output back too (``AddNormFunction``): the sublayer inputs and
+    the gradients of the embeddings, of every sublayer output and of every norm gain match the separate add and
+    norm (fp32 to 1e-5; bf16 to its roundings: the fused backward adds the stream's gradient before rounding)."""
+    from kimi_vl.modeling.norm import RMSNorm
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_NORM_BACKEND", "triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    d, n = 40, 5
+    gen = torch.Generator().manual_seed(9)
+    outs0 = [(torch.randn(2, 3, d, generator=gen) * (i + 1)).to(dev, dtype) for i in range(n)]
+    emb0 = torch.randn(2, 3, d, generator=gen).to(dev, dtype)
+    weights = [torch.empty(d).uniform_(0.5, 1.5, generator=gen) for _ in range(n + 1)]
+    dys = [torch.randn(2, 3, d, generator=gen).to(dev, dtype) for _ in range(n + 1)]
+    results = {}
+    for fused in ("0", "1"):
+        monkeypatch.setenv("KVL_FUSED_NORM", fused)
+        norms = [RMSNorm(d, eps=1e-5).to(dev, dtype) for _ in range(n + 1)]
+        with torch.no_grad():
+            for nm, w in zip(norms, weights):
+                nm.weight.copy_(w)
+        emb = emb0.clone().requires_grad_(True)
+        outs = [o.clone().requires_grad_(True) for o in outs0]
+        stream, got, held = StandardStream(emb), [], []
+        for i, out in enumerate(outs):
+            x = stream.input(i, norms[i])
+            got.append(x)
+            stream.add(i, out * x.mean())  # the output depends on its input, as a sublayer's does
+            held.append(stream._pending is not None)
+        got.append(stream.final(norms[-1]))
+        torch.autograd.backward(got, dys)
+        grads = [emb.grad] + [o.grad for o in outs] + [nm.weight.grad for nm in norms]
+        results[fused] = (torch.stack(got).detach(), grads, held)
+    assert results["1"][2] == [True] * n and results["0"][2] == [False] * n
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert_rel_rms(results["1"][0].float(), results["0"][0].float(), tol, "inputs")
+    for j, (a, b) in enumerate(zip(results["1"][1], results["0"][1])):
+        assert_rel_rms(a.float(), b.float(), tol, f"grad {j}")
 
 
 def test_two_phase_backend_choice(monkeypatch):
