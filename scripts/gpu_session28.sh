@@ -6,11 +6,14 @@
 #   bash scripts/gpu_session28.sh fuse    call2: the training residual add fused into the next RMSNorm
 #       (KVL_FUSED_NORM) and the KDA layer's small map padded to 264 rows (SMALL_PROJ_ALIGN): their GPU tests, the
 #       small map's GEMMs at 262 / 264 rows, and the small hybrid's step profile with both, without each, and again.
+#   bash scripts/gpu_session28.sh check   call3: those GPU tests to the end (call2's stopped at its 150 s limit), the
+#       small hybrid's step at 10 iterations with and without the fused norm (twice, interleaved; per-step times and
+#       the host-device synchronisations of a step), block AttnRes's step overhead.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session28.sh model|fuse}" in
+case "${1:?usage: gpu_session28.sh model|fuse|check}" in
 model)
   install_fla
   mkdir -p "$OUT"/round_1 "$OUT"/round_2
@@ -29,6 +32,21 @@ fuse)
   flipped_tree kimi_vl/modeling/kda_layer.py 's/^SMALL_PROJ_ALIGN = 8/SMALL_PROJ_ALIGN = 1/'
   (cd /tmp/flip && OUT=$OUT/no_pad PYTHONPATH=/tmp/flip:$PYTHONPATH backbone_profile 70)
   OUT=$OUT/both_again backbone_profile 70
+  ;;
+check)
+  PART_TAIL=12 part "GPU tests: norm, standard stream, KDA layer" 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_norm.py tests/model/test_attn_res.py tests/model/test_kda_layer_backends.py
+  for round in 1 2; do
+    for v in fused unfused; do
+      mkdir -p "$OUT/${v}_$round"
+      flag=1
+      [ "$v" = unfused ] && flag=0
+      OUT=$OUT/${v}_$round KVL_FUSED_NORM=$flag PART_TAIL=12 part "bench_backbone, KVL_FUSED_NORM=$flag, round $round" 90 \
+        python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --profile \
+        --variants hybrid
+    done
+  done
+  attnres_step 8 150 30 12
   ;;
 esac
 ls -la "$OUT"

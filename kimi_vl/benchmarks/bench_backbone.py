@@ -43,17 +43,20 @@ def variant_config(flavor: str, variant: str) -> KimiVLConfig:
     return cfg
 
 
-def _time_cuda(fn, warmup: int, iters: int) -> float:
+def _time_cuda(fn, warmup: int, iters: int) -> tuple[float, list[float]]:
+    """Mean seconds per call of ``fn`` over ``iters`` back-to-back calls after ``warmup``, and each call's own
+    seconds (events between the calls; no synchronisation inside the run)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    events[0].record()
+    for i in range(iters):
         fn()
-    end.record()
+        events[i + 1].record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1000 / iters
+    each = [a.elapsed_time(b) / 1000 for a, b in zip(events, events[1:])]
+    return sum(each) / iters, each
 
 
 def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> dict:
@@ -65,9 +68,9 @@ def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> di
         model(ids, labels=ids, use_cache=False).loss.backward()
 
     torch.cuda.reset_peak_memory_stats()
-    sec = _time_cuda(step, warmup=2, iters=iters)
+    sec, each = _time_cuda(step, warmup=2, iters=iters)
     tps = batch * seq / sec
-    return {"seq": seq, "batch": batch, "step_s": sec, "tokens_per_s": tps,
+    return {"seq": seq, "batch": batch, "step_s": sec, "step_s_each": each, "tokens_per_s": tps,
             "mfu": lm_flops_per_token(model, seq) * tps / (peak * 1e12),
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
 
@@ -116,7 +119,10 @@ def profile_train(model, cfg, seq: int, batch: int, top: int = 30) -> dict:
     for name, (ms, _) in kernels.items():
         cats[categorise(name)] = cats.get(categorise(name), 0.0) + ms
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
-    return {"seq": seq, "batch": batch, "gpu_ms": sum(cats.values()),
+    from kimi_vl.benchmarks.profile_train_step import _sync_sites
+
+    syncs = _sync_sites(step)
+    return {"seq": seq, "batch": batch, "gpu_ms": sum(cats.values()), "sync_sites": syncs,
             "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
             "top_kernels": [{"name": n[:120], "ms": ms, "calls": c, "category": categorise(n)}
                             for n, (ms, c) in ranked[:top]]}
@@ -129,6 +135,9 @@ def profile_table(variant: str, prof: dict) -> str:
     lines += [f"| {c} | {ms:.2f} | {ms / total:.1%} |" for c, ms in prof["categories_ms"].items()]
     lines += ["", "| kernel | category | calls | ms |", "| --- | --- | --- | --- |"]
     lines += [f"| {k['name'][:70]} | {k['category']} | {k['calls']} | {k['ms']:.2f} |" for k in prof["top_kernels"]]
+    syncs = prof.get("sync_sites", {})
+    lines += ["", f"host-device synchronisations in a step: {sum(syncs.values())}"
+              + "".join(f"; {site} x{n}" for site, n in syncs.items())]
     return "\n".join(lines)
 
 
@@ -231,6 +240,8 @@ def table(results: dict) -> str:
     for v, rows in results["train"].items():
         lines += [f"| {v} | {r['seq']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {r['peak_mem_gib']:.1f} |"
                   for r in rows]
+    lines += ["", "steps (ms): " + "; ".join(f"{v} {r['seq']}: " + " ".join(f"{t * 1e3:.1f}" for t in r["step_s_each"])
+                                             for v, rows in results["train"].items() for r in rows)]
     lines += ["", "| variant | context | decode tokens/s | cache bytes/token |", "| --- | --- | --- | --- |"]
     for v, rows in results["decode"].items():
         lines += [f"| {v} | {r['context']} | {r['tokens_per_s']:,.1f} | {r['cache_bytes_per_token']:,.0f} |"
