@@ -9,11 +9,14 @@
 #   bash scripts/gpu_session28.sh check   call3: those GPU tests to the end (call2's stopped at its 150 s limit), the
 #       small hybrid's step at 10 iterations with and without the fused norm (twice, interleaved; per-step times and
 #       the host-device synchronisations of a step), block AttnRes's step overhead.
+#   bash scripts/gpu_session28.sh conv    call4: the short conv's one-kernel backward (BWD_FUSED): the short-conv and
+#       KDA-layer GPU tests, bench_short_conv (both backward paths at the model's shape, the fused one's tile sweep),
+#       the small hybrid's step with it, without it, and with it again.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session28.sh model|fuse|check}" in
+case "${1:?usage: gpu_session28.sh model|fuse|check|conv}" in
 model)
   install_fla
   mkdir -p "$OUT"/round_1 "$OUT"/round_2
@@ -47,6 +50,20 @@ check)
     done
   done
   attnres_step 8 150 30 12
+  ;;
+conv)
+  PART_TAIL=12 part "GPU tests: short conv, KDA layer" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_short_conv_triton.py tests/kernels/test_short_conv.py tests/model/test_kda_layer_backends.py
+  PART_TAIL=30 part "bench_short_conv: both backward paths, the fused one's tiles" 150 python3 \
+    kernels/benchmarks/bench_short_conv.py --no-sweep
+  flipped_tree kernels/short_conv/conv_triton.py 's/^BWD_FUSED = True/BWD_FUSED = False/'
+  for v in fused two_kernels fused_again; do
+    mkdir -p "$OUT/$v"
+    dir=.
+    [ "$v" = two_kernels ] && dir=/tmp/flip
+    (cd "$dir" && OUT=$OUT/$v PYTHONPATH=$PWD:$PYTHONPATH PART_TAIL=12 part "bench_backbone, $v" 90 python3 \
+      -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid)
+  done
   ;;
 esac
 ls -la "$OUT"

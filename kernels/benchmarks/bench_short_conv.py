@@ -13,7 +13,8 @@ kept) and the Triton backward launch alone (``conv_triton._backward``: the dpre 
 dweight partial sum) and each of its two kernels alone, with the error against the same launch on fp32 inputs;
 the same with dpre stored in bf16 (``DPRE_IN_X_DTYPE``); then each kernel alone at the tile configurations of
 ``DPRE_SWEEP`` / ``DX_SWEEP`` (``--no-sweep`` skips them) with the result's deviation from the default's, and the
-whole launch at the fastest configuration of each (``best``). Writes ``$OUT/bench_short_conv.json`` (or
+whole launch at the fastest configuration of each (``best``); the one-kernel backward (``BWD_FUSED``) at the
+configurations of ``FUSED_SWEEP``. Writes ``$OUT/bench_short_conv.json`` (or
 ``--out``) and prints a table; about 40-60 s on an H100.
 
     python kernels/benchmarks/bench_short_conv.py
@@ -193,6 +194,7 @@ def backward_alone(copy_gbps: float, sweep: bool) -> dict:
                 f"{prefix}dx_rel_vs_fp32": rel_rms(dx, dx_ref), f"{prefix}dweight_rel_vs_fp32": rel_rms(dw, dw_ref)}
 
     res.update(timed("triton_"))
+    res["fused"] = fused_sweep(x_TD, wd, dy_TD, lay, dx_ref, dw_ref, nbytes, copy_gbps)
     res["speedup_autograd"] = round(res["torch_autograd_ms"] / res["triton_autograd_ms"], 2)
     with patched(("DPRE_IN_X_DTYPE",), (True,)):
         res["dpre_in_x_dtype"] = timed("")
@@ -204,6 +206,31 @@ def backward_alone(copy_gbps: float, sweep: bool) -> dict:
         with patched(DPRE_NAMES + DX_NAMES, cfg1 + cfg2):
             res["best"] = {"dpre": cfg1, "dx": cfg2, **timed("")}
     return res
+
+
+FUSED_NAMES = ("FUSED_BT", "FUSED_BD", "FUSED_WARPS", "FUSED_TILES")
+FUSED_SWEEP = [(4, 128, 4, 64), (8, 128, 4, 32), (16, 128, 4, 16), (4, 256, 4, 64), (8, 256, 8, 32), (8, 64, 2, 32),
+               (16, 128, 8, 16), (4, 128, 4, 32)]
+
+
+def fused_sweep(x_TD, wd, dy_TD, lay, dx_ref, dw_ref, nbytes: int, copy_gbps: float) -> list[dict]:
+    """The one-kernel backward (``conv_triton.BWD_FUSED``'s path) at each (rows, channels, warps, tiles) of
+    ``FUSED_SWEEP`` (the first is the default): time, bytes/s of its minimum traffic (x, dy, dx) and the errors
+    against the fp32-input launch."""
+    def fused():
+        return conv_triton._backward(x_TD, wd, None, None, dy_TD, None, lay, True, need_dpre=False)
+
+    rows = []
+    for cfg in FUSED_SWEEP:
+        with patched(FUSED_NAMES, cfg):
+            dx, dw, _, dpre = fused()
+            assert dpre is None, "the fused path did not run"
+            ms = bench(fused)
+        rows.append({"BT": cfg[0], "BD": cfg[1], "warps": cfg[2], "tiles": cfg[3], "ms": round(ms, 4),
+                     "GBps": round(3 * nbytes / ms / 1e6, 1), "frac_of_copy": round(3 * nbytes / ms / 1e6 / copy_gbps, 3),
+                     "dx_rel_vs_fp32": rel_rms(dx, dx_ref), "dweight_rel_vs_fp32": rel_rms(dw, dw_ref)})
+        print(f"fused backward {cfg}: {json.dumps(rows[-1])}", flush=True)
+    return rows
 
 
 def tile_sweeps(k1, wd, lay, dt, nbytes: int) -> tuple[list[dict], list[dict]]:
@@ -275,7 +302,7 @@ def main() -> None:
             print(f"{layout:>7} {backend:>6}: {json.dumps(res[layout][backend])}")
     res["bwd_" + "x".join(map(str, MODEL))] = bwd = backward_alone(copy_gbps, not args.no_sweep)
     save()
-    print(f"backward alone {json.dumps({k: v for k, v in bwd.items() if not k.endswith('_sweep')})}")
+    print(f"backward alone {json.dumps({k: v for k, v in bwd.items() if not k.endswith('_sweep') and k != 'fused'})}")
     res["decode_N64_D12288"] = decode(copy_gbps)
     save()
     print(f"copy {res['copy_GBps']} GB/s; decode {json.dumps(res['decode_N64_D12288'])}")

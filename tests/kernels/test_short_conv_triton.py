@@ -34,9 +34,11 @@ def _inputs(lens, B, D, W, bias, state, dtype=torch.float32, seed=0):
     return to(x), to(w), to(b), to(s), (cu.to(kernel_device()) if cu is not None else None)
 
 
-def _run(backend, x, w, b, s, cu, activation, final, seed=1):
-    """Forward and the gradients of a random linear loss on y (and the final state) for every input."""
-    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (x, w, b, s)]
+def _run(backend, x, w, b, s, cu, activation, final, seed=1, state_grad=True):
+    """Forward and the gradients of a random linear loss on y (and the final state) for every input (the initial
+    state's only with ``state_grad``)."""
+    leaves = [t.detach().clone().requires_grad_(state_grad or i < 3) if t is not None else None
+              for i, t in enumerate((x, w, b, s))]
     y, fs = causal_conv1d(*leaves[:3], activation=activation, cu_seqlens=cu, initial_state=leaves[3],
                           output_final_state=final, backend=backend)
     g = torch.Generator().manual_seed(seed)
@@ -100,6 +102,47 @@ def test_backward_tile_edges_match_torch(monkeypatch, tiles, lens, D, W, bias, s
     for name, r in ref.items():
         if r is not None:
             assert_rel_rms(out[name], r, 1e-5, name)
+
+
+FUSED_CASES = [  # FUSED_BT, FUSED_BD, FUSED_TILES: ring rows = BT + W-1; tiles, programs and halos at every edge
+    (4, 4, 2),  # the W = 8 case falls back to the two kernels
+    (2, 8, 3),  # BT = W-1 at W = 3; from W = 4 the two kernels
+    (8, 2, 1),  # W = 8: BT = W-1 + 1
+    (1, 4, 5),  # BT = W-1 at W = 2 only
+]
+
+
+@pytest.mark.parametrize("fused", FUSED_CASES)
+@pytest.mark.parametrize("lens,D,W,bias,state,activation,final", TILED + CASES[:3])
+def test_fused_backward_matches_torch(monkeypatch, fused, lens, D, W, bias, state, activation, final):
+    """The one-kernel backward (``BWD_FUSED``, taken when no initial-state gradient is asked for): dx, dweight, dbias
+    against the PyTorch path, with the state's taps (no gradient) and the final-state gradient, tiny tiles."""
+    for name, v in zip(("FUSED_BT", "FUSED_BD", "FUSED_TILES"), fused):
+        monkeypatch.setattr(conv_triton, name, v)
+    calls = []
+    real = conv_triton._bwd_fused
+    monkeypatch.setattr(conv_triton, "_bwd_fused", lambda *a: calls.append(1) or real(*a))
+    x, w, b, s, cu = _inputs(lens, 2, D, W, bias, state, seed=5)
+    ref = _run("torch", x, w, b, s, cu, activation, final, state_grad=False)
+    out = _run("triton", x, w, b, s, cu, activation, final, state_grad=False)
+    assert len(calls) == (1 if fused[0] >= W - 1 else 0)
+    assert out.get("ds") is None
+    for name, r in ref.items():
+        if r is not None:
+            assert_rel_rms(out[name], r, 1e-5, name)
+
+
+def test_fused_backward_equals_two_kernels(monkeypatch):
+    """Both backward paths at the default tiles over several programs: dx and the weight gradient agree to fp32
+    rounding (the dweight sums are formed in the same order; dx's in the same order from fp32 dpre)."""
+    lens = [1, conv_triton.FUSED_BT * conv_triton.FUSED_TILES + 3, 2, 40, 3]
+    x, w, b, s, cu = _inputs(lens, 1, 5, 4, True, False, seed=6)
+    out = {}
+    for flag in (False, True):
+        monkeypatch.setattr(conv_triton, "BWD_FUSED", flag)
+        out[flag] = _run("triton", x, w, b, s, cu, "silu", True)
+    for name, r in out[False].items():
+        assert_rel_rms(out[True][name], r, 1e-6, name)
 
 
 def test_backward_default_tiles_long_varlen():
