@@ -12,11 +12,14 @@
 #   bash scripts/gpu_session28.sh conv    call4: the short conv's one-kernel backward (BWD_FUSED): the short-conv and
 #       KDA-layer GPU tests, bench_short_conv (both backward paths at the model's shape, the fused one's tile sweep),
 #       the small hybrid's step with it, without it, and with it again.
+#   bash scripts/gpu_session28.sh conv2   call5: the same after call4's compile failure at BT != BW (fixed): the GPU
+#       tests, bench_short_conv's tile sweep of the fused backward, the small hybrid's step at the fastest tiles
+#       and at the default, block AttnRes's step overhead.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session28.sh model|fuse|check|conv}" in
+case "${1:?usage: gpu_session28.sh model|fuse|check|conv|conv2}" in
 model)
   install_fla
   mkdir -p "$OUT"/round_1 "$OUT"/round_2
@@ -64,6 +67,24 @@ conv)
     (cd "$dir" && OUT=$OUT/$v PYTHONPATH=$PWD:$PYTHONPATH PART_TAIL=12 part "bench_backbone, $v" 90 python3 \
       -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid)
   done
+  ;;
+conv2)
+  PART_TAIL=12 part "GPU tests: short conv, KDA layer" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_short_conv_triton.py tests/kernels/test_short_conv.py tests/model/test_kda_layer_backends.py
+  PART_TAIL=14 part "bench_short_conv: both backward paths, the fused one's tiles" 150 python3 \
+    kernels/benchmarks/bench_short_conv.py --no-sweep
+  best=$(python3 -c "import json; r=min(json.load(open('$OUT/bench_short_conv.json'))['bwd_8x4096x2304']['fused'],
+    key=lambda r: r['ms']); print(r['BT'], r['BD'], r['warps'], r['tiles'], sep=', ')")
+  echo "fastest fused tiles: $best" | tee -a "$LOG"
+  flipped_tree kernels/short_conv/conv_triton.py "s/^FUSED_BT, FUSED_BD, FUSED_WARPS, FUSED_TILES = .*/FUSED_BT, FUSED_BD, FUSED_WARPS, FUSED_TILES = $best/"
+  for v in default best default_again best_again; do
+    mkdir -p "$OUT/$v"
+    dir=.
+    case $v in best*) dir=/tmp/flip ;; esac
+    (cd "$dir" && OUT=$OUT/$v PYTHONPATH=$PWD:$PYTHONPATH PART_TAIL=4 part "bench_backbone, $v" 90 python3 \
+      -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid)
+  done
+  attnres_step 8 150 12 8
   ;;
 esac
 ls -la "$OUT"

@@ -256,7 +256,7 @@ def _dpre_tile(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, pos, rows, rmask, c
 
 
 @triton.jit
-def _bwd_fused_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_ptr, ring_ptr, seq_ptr, cu_ptr,
+def _conv_bwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_ptr, ring_ptr, seq_ptr, cu_ptr,
                       NT, T, D, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                       TILES: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
                       HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
@@ -279,10 +279,11 @@ def _bwd_fused_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_pt
         acc = acc + (tl.zeros([BT, BD], dtype=ACC),)
     gsum = tl.zeros([BT, BD], dtype=ACC)
     # the W-1 rows after the group (the next group's first), for this group's last tile
+    # (names of their own: a name assigned before the loop and in it is a loop-carried value of one shape)
     hrows = (i_p + 1) * (TILES * BT) + wc
     hmask = (wc < W - 1) & (hrows < NT)
-    seq, bos, L = _rows_seq(hrows, hmask, seq_ptr, cu_ptr, T, VARLEN)
-    gh = _dpre_tile(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, hrows - bos, hrows, hmask, cols, cmask, D, W, BW,
+    hseq, hbos, _ = _rows_seq(hrows, hmask, seq_ptr, cu_ptr, T, VARLEN)
+    gh = _dpre_tile(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, hseq, hbos, hrows - hbos, hrows, hmask, cols, cmask, D, W, BW,
                     BD, ACT, HAS_BIAS, HAS_STATE, ACC)
     tl.store(ring + (BT + wc)[:, None] * BD, gh, mask=(wc < W - 1)[:, None])
     for it in range(TILES):
@@ -476,7 +477,7 @@ def _bwd_dx(dpre, w, dfs, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
 
 
 def _bwd_fused(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
-    """``_bwd_fused_kernel``: dx ``[NT, D]`` in x's dtype and the dweight ``[P, D, W]`` / dbias ``[P, D]`` partial
+    """``_conv_bwd_kernel``: dx ``[NT, D]`` in x's dtype and the dweight ``[P, D, W]`` / dbias ``[P, D]`` partial
     sums of its P row-group programs (dbias None without bias)."""
     acc_dt = torch.float64 if x_TD.dtype == torch.float64 else torch.float32
     tiles = max(1, min(FUSED_TILES, triton.cdiv(lay.NT, FUSED_BT)))
@@ -487,7 +488,7 @@ def _bwd_fused(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
     db_part = torch.zeros(n_prog, lay.D, dtype=acc_dt, device=x_TD.device) if b is not None else None
     ring = torch.empty(n_prog * n_col * (FUSED_BT + bw) * FUSED_BD, dtype=acc_dt, device=x_TD.device)
     if n_prog and lay.D:
-        _bwd_fused_kernel[(n_prog, n_col)](
+        _conv_bwd_kernel[(n_prog, n_col)](
             x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dfs if dfs is not None else dx,
             dx, dw_part, db_part if db_part is not None else dw_part, ring, lay.seq, lay.cu, lay.NT, lay.T, lay.D,
             W=lay.W, BW=bw, BT=FUSED_BT, BD=FUSED_BD, TILES=tiles, ACT=silu, HAS_BIAS=b is not None,
