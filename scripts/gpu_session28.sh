@@ -15,11 +15,14 @@
 #   bash scripts/gpu_session28.sh conv2   call5: the same after call4's compile failure at BT != BW (fixed): the GPU
 #       tests, bench_short_conv's tile sweep of the fused backward, the small hybrid's step at the fastest tiles
 #       and at the default, block AttnRes's step overhead.
+#   bash scripts/gpu_session28.sh stream  call6: the streaming one-kernel backward (BWD_FUSED="stream") beside the
+#       ring: the short-conv GPU tests with the stream on, bench_short_conv's sweep of both, the small hybrid's step
+#       at the fastest of all against the ring default (interleaved, twice).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session28.sh model|fuse|check|conv|conv2}" in
+case "${1:?usage: gpu_session28.sh model|fuse|check|conv|conv2|stream}" in
 model)
   install_fla
   mkdir -p "$OUT"/round_1 "$OUT"/round_2
@@ -85,6 +88,29 @@ conv2)
       -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid)
   done
   attnres_step 8 150 12 8
+  ;;
+stream)
+  flipped_tree kernels/short_conv/conv_triton.py 's/^BWD_FUSED: str | bool = "ring"/BWD_FUSED: str | bool = "stream"/'
+  (cd /tmp/flip && PYTHONPATH=$PWD:$PYTHONPATH PART_TAIL=6 part "GPU tests with the stream backward" 150 python3 \
+    -m pytest -q -n 8 -p no:cacheprovider -rf tests/kernels/test_short_conv_triton.py tests/model/test_kda_layer_backends.py)
+  PART_TAIL=24 part "bench_short_conv: the one-kernel backwards' sweeps" 150 python3 \
+    kernels/benchmarks/bench_short_conv.py --no-sweep
+  sets=$(python3 - "$OUT/bench_short_conv.json" <<'PY'
+import json, sys
+r = min(json.load(open(sys.argv[1]))["bwd_8x4096x2304"]["fused"], key=lambda r: r["ms"])
+names, vals = ", ".join(r["names"]), ", ".join(map(str, r["config"]))
+print(f's/^BWD_FUSED: str | bool = .*/BWD_FUSED: str | bool = "{r["kind"]}"/;s/^{names} = .*/{names} = {vals}/')
+PY
+)
+  echo "fastest one-kernel backward: $sets" | tee -a "$LOG"
+  flipped_tree kernels/short_conv/conv_triton.py "$sets"
+  for v in ring best ring_again best_again; do
+    mkdir -p "$OUT/$v"
+    dir=.
+    case $v in best*) dir=/tmp/flip ;; esac
+    (cd "$dir" && OUT=$OUT/$v PYTHONPATH=$PWD:$PYTHONPATH PART_TAIL=3 part "bench_backbone, $v" 90 python3 \
+      -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid)
+  done
   ;;
 esac
 ls -la "$OUT"

@@ -125,6 +125,21 @@ def conv_bwd_ptxas_report(bt: int, w: int = 4, bd: int = 128, warps: int = 4, ti
     return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": 2})
 
 
+def conv_bwd_stream_ptxas_report(w: int = 4, bd: int = 128, warps: int = 1, rows: int = 256, stages: int = 3,
+                                 varlen: bool = True, state: bool = False, bias: bool = False,
+                                 dfs: bool = False) -> str:
+    """``kernels.short_conv``'s streaming one-kernel backward (``_conv_bwd_stream_kernel``) for bf16 x."""
+    from kernels.short_conv import conv_triton
+
+    fn = conv_triton._conv_bwd_stream_kernel
+    bf, f32, i32 = "*bf16", "*fp32", "*i32"
+    args = [bf, bf, bf, bf, bf, bf, bf, f32, f32, i32, i32, "i32", "i32", "i32"]
+    consts = dict(W=w, BW=max(2, triton.next_power_of_2(w)), ROWS=rows, BD=bd, ACT=True, HAS_BIAS=bias,
+                  HAS_STATE=state, HAS_DFS=dfs, VARLEN=varlen, ACC=triton.language.float32)
+    sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
+    return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": stages})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", choices=("all",) + KERNELS, default="all")

@@ -54,8 +54,12 @@ DX_BT, DX_BD, DX_WARPS = 16, 256, 4
 # dpre goes through a per-program ring of BT + W-1 rows (L2-resident scratch) instead of an [NT, D] buffer, so that
 # neither dpre's write nor its read reaches DRAM (6 B an element in bf16 against 14). Tiles of FUSED_BT rows,
 # FUSED_TILES a program, walked last to first; the W-1 rows after a program's group are recomputed once.
-BWD_FUSED = True
+# "ring" | "stream" | False (the two kernels). "stream": one row a step per program, the W taps and the W-1 later
+# rows' dpre carried in registers as sliding windows (no shifted loads, no ring, no barriers), STREAM_ROWS rows a
+# program (plus the W-1 after them, whose dpre is recomputed), STREAM_BD channels, STREAM_WARPS warps.
+BWD_FUSED: str | bool = "ring"
 FUSED_BT, FUSED_BD, FUSED_WARPS, FUSED_TILES = 4, 128, 4, 64
+STREAM_ROWS, STREAM_BD, STREAM_WARPS, STREAM_STAGES = 256, 128, 1, 3
 STATE_BD = 128
 DEC_BD = 256
 NUM_WARPS = 4
@@ -332,6 +336,100 @@ def _conv_bwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr
 
 
 @triton.jit
+def _conv_bwd_stream_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_ptr, seq_ptr, cu_ptr, NT, T,
+                            D, W: tl.constexpr, BW: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr,
+                            ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+                            HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
+    """The whole backward but d initial state, one program: rows ``[g0, g0 + ROWS)`` from the last to the first,
+    one row a step, for BD channels. ``xs`` holds the inputs of rows t-W+1..t (raw rows; a tap before t's sequence
+    start is replaced by the initial state or zero where used), ``ds`` the dpre of rows t+1..t+W-1 (each used only
+    inside t's sequence); the W-1 rows after the group are stepped through first (dpre only)."""
+    i_p = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cmask = cols < D
+    zc = (cols * 0).to(tl.int64)  # row scalars as vectors over the channels: masks stay vectors (the interpreter
+    # turns a scalar bool & a vector bool into integers, which tl.load refuses as a mask)
+    wc = tl.arange(0, BW)
+    g0 = i_p * ROWS
+    g1 = tl.minimum(g0 + ROWS, NT)
+    wts = ()
+    dws = ()
+    xs = ()  # xs[j]: x row t - (W - 1) + j
+    ds = ()  # ds[k]: dpre row t + 1 + k
+    top = g1 + (W - 2)  # the first row stepped: the last of the W-1 after the group
+    for w in tl.static_range(W):
+        wts = wts + (tl.load(w_ptr + cols * W + w, mask=cmask, other=0.0).to(ACC),)
+        dws = dws + (tl.zeros([BD], dtype=ACC),)
+        r0 = top - (W - 1) + 1 + w  # xs for t = top + 1, shifted in at the first step
+        xs = xs + (tl.load(x_ptr + r0 * D + cols, mask=cmask & (zc + r0 >= 0) & (zc + r0 < NT), other=0.0).to(ACC),)
+    for _k in tl.static_range(W - 1):
+        ds = ds + (tl.zeros([BD], dtype=ACC),)
+    db = tl.zeros([BD], dtype=ACC)
+    bias = tl.zeros([BD], dtype=ACC)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    for i in range(ROWS + W - 1):
+        t = top - i
+        r = t - (W - 1)
+        tv = zc + t
+        rv = tv - (W - 1)
+        nx = (tl.load(x_ptr + r * D + cols, mask=cmask & (rv >= 0) & (rv < NT), other=0.0).to(ACC),)
+        for j in tl.static_range(W - 1):
+            nx = nx + (xs[j],)
+        xs = nx
+        ok = cmask & (tv >= g0) & (tv < NT)
+        mine = ok & (tv < g1)  # a row of this group (else one of the W-1 after it)
+        if VARLEN:
+            seq = tl.load(seq_ptr + tl.maximum(tl.minimum(t, NT - 1), 0)).to(tl.int64)
+            bos = tl.load(cu_ptr + seq).to(tl.int64)
+            L = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
+        else:
+            seq = t // T
+            bos = seq * T
+            L = T
+        pos = zc + (t - bos)
+        g = tl.load(dy_ptr + t * D + cols, mask=ok, other=0.0).to(ACC)
+        taps = ()
+        for j in tl.static_range(W):
+            tap = tl.where(pos - (W - 1) + j >= 0, xs[j], 0.0)
+            if HAS_STATE:
+                sj = pos + j  # state column of a tap before the start
+                tap += tl.load(s_ptr + (seq * (W - 1) + sj) * D + cols,
+                               mask=ok & (sj < W - 1), other=0.0).to(x_ptr.dtype.element_ty).to(ACC)
+            taps = taps + (tap,)
+        if ACT:  # (the forward's order of sums)
+            pre = tl.zeros([BD], dtype=ACC)
+            for j in tl.static_range(W):
+                pre += wts[j] * taps[j]
+            pre += bias
+            sig = 1.0 / (1.0 + tl.exp(-pre))
+            g = g * sig * (1.0 + pre * (1.0 - sig))
+        dx = wts[W - 1] * g
+        for k in tl.static_range(W - 1):
+            dx += tl.where(pos + 1 + k < L, wts[W - 2 - k] * ds[k], 0.0)
+        if HAS_DFS:
+            c = pos - L + (W - 1)  # final-state column that holds this input
+            dx += tl.load(dfs_ptr + (seq * (W - 1) + c) * D + cols, mask=ok & (c >= 0), other=0.0).to(ACC)
+        tl.store(dx_ptr + t * D + cols, dx.to(dx_ptr.dtype.element_ty), mask=mine)
+        gm = tl.where(mine, g, 0.0)
+        nxt = ()
+        for j in tl.static_range(W):
+            nxt = nxt + (dws[j] + taps[j] * gm,)
+        dws = nxt
+        db += gm
+        nd = (g,)
+        for k in tl.static_range(W - 2):
+            nd = nd + (ds[k],)
+        ds = nd
+    dw = tl.zeros([BW, BD], dtype=ACC)
+    for w in tl.static_range(W):
+        dw += tl.where(wc[:, None] == w, dws[w][None, :], 0.0)
+    tl.store(dw_ptr + i_p * D * W + cols[None, :] * W + wc[:, None], dw, mask=(wc < W)[:, None] & cmask[None, :])
+    if HAS_BIAS:
+        tl.store(db_ptr + i_p * D + cols, db, mask=cmask)
+
+
+@triton.jit
 def _dfs_rows(dfs_ptr, seq, pos, L, rmask, cols, cmask, D, W: tl.constexpr, ACC: tl.constexpr):
     """Final-state gradient of the inputs at sequence positions ``pos`` (zero outside the last W-1)."""
     c = pos - L + (W - 1)  # final-state column that holds this input
@@ -498,11 +596,32 @@ def _bwd_fused(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
     return dx, dw_part, db_part
 
 
+def _bwd_stream(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
+    """``_conv_bwd_stream_kernel``: as :func:`_bwd_fused`."""
+    acc_dt = torch.float64 if x_TD.dtype == torch.float64 else torch.float32
+    n_prog, n_col = triton.cdiv(lay.NT, STREAM_ROWS), triton.cdiv(lay.D, STREAM_BD)
+    dx = torch.empty(lay.NT, lay.D, dtype=x_TD.dtype, device=x_TD.device)
+    dw_part = torch.zeros(n_prog, lay.D, lay.W, dtype=acc_dt, device=x_TD.device)
+    db_part = torch.zeros(n_prog, lay.D, dtype=acc_dt, device=x_TD.device) if b is not None else None
+    if n_prog and lay.D:
+        _conv_bwd_stream_kernel[(n_prog, n_col)](
+            x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dfs if dfs is not None else dx,
+            dx, dw_part, db_part if db_part is not None else dw_part, lay.seq, lay.cu, lay.NT, lay.T, lay.D, W=lay.W,
+            BW=max(2, triton.next_power_of_2(lay.W)), ROWS=STREAM_ROWS, BD=STREAM_BD, ACT=silu,
+            HAS_BIAS=b is not None, HAS_STATE=s is not None, HAS_DFS=dfs is not None, VARLEN=lay.varlen,
+            ACC=_acc(x_TD.dtype), num_warps=STREAM_WARPS, num_stages=STREAM_STAGES,
+        )
+    return dx, dw_part, db_part
+
+
 def _backward(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool, need_dpre: bool = True):
     """dx ``[NT, D]``, dweight ``[D, W]`` and dbias ``[D]`` (fp32/fp64 sums; dbias None without bias), and dpre
-    (for ``_dstate``; None from the fused kernel, taken when ``need_dpre`` is False, ``BWD_FUSED`` is set and the
-    tiles cover the W-1 rows of the ring)."""
-    if not need_dpre and BWD_FUSED and FUSED_BT >= lay.W - 1:
+    (for ``_dstate``; None from a one-kernel backward, taken when ``need_dpre`` is False and ``BWD_FUSED`` names
+    one: "ring" when its tiles cover the W-1 rows of the ring, "stream" for W > 1)."""
+    if not need_dpre and BWD_FUSED == "stream" and lay.W > 1:
+        dx, dw_part, db_part = _bwd_stream(x_TD, w, b, s, dy_TD, dfs, lay, silu)
+        dpre = None
+    elif not need_dpre and BWD_FUSED == "ring" and FUSED_BT >= lay.W - 1:
         dx, dw_part, db_part = _bwd_fused(x_TD, w, b, s, dy_TD, dfs, lay, silu)
         dpre = None
     else:

@@ -112,20 +112,29 @@ FUSED_CASES = [  # FUSED_BT, FUSED_BD, FUSED_TILES: ring rows = BT + W-1; tiles,
 ]
 
 
-@pytest.mark.parametrize("fused", FUSED_CASES)
-@pytest.mark.parametrize("lens,D,W,bias,state,activation,final", TILED + CASES[:3])
+STREAM_CASES = [(2, 4), (3, 2), (8, 8), (1, 4)]  # STREAM_ROWS, STREAM_BD: program edges inside the W-1-row halos
+
+
+@pytest.mark.parametrize("fused", [("ring", *c) for c in FUSED_CASES] + [("stream", *c) for c in STREAM_CASES])
+@pytest.mark.parametrize("lens,D,W,bias,state,activation,final", TILED + CASES[:3] + CASES[6:])
 def test_fused_backward_matches_torch(monkeypatch, fused, lens, D, W, bias, state, activation, final):
-    """The one-kernel backward (``BWD_FUSED``, taken when no initial-state gradient is asked for): dx, dweight, dbias
-    against the PyTorch path, with the state's taps (no gradient) and the final-state gradient, tiny tiles."""
-    for name, v in zip(("FUSED_BT", "FUSED_BD", "FUSED_TILES"), fused):
+    """The one-kernel backwards (``BWD_FUSED`` "ring" / "stream", taken when no initial-state gradient is asked for):
+    dx, dweight, dbias against the PyTorch path, with the state's taps (no gradient) and the final-state gradient,
+    tiny tiles."""
+    kind, *tiles = fused
+    monkeypatch.setattr(conv_triton, "BWD_FUSED", kind)
+    names = ("FUSED_BT", "FUSED_BD", "FUSED_TILES") if kind == "ring" else ("STREAM_ROWS", "STREAM_BD")
+    for name, v in zip(names, tiles):
         monkeypatch.setattr(conv_triton, name, v)
     calls = []
-    real = conv_triton._bwd_fused
-    monkeypatch.setattr(conv_triton, "_bwd_fused", lambda *a: calls.append(1) or real(*a))
+    fn = "_bwd_fused" if kind == "ring" else "_bwd_stream"
+    real = getattr(conv_triton, fn)
+    monkeypatch.setattr(conv_triton, fn, lambda *a: calls.append(1) or real(*a))
     x, w, b, s, cu = _inputs(lens, 2, D, W, bias, state, seed=5)
     ref = _run("torch", x, w, b, s, cu, activation, final, state_grad=False)
     out = _run("triton", x, w, b, s, cu, activation, final, state_grad=False)
-    assert len(calls) == (1 if fused[0] >= W - 1 else 0)
+    taken = tiles[0] >= W - 1 if kind == "ring" else W > 1
+    assert len(calls) == (1 if taken else 0)
     assert out.get("ds") is None
     for name, r in ref.items():
         if r is not None:
@@ -133,16 +142,17 @@ def test_fused_backward_matches_torch(monkeypatch, fused, lens, D, W, bias, stat
 
 
 def test_fused_backward_equals_two_kernels(monkeypatch):
-    """Both backward paths at the default tiles over several programs: dx and the weight gradient agree to fp32
-    rounding (the dweight sums are formed in the same order; dx's in the same order from fp32 dpre)."""
-    lens = [1, conv_triton.FUSED_BT * conv_triton.FUSED_TILES + 3, 2, 40, 3]
+    """The backward paths at the default tiles over several programs: dx and the weight gradient agree to fp32
+    rounding (dx's sums in the same order from fp32 dpre; the weight gradient's rows summed in other orders)."""
+    lens = [1, max(conv_triton.FUSED_BT * conv_triton.FUSED_TILES, conv_triton.STREAM_ROWS) + 3, 2, 40, 3]
     x, w, b, s, cu = _inputs(lens, 1, 5, 4, True, False, seed=6)
     out = {}
-    for flag in (False, True):
+    for flag in (False, "ring", "stream"):
         monkeypatch.setattr(conv_triton, "BWD_FUSED", flag)
         out[flag] = _run("triton", x, w, b, s, cu, "silu", True)
     for name, r in out[False].items():
-        assert_rel_rms(out[True][name], r, 1e-6, name)
+        assert_rel_rms(out["ring"][name], r, 1e-6, name)
+        assert_rel_rms(out["stream"][name], r, 1e-6, name)
 
 
 def test_backward_default_tiles_long_varlen():
@@ -212,6 +222,8 @@ def test_decode_widths_match_torch(W, bias, activation):
 
 
 def test_dispatch_env_and_argument(monkeypatch):
+    """Which path runs, on CPU tensors (with a GPU too: the interpreter flag lets the Triton path take them)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     x, w = torch.randn(1, 3, 2), torch.randn(2, 4)
 
     def marker(*args, **kwargs):
