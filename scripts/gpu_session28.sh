@@ -17,7 +17,7 @@
 #       and at the default, block AttnRes's step overhead.
 #   bash scripts/gpu_session28.sh stream  call6: the streaming one-kernel backward (BWD_FUSED="stream") beside the
 #       ring: the short-conv GPU tests with the stream on, bench_short_conv's sweep of both, the small hybrid's step
-#       at the fastest of all against the ring default (interleaved, twice).
+#       at the fastest of all against the ring default.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -92,7 +92,8 @@ conv2)
 stream)
   flipped_tree kernels/short_conv/conv_triton.py 's/^BWD_FUSED: str | bool = "ring"/BWD_FUSED: str | bool = "stream"/'
   (cd /tmp/flip && PYTHONPATH=$PWD:$PYTHONPATH PART_TAIL=6 part "GPU tests with the stream backward" 150 python3 \
-    -m pytest -q -n 8 -p no:cacheprovider -rf tests/kernels/test_short_conv_triton.py tests/model/test_kda_layer_backends.py)
+    -m pytest -q -n 8 -p no:cacheprovider -rf tests/kernels/test_short_conv_triton.py -k "fused or gpu" \
+    tests/model/test_kda_layer_backends.py)
   PART_TAIL=24 part "bench_short_conv: the one-kernel backwards' sweeps" 150 python3 \
     kernels/benchmarks/bench_short_conv.py --no-sweep
   sets=$(python3 - "$OUT/bench_short_conv.json" <<'PY'
@@ -104,7 +105,7 @@ PY
 )
   echo "fastest one-kernel backward: $sets" | tee -a "$LOG"
   flipped_tree kernels/short_conv/conv_triton.py "$sets"
-  for v in ring best ring_again best_again; do
+  for v in ring best; do
     mkdir -p "$OUT/$v"
     dir=.
     case $v in best*) dir=/tmp/flip ;; esac
