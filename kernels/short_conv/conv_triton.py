@@ -13,7 +13,12 @@ Kernels (all fixed configurations, so they run under ``TRITON_INTERPRET=1``; no 
 - ``_fwd_kernel``, grid (row tiles, channel tiles): the W taps as W shifted ``[BT, BD]`` loads (the
   shifted rows come from L1/L2), bias, SiLU; one pass over x and y.
 - ``_final_state_kernel``, grid (sequence, channel tiles): the last W-1 inputs of each sequence.
-- backward, two kernels (no gather, no recomputed halo):
+- backward, one kernel when no initial-state gradient is asked for (``BWD_FUSED``, see there):
+  ``_conv_bwd_stream_kernel`` (default), grid (row groups, channel tiles): each program walks its rows from the last
+  to the first, one row a step, with the W taps and the dpre of the W-1 later rows as register windows: dpre, dx,
+  and the dweight / dbias partial sums, dpre never stored; ``_conv_bwd_kernel`` ("ring"): the same from [BT, BD]
+  tiles, dpre through a per-program ring in L2-resident scratch.
+- backward, two kernels otherwise (no gather, no recomputed halo):
   ``_dpre_kernel``, grid (row groups, channel tiles): each program walks its group in [BT, BD] row tiles; per
   tile the W shifted taps as the forward loads them (kept in registers; initial-state values before a sequence
   start), ``pre`` (the forward's order of sums), ``dpre = dy * silu'(pre)`` (one exp) stored to an fp32 buffer
@@ -50,16 +55,20 @@ FWD_BT, FWD_BD = 16, 128
 DPRE_BT, DPRE_BD, DPRE_WARPS, DPRE_TILES, DPRE_DEFER = 4, 128, 4, 64, True
 DPRE_IN_X_DTYPE = False  # store dpre in x's dtype (bf16: 2 B less traffic per element each way) instead of fp32
 DX_BT, DX_BD, DX_WARPS = 16, 256, 4
-# One backward kernel instead of the two when no initial-state gradient is asked for (the training layer's case):
-# dpre goes through a per-program ring of BT + W-1 rows (L2-resident scratch) instead of an [NT, D] buffer, so that
-# neither dpre's write nor its read reaches DRAM (6 B an element in bf16 against 14). Tiles of FUSED_BT rows,
-# FUSED_TILES a program, walked last to first; the W-1 rows after a program's group are recomputed once.
-# "ring" | "stream" | False (the two kernels). "stream": one row a step per program, the W taps and the W-1 later
-# rows' dpre carried in registers as sliding windows (no shifted loads, no ring, no barriers), STREAM_ROWS rows a
-# program (plus the W-1 after them, whose dpre is recomputed), STREAM_BD channels, STREAM_WARPS warps.
-BWD_FUSED: str | bool = "ring"
+# One backward kernel instead of the two when no initial-state gradient is asked for (the training layer's case), so
+# that dpre never reaches DRAM (6 B an element of traffic in bf16 against 14):
+# - "stream" (the default): one row a step per program, the W taps and the W-1 later rows' dpre carried in
+#   registers as sliding windows (no shifted loads, no scratch, no barriers); STREAM_ROWS rows a program (plus the
+#   W-1 after them, whose dpre is recomputed), STREAM_BD channels, STREAM_WARPS warps, STREAM_STAGES stages;
+# - "ring": tiles of FUSED_BT rows, FUSED_TILES a program, walked last to first, dpre through a per-program ring of
+#   BT + W-1 rows (L2-resident scratch) with two barriers a tile;
+# - False: the two kernels (always when the initial state needs a gradient: its kernel reads the dpre buffer).
+# H200, the model's 8 x 4096 x 2304 bf16 backward (bench_short_conv.py, session 28 call6): two kernels 0.395 ms, ring
+# 0.302-0.369 (0.311 at 4 / 128 / 4 / 64), stream 0.271 at 128 rows (0.278 at 256, 0.418 at 512, 0.52 at 64
+# channels); the small hybrid's step: 3.41 / 2.68 / 2.29 ms of backward conv kernels (calls 4-6).
+BWD_FUSED: str | bool = "stream"
 FUSED_BT, FUSED_BD, FUSED_WARPS, FUSED_TILES = 4, 128, 4, 64
-STREAM_ROWS, STREAM_BD, STREAM_WARPS, STREAM_STAGES = 256, 128, 1, 3
+STREAM_ROWS, STREAM_BD, STREAM_WARPS, STREAM_STAGES = 128, 128, 1, 3
 STATE_BD = 128
 DEC_BD = 256
 NUM_WARPS = 4
