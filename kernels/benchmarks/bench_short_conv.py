@@ -13,8 +13,8 @@ kept) and the Triton backward launch alone (``conv_triton._backward``: the dpre 
 dweight partial sum) and each of its two kernels alone, with the error against the same launch on fp32 inputs;
 the same with dpre stored in bf16 (``DPRE_IN_X_DTYPE``); then each kernel alone at the tile configurations of
 ``DPRE_SWEEP`` / ``DX_SWEEP`` (``--no-sweep`` skips them) with the result's deviation from the default's, and the
-whole launch at the fastest configuration of each (``best``); the one-kernel backwards (``BWD_FUSED`` "ring" and
-"stream") at the configurations of ``FUSED_SWEEP`` / ``STREAM_SWEEP``. Writes ``$OUT/bench_short_conv.json`` (or
+whole launch at the fastest configuration of each (``best``); the one-kernel backward (``BWD_FUSED``) at the
+configurations of ``STREAM_SWEEP``. Writes ``$OUT/bench_short_conv.json`` (or
 ``--out``) and prints a table; about 40-60 s on an H100.
 
     python kernels/benchmarks/bench_short_conv.py
@@ -208,33 +208,30 @@ def backward_alone(copy_gbps: float, sweep: bool) -> dict:
     return res
 
 
-FUSED_NAMES = ("FUSED_BT", "FUSED_BD", "FUSED_WARPS", "FUSED_TILES")
-FUSED_SWEEP = [(4, 128, 4, 64), (8, 128, 4, 32), (8, 64, 2, 32), (4, 128, 4, 32), (4, 64, 2, 64)]
 STREAM_NAMES = ("STREAM_ROWS", "STREAM_BD", "STREAM_WARPS", "STREAM_STAGES")
-STREAM_SWEEP = [(256, 128, 1, 3), (256, 64, 1, 3), (256, 128, 1, 2), (512, 128, 1, 3), (128, 128, 1, 3),
-                (256, 256, 2, 3), (256, 128, 1, 4), (256, 64, 1, 4), (512, 64, 1, 4), (128, 64, 1, 3)]
+STREAM_SWEEP = [(128, 128, 1, 3), (256, 128, 1, 3), (128, 128, 1, 2), (64, 128, 1, 3), (128, 256, 2, 3),
+                (128, 128, 1, 4), (256, 256, 2, 3), (128, 64, 1, 3)]
 
 
 def fused_sweep(x_TD, wd, dy_TD, lay, dx_ref, dw_ref, nbytes: int, copy_gbps: float) -> list[dict]:
-    """The one-kernel backwards (``conv_triton.BWD_FUSED``): "ring" at each (rows, channels, warps, tiles) of
-    ``FUSED_SWEEP``, "stream" at each (rows, channels, warps, stages) of ``STREAM_SWEEP``: time, bytes/s of the
-    minimum traffic (x, dy, dx) and the errors against the fp32-input launch."""
+    """The one-kernel backward (``conv_triton.BWD_FUSED``) at each (rows, channels, warps, stages) of
+    ``STREAM_SWEEP`` (the first is the default): time, bytes/s of the minimum traffic (x, dy, dx) and the errors
+    against the fp32-input launch."""
     def fused():
         return conv_triton._backward(x_TD, wd, None, None, dy_TD, None, lay, True, need_dpre=False)
 
     rows = []
-    for kind, names, sweep in (("ring", FUSED_NAMES, FUSED_SWEEP), ("stream", STREAM_NAMES, STREAM_SWEEP)):
-        for cfg in sweep:
-            with patched(("BWD_FUSED",) + names, (kind,) + cfg):
-                dx, dw, _, dpre = fused()
-                assert dpre is None, "the fused path did not run"
-                ms = bench(fused)
-            rows.append({"kind": kind, "config": list(cfg), "names": list(names), "ms": round(ms, 4),
-                         "GBps": round(3 * nbytes / ms / 1e6, 1),
-                         "frac_of_copy": round(3 * nbytes / ms / 1e6 / copy_gbps, 3),
-                         "dx_rel_vs_fp32": rel_rms(dx, dx_ref), "dweight_rel_vs_fp32": rel_rms(dw, dw_ref)})
-            print(f"fused backward {kind} {cfg}: {rows[-1]['ms']} ms, {rows[-1]['frac_of_copy']} of copy, dx err "
-                  f"{rows[-1]['dx_rel_vs_fp32']:.2e}", flush=True)
+    for cfg in STREAM_SWEEP:
+        with patched(STREAM_NAMES, cfg):
+            dx, dw, _, dpre = fused()
+            assert dpre is None, "the one-kernel path did not run"
+            ms = bench(fused)
+        rows.append({"config": list(cfg), "names": list(STREAM_NAMES), "ms": round(ms, 4),
+                     "GBps": round(3 * nbytes / ms / 1e6, 1),
+                     "frac_of_copy": round(3 * nbytes / ms / 1e6 / copy_gbps, 3),
+                     "dx_rel_vs_fp32": rel_rms(dx, dx_ref), "dweight_rel_vs_fp32": rel_rms(dw, dw_ref)})
+        print(f"one-kernel backward {cfg}: {rows[-1]['ms']} ms, {rows[-1]['frac_of_copy']} of copy, dx err "
+              f"{rows[-1]['dx_rel_vs_fp32']:.2e}", flush=True)
     return rows
 
 

@@ -111,20 +111,6 @@ def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None =
     )
 
 
-def conv_bwd_ptxas_report(bt: int, w: int = 4, bd: int = 128, warps: int = 4, tiles: int = 64, varlen: bool = True,
-                          state: bool = False, bias: bool = False, dfs: bool = False) -> str:
-    """``kernels.short_conv``'s one-kernel backward (``_conv_bwd_kernel``) for bf16 x at tiles of ``bt`` rows."""
-    from kernels.short_conv import conv_triton
-
-    fn = conv_triton._conv_bwd_kernel
-    bf, f32, i32 = "*bf16", "*fp32", "*i32"
-    args = [bf, bf, bf, bf, bf, bf, bf, f32, f32, f32, i32, i32, "i32", "i32", "i32"]
-    consts = dict(W=w, BW=max(2, triton.next_power_of_2(w)), BT=bt, BD=bd, TILES=tiles, ACT=True, HAS_BIAS=bias,
-                  HAS_STATE=state, HAS_DFS=dfs, VARLEN=varlen, ACC=triton.language.float32)
-    sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
-    return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": 2})
-
-
 def conv_bwd_stream_ptxas_report(w: int = 4, bd: int = 128, warps: int = 1, rows: int = 256, stages: int = 3,
                                  varlen: bool = True, state: bool = False, bias: bool = False,
                                  dfs: bool = False) -> str:

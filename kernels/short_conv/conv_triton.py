@@ -14,10 +14,9 @@ Kernels (all fixed configurations, so they run under ``TRITON_INTERPRET=1``; no 
   shifted rows come from L1/L2), bias, SiLU; one pass over x and y.
 - ``_final_state_kernel``, grid (sequence, channel tiles): the last W-1 inputs of each sequence.
 - backward, one kernel when no initial-state gradient is asked for (``BWD_FUSED``, see there):
-  ``_conv_bwd_stream_kernel`` (default), grid (row groups, channel tiles): each program walks its rows from the last
-  to the first, one row a step, with the W taps and the dpre of the W-1 later rows as register windows: dpre, dx,
-  and the dweight / dbias partial sums, dpre never stored; ``_conv_bwd_kernel`` ("ring"): the same from [BT, BD]
-  tiles, dpre through a per-program ring in L2-resident scratch.
+  ``_conv_bwd_stream_kernel``, grid (row groups, channel tiles): each program walks its rows from the last to the
+  first, one row a step, with the W taps and the dpre of the W-1 later rows as register windows: dpre, dx, and the
+  dweight / dbias partial sums, dpre never stored.
 - backward, two kernels otherwise (no gather, no recomputed halo):
   ``_dpre_kernel``, grid (row groups, channel tiles): each program walks its group in [BT, BD] row tiles; per
   tile the W shifted taps as the forward loads them (kept in registers; initial-state values before a sequence
@@ -56,18 +55,16 @@ DPRE_BT, DPRE_BD, DPRE_WARPS, DPRE_TILES, DPRE_DEFER = 4, 128, 4, 64, True
 DPRE_IN_X_DTYPE = False  # store dpre in x's dtype (bf16: 2 B less traffic per element each way) instead of fp32
 DX_BT, DX_BD, DX_WARPS = 16, 256, 4
 # One backward kernel instead of the two when no initial-state gradient is asked for (the training layer's case), so
-# that dpre never reaches DRAM (6 B an element of traffic in bf16 against 14):
-# - "stream" (the default): one row a step per program, the W taps and the W-1 later rows' dpre carried in
-#   registers as sliding windows (no shifted loads, no scratch, no barriers); STREAM_ROWS rows a program (plus the
-#   W-1 after them, whose dpre is recomputed), STREAM_BD channels, STREAM_WARPS warps, STREAM_STAGES stages;
-# - "ring": tiles of FUSED_BT rows, FUSED_TILES a program, walked last to first, dpre through a per-program ring of
-#   BT + W-1 rows (L2-resident scratch) with two barriers a tile;
-# - False: the two kernels (always when the initial state needs a gradient: its kernel reads the dpre buffer).
-# H200, the model's 8 x 4096 x 2304 bf16 backward (bench_short_conv.py, session 28 call6): two kernels 0.395 ms, ring
-# 0.302-0.369 (0.311 at 4 / 128 / 4 / 64), stream 0.271 at 128 rows (0.278 at 256, 0.418 at 512, 0.52 at 64
-# channels); the small hybrid's step: 3.41 / 2.68 / 2.29 ms of backward conv kernels (calls 4-6).
-BWD_FUSED: str | bool = "stream"
-FUSED_BT, FUSED_BD, FUSED_WARPS, FUSED_TILES = 4, 128, 4, 64
+# that dpre never reaches DRAM (6 B an element of traffic in bf16 against 14; False: always the two kernels, as when
+# the initial state needs a gradient, whose kernel reads the dpre buffer): one row a step per program, the W taps and
+# the W-1 later rows' dpre carried in registers as sliding windows (no shifted loads, no scratch, no barriers);
+# STREAM_ROWS rows a program (plus the W-1 after them, whose dpre is recomputed), STREAM_BD channels, STREAM_WARPS
+# warps, STREAM_STAGES stages. H200, the model's 8 x 4096 x 2304 bf16 backward (bench_short_conv.py, session 28
+# call6): two kernels 0.395 ms, this 0.271 at 128 rows (0.278 at 256, 0.418 at 512, 0.52 at 64 channels); the small
+# hybrid's step: 3.41 -> 2.29 ms of backward conv kernels. Tried and removed (calls 4-6): the same from [BT, BD]
+# row tiles with dpre through a per-program ring of BT + W-1 rows in L2-resident scratch, two barriers a tile (0.302-
+# 0.369 ms over 5 tile settings; 2.68 ms a step).
+BWD_FUSED = True
 STREAM_ROWS, STREAM_BD, STREAM_WARPS, STREAM_STAGES = 128, 128, 1, 3
 STATE_BD = 128
 DEC_BD = 256
@@ -252,96 +249,6 @@ def _dx_kernel(dpre_ptr, w_ptr, dfs_ptr, dx_ptr, seq_ptr, cu_ptr, NT, T, D, W: t
         dx += _dfs_rows(dfs_ptr, seq, pos, L, rmask, cols, cmask, D, W, ACC)
     tl.store(dx_ptr + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
              mask=rmask[:, None] & cmask[None, :])
-
-
-@triton.jit
-def _dpre_tile(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, seq, bos, pos, rows, rmask, cols, cmask, D, W: tl.constexpr,
-               BR: tl.constexpr, BD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
-               ACC: tl.constexpr):
-    """``dpre = dy * act'(pre)`` at ``rows`` ([BR, BD] in ACC; zero where masked)."""
-    g = tl.load(dy_ptr + rows[:, None] * D + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0).to(ACC)
-    if ACT:
-        pre = _pre(x_ptr, w_ptr, b_ptr, s_ptr, seq, bos, pos, tl.min(pos, axis=0), rmask, cols, cmask, D, W, BR, BD,
-                   HAS_BIAS, HAS_STATE, ACC)
-        sig = 1.0 / (1.0 + tl.exp(-pre))
-        g = g * sig * (1.0 + pre * (1.0 - sig))
-    return g
-
-
-@triton.jit
-def _conv_bwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_ptr, ring_ptr, seq_ptr, cu_ptr,
-                      NT, T, D, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                      TILES: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
-                      HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
-    """The whole backward but d initial state, one program: TILES consecutive [BT, BD] row tiles, last first. Per
-    tile the W taps, ``dpre`` (as ``_dpre_kernel``, with its dweight / dbias sums), then ``dx[t] = sum_k
-    weight[W-1-k] dpre[t+k]`` (t+k inside t's sequence) read back from the program's ring ``[BT + BW, BD]``:
-    rows 0..BT-1 this tile's dpre, rows BT..BT+W-2 the next tile's first W-1 (before the loop: the W-1 rows after
-    the group, recomputed). Needs BT >= W - 1. A barrier separates each store to the ring from the loads of it."""
-    i_p = tl.program_id(0).to(tl.int64)
-    i_c = tl.program_id(1)
-    cols = i_c * BD + tl.arange(0, BD)
-    cmask = cols < D
-    wc = tl.arange(0, BW)
-    rr = tl.arange(0, BT)
-    ring = ring_ptr + (i_p * tl.num_programs(1) + i_c) * ((BT + BW) * BD) + cols[None, :] - i_c * BD
-    wts = ()
-    acc = ()
-    for w in tl.static_range(W):
-        wts = wts + (tl.load(w_ptr + cols * W + w, mask=cmask, other=0.0),)
-        acc = acc + (tl.zeros([BT, BD], dtype=ACC),)
-    gsum = tl.zeros([BT, BD], dtype=ACC)
-    # the W-1 rows after the group (the next group's first), for this group's last tile
-    # (names of their own: a name assigned before the loop and in it is a loop-carried value of one shape)
-    hrows = (i_p + 1) * (TILES * BT) + wc
-    hmask = (wc < W - 1) & (hrows < NT)
-    hseq, hbos, _ = _rows_seq(hrows, hmask, seq_ptr, cu_ptr, T, VARLEN)
-    gh = _dpre_tile(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, hseq, hbos, hrows - hbos, hrows, hmask, cols, cmask, D, W, BW,
-                    BD, ACT, HAS_BIAS, HAS_STATE, ACC)
-    tl.store(ring + (BT + wc)[:, None] * BD, gh, mask=(wc < W - 1)[:, None])
-    for it in range(TILES):
-        rows = (i_p * TILES + (TILES - 1 - it)) * BT + rr
-        rmask = rows < NT
-        seq, bos, L = _rows_seq(rows, rmask, seq_ptr, cu_ptr, T, VARLEN)
-        pos = rows - bos
-        pmin = tl.min(pos, axis=0)
-        m = rmask[:, None] & cmask[None, :]
-        g = tl.load(dy_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(ACC)
-        taps = ()
-        for w in tl.static_range(W):
-            taps = taps + (_tap(x_ptr, s_ptr, seq, bos, pos - (W - 1) + w, pmin - (W - 1) + w, rmask, cols, cmask,
-                                D, W, HAS_STATE, x_ptr.dtype.element_ty),)
-        if ACT:
-            pre = tl.zeros([BT, BD], dtype=ACC)
-            for w in tl.static_range(W):
-                pre += wts[w].to(ACC)[None, :] * taps[w].to(ACC)
-            if HAS_BIAS:
-                pre += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)[None, :]
-            sig = 1.0 / (1.0 + tl.exp(-pre))
-            g = g * sig * (1.0 + pre * (1.0 - sig))
-        nxt = ()
-        for w in tl.static_range(W):
-            nxt = nxt + (acc[w] + taps[w].to(ACC) * g,)
-        acc = nxt
-        gsum += g
-        tl.store(ring + rr[:, None] * BD, g)
-        tl.debug_barrier()
-        dx = tl.zeros([BT, BD], dtype=ACC)
-        for k in tl.static_range(W):
-            mk = (rmask & (pos + k < L))[:, None]
-            dx += wts[W - 1 - k].to(ACC)[None, :] * tl.load(ring + (rr + k)[:, None] * BD, mask=mk, other=0.0)
-        if HAS_DFS:
-            dx += _dfs_rows(dfs_ptr, seq, pos, L, rmask, cols, cmask, D, W, ACC)
-        tl.store(dx_ptr + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=m)
-        carry = tl.load(ring + wc[:, None] * BD, mask=(wc < W - 1)[:, None], other=0.0)
-        tl.debug_barrier()
-        tl.store(ring + (BT + wc)[:, None] * BD, carry, mask=(wc < W - 1)[:, None])
-    dw = tl.zeros([BW, BD], dtype=ACC)
-    for w in tl.static_range(W):
-        dw += tl.where(wc[:, None] == w, tl.sum(acc[w], axis=0)[None, :], 0.0)
-    tl.store(dw_ptr + i_p * D * W + cols[None, :] * W + wc[:, None], dw, mask=(wc < W)[:, None] & cmask[None, :])
-    if HAS_BIAS:
-        tl.store(db_ptr + i_p * D + cols, tl.sum(gsum, axis=0), mask=cmask)
 
 
 @triton.jit
@@ -583,30 +490,9 @@ def _bwd_dx(dpre, w, dfs, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
     return dx
 
 
-def _bwd_fused(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
-    """``_conv_bwd_kernel``: dx ``[NT, D]`` in x's dtype and the dweight ``[P, D, W]`` / dbias ``[P, D]`` partial
-    sums of its P row-group programs (dbias None without bias)."""
-    acc_dt = torch.float64 if x_TD.dtype == torch.float64 else torch.float32
-    tiles = max(1, min(FUSED_TILES, triton.cdiv(lay.NT, FUSED_BT)))
-    n_prog, n_col = triton.cdiv(lay.NT, FUSED_BT * tiles), triton.cdiv(lay.D, FUSED_BD)
-    bw = max(2, triton.next_power_of_2(lay.W))
-    dx = torch.empty(lay.NT, lay.D, dtype=x_TD.dtype, device=x_TD.device)
-    dw_part = torch.zeros(n_prog, lay.D, lay.W, dtype=acc_dt, device=x_TD.device)
-    db_part = torch.zeros(n_prog, lay.D, dtype=acc_dt, device=x_TD.device) if b is not None else None
-    ring = torch.empty(n_prog * n_col * (FUSED_BT + bw) * FUSED_BD, dtype=acc_dt, device=x_TD.device)
-    if n_prog and lay.D:
-        _conv_bwd_kernel[(n_prog, n_col)](
-            x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dfs if dfs is not None else dx,
-            dx, dw_part, db_part if db_part is not None else dw_part, ring, lay.seq, lay.cu, lay.NT, lay.T, lay.D,
-            W=lay.W, BW=bw, BT=FUSED_BT, BD=FUSED_BD, TILES=tiles, ACT=silu, HAS_BIAS=b is not None,
-            HAS_STATE=s is not None, HAS_DFS=dfs is not None, VARLEN=lay.varlen, ACC=_acc(x_TD.dtype),
-            num_warps=FUSED_WARPS,
-        )
-    return dx, dw_part, db_part
-
-
 def _bwd_stream(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
-    """``_conv_bwd_stream_kernel``: as :func:`_bwd_fused`."""
+    """``_conv_bwd_stream_kernel``: dx ``[NT, D]`` in x's dtype and the dweight ``[P, D, W]`` / dbias ``[P, D]``
+    partial sums of its P row-group programs (dbias None without bias)."""
     acc_dt = torch.float64 if x_TD.dtype == torch.float64 else torch.float32
     n_prog, n_col = triton.cdiv(lay.NT, STREAM_ROWS), triton.cdiv(lay.D, STREAM_BD)
     dx = torch.empty(lay.NT, lay.D, dtype=x_TD.dtype, device=x_TD.device)
@@ -625,13 +511,10 @@ def _bwd_stream(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
 
 def _backward(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool, need_dpre: bool = True):
     """dx ``[NT, D]``, dweight ``[D, W]`` and dbias ``[D]`` (fp32/fp64 sums; dbias None without bias), and dpre
-    (for ``_dstate``; None from a one-kernel backward, taken when ``need_dpre`` is False and ``BWD_FUSED`` names
-    one: "ring" when its tiles cover the W-1 rows of the ring, "stream" for W > 1)."""
-    if not need_dpre and BWD_FUSED == "stream" and lay.W > 1:
+    (for ``_dstate``; None from the one-kernel backward, taken when ``need_dpre`` is False, ``BWD_FUSED`` is set
+    and W > 1)."""
+    if not need_dpre and BWD_FUSED and lay.W > 1:
         dx, dw_part, db_part = _bwd_stream(x_TD, w, b, s, dy_TD, dfs, lay, silu)
-        dpre = None
-    elif not need_dpre and BWD_FUSED == "ring" and FUSED_BT >= lay.W - 1:
-        dx, dw_part, db_part = _bwd_fused(x_TD, w, b, s, dy_TD, dfs, lay, silu)
         dpre = None
     else:
         dpre, dw_part, db_part = _bwd_dpre(x_TD, w, b, s, dy_TD, lay, silu)

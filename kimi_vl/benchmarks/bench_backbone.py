@@ -79,7 +79,7 @@ def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> di
 CATEGORIES = (
     ("kda", r"^_(prep|scores2|state|output|gate_fwd|gate_bwd|l2_fwd|l2_bwd|bwd_dy|bwd_inter|bwd_intra_pair|bwd_state)"
             r"_kernel$"),
-    ("short_conv", r"^_(fwd|dpre|dx|conv_bwd|conv_bwd_stream|final_state|dstate|update)_kernel$"),
+    ("short_conv", r"^_(fwd|dpre|dx|conv_bwd_stream|final_state|dstate|update)_kernel$"),
     ("loss", r"^_ce_(fwd|bwd)_kernel$|SoftMax|nll_loss|cross_entropy"),
     ("norm/act", r"^_(norm_fwd|norm_bwd|silu_mul_fwd|silu_mul_bwd)_kernel$"),
     ("attn_res", r"attn_res"),

@@ -104,37 +104,24 @@ def test_backward_tile_edges_match_torch(monkeypatch, tiles, lens, D, W, bias, s
             assert_rel_rms(out[name], r, 1e-5, name)
 
 
-FUSED_CASES = [  # FUSED_BT, FUSED_BD, FUSED_TILES: ring rows = BT + W-1; tiles, programs and halos at every edge
-    (4, 4, 2),  # the W = 8 case falls back to the two kernels
-    (2, 8, 3),  # BT = W-1 at W = 3; from W = 4 the two kernels
-    (8, 2, 1),  # W = 8: BT = W-1 + 1
-    (1, 4, 5),  # BT = W-1 at W = 2 only
-]
-
-
 STREAM_CASES = [(2, 4), (3, 2), (8, 8), (1, 4)]  # STREAM_ROWS, STREAM_BD: program edges inside the W-1-row halos
 
 
-@pytest.mark.parametrize("fused", [("ring", *c) for c in FUSED_CASES] + [("stream", *c) for c in STREAM_CASES])
+@pytest.mark.parametrize("tiles", STREAM_CASES)
 @pytest.mark.parametrize("lens,D,W,bias,state,activation,final", TILED + CASES[:3] + CASES[6:])
-def test_fused_backward_matches_torch(monkeypatch, fused, lens, D, W, bias, state, activation, final):
-    """The one-kernel backwards (``BWD_FUSED`` "ring" / "stream", taken when no initial-state gradient is asked for):
-    dx, dweight, dbias against the PyTorch path, with the state's taps (no gradient) and the final-state gradient,
-    tiny tiles."""
-    kind, *tiles = fused
-    monkeypatch.setattr(conv_triton, "BWD_FUSED", kind)
-    names = ("FUSED_BT", "FUSED_BD", "FUSED_TILES") if kind == "ring" else ("STREAM_ROWS", "STREAM_BD")
-    for name, v in zip(names, tiles):
+def test_fused_backward_matches_torch(monkeypatch, tiles, lens, D, W, bias, state, activation, final):
+    """The one-kernel backward (``BWD_FUSED``, taken when no initial-state gradient is asked for and W > 1): dx,
+    dweight, dbias against the PyTorch path, with the state's taps (no gradient) and the final-state gradient, tiny
+    programs and channel blocks."""
+    for name, v in zip(("STREAM_ROWS", "STREAM_BD"), tiles):
         monkeypatch.setattr(conv_triton, name, v)
     calls = []
-    fn = "_bwd_fused" if kind == "ring" else "_bwd_stream"
-    real = getattr(conv_triton, fn)
-    monkeypatch.setattr(conv_triton, fn, lambda *a: calls.append(1) or real(*a))
+    real = conv_triton._bwd_stream
+    monkeypatch.setattr(conv_triton, "_bwd_stream", lambda *a: calls.append(1) or real(*a))
     x, w, b, s, cu = _inputs(lens, 2, D, W, bias, state, seed=5)
     ref = _run("torch", x, w, b, s, cu, activation, final, state_grad=False)
     out = _run("triton", x, w, b, s, cu, activation, final, state_grad=False)
-    taken = tiles[0] >= W - 1 if kind == "ring" else W > 1
-    assert len(calls) == (1 if taken else 0)
+    assert len(calls) == (1 if W > 1 else 0)
     assert out.get("ds") is None
     for name, r in ref.items():
         if r is not None:
@@ -142,17 +129,16 @@ def test_fused_backward_matches_torch(monkeypatch, fused, lens, D, W, bias, stat
 
 
 def test_fused_backward_equals_two_kernels(monkeypatch):
-    """The backward paths at the default tiles over several programs: dx and the weight gradient agree to fp32
+    """Both backward paths at the default tiles over several programs: dx and the weight gradient agree to fp32
     rounding (dx's sums in the same order from fp32 dpre; the weight gradient's rows summed in other orders)."""
-    lens = [1, max(conv_triton.FUSED_BT * conv_triton.FUSED_TILES, conv_triton.STREAM_ROWS) + 3, 2, 40, 3]
+    lens = [1, conv_triton.STREAM_ROWS + 3, 2, 40, 3]
     x, w, b, s, cu = _inputs(lens, 1, 5, 4, True, False, seed=6)
     out = {}
-    for flag in (False, "ring", "stream"):
+    for flag in (False, True):
         monkeypatch.setattr(conv_triton, "BWD_FUSED", flag)
         out[flag] = _run("triton", x, w, b, s, cu, "silu", True)
     for name, r in out[False].items():
-        assert_rel_rms(out["ring"][name], r, 1e-6, name)
-        assert_rel_rms(out["stream"][name], r, 1e-6, name)
+        assert_rel_rms(out[True][name], r, 1e-6, name)
 
 
 def test_backward_default_tiles_long_varlen():
