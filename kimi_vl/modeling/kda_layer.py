@@ -65,8 +65,8 @@ class KDALayer(nn.Module):
         decode = cache is not None and cache.recurrent_state is not None and t == 1
         qkv = self._conv(qkv, cu_seqlens, cache, decode)
         q, k, v = (z.reshape(b, t, self.num_heads, self.head_dim) for z in qkv.chunk(3, dim=-1))
-        f_a, g_a, b_raw = small[..., : 2 * self.head_dim + self.num_heads].split(
-            [self.head_dim, self.head_dim, self.num_heads], dim=-1)
+        pad = small.shape[-1] - 2 * self.head_dim - self.num_heads
+        f_a, g_a, b_raw, _ = small.split([self.head_dim, self.head_dim, self.num_heads, pad], dim=-1)
         raw_gate = self.f_b_proj(f_a).view(b, t, self.num_heads, self.head_dim)
         beta = torch.sigmoid(b_raw.float())
         op = fused_recurrent_kda if decode else chunk_kda
