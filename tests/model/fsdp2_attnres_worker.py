@@ -12,6 +12,7 @@ and exits non-zero on a mismatch.
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import socket
 import sys
@@ -95,6 +96,8 @@ def worker(rank: int, world: int, kind: str, reshard: bool, port: int) -> None:
     if rank == 0:
         print(f"fsdp2 attnres {kind} reshard_after_forward={reshard}: |loss - one process| {dloss:.3e}, "
               f"max relative grad error {dgrad:.3e}")
+    gc.collect()  # the FSDP2 model (a local of run) gone, every rank here, before the group goes (teardown.py)
+    dist.barrier()
     dist.destroy_process_group()
     if dloss > LOSS_TOL or dgrad > GRAD_TOL:
         raise SystemExit(f"rank {rank}: FSDP2 differs from one process (loss {dloss:.3e}, grad {dgrad:.3e})")

@@ -10,6 +10,7 @@ rank 0 and exits non-zero on a mismatch or an error.
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import socket
 import sys
@@ -25,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fsdp2_attnres_worker import _full, accelerate_fsdp2, build  # noqa: E402
 
 
-def worker(rank: int, world: int, port: int) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+def clip_both() -> tuple[list[str], dict[str, float]]:
+    """The QK-Clip modules' names and each parameter's max |FSDP2 - one process| after clipping both copies. The
+    FSDP2 model is a local here, gone when this returns, before the process group is destroyed
+    (``kimi_vl/train/teardown.py``: a group destroyed under a live wrapper can abort at exit)."""
     ref = build("mm")
     model = accelerate_fsdp2(copy.deepcopy(ref), reshard=True)
     names = []
@@ -41,6 +42,16 @@ def worker(rank: int, world: int, port: int) -> None:
             names.append(name)
     diff = {n: (_full(p.detach()) - q.detach()).abs().max().item()
             for (n, p), q in zip(model.named_parameters(), ref.parameters())}
+    return names, diff
+
+
+def worker(rank: int, world: int, port: int) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    names, diff = clip_both()
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
         print(f"fsdp2 qk_clip_: {len(names)} modules ({', '.join(names)}), max |FSDP2 - one process| "
