@@ -9,8 +9,9 @@
 #   bash scripts/gpu_session28.sh check   call3: those GPU tests to the end (call2's stopped at its 150 s limit), the
 #       small hybrid's step at 10 iterations with and without the fused norm (twice, interleaved; per-step times and
 #       the host-device synchronisations of a step), block AttnRes's step overhead.
-# (conv, conv2 and stream edit conv_triton.py's constants as they read at their commits: BWD_FUSED was True / "ring"
-# then, "stream" since.)
+# (conv, conv2 and stream ran at their commits and no longer run as written: they edit conv_triton.py's constants as
+# they read then, BWD_FUSED True / "ring" / "ring"; the ring kernel has since been removed and BWD_FUSED is a bool
+# for the streaming kernel.)
 #   bash scripts/gpu_session28.sh conv    call4: the short conv's one-kernel backward (BWD_FUSED): the short-conv and
 #       KDA-layer GPU tests, bench_short_conv (both backward paths at the model's shape, the fused one's tile sweep),
 #       the small hybrid's step with it, without it, and with it again.
