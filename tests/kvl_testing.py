@@ -39,3 +39,24 @@ def interpret_without_gpu(monkeypatch) -> None:
     change it get it back; the flag is read at launch)."""
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def ptxas_lines(script: str, expected: int) -> list[str]:
+    """Run ``script`` (which prints one ``ptxas`` report line per compiled kernel, ``kernels/benchmarks/ptxas_regs``)
+    in a subprocess without ``TRITON_INTERPRET`` (the test session sets it, which turns every kernel into an
+    interpreted function at import), and check that it printed ``expected`` lines, each with a register count and
+    no error. Returns the lines."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == expected, proc.stdout
+    for line in lines:
+        assert "rror" not in line, line
+        assert re.search(r"Used \d+ registers", line), line
+    return lines

@@ -5,12 +5,8 @@ shapes, and ran in the interpreter). In a subprocess without ``TRITON_INTERPRET`
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-
 import pytest
+from kvl_testing import ptxas_lines
 
 SCRIPT = """
 from kernels.benchmarks.ptxas_regs import conv_bwd_stream_ptxas_report
@@ -23,11 +19,4 @@ for w, varlen, state, bias, dfs in ((4, False, False, False, False), (4, True, T
 
 @pytest.mark.timeout(600)
 def test_conv_bwd_kernel_compiles_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 4, proc.stdout
-    for line in lines:
-        assert "rror" not in line, line
-        assert re.search(r"Used \d+ registers", line), line
+    ptxas_lines(SCRIPT, 4)
