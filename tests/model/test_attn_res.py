@@ -350,27 +350,40 @@ def test_buffered_two_phase_fused_norm_equals_norm_after(monkeypatch, num_sublay
         assert torch.equal(results["1"], results["0"])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_standard_stream_fused_add_norm_equals_separate(monkeypatch, dtype):
-    """``KVL_FUSED_NORM=1`` without autograd on the Triton norm: each output is added by the next input's norm
-    kernel (``add_rms_norm``); inputs, final output and the stream itself equal the separate add and norm, bit for
-    bit (bf16 in the interpreter, whose casts truncate where PyTorch's add rounds: to bf16 precision). Under
-    autograd, and with ``KVL_FUSED_NORM=0``, the stream adds at once."""
+def _stream_case(monkeypatch, dtype, seed: int, d: int = 40, n: int = 5):
+    """The Triton norm (the interpreter without a GPU) and a standard stream's case: device, n sublayer outputs,
+    the embeddings, a norm factory with n + 1 gains in [0.5, 1.5], and the generator for further draws."""
     from kimi_vl.modeling.norm import RMSNorm
 
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("KVL_NORM_BACKEND", "triton")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    d, n = 40, 5
-    gen = torch.Generator().manual_seed(8)
+    gen = torch.Generator().manual_seed(seed)
     outs = [(torch.randn(2, 3, d, generator=gen) * (i + 1)).to(dev, dtype) for i in range(n)]
     emb = torch.randn(2, 3, d, generator=gen).to(dev, dtype)
-    norms = [RMSNorm(d, eps=1e-5).to(dev, dtype) for _ in range(n + 1)]
+    gains = [torch.empty(d).uniform_(0.5, 1.5, generator=gen) for _ in range(n + 1)]
+
+    def norms() -> list:
+        mods = [RMSNorm(d, eps=1e-5).to(dev, dtype) for _ in gains]
+        with torch.no_grad():
+            for m, w in zip(mods, gains):
+                m.weight.copy_(w)
+        return mods
+
+    return dev, outs, emb, norms, gen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_standard_stream_fused_add_norm_equals_separate(monkeypatch, dtype):
+    """``KVL_FUSED_NORM=1`` without autograd on the Triton norm: each output is added by the next input's norm
+    kernel (``add_rms_norm``); inputs, final output and the stream itself equal the separate add and norm, bit for
+    bit (bf16 in the interpreter, whose casts truncate where PyTorch's add rounds: to bf16 precision). With
+    ``KVL_FUSED_NORM=0`` the stream adds at once (under autograd: the next test)."""
+    dev, outs, emb, make_norms, _ = _stream_case(monkeypatch, dtype, 8)
+    norms = make_norms()
     results, pending = {}, {}
     with torch.no_grad():
-        for nm in norms:
-            nm.weight.uniform_(0.5, 1.5)
         for fused in ("0", "1"):
             monkeypatch.setenv("KVL_FUSED_NORM", fused)
             stream, got = StandardStream(emb), []
@@ -392,25 +405,12 @@ def test_standard_stream_fused_add_norm_training(monkeypatch, dtype):
     """Under autograd ``KVL_FUSED_NORM=1`` holds each output back too (``AddNormFunction``): the sublayer inputs and
     the gradients of the embeddings, of every sublayer output and of every norm gain match the separate add and
     norm (fp32 to 1e-5; bf16 to its roundings: the fused backward adds the stream's gradient before rounding)."""
-    from kimi_vl.modeling.norm import RMSNorm
-
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("KVL_NORM_BACKEND", "triton")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    d, n = 40, 5
-    gen = torch.Generator().manual_seed(9)
-    outs0 = [(torch.randn(2, 3, d, generator=gen) * (i + 1)).to(dev, dtype) for i in range(n)]
-    emb0 = torch.randn(2, 3, d, generator=gen).to(dev, dtype)
-    weights = [torch.empty(d).uniform_(0.5, 1.5, generator=gen) for _ in range(n + 1)]
-    dys = [torch.randn(2, 3, d, generator=gen).to(dev, dtype) for _ in range(n + 1)]
+    dev, outs0, emb0, make_norms, gen = _stream_case(monkeypatch, dtype, 9)
+    dys = [torch.randn(emb0.shape, generator=gen).to(dev, dtype) for _ in range(len(outs0) + 1)]
     results = {}
     for fused in ("0", "1"):
         monkeypatch.setenv("KVL_FUSED_NORM", fused)
-        norms = [RMSNorm(d, eps=1e-5).to(dev, dtype) for _ in range(n + 1)]
-        with torch.no_grad():
-            for nm, w in zip(norms, weights):
-                nm.weight.copy_(w)
+        norms = make_norms()
         emb = emb0.clone().requires_grad_(True)
         outs = [o.clone().requires_grad_(True) for o in outs0]
         stream, got, held = StandardStream(emb), [], []
@@ -423,6 +423,7 @@ def test_standard_stream_fused_add_norm_training(monkeypatch, dtype):
         torch.autograd.backward(got, dys)
         grads = [emb.grad] + [o.grad for o in outs] + [nm.weight.grad for nm in norms]
         results[fused] = (torch.stack(got).detach(), grads, held)
+    n = len(outs0)
     assert results["1"][2] == [True] * n and results["0"][2] == [False] * n
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert_rel_rms(results["1"][0].float(), results["0"][0].float(), tol, "inputs")
