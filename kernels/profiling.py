@@ -4,6 +4,7 @@ the profiler's list; they span kernels already counted and are left out."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -135,3 +136,24 @@ def _blame_host(events: list[Any], holes: list[tuple[float, float, str]]) -> lis
         inner, phase = max(found, key=lambda f: f[0].time_range.start)
         out.append((inner.name, phase.name if phase is not None else "(none)"))
     return out
+
+
+def sync_sites(fn: Callable[[], object]) -> dict[str, int]:
+    """Call sites (``package/file.py:line``) of the host-device synchronisations while ``fn`` runs
+    (``torch.cuda.set_sync_debug_mode``), most frequent first, at most 30."""
+    import warnings
+    from pathlib import Path
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites: dict[str, int] = {}
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            key = f"{'/'.join(Path(w.filename).parts[-2:])}:{w.lineno}"
+            sites[key] = sites.get(key, 0) + 1
+    return dict(sorted(sites.items(), key=lambda kv: -kv[1])[:30])

@@ -338,10 +338,9 @@ class AddNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, ds, dy):
         s, w, rstd = ctx.saved_tensors
-        ds = None if ds is None else ds.reshape(s.shape).contiguous()
         if dy is None:  # (y unused: the stream's gradient passes straight to both inputs)
-            ds = None if ds is None else ds.view(ctx.shape)
             return ds, ds, None, None
+        ds = None if ds is None else ds.reshape(s.shape).contiguous()
         dh, _, dw = norm_bwd(s, None, w, rstd, dy.reshape(s.shape).contiguous(), ds)
         dh = dh.view(ctx.shape)
         return dh, dh, dw, None

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.profiling import kernel_events
+from kernels.profiling import kernel_events, sync_sites
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
 from kimi_vl.modeling.cache import output_cache
 from kimi_vl.modeling.flops import lm_flops_per_token
@@ -119,9 +119,7 @@ def profile_train(model, cfg, seq: int, batch: int, top: int = 30) -> dict:
     for name, (ms, _) in kernels.items():
         cats[categorise(name)] = cats.get(categorise(name), 0.0) + ms
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
-    from kimi_vl.benchmarks.profile_train_step import _sync_sites
-
-    syncs = _sync_sites(step)
+    syncs = sync_sites(step)
     return {"seq": seq, "batch": batch, "gpu_ms": sum(cats.values()), "sync_sites": syncs,
             "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
             "top_kernels": [{"name": n[:120], "ms": ms, "calls": c, "category": categorise(n)}

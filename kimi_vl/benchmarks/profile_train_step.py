@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from kernels.profiling import sync_sites
 from kimi_vl.benchmarks.app_loop import app_pipeline, pipeline_lines
 
 PHASES = ("data", "h2d", "forward", "loss", "backward", "clip", "optim", "sched_zero", "moe_bias", "stats")
@@ -351,32 +352,13 @@ def bare_summary(rounds: list[dict[str, dict[str, float]]], tokens: list[int]) -
     return out
 
 
-def _sync_sites(fn: Callable[[], object]) -> dict[str, int]:
-    """Call sites of the host-device synchronisations while ``fn`` runs (``torch.cuda.set_sync_debug_mode``)."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    sites: dict[str, int] = {}
-    for w in caught:
-        if "synchroniz" in str(w.message):
-            key = f"{Path(w.filename).name}:{w.lineno}"
-            sites[key] = sites.get(key, 0) + 1
-    return dict(sorted(sites.items(), key=lambda kv: -kv[1])[:30])
-
-
 def count_syncs(trainer: Any, batches: Iterator[dict[str, Any]], timer: PhaseTimer) -> dict[str, Any]:
     """CUDA only: host-device synchronisations in one step of this profiler (which reads the step's values at its
     end, as a synchronised timer must) and in one ``Trainer.queue_step`` (the app's own step, whose values are read
     later, after the next step is queued)."""
     timer.enabled = False
-    sites = _sync_sites(lambda: profiled_step(trainer, batches, timer))
-    app_sites = _sync_sites(lambda: trainer.queue_step(batches))
+    sites = sync_sites(lambda: profiled_step(trainer, batches, timer))
+    app_sites = sync_sites(lambda: trainer.queue_step(batches))
     timer.enabled = True
     return {"total": sum(sites.values()), "sites": sites,
             "queue_step_total": sum(app_sites.values()), "queue_step_sites": app_sites}
