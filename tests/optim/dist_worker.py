@@ -13,7 +13,7 @@ import copy
 
 import torch
 import torch.distributed as dist
-from gloo_spawn import full, init_gloo, spawn_main
+from gloo_spawn import end_gloo, full, init_gloo, spawn_main
 from optim_tiny_models import TinyLM
 
 from kimi_vl.optim import MuonClip
@@ -76,7 +76,7 @@ def worker(rank: int, world: int, cases: list[str], port: int) -> None:
     init_gloo(rank, world, port, timeout_s=60)
     for case in cases:
         run_case(rank, world, case)
-    dist.destroy_process_group()
+    end_gloo()
 
 
 def run_case(rank: int, world: int, case: str) -> None:

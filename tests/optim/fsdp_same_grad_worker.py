@@ -12,8 +12,7 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
-from gloo_spawn import full, init_gloo, spawn_main
+from gloo_spawn import end_gloo, full, init_gloo, spawn_main
 from optim_tiny_models import TinyLM
 
 from kimi_vl.optim import MuonClip
@@ -64,7 +63,7 @@ def worker(rank: int, world: int, cases: list[str], port: int) -> None:
             print(f"fsdp2 {case} bf16 same-grad: world {world}, max |W_fsdp2 - W_one_process| {worst:.3e}")
         if worst != 0.0:
             failed.append(case)
-    dist.destroy_process_group()
+    end_gloo()
     if failed:
         raise SystemExit(f"rank {rank}: FSDP2 update differs from one process for the same gradient in {failed}")
 
