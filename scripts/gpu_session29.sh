@@ -4,11 +4,14 @@
 #       (KVL_ATTNRES_FUSED_ADD, forward and backward, block ends included): the AttnRes GPU tests and the sm_90a
 #       compile test; the small hybrid's step: standard, AttnRes, AttnRes with separate adds (8 rounds, profiled);
 #       the small hybrid's step at 10 iterations twice (session 28's final tree for the rest of the model).
+#   bash scripts/gpu_session29.sh hostab    call2: call1's AttnRes steps took 13 ms more than their kernels (the
+#       standard 4 ms): this tree against session 28's final one (1671cb5, carried in old/), block AttnRes's step at
+#       1 x 256 tokens (the step's host time: its kernels take little) and at 8 x 4096, interleaved by tree.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session29.sh attnres}" in
+case "${1:?usage: gpu_session29.sh attnres|hostab}" in
 attnres)
   attnres_tests 150
   attnres_step 8 170 40 14
@@ -16,6 +19,18 @@ attnres)
     mkdir -p "$OUT/round_$round"
     OUT=$OUT/round_$round PART_TAIL=12 part "bench_backbone, round $round" 90 python3 -m kimi_vl.benchmarks.bench_backbone \
       --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid
+  done
+  ;;
+hostab)
+  for size in "256 1 8" "4096 8 4"; do
+    set -- $size
+    for tree in new old; do
+      dir=.; [ $tree = old ] && dir=old
+      mkdir -p "$OUT/${tree}_$1"
+      (cd $dir && OUT=$OUT/${tree}_$1 PART_TAIL=6 part "bench_attnres, $tree tree, $2 x $1" 150 env PYTHONPATH="$PWD:/tmp/site" \
+        python3 -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 --rounds 6 --hybrid-iters "$3" \
+        --decode-steps 0 --seq "$1" --batch "$2" --budget-s 400)
+    done
   done
   ;;
 esac
