@@ -22,9 +22,8 @@ Measured in one run, bf16, CUDA events after warm-up:
   also once per mix, ``KVL_ATTNRES_DEFER_GRAD=0``; for all-MLA also without the sinks,
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
   for both the running sums added separately, ``KVL_ATTNRES_FUSED_ADD=0`` (``attnres_triton_sepadd``; the hybrid
-  runs standard, AttnRes and this one); the PyTorch function is timed in ``mix`` only). Reports step time,
-  overhead %, the step's peak memory above the resident weights, and the memory of the stored block states for
-  scale.
+  runs standard, AttnRes and this one); the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
+  the resident weights, and the memory of the stored block states for scale.
 - ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
   and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
   AttnRes step's extra time goes; ``kernel_diff_defer`` (all-MLA) the same between ``attnres_triton_nodefer`` and
