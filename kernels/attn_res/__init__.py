@@ -2,8 +2,7 @@
 
 Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``, scores ``s_n = w . k_n``,
 ``alpha = softmax_n(s)`` in fp32 (no temperature), ``h = sum_n alpha_n x_n``. Public entry points:
-:func:`attn_res_mix` and :func:`attn_res_mix_add` (the last source plus an addend, the add fused on the
-Triton path). One dispatch point: ``backend`` argument, else ``KVL_ATTNRES_BACKEND``
+:func:`attn_res_mix`. One dispatch point: ``backend`` argument, else ``KVL_ATTNRES_BACKEND``
 (``triton`` | ``torch``), else Triton on CUDA and the PyTorch autograd function on CPU.
 
 - ``naive.py``: stacked fp32/fp64 reference (the specification; tests only).
@@ -32,7 +31,7 @@ import torch
 from kernels.attn_res.mix_torch import AttnResMix
 from kernels.attn_res.naive import attn_res_mix_naive
 
-__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_add", "attn_res_mix_naive", "resolve_backend"]
+__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "resolve_backend"]
 
 _WHERE = "kernels/attn_res.attn_res_mix"
 BACKENDS = ("torch", "triton")
@@ -113,46 +112,14 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
     Returns:
         ``h [*, D]`` in the dtype of ``sources[0]`` and ``alpha [N, *]`` fp32 (not differentiable).
     """
-    h, alpha, _ = _mix(sources, None, weight, gain, eps, backend, sinks, u, defer)
-    return h, alpha
-
-
-def attn_res_mix_add(sources: Sequence[torch.Tensor], addend: torch.Tensor, weight: torch.Tensor, gain: torch.Tensor,
-                     eps: float, backend: str | None = None, sinks: Sequence | None = None,
-                     u: torch.Tensor | None = None, defer: tuple | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`attn_res_mix` over ``[*sources[:-1], last]`` with ``last = sources[-1] + addend`` (an AttnRes block's
-    running sum and the output just added to it), returning ``(h, alpha, last)``. On the Triton pointer-argument
-    path (``N <= 8``) the add happens in the mix's kernels, forward and backward (``mix_autograd.AttnResMixTriton``);
-    elsewhere it is a plain add first (same values: the kernel rounds ``last`` as the add does)."""
-    if addend.shape != sources[-1].shape or addend.device != sources[-1].device:
-        raise ValueError(f"{_WHERE}: addend is {tuple(addend.shape)} on {addend.device}, the last source "
-                         f"{tuple(sources[-1].shape)} on {sources[-1].device}; they must match")
-    return _mix(sources, addend, weight, gain, eps, backend, sinks, u, defer)
-
-
-def _mix(sources, addend, weight, gain, eps, backend, sinks, u, defer):
     _validate(sources, weight, gain)
     x0 = sources[0]
-    fused = addend is not None and resolve_backend(x0, backend) == "triton"
-    if fused:
-        from kernels.attn_res.mix_triton import use_args
-
-        fused = use_args(len(sources))
-    last = None
-    if addend is not None and not fused:
-        last = sources[-1] + addend.to(sources[-1].dtype)
-        sources = [*sources[:-1], last]
     if resolve_backend(x0, backend) == "torch":
-        return *AttnResMix.apply(weight, gain, eps, *sources), last
+        return AttnResMix.apply(weight, gain, eps, *sources)
     from kernels.attn_res.mix_autograd import AttnResMixTriton
 
     lead, d = x0.shape[:-1], x0.shape[-1]
     flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
-    flat_addend = addend.to(x0.dtype).reshape(-1, d).contiguous() if fused else None
     u = _query_product(weight, gain, u, d)
-    h, alpha, flat_last = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer,
-                                                 flat_addend, *flat)
-    if fused:
-        last = flat_last.reshape(*lead, d)
-    return h.reshape(*lead, d), alpha.reshape(len(sources), *lead), last
+    h, alpha = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, *flat)
+    return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)

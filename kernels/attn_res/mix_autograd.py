@@ -17,8 +17,7 @@ from kernels.attn_res.mix_triton import (
 
 
 class AttnResMixTriton(torch.autograd.Function):
-    """``apply(u [D] fp32, eps, sinks, defer, addend, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32, last)``,
-    ``u = w * gain``.
+    """``apply(u [D] fp32, eps, sinks, defer, *sources [M, D]) -> (h [M, D], alpha [N, M] fp32)``, ``u = w * gain``.
 
     Sources must be contiguous, of one dtype in :data:`DTYPES` and on one device (the public wrapper
     ``kernels.attn_res.attn_res_mix`` checks, casts and flattens). ``u`` is differentiable: its product with the
@@ -26,20 +25,11 @@ class AttnResMixTriton(torch.autograd.Function):
     costs no per-call launches for it. ``sinks``: ``None`` or one :class:`GradSink` or ``None`` per source (used
     only on the pointer-argument path). ``defer``: ``None`` or ``(block, flush)``: the gradients of the sources
     with a sink are deferred to ``block`` (a :class:`DeferredBlock`), and the mix with ``flush`` (the block's first
-    in forward order, so the last to run backward) forms them for all of the block's mixes at once. ``addend``:
-    ``None``, or ``[M, D]`` added to the last source in the forward kernel (a block's running sum: ``last =
-    sources[-1] + addend`` is the mix's last source and the third output, else ``None``); in backward the
-    gradient ``last`` received from its later use is added to the mix's own in the kernel, and the sum is both
-    inputs' gradient (no separate add in either direction). ``last`` may have a sink (a block's completed state,
-    formed by the next block's first mix): its gradient is then the sink's buffer, which this mix, the first to
-    read it, returns."""
+    in forward order, so the last to run backward) forms them for all of the block's mixes at once."""
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, addend, *sources: torch.Tensor):
-        h, rstd, alpha, last = mix_fwd_triton(list(sources), u, eps, addend)
-        ctx.fused_add = last is not None
-        if ctx.fused_add:
-            sources = (*sources[:-1], last)
+    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, *sources: torch.Tensor):
+        h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
         ctx.save_for_backward(u, rstd, alpha, *sources)
         ctx.mark_non_differentiable(alpha)
         ctx.set_materialize_grads(False)  # alpha's gradient stays None instead of a zero-filled [N, M] (a launch a mix)
@@ -48,22 +38,13 @@ class AttnResMixTriton(torch.autograd.Function):
         if defer is not None and ctx.sinks is not None:
             ctx.defer = defer
             ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
-        return h, alpha, last
+        return h, alpha
 
     @staticmethod
-    def backward(ctx, dh: torch.Tensor | None, _dalpha: torch.Tensor | None, dlast: torch.Tensor | None):
+    def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
-        # dh is None only when h does not reach the loss but the running sum does (never in the model): zeros keep
-        # the sinks' bookkeeping on the one path
-        dh = torch.zeros_like(sources[0]) if dh is None else _as_source(dh, sources[0])
-        n = len(sources)
-        sink_last = ctx.sinks is not None and ctx.sinks[n - 1] is not None
-        if dlast is not None:
-            dlast = _as_source(dlast, sources[0])
-        # the kernel adds dlast to a last source without a sink (a running sum); a completed state's gradient is its
-        # sink's buffer, and any gradient it got outside the sinks (later mixes on the address table) is added after
-        kernel_dlast = None if sink_last else dlast
-        dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask, kernel_dlast)
+        dh = _as_source(dh, sources[0])  # never None: h is the only differentiable output, so it has a gradient
+        dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask)
         if ctx.defer is not None:
             block, flush = ctx.defer
             task = torch._C._current_graph_task_id()
@@ -72,15 +53,7 @@ class AttnResMixTriton(torch.autograd.Function):
                 c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
                 flush_deferred(sources[:c], ctx.sinks[:c], block, task)
                 dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
-        last_grad = dxs[-1] if not sink_last or ctx.returns[n - 1] else None
-        grads = _source_grads(ctx, dxs, 5)
-        addend_grad = None
-        if ctx.fused_add:  # last = base + addend: both get last's whole gradient
-            if dlast is not None and kernel_dlast is None:
-                last_grad = dlast if last_grad is None else last_grad + dlast
-            grads[-1] = last_grad if ctx.needs_input_grad[4 + n] else None
-            addend_grad = last_grad if ctx.needs_input_grad[4] else None
-        return du if ctx.needs_input_grad[0] else None, None, None, None, addend_grad, *grads
+        return du if ctx.needs_input_grad[0] else None, None, None, None, *_source_grads(ctx, dxs, 4)
 
 
 class DeferredBlock:

@@ -210,10 +210,9 @@ def _dots(dh, x, u, CH: tl.constexpr):
 
 
 @triton.jit
-def _write_grad(x, dh, u, du, dsrc, asrc, rows, t_ok, acc_on, a, r, g, q, big_g, D,
+def _write_grad(x, dh, u, du, dsrc, rows, t_ok, acc_on, a, r, g, q, big_g, D,
                 CH: tl.constexpr, CHUNK: tl.constexpr):
-    """``dx`` of one source, stored into ``dsrc`` (plus the content of ``asrc``, the same buffer or another, where
-    ``acc_on``), and ``du`` updated.
+    """``dx`` of one source, stored (added to the buffer's content where ``acc_on``), and ``du`` updated.
 
     ``a`` alpha, ``r`` rstd, ``g = dh . x``, ``q = u . x`` (score ``s = q r``), ``big_g = sum_j alpha_j g_j``:
     ``ds = a (g - big_g)``, ``dx = a dh + ds r (u - x r s / D) = a dh + k u - (k r s / D) x`` with ``k = ds r``,
@@ -226,7 +225,7 @@ def _write_grad(x, dh, u, du, dsrc, asrc, rows, t_ok, acc_on, a, r, g, q, big_g,
         ok = t_ok[:, None] & (cols < D)[None, :]
         xf = x[c].to(tl.float32)
         dx = a[:, None] * dh[c] + k[:, None] * u[c][None, :] - e[:, None] * xf
-        dx += tl.load(asrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False), other=0.0).to(tl.float32)
+        dx += tl.load(dsrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False), other=0.0).to(tl.float32)
         tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
         du_new = du_new + (du[c] + k[:, None] * xf,)
     return du_new
@@ -301,7 +300,7 @@ def _attn_res_bwd_kernel(
                 src = tl.multiple_of(src, 16)
                 dsrc = tl.multiple_of(dsrc, 16)
             du = _write_grad(
-                _load_row(src, rows, t_ok, D, CH, CHUNK), dh, u, du, dsrc, dsrc, rows, t_ok, False,
+                _load_row(src, rows, t_ok, D, CH, CHUNK), dh, u, du, dsrc, rows, t_ok, False,
                 tl.load(alpha_ptr + n * M + offs_t, mask=t_ok, other=0.0),
                 tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0),
                 tl.load(gq_ptr + n * M + offs_t, mask=t_ok, other=0.0),
@@ -356,29 +355,14 @@ def _fwd_stats(x, u, D, eps, CH: tl.constexpr):
 
 
 @triton.jit
-def _add_store(x, y, p_ptr, rows, t_ok, D, CH: tl.constexpr, CHUNK: tl.constexpr):
-    """``x + y`` chunk by chunk (fp32, rounded to ``p_ptr``'s dtype), stored to ``p_ptr`` and returned rounded."""
-    out = ()
-    for c in tl.static_range(CH):
-        cols = c * CHUNK + tl.arange(0, CHUNK)
-        p = (x[c].to(tl.float32) + y[c].to(tl.float32)).to(p_ptr.dtype.element_ty)
-        tl.store(p_ptr + rows + cols[None, :], p, mask=t_ok[:, None] & (cols < D)[None, :])
-        out = out + (p,)
-    return out
-
-
-@triton.jit
 def _attn_res_fwd_rows_kernel(
-    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, alpha_ptr, y_ptr, p_ptr, N: tl.constexpr, M, D, eps,
+    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, alpha_ptr, N: tl.constexpr, M, D, eps,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr = 1,
-    SUM_LAST: tl.constexpr = False,
 ):
     """Pointer-argument forward, ``N`` a compile-time constant, the backward's layout: a row is ``CH`` chunks of
     ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
     straight-line code over the sources with the next ``PRE`` sources' tiles loaded before the current one is used.
-    The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known.
-    ``SUM_LAST``: the last source is ``x_{N-1} + y`` (added in fp32, rounded to the sources' dtype as a separate
-    add would be), stored to ``p_ptr`` (the block's running sum, fused into the mix that first reads it)."""
+    The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
@@ -394,8 +378,6 @@ def _attn_res_fwd_rows_kernel(
     for n in tl.static_range(N):
         x = win[n]
         win = _prefetch(win, n + PRE, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
-        if SUM_LAST and n == N - 1:
-            x = _add_store(x, _load_row(y_ptr, rows, t_ok, D, CH, CHUNK), p_ptr, rows, t_ok, D, CH, CHUNK)
         xs, rstd, s = _fwd_stats(x, u, D, eps, CH)
         tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
         scores = scores + (s,)
@@ -420,16 +402,13 @@ def _attn_res_fwd_rows_kernel(
 @triton.jit(do_not_specialize=["acc_mask"])
 def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask, coef_ptr, dp_ptr,
+    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask, coef_ptr,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, DEFER: tl.constexpr, PRE: tl.constexpr = 1,
-    DLAST: tl.constexpr = False,
 ):
     """Pointer-argument backward, ``N`` a compile-time constant: straight-line code over the sources, the next
     ``PRE`` sources' tiles loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
     stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content. Bit ``n``
-    of ``DEFER`` (compile time): source ``n``'s gradient is deferred, its coefficients go to ``coef [N, 3, M]``.
-    ``DLAST``: the last source's ``dx`` is added to ``dp_ptr``'s content (its bit of ``acc_mask`` set) instead of its
-    own buffer's (the gradient the fused running sum received from later use, see ``SUM_LAST``)."""
+    of ``DEFER`` (compile time): source ``n``'s gradient is deferred, its coefficients go to ``coef [N, 3, M]``."""
     pid = tl.program_id(0)
     u = _load_vec(u_ptr, D, CH, CHUNK)
     du = _zeros_row(BLOCK_T, CH, CHUNK)
@@ -462,12 +441,8 @@ def _attn_res_bwd_args_kernel(
                 du = _defer_grad(x, du, coef_ptr + n * 3 * M, offs_t, t_ok, alphas[n], rstds[n], gs[n], qs[n],
                                  big_g, M, D, CH)
             else:
-                dsrc = _pick(n, g0, g1, g2, g3, g4, g5, g6, g7)
-                asrc = dsrc
-                if DLAST and n == N - 1:
-                    asrc = dp_ptr
-                du = _write_grad(x, dh, u, du, dsrc, asrc, rows, t_ok, ((acc_mask >> n) & 1) != 0, alphas[n],
-                                 rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK)
+                du = _write_grad(x, dh, u, du, _pick(n, g0, g1, g2, g3, g4, g5, g6, g7), rows, t_ok,
+                                 ((acc_mask >> n) & 1) != 0, alphas[n], rstds[n], gs[n], qs[n], big_g, D, CH, CHUNK)
     _store_du(du_ptr + pid * D, du, D, CH, CHUNK)
 
 
@@ -628,34 +603,27 @@ class GradSink:
         self.uses = 0
 
 
-def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float, addend: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``. ``addend`` (pointer-argument
-    path only): the mix's last source is ``sources[-1] + addend``, formed in the kernel.
+def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``.
 
-    Returns ``h [M, D]`` (source dtype), fp32 ``rstd [N, M]`` and ``alpha [N, M]``, and the last source ``sources[-1]
-    + addend`` (``None`` without ``addend``)."""
+    Returns ``h [M, D]`` (source dtype), fp32 ``rstd [N, M]`` and ``alpha [N, M]``."""
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
     h = torch.empty_like(x0)
     rstd = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
-    last = None if addend is None else torch.empty_like(x0)
     if use_args(n):
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
         _attn_res_fwd_rows_kernel[(triton.cdiv(m, block_t),)](
-            *_slots(sources), u, h, rstd, alpha, h if addend is None else addend, h if last is None else last,
-            n, m, d, eps, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=FWD_PREFETCH, SUM_LAST=addend is not None,
-            num_warps=FWD_NUM_WARPS)
-    elif addend is not None:
-        raise ValueError(f"kernels/attn_res/mix_triton.py: a fused addend needs the pointer-argument path "
-                         f"(N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
+            *_slots(sources), u, h, rstd, alpha, n, m, d, eps,
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=FWD_PREFETCH, num_warps=FWD_NUM_WARPS)
     else:  # any number of sources
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
             _address_table(sources, x0.device), u, h, rstd, alpha, n, m, d, eps,
             BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
-    return h, rstd, alpha, last
+    return h, rstd, alpha
 
 
 def _sink_buffers(sinks: list[GradSink | None], like: torch.Tensor, task: int, skip: int = 0
@@ -679,8 +647,7 @@ def _sink_buffers(sinks: list[GradSink | None], like: torch.Tensor, task: int, s
 
 
 def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor, rstd: torch.Tensor,
-                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None, defer: int = 0,
-                   dlast: torch.Tensor | None = None
+                   alpha: torch.Tensor, sinks: list[GradSink | None] | None = None, defer: int = 0
                    ) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor | None]:
     """Gradients ``dx_n [M, D]`` (source dtype), ``du [D]`` fp32 and the deferred sources' coefficients; ``dh
     [M, D]`` in the source dtype.
@@ -689,20 +656,14 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     sink's buffer in the kernel (the buffer is started by the first mix to run backward), and ``dx_n`` is
     that buffer. Bit ``n`` of ``defer`` (pointer-argument path only): source ``n``'s gradient is not formed here;
     ``dx_n`` is ``None`` and fp32 ``coef [N, 3, M]`` holds its per-token coefficients for :func:`flush_triton`
-    (third result; ``None`` without ``defer``). ``dlast`` (pointer-argument path only; ``[M, D]``, source dtype,
-    the last source without a sink): a gradient the last source already has, added to its ``dx`` in the kernel
-    (the fused running sum's gradient from its later use)."""
+    (third result; ``None`` without ``defer``)."""
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
-    if (defer or dlast is not None) and not use_args(n):
-        raise ValueError(f"kernels/attn_res/mix_triton.py: deferred gradients and dlast need the pointer-argument "
-                         f"path (N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
+    if defer and not use_args(n):
+        raise ValueError(f"kernels/attn_res/mix_triton.py: deferred gradients need the pointer-argument path "
+                         f"(N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
     task = torch._C._current_graph_task_id() if sinks is not None else -1
     dxs, acc_mask = _sink_buffers(list(sinks or [None] * n), x0, task, skip=defer)
-    if dlast is not None:
-        if (sinks and sinks[-1] is not None) or (defer >> (n - 1)) & 1:
-            raise ValueError("kernels/attn_res/mix_triton.py: dlast needs a last source without a sink or deferral")
-        acc_mask |= 1 << (n - 1)
     coef = torch.empty(n, 3, m, device=x0.device, dtype=torch.float32) if defer else None
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, BWD_THREAD_ELEMS)
     num_tiles = triton.cdiv(m, block_t)
@@ -711,9 +672,9 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     if use_args(n):
         _attn_res_bwd_args_kernel[(programs,)](
             *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles, acc_mask,
-            alpha if coef is None else coef, dh if dlast is None else dlast,
-            BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=BWD_PREFETCH, DLAST=dlast is not None,
-            num_warps=BWD_NUM_WARPS, **_maxnreg())
+            alpha if coef is None else coef,
+            BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=BWD_PREFETCH, num_warps=BWD_NUM_WARPS,
+            **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "

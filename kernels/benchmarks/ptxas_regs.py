@@ -196,13 +196,11 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     return compile_report(fn, sig, consts, {"num_warps": num_warps or nw, "num_stages": num_stages or ns})
 
 
-def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixes: int = 6, fused_sum: bool = False
-                         ) -> str:
+def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixes: int = 6) -> str:
     """Registers and spills of an AttnRes mix kernel (``kernels/attn_res/mix_triton.py``) for bf16 sources of width
     ``d`` over ``n`` sources, with the launch's own tile constants: ``kernel`` is ``fwd`` (the pointer-argument
     forward), ``bwd`` (the pointer-argument backward; ``defer``: its mask of deferred sources) or ``flush`` (the
-    deferred gradients of ``n`` sources from ``mixes`` mixes); ``fused_sum``: the running sum's add in the mix
-    (``SUM_LAST`` forward, ``DLAST`` backward).
+    deferred gradients of ``n`` sources from ``mixes`` mixes).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import attnres_ptxas_report as r; print(r('bwd', 5))"
     """
@@ -213,14 +211,13 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     if kernel == "fwd":
         fn = mt._attn_res_fwd_rows_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
-        args = srcs + [f32, bf, f32, f32, bf, bf, "i32", "i32", "fp32"]
-        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH, SUM_LAST=fused_sum)
-        warps = mt.FWD_NUM_WARPS
+        args = srcs + [f32, bf, f32, f32, "i32", "i32", "fp32"]
+        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH), mt.FWD_NUM_WARPS
     elif kernel == "bwd":
         fn = mt._attn_res_bwd_args_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
-        args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", f32, bf]
-        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=mt.BWD_PREFETCH, DLAST=fused_sum)
+        args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", f32]
+        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=mt.BWD_PREFETCH)
         warps = mt.BWD_NUM_WARPS
     elif kernel == "flush":
         fn = mt._attn_res_flush_kernel

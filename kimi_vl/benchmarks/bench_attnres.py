@@ -21,13 +21,12 @@ Measured in one run, bf16, CUDA events after warm-up:
   Triton kernel (pointer arguments, gradient sinks for the block states, their gradients formed once per block;
   also once per mix, ``KVL_ATTNRES_DEFER_GRAD=0``; for all-MLA also without the sinks,
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
-  for both the running sums added separately, ``KVL_ATTNRES_FUSED_ADD=0`` (``attnres_triton_sepadd``; the hybrid
-  runs standard, AttnRes and this one); the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
+  the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
   the resident weights, and the memory of the stored block states for scale.
 - ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
   and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
-  AttnRes step's extra time goes; ``kernel_diff_defer`` (all-MLA) the same between ``attnres_triton_nodefer`` and
-  ``attnres_triton``, ``kernel_diff_fused_add`` (hybrid) between ``attnres_triton_sepadd`` and ``attnres_triton``.
+  AttnRes step's extra time goes; ``kernel_diff_defer`` the same between ``attnres_triton_nodefer`` and
+  ``attnres_triton``.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
   two-phase form, ``KVL_ATTNRES_TWO_PHASE=torch``). (The first benchmark decoded with autograd on, so AttnRes
@@ -191,7 +190,7 @@ def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dt
         xs, w, g, dh = _mix_inputs(tokens, d, n, device, dtype)
         srcs = [x.detach() for x in xs]
         u = (w.float().reshape(-1) * g.float()).contiguous()
-        _, rstd, alpha, _ = mt.mix_fwd_triton(srcs, u, 1e-5)
+        _, rstd, alpha = mt.mix_fwd_triton(srcs, u, 1e-5)
         calls = {"forward": (partial(mt.mix_fwd_triton, srcs, u, 1e-5), n + 1),
                  "backward": (partial(mt.mix_bwd_triton, srcs, u, dh, rstd, alpha), 2 * n + 1)}
         if n > 1:  # the block's flush: n - 1 shared sources read and written, FLUSH_MIXES dh read
@@ -382,10 +381,9 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
                 "attnres_triton_nodefer": ("attnres_block", triton | {"KVL_ATTNRES_DEFER_GRAD": "0"}),
                 "attnres_triton_nosink": ("attnres_block", triton | {"KVL_ATTNRES_GRAD_SINK": "0"}),
-                "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"}),
-                "attnres_triton_sepadd": ("attnres_block", triton | {"KVL_ATTNRES_FUSED_ADD": "0"})}
+                "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"})}
     if layers != "mla":
-        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_sepadd")}
+        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     per_round = {v: [] for v in variants}
     peak = {}
@@ -413,12 +411,11 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
                                                                                       per_round["standard"])],
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
     if args.profile:
-        second = "attnres_triton_nodefer" if layers == "mla" else "attnres_triton_sepadd"
         times = {v: with_env(variants[v][1], partial(profile_step, steps[v]))
-                 for v in ("standard", "attnres_triton", second)}
+                 for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_triton"], top=args.profile_top)
-        key = "kernel_diff_defer" if layers == "mla" else "kernel_diff_fused_add"
-        out[key] = diff_by_name(times[second], times["attnres_triton"], top=args.profile_top)
+        out["kernel_diff_defer"] = diff_by_name(times["attnres_triton_nodefer"], times["attnres_triton"],
+                                                top=args.profile_top)
     dec = bench_decode_variants(models, cfgs["standard"], layers, args, device) if args.decode_steps > 0 else {}
     out["decode"] = dec
     del models
@@ -580,8 +577,6 @@ def table(results: dict) -> str:
             continue
         lines += _kernel_diff_lines(layers, group.get("kernel_diff", []))
         lines += _kernel_diff_lines(f"{layers} (deferred vs per-mix gradients)", group.get("kernel_diff_defer", []))
-        lines += _kernel_diff_lines(f"{layers} (running sum added in the mix vs separate adds)",
-                                    group.get("kernel_diff_fused_add", []))
         lines.append(f"| {layers} | (stored block states: {group['block_states_gib']:.2f} GiB) | | | | | | |")
         t = group["mix_traffic_gb"]
         lines.append(f"| {layers} | (mix traffic floor: {t['forward']:.1f} GB fwd + {t['backward_sinks']:.1f} GB bwd "

@@ -33,15 +33,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_add, attn_res_mix_naive
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 from kernels.attn_res import resolve_backend as resolve_mix_backend
 from kernels.norm import add_rms_norm
 from kernels.norm import resolve_backend as resolve_norm_backend
 from kimi_vl.modeling.norm import RMSNorm
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
-           "StandardStream", "alpha_stats", "defer_grads_enabled", "fused_add_enabled", "fused_norm_enabled",
-           "grad_sinks_enabled", "mix", "mix_add", "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
+           "StandardStream", "alpha_stats", "defer_grads_enabled", "fused_norm_enabled", "grad_sinks_enabled", "mix",
+           "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
 
@@ -125,14 +125,6 @@ def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = 
     return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u, defer)
 
 
-def mix_add(sources: Sequence[torch.Tensor], addend: torch.Tensor, query: ResQuery, backend: str | None = None,
-            sinks: Sequence | None = None, u: torch.Tensor | None = None, defer: tuple | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`mix` whose last source is ``sources[-1] + addend``, the add inside the Triton kernels where they run
-    (``kernels.attn_res.attn_res_mix_add``): ``(h, alpha, last)``, ``last`` that sum."""
-    return attn_res_mix_add(sources, addend, query.weight, query.gain, query.eps, backend, sinks, u, defer)
-
-
 def _normed(h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
     return h if norm is None else norm(h)
 
@@ -155,17 +147,6 @@ def defer_grads_enabled() -> bool:
     flag = os.environ.get("KVL_ATTNRES_DEFER_GRAD") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_DEFER_GRAD must be 0 or 1, got {flag!r}")
-    return flag == "1"
-
-
-def fused_add_enabled() -> bool:
-    """``KVL_ATTNRES_FUSED_ADD`` (``1`` default | ``0``): whether the training stream adds a sublayer's output to its
-    block's running sum inside the next mix's kernels (``kernels.attn_res.attn_res_mix_add``: forward and backward,
-    on the Triton pointer-argument path) instead of a separate add each way. Same values (fp32: bit for bit; the
-    backward rounds the running sum's gradient once instead of twice)."""
-    flag = os.environ.get("KVL_ATTNRES_FUSED_ADD") or "1"
-    if flag not in ("0", "1"):
-        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_FUSED_ADD must be 0 or 1, got {flag!r}")
     return flag == "1"
 
 
@@ -320,12 +301,6 @@ class AttnResStream:
     the Triton backward kernels accumulate its gradient in place, ``KVL_ATTNRES_GRAD_SINK=0`` turns that off),
     ``"naive"`` (stacked reference), ``"two_phase"`` (inference: :class:`BufferedTwoPhase` when
     :func:`two_phase_backend` says ``triton``, else :func:`phase1` / :func:`phase2`).
-
-    ``"fused"`` with :func:`fused_add_enabled` (not while recording statistics) holds a sublayer's output back
-    (``_addend``) and hands it to the next mix, which adds it to the block's running sum in its kernels
-    (``attn_res_mix_add``). At a block's end that sum is the completed state: the next block's first mix (or the
-    output's) forms it as its last source (``_completing``; the state's gradient sink is already in place) and the
-    stream appends it then.
     """
 
     def __init__(self, embeddings: torch.Tensor, queries: Sequence[ResQuery], block_size: int, impl: str,
@@ -334,9 +309,6 @@ class AttnResStream:
             raise ValueError(f"AttnResStream: impl must be fused, naive or two_phase, got {impl!r}")
         self.completed: list[torch.Tensor] = [embeddings]
         self.partial: torch.Tensor | None = None
-        self._addend: torch.Tensor | None = None  # an output not yet added to ``partial`` (the next mix adds it)
-        self._completing = False  # partial + _addend is a finished block's state, not yet in ``completed``
-        self._fuse_add = impl == "fused" and record is None and fused_add_enabled()
         self.queries, self.block_size, self.impl = list(queries), block_size, impl
         self.record, self.token_mask = record, token_mask
         self._phase1: tuple | None = None
@@ -375,13 +347,7 @@ class AttnResStream:
                 # holds the other layers' queries sharded now: then () and each mix forms its own query's u
                 self._u_rows = () if queries_sharded(self.queries) else stacked_u(self.queries).unbind(0)
             u = self._u_rows[i] if self._u_rows else None
-            defer = self._defer(i, sources)
-            if self._addend is None:
-                h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=defer)
-            else:
-                addend, self._addend = self._addend, None
-                h, alpha, self.partial = mix_add(sources, addend, self.queries[i], sinks=sinks, u=u, defer=defer)
-                self._complete()
+            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources))
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
         return _normed(h, norm)
@@ -410,33 +376,18 @@ class AttnResStream:
         o, m, l = (t[j] for t in self._phase1)
         return phase2(o, m, l, self.partial, self.queries[i]).to(self.completed[0].dtype)
 
-    def _complete(self) -> None:
-        """Move a finished block's running sum to ``completed`` once it is formed (``_completing``)."""
-        if self._completing and self._addend is None:
-            self.completed.append(self.partial)
-            self.partial, self._completing = None, False
-
     def add(self, i: int, out: torch.Tensor) -> None:
         if self._buffered is not None:
             self._buffered.add(i, out)
             return
-        if self._addend is not None:  # two adds without an input between them
-            self.partial, self._addend = self.partial + self._addend, None
-            self._complete()
-        end = (i + 1) % self.block_size == 0
-        if self.partial is None:
-            self.partial = out
-        elif self._fuse_add:
-            self._addend = out
-        else:
-            self.partial = self.partial + out
+        self.partial = out if self.partial is None else self.partial + out
         if self.record is not None:
             self.record.setdefault("sublayer_output_rms", []).append(rms(out))
-        if end:
+        if (i + 1) % self.block_size == 0:
             if self.record is not None:
                 self.record.setdefault("block_output_rms", []).append(rms(self.partial))
-            self._completing = True
-            self._complete()
+            self.completed.append(self.partial)
+            self.partial = None
             if self.sinks is not None:
                 self.sinks.append(self._sink_cls())
 

@@ -8,15 +8,7 @@ import pytest
 import torch
 from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 
-from kernels.attn_res import (
-    AttnResMix,
-    attn_res_mix,
-    attn_res_mix_add,
-    attn_res_mix_naive,
-    mix_autograd,
-    mix_triton,
-    resolve_backend,
-)
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, mix_autograd, mix_triton, resolve_backend
 
 EPS = 1e-6
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 4e-3), torch.bfloat16: (1e-2, 2e-2)}
@@ -324,7 +316,7 @@ def test_triton_backward_adds_into_a_sink_buffer():
     xs, w, g = _inputs(3, (29,), 40, seed=14)
     srcs = [x.detach() for x in xs]
     u = (w.detach().reshape(-1) * g.detach()).contiguous()
-    _, rstd, alpha, _ = mix_triton.mix_fwd_triton(srcs, u, EPS)
+    _, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
     dh = torch.randn_like(srcs[0])
     plain, du, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha)
     sink = mix_triton.GradSink()
@@ -355,7 +347,7 @@ def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flus
     for _ in range(4):
         srcs = shared + [torch.randn(31, d, generator=gen).to(dev, dtype)]
         u = (0.3 * torch.randn(d, generator=gen)).to(dev)
-        _, rstd, alpha, _ = mix_triton.mix_fwd_triton(srcs, u, EPS)
+        _, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
         mixes.append((srcs, u, torch.randn(31, d, generator=gen).to(dev, dtype), rstd, alpha))
     task = torch._C._current_graph_task_id()
     per_mix, deferred = [mix_triton.GradSink() for _ in shared], [mix_triton.GradSink() for _ in shared]
@@ -379,64 +371,6 @@ def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flus
     ref = [sum(_naive_grad(srcs, u, dh)[i] for srcs, u, dh, *_ in mixes) for i in range(3)]
     for i, b in enumerate(deferred):
         assert_rel_rms(b.buf.float(), ref[i], tol, f"shared source {i} vs reference")
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("addressing", "n", "d"), [("args", 3, 40), ("args", 1, 300), ("table", 3, 40)])
-def test_mix_add_equals_add_then_mix(monkeypatch, dtype, addressing, n, d):
-    """``attn_res_mix_add`` (the add in the kernels on the pointer-argument path, a plain add on the table path):
-    the running sum equals the add's (bit for bit in fp32, and in bf16 on a GPU; the interpreter truncates fp32 ->
-    bf16 where the GPU and ATen round to nearest even), and over that same sum the same ``h`` and ``alpha`` bit for
-    bit and the same gradients, with the running sum used again downstream (its gradient joins the mix's own in the
-    backward kernel, rounded once where the separate add rounds twice)."""
-    monkeypatch.setenv("KVL_ATTNRES_ADDRESSING", addressing)
-    xs, w, g = _inputs(n, (3, 11), d, dtype, q_scale=2.0, seed=31)
-    addend = (torch.randn(3, 11, d, generator=torch.Generator().manual_seed(32)) * 2).to(xs[0].device, dtype)
-    addend.requires_grad_()
-    probe = torch.randn(2, 3, 11, d, generator=torch.Generator().manual_seed(33)).to(xs[0].device)
-    launches = _count_sum_last(monkeypatch)
-    h, alpha, last = attn_res_mix_add(xs, addend, w, g, EPS, backend="triton")
-    assert launches == ([True] if addressing == "args" else [])
-    summed = xs[-1] + addend
-    if dtype == torch.float32 or torch.cuda.is_available():
-        assert torch.equal(last, summed)
-    else:
-        assert_rel_rms(last, summed, 2**-8, "running sum")
-    ref_last = _SameValues.apply(summed, last.detach())  # the add's graph, the fused sum's values
-    ref_h, ref_alpha = attn_res_mix([*xs[:-1], ref_last], w, g, EPS, backend="triton")
-    assert torch.equal(h, ref_h) and torch.equal(alpha, ref_alpha)
-    grads = [torch.autograd.grad((y.float() * probe[0]).sum() + (s.float() * probe[1]).sum(), [*xs, addend, w, g])
-             for y, s in ((h, last), (ref_h, ref_last))]
-    names = [f"dx{i}" for i in range(n)] + ["daddend", "dweight", "dgain"]
-    for name, a, b in zip(names, *grads):
-        assert a.dtype == b.dtype, name
-        assert_rel_rms(a, b, 1e-6 if dtype == torch.float32 else 4e-3, name)
-    with pytest.raises(ValueError, match="addend is"):
-        attn_res_mix_add(xs, addend[:, :1], w, g, EPS, backend="triton")
-
-
-class _SameValues(torch.autograd.Function):
-    """``x``'s gradient path with ``values``' values (a test's reference fed another computation's exact bits)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        return values.clone()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad, None
-
-
-def _count_sum_last(monkeypatch) -> list:
-    """Record each pointer-argument forward launch's ``SUM_LAST`` flag."""
-    launches, run = [], mix_triton._attn_res_fwd_rows_kernel.run
-
-    def spy(*args, **kwargs):
-        launches.append(bool(kwargs["SUM_LAST"]))
-        return run(*args, **kwargs)
-
-    monkeypatch.setattr(mix_triton._attn_res_fwd_rows_kernel, "run", spy)
-    return launches
 
 
 def _naive_grad(srcs: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor) -> list[torch.Tensor]:

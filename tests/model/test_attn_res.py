@@ -182,55 +182,6 @@ def test_stream_with_triton_kernel_equals_naive(monkeypatch, num_sublayers, bloc
         assert flushes == [3, 4, 3]
 
 
-@pytest.mark.parametrize(("num_sublayers", "block_size"), [(11, 4), (9, 3), (7, 5), (6, 2), (4, 1), (17, 2)])
-@pytest.mark.parametrize(("sink", "defer"), [("1", "0"), ("1", "1"), ("0", "0")])
-def test_running_sum_added_in_the_mix_equals_separate_adds(monkeypatch, num_sublayers, block_size, sink, defer):
-    """``KVL_ATTNRES_FUSED_ADD=1`` (Triton kernels; interpreter on a CPU): every add into a block's running sum but a
-    block's first output (which starts the sum) is done by the next mix's kernels, including the one that completes
-    a block (then the next block's first mix, or the output's, forms the completed state and returns its sink's
-    gradient). With and without gradient sinks and deferred block gradients; fp32: the same output bit for bit, the
-    same gradients. 17 sublayers in blocks of 2: from 9 sources the mixes take the address table (a plain add, no
-    sinks), so states formed with sinks also get gradients from outside them."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from kernels.attn_res import mix_triton
-
-    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
-    monkeypatch.setenv("KVL_ATTNRES_GRAD_SINK", sink)
-    monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", defer)
-    # the mixes after every output but a block's first, on the pointer-argument path (at most 8 sources: the
-    # embedding, the completed states, and the running sum unless the mix completes a block)
-    fused_mixes = sum(1 for i in range(1, num_sublayers + 1)
-                      if (i - 1) % block_size and 1 + i // block_size + (i % block_size > 0) <= 8)
-    launches, launch = [], mix_triton._attn_res_fwd_rows_kernel.run
-    monkeypatch.setattr(mix_triton._attn_res_fwd_rows_kernel, "run",
-                        lambda *a, **k: (launches.append(bool(k["SUM_LAST"])), launch(*a, **k))[1])
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    d = 20
-    queries = [ResQuery(torch.randn(1, d, device=dev).requires_grad_(), (1 + 0.3 * torch.randn(d, device=dev))
-                        .requires_grad_(), 1e-6) for _ in range(num_sublayers + 1)]
-    emb = torch.randn(2, 3, d, device=dev, requires_grad=True)
-    runs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("KVL_ATTNRES_FUSED_ADD", flag)
-        launches.clear()
-        stream = AttnResStream(emb, queries, block_size, "fused")
-        outs = []
-        for i in range(num_sublayers):
-            outs.append(torch.tanh(stream.input(i)) * (i + 1))
-            stream.add(i, outs[-1])
-        out = stream.final()
-        params = [emb] + [t for q in queries[1:] for t in (q.weight, q.gain)]
-        runs[flag] = out.detach(), torch.autograd.grad((out * torch.linspace(-1, 1, d, device=dev)).sum(), params)
-        assert sum(launches) == (fused_mixes if flag == "1" else 0)
-    assert torch.equal(runs["1"][0], runs["0"][0])
-    for i, (a, b) in enumerate(zip(runs["1"][1], runs["0"][1])):
-        assert_rel_rms(a, b, 1e-6, f"grad {i}")
-    monkeypatch.setenv("KVL_ATTNRES_FUSED_ADD", "on")
-    with pytest.raises(ValueError, match="KVL_ATTNRES_FUSED_ADD"):
-        AttnResStream(emb, queries, block_size, "fused")
-
-
 def _count_flushes(monkeypatch) -> list:
     """Record each ``mix_autograd.flush_deferred`` call's number of mixes."""
     from kernels.attn_res import mix_autograd
