@@ -7,11 +7,15 @@
 #   bash scripts/gpu_session29.sh hostab    call2: call1's AttnRes steps took 13 ms more than their kernels (the
 #       standard 4 ms): this tree against session 28's final one (1671cb5, carried in old/), block AttnRes's step at
 #       1 x 256 tokens (the step's host time: its kernels take little) and at 8 x 4096, interleaved by tree.
+#   (call1's running-sum fusion was reverted after call2: no gain, as session 12 had found.)
+#   bash scripts/gpu_session29.sh launch    call3: the training mix kernels called directly after their first launch
+#       (kernels/fast_launch.py, KVL_FAST_LAUNCH): the AttnRes GPU tests; block AttnRes's step with and without it at
+#       1 x 256 (host-bound; with the decode stream's host cost) and at 8 x 4096 (8 rounds, profiled).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session29.sh attnres|hostab}" in
+case "${1:?usage: gpu_session29.sh attnres|hostab|launch}" in
 attnres)
   attnres_tests 150
   attnres_step 8 170 40 14
@@ -32,6 +36,15 @@ hostab)
         --decode-steps 0 --seq "$1" --batch "$2" --budget-s 400)
     done
   done
+  ;;
+launch)
+  PART_TAIL=8 part "AttnRes and launch tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py tests/kernels/test_fast_launch.py
+  mkdir -p "$OUT/tiny"
+  OUT=$OUT/tiny PART_TAIL=14 part "bench_attnres at 1 x 256: the host-bound step, and the decode stream's host cost" 150 \
+    python3 -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 --rounds 6 --hybrid-iters 8 \
+    --decode-steps 0 --seq 256 --batch 1 --stream-cost --budget-s 400
+  attnres_step 8 170 40 14
   ;;
 esac
 ls -la "$OUT"

@@ -86,6 +86,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import sm_count
+from kernels.fast_launch import CompiledLaunch, aligned16
 
 TILE_ELEMS = 4096  # the address-table forward and the two-phase kernels: BLOCK_T * BLOCK_D per program
 NUM_WARPS = 8
@@ -465,8 +466,8 @@ def _column_sum(partial: torch.Tensor) -> torch.Tensor:
     call4)."""
     p, d = partial.shape
     out = torch.empty(d, device=partial.device, dtype=torch.float32)
-    _colsum_kernel[(triton.cdiv(d, COLSUM_BLOCK_D),)](partial, out, p, d, BLOCK_P=COLSUM_BLOCK_P,
-                                                      BLOCK_D=COLSUM_BLOCK_D, num_warps=4)
+    _COLSUM((triton.cdiv(d, COLSUM_BLOCK_D),), (aligned16(partial), p, d, COLSUM_BLOCK_P, COLSUM_BLOCK_D),
+            partial, out, p, d, COLSUM_BLOCK_P, COLSUM_BLOCK_D, num_warps=4)
     return out
 
 
@@ -522,6 +523,15 @@ def _attn_res_flush_kernel(
                     dx += tl.load(dsrc + rows + cols[None, :], mask=tl.where(acc_on, ok, False),
                                   other=0.0).to(tl.float32)
                     tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
+
+
+# the launches of the pointer-argument kernels, the column sum and the flush: compiled kernels called directly
+# after the first launch of a specialisation (kernels.fast_launch; the JIT's per-call work is ~30 us of host time a
+# launch, ~76 launches a step of the small hybrid)
+_FWD_ROWS = CompiledLaunch(_attn_res_fwd_rows_kernel)
+_BWD_ARGS = CompiledLaunch(_attn_res_bwd_args_kernel)
+_COLSUM = CompiledLaunch(_colsum_kernel)
+_FLUSH = CompiledLaunch(_attn_res_flush_kernel)
 
 
 @functools.lru_cache(maxsize=64)
@@ -615,9 +625,9 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     if use_args(n):
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
-        _attn_res_fwd_rows_kernel[(triton.cdiv(m, block_t),)](
-            *_slots(sources), u, h, rstd, alpha, n, m, d, eps,
-            BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=FWD_PREFETCH, num_warps=FWD_NUM_WARPS)
+        key = (x0.dtype, aligned16(*sources, u), n, m, d, block_t, chunk, ch, FWD_PREFETCH, FWD_NUM_WARPS)
+        _FWD_ROWS((triton.cdiv(m, block_t),), key, *_slots(sources), u, h, rstd, alpha, n, m, d, eps,
+                  block_t, chunk, ch, FWD_PREFETCH, num_warps=FWD_NUM_WARPS)
     else:  # any number of sources
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
@@ -669,12 +679,12 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     num_tiles = triton.cdiv(m, block_t)
     programs = _num_bwd_programs(num_tiles, x0.device)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
-    if use_args(n):
-        _attn_res_bwd_args_kernel[(programs,)](
-            *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d, num_tiles, acc_mask,
-            alpha if coef is None else coef,
-            BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=BWD_PREFETCH, num_warps=BWD_NUM_WARPS,
-            **_maxnreg())
+    if use_args(n):  # dxs, rstd, alpha, du_partial and coef are new or sink buffers: allocations are aligned
+        key = (x0.dtype, aligned16(*sources, u, dh), n, m, d, num_tiles, block_t, chunk, ch, defer, BWD_PREFETCH,
+               BWD_NUM_WARPS, BWD_MAXNREG)
+        _BWD_ARGS((programs,), key, *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d,
+                  num_tiles, acc_mask, alpha if coef is None else coef, block_t, chunk, ch, defer, BWD_PREFETCH,
+                  num_warps=BWD_NUM_WARPS, **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "
@@ -697,7 +707,8 @@ def flush_triton(sources: list[torch.Tensor], bufs: list[torch.Tensor], acc_mask
     x0 = sources[0]
     m, d = x0.shape
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), FLUSH_NUM_WARPS, FLUSH_MAX_CHUNKS, FLUSH_THREAD_ELEMS)
-    _attn_res_flush_kernel[(triton.cdiv(m, block_t),)](
-        *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs), *_slots(us), m, d, acc_mask,
-        C=len(sources), S=len(dhs), BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=FLUSH_GROUP,
-        num_warps=FLUSH_NUM_WARPS)
+    c, s = len(sources), len(dhs)
+    key = (x0.dtype, aligned16(*sources, *bufs, *dhs, *coefs, *us), m, d, c, s, block_t, chunk, ch, FLUSH_GROUP,
+           FLUSH_NUM_WARPS)
+    _FLUSH((triton.cdiv(m, block_t),), key, *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs),
+           *_slots(us), m, d, acc_mask, c, s, block_t, chunk, ch, FLUSH_GROUP, num_warps=FLUSH_NUM_WARPS)

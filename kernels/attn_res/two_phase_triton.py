@@ -29,14 +29,12 @@ at one token: 1.95 us against 1.47 us for the standard residual's ``add_rms_norm
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
-from triton.runtime import driver
 
 from kernels.attn_res.mix_triton import NUM_WARPS, _blocks, _online_softmax_step, _token_tile
+from kernels.fast_launch import CompiledLaunch
 
 _WHERE = "kernels/attn_res/two_phase_triton.py"
 FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the JIT's per-call work (see _Launch)
@@ -341,35 +339,27 @@ def phase2_triton(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, j: int, v_K
 
 
 class _Launch:
-    """One kernel at a fixed grid and warp count whose compiled variants are called directly after the first launch.
+    """One kernel at a fixed grid and warp count whose compiled variants are called directly after the first launch
+    (``kernels.fast_launch.CompiledLaunch``: 29.6 us of the JIT's host time a launch on the H100 machine, session 12,
+    against 7.2 us for a ``torch.add``; in launch-bound decode most of the two-phase stream's cost). ``key`` must fix
+    everything the JIT specialises on that can change between calls of one instance (pointer alignment, constexpr
+    values; the kernels' ints are ``do_not_specialize``). ``values``: every parameter in signature order, constexprs
+    included. :data:`FAST_LAUNCH` ``= False`` always takes the JIT."""
 
-    ``kernel[grid](...)`` binds and specialises every argument, builds a cache key and checks globals on every
-    call: 29.6 us of host time a launch on the H100 machine (session 12, ``bench_attnres --stream-cost``) against
-    7.2 us for a ``torch.add``, which in launch-bound decode is most of the two-phase stream's cost. The first
-    launch for a ``key`` goes through the JIT (compiling if need be) and keeps the compiled kernel's runner; later
-    ones call the runner with the current stream. ``key`` must fix everything the JIT specialises on that can
-    change between calls of one instance (pointer alignment, constexpr values; the kernels' ints are
-    ``do_not_specialize``). ``values``: every parameter in signature order, constexprs included. The interpreter
-    and :data:`FAST_LAUNCH` ``= False`` always take the JIT."""
-
-    __slots__ = ("compiled", "grid", "kernel", "num_warps", "runners")
+    __slots__ = ("grid", "launch", "num_warps")
 
     def __init__(self, kernel, grid: tuple[int, ...], num_warps: int) -> None:
-        self.kernel, self.grid, self.num_warps = kernel, grid, num_warps
-        self.compiled = os.environ.get("TRITON_INTERPRET") != "1"  # the interpreter has no compiled kernels
-        self.runners: dict = {}
+        self.launch, self.grid, self.num_warps = CompiledLaunch(kernel), grid, num_warps
+
+    @property
+    def runners(self) -> dict:
+        return self.launch.runners
 
     def __call__(self, key: tuple, *values) -> None:
-        fast = FAST_LAUNCH and self.compiled
-        if fast:
-            device = driver.active.get_current_device()
-            runner = self.runners.get((device, key))
-            if runner is not None:
-                runner(*values, stream=driver.active.get_current_stream(device))
-                return
-        compiled = self.kernel[self.grid](*values, num_warps=self.num_warps)
-        if fast and hasattr(compiled, "packed_metadata"):  # the runner reads three grid dimensions
-            self.runners[(device, key)] = compiled[(*self.grid, *(1,) * (3 - len(self.grid)))]
+        if FAST_LAUNCH:
+            self.launch(self.grid, key, *values, num_warps=self.num_warps)
+        else:
+            self.launch.kernel[self.grid](*values, num_warps=self.num_warps)
 
 
 def _aligned(t: torch.Tensor) -> bool:

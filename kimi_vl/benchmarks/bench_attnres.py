@@ -21,11 +21,13 @@ Measured in one run, bf16, CUDA events after warm-up:
   Triton kernel (pointer arguments, gradient sinks for the block states, their gradients formed once per block;
   also once per mix, ``KVL_ATTNRES_DEFER_GRAD=0``; for all-MLA also without the sinks,
   ``KVL_ATTNRES_GRAD_SINK=0``, and the first version: address table, no sinks, ``KVL_ATTNRES_ADDRESSING=table``;
-  the PyTorch function is timed in ``mix`` only). Reports step time, overhead %, the step's peak memory above
-  the resident weights, and the memory of the stored block states for scale.
+  for both also every mix kernel launched through Triton's JIT, ``KVL_FAST_LAUNCH=0`` (``attnres_triton_jit``;
+  the hybrid runs standard, AttnRes and this one); the PyTorch function is timed in ``mix`` only). Reports step
+  time, overhead %, the step's peak memory above the resident weights, and the memory of the stored block states
+  for scale.
 - ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
   and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
-  AttnRes step's extra time goes; ``kernel_diff_defer`` the same between ``attnres_triton_nodefer`` and
+  AttnRes step's extra time goes; ``kernel_diff_defer`` (all-MLA) the same between ``attnres_triton_nodefer`` and
   ``attnres_triton``.
 - ``decode``: greedy decode tokens/s after a cached prefill of ``--decode-context``, under ``torch.no_grad()``
   as in ``generate()``: standard vs the buffered Triton two-phase AttnRes stream (for all-MLA also the PyTorch
@@ -381,9 +383,10 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     variants = {"standard": ("standard", {}), "attnres_triton": ("attnres_block", triton),
                 "attnres_triton_nodefer": ("attnres_block", triton | {"KVL_ATTNRES_DEFER_GRAD": "0"}),
                 "attnres_triton_nosink": ("attnres_block", triton | {"KVL_ATTNRES_GRAD_SINK": "0"}),
-                "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"})}
+                "attnres_triton_table": ("attnres_block", triton | {"KVL_ATTNRES_ADDRESSING": "table"}),
+                "attnres_triton_jit": ("attnres_block", triton | {"KVL_FAST_LAUNCH": "0"})}
     if layers != "mla":
-        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
+        variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_jit")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     per_round = {v: [] for v in variants}
     peak = {}
@@ -411,11 +414,12 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
                                                                                       per_round["standard"])],
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
     if args.profile:
-        times = {v: with_env(variants[v][1], partial(profile_step, steps[v]))
-                 for v in ("standard", "attnres_triton", "attnres_triton_nodefer")}
+        profiled = [v for v in ("standard", "attnres_triton", "attnres_triton_nodefer") if v in variants]
+        times = {v: with_env(variants[v][1], partial(profile_step, steps[v])) for v in profiled}
         out["kernel_diff"] = diff_by_name(times["standard"], times["attnres_triton"], top=args.profile_top)
-        out["kernel_diff_defer"] = diff_by_name(times["attnres_triton_nodefer"], times["attnres_triton"],
-                                                top=args.profile_top)
+        if "attnres_triton_nodefer" in times:
+            out["kernel_diff_defer"] = diff_by_name(times["attnres_triton_nodefer"], times["attnres_triton"],
+                                                    top=args.profile_top)
     dec = bench_decode_variants(models, cfgs["standard"], layers, args, device) if args.decode_steps > 0 else {}
     out["decode"] = dec
     del models

@@ -402,6 +402,39 @@ def test_two_phase_launcher_calls_compiled_kernels_directly_on_gpu(monkeypatch):
     assert torch.equal(results[True][0], results[False][0]) and torch.equal(results[True][1], results[False][1])
 
 
+@pytest.mark.gpu
+def test_mix_kernels_called_directly_after_their_first_launch_on_gpu(monkeypatch):
+    """The training mix's kernels (forward, backward, column sum, flush) reuse their compiled kernels after the first
+    launch of a specialisation (``kernels.fast_launch``): the same results as the JIT every time, one runner per
+    specialisation, and a new one for a source at an address that is not 16-byte aligned."""
+    dev = kernel_device()
+    xs = [torch.randn(4097, 768, device=dev, dtype=torch.bfloat16) for _ in range(3)]
+    u, dh = torch.randn(768, device=dev), torch.randn(4097, 768, device=dev, dtype=torch.bfloat16)
+    launches = (mix_triton._FWD_ROWS, mix_triton._BWD_ARGS, mix_triton._COLSUM, mix_triton._FLUSH)
+    for launch in launches:
+        launch.runners.clear()
+
+    def run(srcs):
+        h, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
+        dxs, du, coef = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [mix_triton.GradSink(), None, None],
+                                                  defer=0b1)
+        buf = torch.zeros_like(srcs[0])
+        mix_triton.flush_triton(srcs[:1], [buf], 1, [dh], [u], [coef])
+        return h, alpha, dxs[1], dxs[2], du, buf
+
+    results = {}
+    for fast in ("0", "1", "1"):
+        monkeypatch.setenv("KVL_FAST_LAUNCH", fast)
+        results.setdefault(fast, []).append(run(xs))
+    assert [len(launch.runners) for launch in launches] == [1, 1, 1, 1]
+    for got in results["1"]:
+        for a, b in zip(got, results["0"][0]):
+            assert torch.equal(a, b)
+    odd = torch.empty(4097 * 768 + 1, device=dev, dtype=torch.bfloat16)[1:].view(4097, 768).copy_(xs[0])
+    h, _, _ = mix_triton.mix_fwd_triton([odd, *xs[1:]], u, EPS)
+    assert len(mix_triton._FWD_ROWS.runners) == 2 and torch.equal(h, results["0"][0][0])
+
+
 @pytest.mark.parametrize(("p", "d"), [(1, 5), (70, 100), (264, 768)])
 def test_column_sum(p, d):
     """The backward's query-gradient sum over programs: ``_column_sum`` equals ``sum(0)`` for row counts and widths
