@@ -11,11 +11,14 @@
 #   bash scripts/gpu_session29.sh launch    call3: the training mix kernels called directly after their first launch
 #       (kernels/fast_launch.py, KVL_FAST_LAUNCH): the AttnRes GPU tests; block AttnRes's step with and without it at
 #       1 x 256 (host-bound; with the decode stream's host cost) and at 8 x 4096 (8 rounds, profiled).
+#   bash scripts/gpu_session29.sh expand    call4: MLA's keys and values through kernels/mla_expand.py's kernels
+#       (KVL_MLA_EXPAND_BACKEND): its GPU tests; the small hybrid's step with the PyTorch form and with the kernels,
+#       interleaved twice (10 iterations, profiled).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session29.sh attnres|hostab|launch}" in
+case "${1:?usage: gpu_session29.sh attnres|hostab|launch|expand}" in
 attnres)
   attnres_tests 150
   attnres_step 8 170 40 14
@@ -45,6 +48,18 @@ launch)
     python3 -m kimi_vl.benchmarks.bench_attnres --layouts hybrid --sources 3 --rounds 6 --hybrid-iters 8 \
     --decode-steps 0 --seq 256 --batch 1 --stream-cost --budget-s 400
   attnres_step 8 170 40 14
+  ;;
+expand)
+  PART_TAIL=8 part "MLA expand tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_mla_expand.py tests/model/test_moe_mla.py tests/model/test_backbone_invariants.py
+  for round in 1 2; do
+    for backend in torch triton; do
+      mkdir -p "$OUT/${backend}_$round"
+      OUT=$OUT/${backend}_$round PART_TAIL=14 part "bench_backbone, MLA expand $backend, round $round" 90 \
+        env KVL_MLA_EXPAND_BACKEND=$backend python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 \
+        --decode-contexts --iters 10 --profile --variants hybrid
+    done
+  done
   ;;
 esac
 ls -la "$OUT"

@@ -126,6 +126,21 @@ def conv_bwd_stream_ptxas_report(w: int = 4, bd: int = 128, warps: int = 1, rows
     return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": stages})
 
 
+def mla_expand_ptxas_report(kernel: str) -> str:
+    """``kernels.mla_expand``'s ``fwd`` or ``bwd`` kernel for bf16 at the small flavor's head dims (128 / 64 / 128)."""
+    from kernels import mla_expand as me
+
+    bf, i32 = "*bf16", "i32"
+    if kernel == "fwd":
+        fn, ptrs, ints = me._expand_fwd_kernel, 3, 10
+        consts = dict(DN=128, DR=64, BLOCK_S=me.BLOCK_S, BN=128, BR=64)
+    else:
+        fn, ptrs, ints = me._expand_bwd_kernel, 4, 13
+        consts = dict(DN=128, DV=128, DR=64, BLOCK_S=me.BLOCK_S, BN=128, BV=128, BR=64)
+    sig = dict(zip(fn.arg_names, [bf] * ptrs + [i32] * ints + ["constexpr"] * len(consts)))
+    return compile_report(fn, sig, consts, {"num_warps": me.NUM_WARPS, "num_stages": 2})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", choices=("all",) + KERNELS, default="all")

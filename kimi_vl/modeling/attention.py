@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.linear import shared_input_linear
+from kernels.mla_expand import expand_kv
 from kernels.rows import scale_rows_
 from kimi_vl.modeling.cache import MLALayerCache
 from kimi_vl.modeling.masks import MaskSpec
@@ -80,9 +81,7 @@ class MLAttention(nn.Module):
     def _expand(self, ckv_BSR: torch.Tensor, krope_BSd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, s, _ = ckv_BSR.shape
         kv = self.kv_b_proj(ckv_BSR).view(b, s, self.num_heads, self.nope_dim + self.v_dim)
-        k_nope, v = torch.split(kv, [self.nope_dim, self.v_dim], dim=-1)
-        k_rope = krope_BSd[:, :, None, :].expand(b, s, self.num_heads, self.rope_dim)
-        return torch.cat([k_nope, k_rope], dim=-1), v  # [B, S, H, dq], [B, S, H, V]
+        return expand_kv(kv, krope_BSd, self.nope_dim)  # [B, S, H, dq], [B, S, H, V]
 
     def forward(self, x_BTD: torch.Tensor, mask: MaskSpec, cache: MLALayerCache | None = None) -> torch.Tensor:
         b, t, _ = x_BTD.shape

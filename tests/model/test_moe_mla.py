@@ -141,3 +141,26 @@ def test_flex_block_mask_equals_dense_packed_mask():
     got = flex_attention(q, k, v, block_mask=flex.block_mask, scale=0.3)  # eager here; compiled on CUDA
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense.dense_B1TS, scale=0.3)
     assert_rel_rms(got, ref, 1e-5, "flex vs dense")
+
+
+def test_mla_keys_through_the_triton_expand_equal_pytorch(monkeypatch):
+    """The model with MLA's key expansion through ``kernels.mla_expand``'s kernels (interpreter on a CPU) gives the
+    PyTorch form's logits and every parameter's gradient (fp32: the kernels copy, and sum k_rope's gradient over
+    heads in fp32)."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build(tiny_config(moe=False)).to(dev).train()
+    ids = torch.randint(3, 97, (2, 11), device=dev)
+    runs = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("KVL_MLA_EXPAND_BACKEND", backend)
+        model.zero_grad(set_to_none=True)
+        out = model(ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        runs[backend] = out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                              if p.grad is not None}
+    assert torch.equal(runs["triton"][0], runs["torch"][0])
+    assert runs["triton"][1].keys() == runs["torch"][1].keys()
+    for name, g in runs["torch"][1].items():
+        assert_rel_rms(runs["triton"][1][name], g, 1e-6, name)
