@@ -14,11 +14,14 @@
 #   bash scripts/gpu_session29.sh expand    call4: MLA's keys and values through kernels/mla_expand.py's kernels
 #       (KVL_MLA_EXPAND_BACKEND): its GPU tests; the small hybrid's step with the PyTorch form and with the kernels,
 #       interleaved twice (10 iterations, profiled).
+#   bash scripts/gpu_session29.sh final     call5: the KDA backward writes dv into the q|k|v gradient's v third (no
+#       copy): the KDA and MLA GPU tests; the five KDA shapes against fla; the small hybrid's step at 10 iterations
+#       twice and block AttnRes's step overhead, on this session's final tree.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session29.sh attnres|hostab|launch|expand}" in
+case "${1:?usage: gpu_session29.sh attnres|hostab|launch|expand|final}" in
 attnres)
   attnres_tests 150
   attnres_step 8 170 40 14
@@ -60,6 +63,17 @@ expand)
         --decode-contexts --iters 10 --profile --variants hybrid
     done
   done
+  ;;
+final)
+  install_fla
+  kda_tests 150 tests/model/test_kda_layer_backends.py tests/kernels/test_mla_expand.py tests/model/test_moe_mla.py
+  bench_five 140
+  for round in 1 2; do
+    mkdir -p "$OUT/round_$round"
+    OUT=$OUT/round_$round PART_TAIL=12 part "bench_backbone, round $round" 90 python3 -m kimi_vl.benchmarks.bench_backbone \
+      --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid
+  done
+  attnres_step 8 170 30 12
   ;;
 esac
 ls -la "$OUT"

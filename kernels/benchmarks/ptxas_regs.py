@@ -194,7 +194,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         fn, consts = cb._bwd_state_kernel, dict(HV=32, K=128, V=128, BK=128, BV=cb.BWD_STATE_BV or 32, C=64)
         consts |= dict(HAS_DHT=True, FP32=False)
     elif name == "dy":
-        args = [f32, bf, bf, bf, bf, dvn, f32, f32, f32, f32] + tab + ["i32"]
+        args = [f32, bf, bf, bf, bf, dvn, f32, f32, f32, f32] + tab + ["i32", "i32"]
         fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32")
     elif name == "pair":
         args = [bf, bf, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]

@@ -56,6 +56,7 @@ from kernels.kda.prep_triton import (
     l2norm_bwd,
     l2norm_fwd,
     qkv_base,
+    qkv_dv_view,
     qkv_l2_grad,
     token_rows,
 )
@@ -559,12 +560,14 @@ class ChunkKDAFunction(torch.autograd.Function):
         st = KDAFwdState(o=None, ht=None, U=None, **dict(zip(_SAVED, saved)))
         (qn, rq), (kn, rk) = (l2norm_fwd(x) if use_l2 else (x, None) for x in (q, k))
         gn = gate_fwd(g, A_log, dt_bias, lower_bound) if use_gate else g
-        gr = chunk_kda_bwd_triton(qn, kn, v, gn, beta, ctx.scale, st, do, dht)
+        dqkv = None if qkv is None else torch.empty_like(qkv)  # the KDA backward writes dv into its v third
+        dv_out = None if qkv is None else qkv_dv_view(dqkv, v.shape[2], v.shape[3])
+        gr = chunk_kda_bwd_triton(qn, kn, v, gn, beta, ctx.scale, st, do, dht, dv_out)
         dh0 = gr.dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None
         dg, dA, ddtb = gate_bwd(g, A_log, dt_bias, lower_bound, gr.dg) if use_gate else (gr.dg.to(g.dtype), None, None)
         dbeta = gr.dbeta.to(beta.dtype)
         if qkv is not None:  # L2 norm on the thirds of one q|k|v tensor: its gradient in one pass
-            dqkv = qkv_l2_grad(qkv, q.shape[2], q.shape[3], (gr.dq, rq), (gr.dk, rk), gr.dv)
+            dqkv = qkv_l2_grad(qkv, q.shape[2], q.shape[3], (gr.dq, rq), (gr.dk, rk), None, dqkv)
             return dqkv, None, None, None, dg, dbeta, dh0, dA, ddtb, None, None, None
         dq, dk = (l2norm_bwd(x, r, dx) if use_l2 else dx.to(x.dtype) for x, r, dx in ((q, rq, gr.dq), (k, rk, gr.dk)))
         return None, dq, dk, gr.dv.to(v.dtype), dg, dbeta, dh0, dA, ddtb, None, None, None

@@ -139,6 +139,7 @@ def _bwd_dy_kernel(
     cbos_ptr,
     clen_ptr,
     VS,
+    DVS,
     HV: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
@@ -147,8 +148,8 @@ def _bwd_dy_kernel(
     PREC: tl.constexpr,
 ):
     """Per (chunk, value head), looping over blocks of V: ``dY = T^T dVnew`` (overwrites dVnew in ``dy_ptr``),
-    ``dv = beta dY`` and dbeta's V part ``sum_v v dY`` (token layout), ``dAqk = lower(dO Vnew^T)`` and
-    ``dAkk = strict_lower(-dY Vnew^T)`` (``[C, C]`` fp32)."""
+    ``dv = beta dY`` and dbeta's V part ``sum_v v dY`` (token layout; v and dv at token strides ``VS``, ``DVS``),
+    ``dAqk = lower(dO Vnew^T)`` and ``dAkk = strict_lower(-dY Vnew^T)`` (``[C, C]`` fp32)."""
     sc = tl.program_id(0).to(tl.int64)
     c = tl.program_id(0) // HV
     i_hv = tl.program_id(0) % HV
@@ -173,7 +174,7 @@ def _bwd_dy_kernel(
         vv = tl.load(v_ptr + (bos + rows)[:, None] * VS + i_hv * V + cv[None, :], mask=tmask, other=0.0).to(tl.float32)
         dy = _fdot(tl.trans(Tm), dvn, PREC)
         tl.store(dy_ptr + coff, dy.to(dy_ptr.dtype.element_ty), mask=vmask[None, :])
-        tl.store(dv_ptr + toff, dy * beta[:, None], mask=tmask)
+        tl.store(dv_ptr + (bos + rows)[:, None] * DVS + i_hv * V + cv[None, :], dy * beta[:, None], mask=tmask)
         dbv += tl.sum(vv * dy, 1)
         daq += _mm(do, tl.trans(vn), FP32)
         dak -= _fdot(dy, tl.trans(vn), PREC)
@@ -538,7 +539,8 @@ BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 BWD_LAUNCH = dict(state=(4, 2), dy=(4, 1), pair=(4, 1), inter=(4, 3))
 
 
-def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[torch.Tensor, ...]:
+def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, ...]:
     """Chunk-local backward after the reverse state pass: ``_bwd_dy_kernel``, ``_bwd_intra_pair_kernel``, then
     ``_bwd_inter_kernel``.
 
@@ -548,6 +550,8 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
     ``BWD_DH_16BIT``). Returns dq, dk ``[B, T, H, K]``, dv ``[B, T, HV, V]``,
     dg ``[B, T, HV, K]`` in the dtypes of q, k, v, g (written so by the kernels: no cast passes; with grouped heads
     HV > H, dq and dk are summed over a head's value heads in fp32 first), and dbeta ``[B, T, HV]`` in fp32.
+    ``dv_out``: where dv goes (``[B, T, HV, V]`` in v's dtype, each token's ``HV x V`` block contiguous and one token
+    stride, e.g. the v third of the q|k|v gradient), else a new tensor.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -563,7 +567,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
     nkt_pair, nkt_inter = triton.cdiv(K, bk_pair), triton.cdiv(K, bk_inter)
     f32 = dict(dtype=torch.float32, device=dev)
     n_tok = B * T * HV
-    dv = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    dv, dvs = _dv_rows(dv_out, (B, T, HV, V), v.dtype, dev)
     # dbeta partial sums: the pairwise kernel's K blocks, the inter kernel's K blocks, the dY kernel's V part
     db = torch.empty(nkt_pair + nkt_inter + 1, B, T, HV, **f32)
     dAq = torch.empty(NC, HV, C, C, **f32)
@@ -583,6 +587,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
         st.cbos,
         st.clen,
         vs,
+        dvs,
         HV=HV,
         V=V,
         BV=min(BWD_DY_BV, BV),
@@ -669,10 +674,25 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH) -> tuple[t
     return dq_out, dk_out, dv, dg_out, db.sum(0)
 
 
-def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None) -> KDAGrads:
+def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None,
+                         dv_out: torch.Tensor | None = None) -> KDAGrads:
     """Backward of the core op (q, k normalised ``[B, T, H, K]``, g the log-decay ``[B, T, HV, K]``) from the forward
     intermediates ``st`` (``KDAFwdState`` of ``chunk_kda_fwd_intermediates``). do ``[B, T, HV, V]``; dht
-    ``[N, HV, K, V]`` or None. Returns :class:`KDAGrads`: dq, dk, dv, dg in the inputs' dtypes, dbeta and dh0 in
-    fp32. Four kernels, no per-chunk copies of the inputs."""
+    ``[N, HV, K, V]`` or None; ``dv_out``: where dv goes (see :func:`bwd_intra_triton`). Returns :class:`KDAGrads`:
+    dq, dk, dv, dg in the inputs' dtypes, dbeta and dh0 in fp32. Four kernels, no per-chunk copies of the inputs."""
     dvn, dH, dh0 = bwd_state_pass_triton(st, do, dht)
-    return KDAGrads(*bwd_intra_triton(q, k, v, g, beta, scale, st, do, dvn, dH), dh0)
+    return KDAGrads(*bwd_intra_triton(q, k, v, g, beta, scale, st, do, dvn, dH, dv_out), dh0)
+
+
+def _dv_rows(dv_out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, dev: torch.device
+             ) -> tuple[torch.Tensor, int]:
+    """dv's buffer and token stride: ``dv_out`` when given (checked), else a new contiguous tensor."""
+    B, T, HV, V = shape
+    if dv_out is None:
+        return torch.empty(shape, dtype=dtype, device=dev), HV * V
+    s = dv_out.stride()
+    if dv_out.shape != shape or dv_out.dtype != dtype or s[3] != 1 or s[2] != V or (B > 1 and s[0] != T * s[1]):
+        raise ValueError(f"kernels/kda/chunk_triton_bwd.py: dv_out must be {tuple(shape)} {dtype} with each token's "
+                         f"HV x V block contiguous and one token stride, got {tuple(dv_out.shape)} {dv_out.dtype} "
+                         f"strides {s}")
+    return dv_out, s[1]

@@ -175,19 +175,29 @@ def qkv_base(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor 
     return base
 
 
-def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Tensor) -> torch.Tensor:
-    """d(qkv) ``[B, T, 3 H D]`` in one new tensor, for q, k, v the thirds of ``qkv`` (:func:`qkv_base`) with q and k
-    L2-normalised: each of ``q_part``, ``k_part`` is ``(dy, r)`` (upstream gradient, the fp32 inverse norms of
-    :func:`l2norm_fwd`), its L2 backward written at that third's offsets; dv copied into the v third. Separate
-    gradients of the ``chunk(3)`` views would leave autograd to concatenate them, a pass over the whole tensor
-    (~0.3 ms a KDA layer at 98k tokens x 2304 channels on an H100, session 13's trace)."""
+def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Tensor | None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """d(qkv) ``[B, T, 3 H D]`` (``out``, else a new tensor), for q, k, v the thirds of ``qkv`` (:func:`qkv_base`)
+    with q and k L2-normalised: each of ``q_part``, ``k_part`` is ``(dy, r)`` (upstream gradient, the fp32 inverse
+    norms of :func:`l2norm_fwd`), its L2 backward written at that third's offsets; ``dv`` copied into the v third
+    (``None``: already there, written by the KDA backward through :func:`qkv_dv_view`). Separate gradients of the
+    ``chunk(3)`` views would leave autograd to concatenate them, a pass over the whole tensor (~0.3 ms a KDA layer
+    at 98k tokens x 2304 channels on an H100, session 13's trace)."""
     B, T, _ = qkv.shape
     HD = H * D
-    dqkv = torch.empty_like(qkv)
+    dqkv = torch.empty_like(qkv) if out is None else out
     for i, (dy, r) in enumerate((q_part, k_part)):
         _l2_bwd(qkv[..., i * HD:], r, dy, dqkv[..., i * HD:], 3 * HD, H, D, True)
-    dqkv[..., 2 * HD:].copy_(dv.reshape(B, T, HD))
+    if dv is not None:
+        dqkv[..., 2 * HD:].copy_(dv.reshape(B, T, HD))
     return dqkv
+
+
+def qkv_dv_view(dqkv: torch.Tensor, H: int, D: int) -> torch.Tensor:
+    """The v third of a q|k|v gradient ``[B, T, 3 H D]`` as ``[B, T, H, D]`` (a view): where the KDA backward writes
+    dv directly (session 29: the copy into it was 9 strided-copy kernels, ~0.45 ms a step of the small hybrid)."""
+    B, T, _ = dqkv.shape
+    return dqkv[..., 2 * H * D:].unflatten(-1, (H, D))
 
 
 @triton.jit
