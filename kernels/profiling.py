@@ -140,20 +140,38 @@ def _blame_host(events: list[Any], holes: list[tuple[float, float, str]]) -> lis
 
 def sync_sites(fn: Callable[[], object]) -> dict[str, int]:
     """Call sites (``package/file.py:line``) of the host-device synchronisations while ``fn`` runs
-    (``torch.cuda.set_sync_debug_mode``), most frequent first, at most 30."""
+    (``torch.cuda.set_sync_debug_mode``), most frequent first, at most 30. A site is the innermost frame outside
+    torch's package (a sync inside a torch function, e.g. ``torch.cuda.synchronize``, is named by its caller: the
+    warning itself points into torch, which is all sessions 28-29 recorded: ``cuda/__init__.py:1270``)."""
+    import traceback
     import warnings
-    from pathlib import Path
 
-    with warnings.catch_warnings(record=True) as caught:
+    sites: dict[str, int] = {}
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" in str(message):
+            key = _site(traceback.extract_stack()[:-1], filename, lineno)
+            sites[key] = sites.get(key, 0) + 1
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    sites: dict[str, int] = {}
-    for w in caught:
-        if "synchroniz" in str(w.message):
-            key = f"{'/'.join(Path(w.filename).parts[-2:])}:{w.lineno}"
-            sites[key] = sites.get(key, 0) + 1
     return dict(sorted(sites.items(), key=lambda kv: -kv[1])[:30])
+
+
+def _site(stack: list, filename: str, lineno: int) -> str:
+    """``package/file.py:line`` of the innermost frame of ``stack`` outside torch and the warnings machinery, else
+    of ``filename:lineno``."""
+    from pathlib import Path
+
+    torch_dir = str(Path(torch.__file__).parent)
+    for frame in reversed(stack):
+        if not frame.filename.startswith(torch_dir) and "warnings" not in Path(frame.filename).name:
+            filename, lineno = frame.filename, frame.lineno
+            break
+    return f"{'/'.join(Path(filename).parts[-2:])}:{lineno}"

@@ -17,11 +17,13 @@
 #   bash scripts/gpu_session29.sh final     call5: the KDA backward writes dv into the q|k|v gradient's v third (no
 #       copy): the KDA and MLA GPU tests; the five KDA shapes against fla; the small hybrid's step at 10 iterations
 #       twice and block AttnRes's step overhead, on this session's final tree.
+#   bash scripts/gpu_session29.sh sync      call6: the small hybrid's step once more, with the host-device
+#       synchronisation of a step named by its caller outside torch (kernels.profiling.sync_sites).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session29.sh attnres|hostab|launch|expand|final}" in
+case "${1:?usage: gpu_session29.sh attnres|hostab|launch|expand|final|sync}" in
 attnres)
   attnres_tests 150
   attnres_step 8 170 40 14
@@ -74,6 +76,10 @@ final)
       --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid
   done
   attnres_step 8 170 30 12
+  ;;
+sync)
+  PART_TAIL=12 part "bench_backbone" 90 python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 \
+    --decode-contexts --iters 10 --profile --variants hybrid
   ;;
 esac
 ls -la "$OUT"

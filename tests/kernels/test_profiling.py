@@ -66,3 +66,25 @@ def test_idle_gaps_names_what_the_host_did_while_the_gpu_waited():
     assert second == {"us": 100, "host": "muon", "phase": "step", "next_kernel": "k4"}
     assert dict(out["idle_by_host"]) == pytest.approx({"aten::mm": 0.35, "muon": 0.1})
     assert idle_gaps([_event(1, "step", 0, 10)])["gaps"] == []
+
+
+def test_sync_sites_name_the_caller_outside_torch(monkeypatch):
+    """A synchronisation warned from inside torch (here a stand-in warning attributed to torch's own file) is named
+    by the innermost frame outside torch: the line of this file that called into it."""
+    import warnings
+    from pathlib import Path
+
+    from kernels import profiling
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+
+    def torch_side():
+        warnings.warn_explicit("called a synchronizing CUDA operation", UserWarning, torch.__file__, 7)
+
+    def step():
+        torch_side()
+        warnings.warn("unrelated")
+
+    sites = profiling.sync_sites(step)
+    ((site, count),) = sites.items()
+    assert count == 1 and site.startswith(f"{Path(__file__).parent.name}/{Path(__file__).name}:")
