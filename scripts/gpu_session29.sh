@@ -19,11 +19,13 @@
 #       twice and block AttnRes's step overhead, on this session's final tree.
 #   bash scripts/gpu_session29.sh sync      call6: the small hybrid's step once more, with the host-device
 #       synchronisation of a step named by its caller outside torch (kernels.profiling.sync_sites).
+#   bash scripts/gpu_session29.sh findsync  call7: that synchronisation's traceback (scripts/find_sync.py, the sync
+#       debug mode set to raise), forward and backward of the small hybrid at 8 x 4096.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session29.sh attnres|hostab|launch|expand|final|sync}" in
+case "${1:?usage: gpu_session29.sh attnres|hostab|launch|expand|final|sync|findsync}" in
 attnres)
   attnres_tests 150
   attnres_step 8 170 40 14
@@ -80,6 +82,9 @@ final)
 sync)
   PART_TAIL=12 part "bench_backbone" 90 python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 \
     --decode-contexts --iters 10 --profile --variants hybrid
+  ;;
+findsync)
+  PART_TAIL=80 part "find_sync.py" 120 python3 scripts/find_sync.py
   ;;
 esac
 ls -la "$OUT"
