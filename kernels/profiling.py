@@ -142,14 +142,17 @@ def sync_sites(fn: Callable[[], object]) -> dict[str, int]:
     """Call sites (``package/file.py:line``) of the host-device synchronisations while ``fn`` runs
     (``torch.cuda.set_sync_debug_mode``), most frequent first, at most 30. A site is the innermost frame outside
     torch's package (a sync inside a torch function, e.g. ``torch.cuda.synchronize``, is named by its caller: the
-    warning itself points into torch, which is all sessions 28-29 recorded: ``cuda/__init__.py:1270``)."""
+    warning itself points into torch). Warnings while the mode is switched are left out: the one "synchronisation a
+    step" that sessions 28-29 recorded (``cuda/__init__.py:1270``, then this file's call of ``fn``) was that;
+    ``scripts/find_sync.py`` (the mode set to raise) found none in the small hybrid's step (session 29 call7)."""
     import traceback
     import warnings
 
     sites: dict[str, int] = {}
+    running = [False]  # warnings while the mode is switched are not fn's (switching warned once a call, session 29)
 
     def record(message, category, filename, lineno, file=None, line=None) -> None:
-        if "synchroniz" in str(message):
+        if running[0] and "synchroniz" in str(message):
             key = _site(traceback.extract_stack()[:-1], filename, lineno)
             sites[key] = sites.get(key, 0) + 1
 
@@ -157,9 +160,11 @@ def sync_sites(fn: Callable[[], object]) -> dict[str, int]:
         warnings.simplefilter("always")
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
+        running[0] = True
         try:
             fn()
         finally:
+            running[0] = False
             torch.cuda.set_sync_debug_mode("default")
     return dict(sorted(sites.items(), key=lambda kv: -kv[1])[:30])
 

@@ -83,8 +83,19 @@ def test_sync_sites_name_the_caller_outside_torch(monkeypatch):
 
     def step():
         torch_side()
-        warnings.warn("unrelated")
+        warnings.warn("unrelated", stacklevel=1)
 
     sites = profiling.sync_sites(step)
     ((site, count),) = sites.items()
     assert count == 1 and site.startswith(f"{Path(__file__).parent.name}/{Path(__file__).name}:")
+
+
+def test_sync_sites_ignore_warnings_of_the_mode_switch(monkeypatch):
+    """A warning that switching the debug mode itself emits is not counted as the function's synchronisation."""
+    import warnings
+
+    from kernels import profiling
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode",
+                        lambda mode: warnings.warn("synchronizing debug mode set", UserWarning, stacklevel=1))
+    assert profiling.sync_sites(lambda: None) == {}
