@@ -31,3 +31,18 @@ def build(config: KimiVLConfig, seed: int = 0) -> KimiVLForCausalLM:
             if name.endswith("e_score_correction_bias"):
                 b.uniform_(-0.1, 0.1)
     return model
+
+
+def step_under_env(model: KimiVLForCausalLM, ids: torch.Tensor, monkeypatch, var: str, values: tuple[str, ...]
+                   ) -> dict[str, tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    """One training forward + backward of ``model`` on ``ids`` per value of the environment variable ``var``:
+    ``value -> (logits, {parameter name: gradient})`` (parameters without a gradient left out)."""
+    runs = {}
+    for value in values:
+        monkeypatch.setenv(var, value)
+        model.zero_grad(set_to_none=True)
+        out = model(ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        runs[value] = out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                            if p.grad is not None}
+    return runs

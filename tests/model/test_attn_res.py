@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backbone_utils import build, tiny_config
+from backbone_utils import build, step_under_env, tiny_config
 from kvl_testing import assert_rel_rms
 
 from kimi_vl.modeling.attn_res import (
@@ -508,14 +508,7 @@ def test_deferred_source_gradients_in_the_model(monkeypatch):
                 p.normal_()
     flushes = _count_flushes(monkeypatch)
     ids = torch.randint(3, 97, (2, 12), device=dev)
-    runs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", flag)
-        model.zero_grad(set_to_none=True)
-        out = model(ids, labels=ids, use_cache=False)
-        out.loss.backward()
-        runs[flag] = (out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                            if p.grad is not None})
+    runs = step_under_env(model, ids, monkeypatch, "KVL_ATTNRES_DEFER_GRAD", ("0", "1"))
     sublayers, block = model.config.num_sublayers, model.config.attnres_block_size
     assert len(flushes) == -(-sublayers // block)
     assert torch.equal(runs["1"][0], runs["0"][0])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from backbone_utils import build, tiny_config
+from backbone_utils import build, step_under_env, tiny_config
 from kvl_testing import assert_rel_rms
 
 from kimi_vl.modeling.attention import MLAttention
@@ -152,14 +152,7 @@ def test_mla_keys_through_the_triton_expand_equal_pytorch(monkeypatch):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model = build(tiny_config(moe=False)).to(dev).train()
     ids = torch.randint(3, 97, (2, 11), device=dev)
-    runs = {}
-    for backend in ("torch", "triton"):
-        monkeypatch.setenv("KVL_MLA_EXPAND_BACKEND", backend)
-        model.zero_grad(set_to_none=True)
-        out = model(ids, labels=ids, use_cache=False)
-        out.loss.backward()
-        runs[backend] = out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                              if p.grad is not None}
+    runs = step_under_env(model, ids, monkeypatch, "KVL_MLA_EXPAND_BACKEND", ("torch", "triton"))
     assert torch.equal(runs["triton"][0], runs["torch"][0])
     assert runs["triton"][1].keys() == runs["torch"][1].keys()
     for name, g in runs["torch"][1].items():
