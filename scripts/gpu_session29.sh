@@ -21,11 +21,14 @@
 #       synchronisation of a step named by its caller outside torch (kernels.profiling.sync_sites).
 #   bash scripts/gpu_session29.sh findsync  call7: that synchronisation's traceback (scripts/find_sync.py, the sync
 #       debug mode set to raise), forward and backward of the small hybrid at 8 x 4096.
+#   bash scripts/gpu_session29.sh launchab  call8: the decode stream's host cost per token and per phase-2 launch
+#       (bench_attnres --stream-cost) on this tree and session 28's (old/), interleaved twice: did the shared launcher
+#       (kernels/fast_launch.py) slow the two-phase decode launches?
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session29.sh attnres|hostab|launch|expand|final|sync|findsync}" in
+case "${1:?usage: gpu_session29.sh attnres|hostab|launch|expand|final|sync|findsync|launchab}" in
 attnres)
   attnres_tests 150
   attnres_step 8 170 40 14
@@ -85,6 +88,17 @@ sync)
   ;;
 findsync)
   PART_TAIL=80 part "find_sync.py" 120 python3 scripts/find_sync.py
+  ;;
+launchab)
+  for round in 1 2; do
+    for tree in new old; do
+      dir=.; [ $tree = old ] && dir=old
+      mkdir -p "$OUT/${tree}_$round"
+      (cd $dir && OUT=$OUT/${tree}_$round PART_TAIL=3 part "stream cost, $tree tree, round $round" 60 \
+        env PYTHONPATH="$PWD:/tmp/site" python3 -m kimi_vl.benchmarks.bench_attnres --stream-cost --sources 2 \
+        --layouts --decode-steps 0)
+    done
+  done
   ;;
 esac
 ls -la "$OUT"
