@@ -92,7 +92,7 @@ def _grid(b: int, s: int) -> tuple[int, int]:
 
 
 def _expand_fwd(kv: torch.Tensor, kr: torch.Tensor, dn: int) -> torch.Tensor:
-    b, s, h, e = kv.shape
+    b, s, h, _ = kv.shape
     dr = kr.shape[-1]
     k = torch.empty(b, s, h, dn + dr, device=kv.device, dtype=kv.dtype)
     _expand_fwd_kernel[_grid(b, s)](
@@ -147,9 +147,8 @@ def expand_kv(kv_BSHE: torch.Tensor, krope_BSd: torch.Tensor, nope_dim: int, bac
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(k [B, S, H, dn + dr], v [B, S, H, dv])`` of :func:`expand_kv_reference`, differentiable in both inputs;
     ``k`` contiguous, ``v`` a view of ``kv_BSHE``. Inputs: ``kv_BSHE [B, S, H, dn + dv]`` and ``krope_BSd [B, S,
-    dr]``; the Triton path for one dtype and ``dr > 0`` (else the reference: mixed dtypes promote as ``torch.cat``
-    does).
-    Any strides (a last dimension that is not contiguous is copied first)."""
+    dr]``, any strides (a last dimension that is not contiguous is copied first). The Triton path takes one dtype
+    and ``dr > 0``; otherwise the reference runs (mixed dtypes promote as ``torch.cat`` does)."""
     if kv_BSHE.dim() != 4 or krope_BSd.dim() != 3 or kv_BSHE.shape[:2] != krope_BSd.shape[:2] \
             or not 0 < nope_dim < kv_BSHE.shape[-1]:
         raise ValueError(f"expand_kv (kernels/mla_expand.py): kv must be [B, S, H, dn + dv] and k_rope [B, S, dr] "

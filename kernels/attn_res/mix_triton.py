@@ -626,8 +626,8 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     if use_args(n):
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
         key = (x0.dtype, aligned16(*sources, u), n, m, d, block_t, chunk, ch, FWD_PREFETCH, FWD_NUM_WARPS)
-        _FWD_ROWS((triton.cdiv(m, block_t),), key, *_slots(sources), u, h, rstd, alpha, n, m, d, eps,
-                  block_t, chunk, ch, FWD_PREFETCH, num_warps=FWD_NUM_WARPS)
+        _FWD_ROWS((triton.cdiv(m, block_t),), key, *_slots(sources), u, h, rstd, alpha, n, m, d, float(eps),
+                  block_t, chunk, ch, FWD_PREFETCH, num_warps=FWD_NUM_WARPS)  # eps always fp32 (not in the key)
     else:  # any number of sources
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
