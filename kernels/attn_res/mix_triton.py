@@ -38,14 +38,8 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   the ``dh . (x_n - h)`` form of the first kernels avoided no error that matters (on sources sharing a component
   100x their spread both forms, and the PyTorch function, lose comparable digits of the query gradient in fp32:
   ``test_triton_common_offset_sources``).
-  The first backward (h rebuilt in pass A, runtime branches per source, three cross-warp reductions per source
-  and tile, ``BLOCK_D = 1024`` for ``D = 768``) compiled for sm_90 (Triton 3.9, ``cuobjdump -res-usage``) to 161
-  registers a thread at 8 warps: one program (8 warps) per SM at a time. This one (bf16, ``D = 768``, same
-  compile) takes 128 registers at ``N = 1``, 175 at ``N = 2`` and 255 with a few spilled bytes from ``N = 4``
-  (ptxas issues the sources' loads early; those counts are at 8 warps). Measured on an H100 (session 6 call5,
-  ``python -m kimi_vl.benchmarks.bench_attnres --budget-s 60 --bwd-sweep``, M = 32768, D = 768, bf16): backward
-  kernel 0.174 / 0.244 / 0.380 ms at N = 2 / 4 / 7 with 8 warps, 0.130 / 0.206 / 0.359 ms with 4 warps (now the
-  default); in the small model's step the 24 backward mixes took 6.54 ms (the first kernel: 17.27 ms, call1).
+  This layout replaced a first backward (h rebuilt, per-source branches, cross-warp reductions; 161 registers):
+  the small model's 24 backward mixes 17.27 -> 6.54 ms a step, 4 warps better than 8 (H100, session 6).
 
 A block-level option of the backward (``kimi_vl/modeling/attn_res.py`` switches it):
 
@@ -56,10 +50,10 @@ A block-level option of the backward (``kimi_vl/modeling/attn_res.py`` switches 
   kernel takes ``FLUSH_GROUP`` states per pass over the mixes, loading each mix's ``dh`` once a pass (H200, session
   22: 6 mixes into 4 states 0.421 -> 0.302 ms against one pass per state).
 
-A variant with the sublayer's input RMSNorm inside these kernels (session 11) saved the norm's launches and its
-read of ``h`` but made the backward slower (without spills it needed 2-row tiles): in session 12's profile of a
-small-model step (8 x 4096, H100) the mix kernels took 2.3 ms more and the norm kernels 2.1 ms less, a net
--0.14 ms (all-MLA) and +0.12 ms (hybrid). It was removed.
+Removed variants (measured in a small-model step, 8 x 4096): the sublayer's input RMSNorm inside these kernels
+(session 11: mix kernels +2.3 ms, norms -2.1 ms, net -0.14 / +0.12 ms all-MLA / hybrid, H100); a block's running
+sum added inside the next mix's kernels, forward and backward (sessions 12 and 29: the 41 adds 1.40 -> 0.17 ms, the
+mixes +1.11 ms, net -0.04 ms, H200; ``kimi_vl/README.md``).
 
 Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
 
@@ -525,9 +519,8 @@ def _attn_res_flush_kernel(
                     tl.store(dsrc + rows + cols[None, :], dx.to(dsrc.dtype.element_ty), mask=ok)
 
 
-# the launches of the pointer-argument kernels, the column sum and the flush: compiled kernels called directly
-# after the first launch of a specialisation (kernels.fast_launch; the JIT's per-call work is ~30 us of host time a
-# launch, ~76 launches a step of the small hybrid)
+# compiled kernels called directly after a specialisation's first launch (kernels.fast_launch; ~5 ms of host time a
+# step less for the small hybrid's 76 launches, session 29)
 _FWD_ROWS = CompiledLaunch(_attn_res_fwd_rows_kernel)
 _BWD_ARGS = CompiledLaunch(_attn_res_bwd_args_kernel)
 _COLSUM = CompiledLaunch(_colsum_kernel)
