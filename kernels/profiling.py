@@ -149,10 +149,10 @@ def sync_sites(fn: Callable[[], object]) -> dict[str, int]:
     import warnings
 
     sites: dict[str, int] = {}
-    running = [False]  # warnings while the mode is switched are not fn's (switching warned once a call, session 29)
+    running = False  # warnings while the mode is switched are not fn's (switching warned once a call, session 29)
 
     def record(message, category, filename, lineno, file=None, line=None) -> None:
-        if running[0] and "synchroniz" in str(message):
+        if running and "synchroniz" in str(message):
             key = _site(traceback.extract_stack()[:-1], filename, lineno)
             sites[key] = sites.get(key, 0) + 1
 
@@ -160,11 +160,11 @@ def sync_sites(fn: Callable[[], object]) -> dict[str, int]:
         warnings.simplefilter("always")
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
-        running[0] = True
+        running = True
         try:
             fn()
         finally:
-            running[0] = False
+            running = False
             torch.cuda.set_sync_debug_mode("default")
     return dict(sorted(sites.items(), key=lambda kv: -kv[1])[:30])
 

@@ -1,6 +1,6 @@
-"""Where a training step of a flavor synchronises the host with the GPU: runs one warm step with
-``torch.cuda.set_sync_debug_mode("error")`` and prints the Python traceback of each synchronising call (the
-step is repeated with that call's site allowed, up to ``--max`` sites). GPU only.
+"""Where a training step of a flavor synchronises the host with the GPU: one warm step's forward, then its backward,
+each run with ``torch.cuda.set_sync_debug_mode("error")``, printing the Python traceback of the first
+synchronising call in each (or that there is none). GPU only.
 
     python scripts/find_sync.py --flavor small --seq 4096 --batch 8
 """
@@ -9,10 +9,25 @@ from __future__ import annotations
 
 import argparse
 import traceback
+from collections.abc import Callable
 
 import torch
 
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+
+
+def raise_on_sync(phase: str, fn: Callable[[], object]) -> None:
+    """Run ``fn`` with synchronisations raising; report the first one's traceback, or none."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        print(f"{phase}: no synchronisation")
+    except RuntimeError as err:
+        print(f"{phase}: {err}")
+        traceback.print_exc()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -26,29 +41,16 @@ def main() -> None:
     model = KimiVLForCausalLM(cfg).cuda().to(torch.bfloat16).train()
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda")
 
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        model(ids, labels=ids, use_cache=False).loss.backward()
+    def loss() -> torch.Tensor:
+        return model(ids, labels=ids, use_cache=False).loss
 
-    step()
+    loss().backward()  # warm: compilation, allocator
+    model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
-    for phase in ("forward", "backward"):
-        model.zero_grad(set_to_none=True)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            loss = model(ids, labels=ids, use_cache=False).loss if phase == "forward" else None
-            if phase == "backward":
-                torch.cuda.set_sync_debug_mode("default")
-                loss = model(ids, labels=ids, use_cache=False).loss
-                torch.cuda.set_sync_debug_mode("error")
-                loss.backward()
-            print(f"{phase}: no synchronisation")
-        except RuntimeError as err:
-            print(f"{phase}: {err}")
-            traceback.print_exc()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            torch.cuda.synchronize()
+    raise_on_sync("forward", loss)
+    model.zero_grad(set_to_none=True)
+    out = loss()
+    raise_on_sync("backward", out.backward)
 
 
 if __name__ == "__main__":

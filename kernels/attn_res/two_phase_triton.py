@@ -37,7 +37,6 @@ from kernels.attn_res.mix_triton import NUM_WARPS, _blocks, _online_softmax_step
 from kernels.fast_launch import CompiledLaunch
 
 _WHERE = "kernels/attn_res/two_phase_triton.py"
-FAST_LAUNCH = True  # TwoPhaseLauncher reuses its compiled kernels without the JIT's per-call work (see _Launch)
 PHASE2_NUM_WARPS = 8  # one decode token (bench_two_phase.py, session 16 call3): 1 warp 2.41 us, 2 2.29, 4 2.01, 8 1.94;
 # with the input norm in the kernel 3.40, 3.47, 2.62, 2.46 (session 15 call8: 2 warps 2.35, 4 2.03, 8 2.02)
 PHASE2_DECODE_ROWS = 1  # tokens per phase-2 program in decode (at most ROWS_MAX_TOKENS tokens); 0: the tiled layout's
@@ -340,11 +339,11 @@ def phase2_triton(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, j: int, v_K
 
 class _Launch:
     """One kernel at a fixed grid and warp count whose compiled variants are called directly after the first launch
-    (``kernels.fast_launch.CompiledLaunch``: 29.6 us of the JIT's host time a launch on the H100 machine, session 12,
-    against 7.2 us for a ``torch.add``; in launch-bound decode most of the two-phase stream's cost). ``key`` must fix
-    everything the JIT specialises on that can change between calls of one instance (pointer alignment, constexpr
-    values; the kernels' ints are ``do_not_specialize``). ``values``: every parameter in signature order, constexprs
-    included. :data:`FAST_LAUNCH` ``= False`` always takes the JIT."""
+    (``kernels.fast_launch.CompiledLaunch``, ``KVL_FAST_LAUNCH=0`` for the JIT every time: 29.6 us of the JIT's host
+    time a launch on the H100 machine, session 12, against 7.2 us for a ``torch.add``; in launch-bound decode most of
+    the two-phase stream's cost). ``key`` must fix everything the JIT specialises on that can change between calls
+    of one instance (pointer alignment, constexpr values; the kernels' ints are ``do_not_specialize``). ``values``:
+    every parameter in signature order, constexprs included."""
 
     __slots__ = ("grid", "launch", "num_warps")
 
@@ -356,10 +355,7 @@ class _Launch:
         return self.launch.runners
 
     def __call__(self, key: tuple, *values) -> None:
-        if FAST_LAUNCH:
-            self.launch(self.grid, key, *values, num_warps=self.num_warps)
-        else:
-            self.launch.kernel[self.grid](*values, num_warps=self.num_warps)
+        self.launch(self.grid, key, *values, num_warps=self.num_warps)
 
 
 def _aligned(t: torch.Tensor) -> bool:

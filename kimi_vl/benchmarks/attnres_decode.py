@@ -194,23 +194,25 @@ def _launch_cost(device: torch.device, dtype: torch.dtype, d: int, queries: list
     x, y, z = (torch.randn(1, 1, d, device=device, dtype=dtype) for _ in range(3))
     two = BufferedTwoPhase(x, queries, block)
     two.input(0)  # phase 1 of block 0: the phase-2 buffers hold values
-    from kernels.attn_res import two_phase_triton
 
     calls = {"add": lambda: torch.add(x, y, out=z), "phase2": lambda: two.run.phase2(1, 1, 1, 1e-6, None, False, z)}
     out = {}
     for name, fn in [*calls.items(), ("phase2_jit", calls["phase2"])]:
-        two_phase_triton.FAST_LAUNCH = name != "phase2_jit"
-        try:
-            fn()
-            sync(device)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            out[f"launch_{name}_us"] = 1e6 * (time.perf_counter() - t0) / n
-            sync(device)
-        finally:
-            two_phase_triton.FAST_LAUNCH = True
+        out[f"launch_{name}_us"] = with_env({"KVL_FAST_LAUNCH": "0" if name == "phase2_jit" else "1"},
+                                            partial(_host_us, fn, device, n))
     return out
+
+
+def _host_us(fn, device: torch.device, n: int) -> float:
+    """Host microseconds per call of ``fn`` over ``n`` calls after one warm call (no synchronisation inside)."""
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    us = 1e6 * (time.perf_counter() - t0) / n
+    sync(device)
+    return us
 
 
 def decode_lines(layers: str, dec: dict, what: str = "decode") -> list[str]:

@@ -392,7 +392,7 @@ def test_two_phase_launcher_calls_compiled_kernels_directly_on_gpu(monkeypatch):
     pend = [torch.randn(4, 768, generator=gen).cuda().to(torch.bfloat16) for _ in range(4)]
     results = {}
     for fast in (False, True):
-        monkeypatch.setattr(tp, "FAST_LAUNCH", fast)
+        monkeypatch.setenv("KVL_FAST_LAUNCH", "1" if fast else "0")
         run = tp.TwoPhaseLauncher(v0.clone(), u, 3)
         hs = [run.phase1(2, 0, 3, 1e-6, None, False)]
         hs += [run.phase2(1, 2, 1, 1e-6, pend[0], True), run.phase2(2, 2, 2, 1e-6, pend[1], False)]
