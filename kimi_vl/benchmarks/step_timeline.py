@@ -190,10 +190,39 @@ def run(args) -> dict:
             row["head_start_ms"] = head["step_ms"]
             row["round_head_start_ms"] = [r["step_ms"] for r in rounds[label]["head_start"]]
         out["variants"][label] = row
+    if args.gaps and cuda:
+        out["gaps"] = {label: with_env(env, partial(device_gaps, models[mode], ids, cycles, args.gaps))
+                       for label, mode, env in variants}
     if args.cprofile:
         out["cprofile"] = {label: with_env(env, partial(host_profile, models[mode], ids, args.cprofile, cuda))
                            for label, mode, env in variants}
     return out
+
+
+def device_gaps(model, ids: torch.Tensor, head_start_cycles: int, top: int) -> dict:
+    """One step queued behind a sleep kernel under ``torch.profiler``: the step's kernel time, the idle time between
+    its kernels (all streams merged) and that idle time summed by the kernel that ended each wait (``top`` names).
+    The sleep gives the host a lead, so the waits are the device's own (launch gaps), not the host's pace."""
+    from kernels.profiling import gpu_holes
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=acts) as prof:
+        torch.cuda._sleep(head_start_cycles)
+        _step(model, ids, Marks(False))
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+    first = next(i for i, (_, _, name) in enumerate(spans) if "sleep" in name.lower() or "spin" in name.lower())
+    spans = spans[first + 1:]
+    holes, busy, window = gpu_holes(spans, 0.0)
+    by_next: dict[str, list[float]] = {}
+    for a, b, name in holes:
+        by_next.setdefault(name, []).append(b - a)
+    rows = sorted(({"next_kernel": n, "idle_ms": sum(v) / 1e3, "waits": len(v), "mean_us": sum(v) / len(v)}
+                   for n, v in by_next.items()), key=lambda r: -r["idle_ms"])
+    return {"kernels": len(spans), "kernel_ms": sum(e - s for s, e, _ in spans) / 1e3, "window_ms": window / 1e3,
+            "busy_ms": busy / 1e3, "idle_ms": (window - busy) / 1e3, "waits": len(holes), "by_next_kernel": rows[:top]}
 
 
 def host_profile(model, ids: torch.Tensor, top: int, cuda: bool) -> list[dict]:
@@ -247,6 +276,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="residual modes, each optionally with environment settings: NAME[:ENV=VALUE,...]")
     p.add_argument("--head-start-ms", type=float, default=300.0,
                    help="the sleep kernel ahead of the head-start rounds (0: no head-start rounds)")
+    p.add_argument("--gaps", type=int, default=0, metavar="TOP",
+                   help="also one profiled step of each behind the head start: idle time between kernels, by the "
+                        "TOP kernels that ended the waits")
     p.add_argument("--cprofile", type=int, default=0, metavar="TOP",
                    help="also one step of each variant under cProfile: the TOP functions by own host time")
     p.add_argument("--smoke", action="store_true", help="debug flavor on the CPU: checks the script")
@@ -258,6 +290,12 @@ def main(argv: list[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "step_timeline.json").write_text(json.dumps(results, indent=2))
     print(table(results))
+    for label, g in results.get("gaps", {}).items():
+        print(f"\nDevice gaps, {label}: {g['kernels']} kernels, {g['kernel_ms']:.2f} ms of kernels, window "
+              f"{g['window_ms']:.2f} ms, busy {g['busy_ms']:.2f}, idle {g['idle_ms']:.2f} in {g['waits']} waits; "
+              "idle by the kernel that ended the wait (ms, waits, mean us):")
+        print("\n".join(f"  {r['idle_ms']:7.3f} {r['waits']:5d} {r['mean_us']:6.1f}  {r['next_kernel'][:90]}"
+                        for r in g["by_next_kernel"][:20]))
     for label, rows in results.get("cprofile", {}).items():
         print(f"\ncProfile, {label} (own ms, calls):")
         print("\n".join(f"  {r['own_ms']:8.2f} {r['calls']:7d}  {r['function']}" for r in rows[:15]))
