@@ -7,11 +7,15 @@
 #   bash scripts/gpu_session30.sh gaps       call2: the same with one profiled step of each behind the sleep kernel:
 #       the idle time between its kernels, by the kernel that ended each wait (call1: AttnRes's device-bound step is
 #       1 ms further above its kernel sum than the standard's).
+#   bash scripts/gpu_session30.sh colsum     call3: the backward's column sums by one Triton launch each
+#       (kernels/colsum.py: norm gains, KDA gate and dbeta, conv weight, AttnRes query; no zero-filled partial
+#       buffers; the KDA function's unused final-state gradient not zero-filled): GPU tests, bench_colsum, and the
+#       small hybrid's step on this tree and on the tree before it (old/, b6ed1d6), interleaved twice.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session30.sh timeline|gaps}" in
+case "${1:?usage: gpu_session30.sh timeline|gaps|colsum}" in
 timeline)
   PART_TAIL=80 part "step timeline, 8 x 4096" 300 python3 -m kimi_vl.benchmarks.step_timeline --rounds 6 --steps 4 \
     --head-start-ms 300 --cprofile 40
@@ -19,6 +23,22 @@ timeline)
 gaps)
   PART_TAIL=80 part "step timeline with device gaps, 8 x 4096" 300 python3 -m kimi_vl.benchmarks.step_timeline \
     --rounds 3 --steps 4 --head-start-ms 500 --gaps 25
+  ;;
+colsum)
+  PART_TAIL=8 part "colsum, norm, conv, KDA and AttnRes kernel tests on the GPU" 170 python3 -m pytest -q -n 8 \
+    -p no:cacheprovider -rf tests/kernels/test_colsum.py tests/kernels/test_norm.py tests/kernels/test_short_conv_triton.py \
+    tests/kernels/test_kda_prep.py tests/kernels/test_kda_bwd.py tests/kernels/test_kda_triton.py \
+    tests/kernels/test_attn_res_triton.py
+  PART_TAIL=14 part "bench_colsum" 60 python3 kernels/benchmarks/bench_colsum.py
+  for round in 1 2; do
+    for tree in new old; do
+      dir=.; [ $tree = old ] && dir=old
+      mkdir -p "$OUT/${tree}_$round"
+      (cd $dir && OUT=$OUT/${tree}_$round PART_TAIL=14 part "bench_backbone, $tree tree, round $round" 100 \
+        env PYTHONPATH="$PWD:/tmp/site" python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 \
+        --decode-contexts --iters 10 --profile --variants hybrid)
+    done
+  done
   ;;
 *)
   echo "unknown mode $1" >&2

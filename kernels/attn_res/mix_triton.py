@@ -80,6 +80,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import sm_count
+from kernels.colsum import column_sum
 from kernels.fast_launch import CompiledLaunch, aligned16
 
 TILE_ELEMS = 4096  # the address-table forward and the two-phase kernels: BLOCK_T * BLOCK_D per program
@@ -108,9 +109,6 @@ FLUSH_GROUP = 4
 # 0.209 / 0.247 at N = 5 (from N = 3 the kernel takes 239-255 registers: 2 programs of 4 warps fit an SM); session 24
 # call2, timed round-robin: 2 still best at N = 3 and 5, within 5% of 3 a SM at N = 2
 BWD_PROGRAMS_PER_SM = 2
-# the query gradient's sum over the backward's programs (_colsum_kernel): 64 rows x 32 columns a step, 24 programs at
-# D = 768: 4.2 us a call at 264 rows (32 x 64, 12 programs: 6.5 us; H200, session 23 calls 4 and 3)
-COLSUM_BLOCK_P, COLSUM_BLOCK_D = 64, 32
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -441,30 +439,6 @@ def _attn_res_bwd_args_kernel(
     _store_du(du_ptr + pid * D, du, D, CH, CHUNK)
 
 
-@triton.jit
-def _colsum_kernel(p_ptr, out_ptr, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``out [D] = sum_p p [P, D]`` (fp32), one program per block of columns adding the rows in a fixed order
-    (deterministic): the backward's per-program query-gradient rows."""
-    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = cols < D
-    acc = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
-    for p0 in range(0, P, BLOCK_P):
-        rows = p0 + tl.arange(0, BLOCK_P)
-        acc += tl.load(p_ptr + rows[:, None] * D + cols[None, :], mask=(rows < P)[:, None] & d_ok[None, :], other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0), mask=d_ok)
-
-
-def _column_sum(partial: torch.Tensor) -> torch.Tensor:
-    """``partial.sum(0)`` of a contiguous fp32 ``[P, D]`` by :func:`_colsum_kernel` (one launch; ATen's reduction took
-    8 us for P = 1056 and 15 us for P = 528 at D = 768 on an H200, session 23 call2; this one 4.2 us at P = 264,
-    call4)."""
-    p, d = partial.shape
-    out = torch.empty(d, device=partial.device, dtype=torch.float32)
-    _COLSUM((triton.cdiv(d, COLSUM_BLOCK_D),), (aligned16(partial), p, d, COLSUM_BLOCK_P, COLSUM_BLOCK_D),
-            partial, out, p, d, COLSUM_BLOCK_P, COLSUM_BLOCK_D, num_warps=4)
-    return out
-
-
 @triton.jit(do_not_specialize=["acc_mask"])
 def _attn_res_flush_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
@@ -523,7 +497,6 @@ def _attn_res_flush_kernel(
 # step less for the small hybrid's 76 launches, session 29)
 _FWD_ROWS = CompiledLaunch(_attn_res_fwd_rows_kernel)
 _BWD_ARGS = CompiledLaunch(_attn_res_bwd_args_kernel)
-_COLSUM = CompiledLaunch(_colsum_kernel)
 _FLUSH = CompiledLaunch(_attn_res_flush_kernel)
 
 
@@ -687,7 +660,7 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
             _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, gq, du_partial,
             n, m, d, num_tiles, BLOCK_T=block_t, CHUNK=chunk, CH=ch, ALIGNED=_aligned(sources + dxs),
             num_warps=BWD_NUM_WARPS, **_maxnreg())
-    return [None if (defer >> i) & 1 else dx for i, dx in enumerate(dxs)], _column_sum(du_partial), coef
+    return [None if (defer >> i) & 1 else dx for i, dx in enumerate(dxs)], column_sum(du_partial), coef
 
 
 def flush_triton(sources: list[torch.Tensor], bufs: list[torch.Tensor], acc_mask: int, dhs: list[torch.Tensor],

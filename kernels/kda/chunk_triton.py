@@ -376,7 +376,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     Aqk = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=sdt, device=dev)
     gl = torch.empty(nc1, HV, K, dtype=torch.float32, device=dev)
     h = torch.empty(nc1, HV, K, V, dtype=sdt, device=dev)
-    dummy = torch.zeros(1, dtype=torch.float32, device=dev)
+    dummy = torch.empty(1, dtype=torch.float32, device=dev)  # a pointer the kernels never read (flags off)
     G = torch.empty(nc1, HV, CHUNK, K, dtype=torch.float32, device=dev)
     Tm = torch.empty(nc1, HV, CHUNK, CHUNK, dtype=torch.float32, device=dev)
     Akk = Tm  # the solve runs in place
@@ -551,11 +551,14 @@ class ChunkKDAFunction(torch.autograd.Function):
         ctx.save_for_backward(qkv, q, k, v, g, beta, A_log, dt_bias, *(getattr(st, f) for f in _SAVED))
         ctx.scale, ctx.flags = scale, flags
         ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
+        ctx.set_materialize_grads(False)  # an unused final state's gradient stays None (no zero-filled [N, HV, K, V])
         return st.o, st.ht
 
     @staticmethod
     def backward(ctx, do, dht):
         qkv, q, k, v, g, beta, A_log, dt_bias, *saved = ctx.saved_tensors
+        if do is None:  # only the final state reaches the loss
+            do = torch.zeros_like(v)
         use_l2, use_gate, lower_bound = ctx.flags
         st = KDAFwdState(o=None, ht=None, U=None, **dict(zip(_SAVED, saved)))
         (qn, rq), (kn, rk) = (l2norm_fwd(x) if use_l2 else (x, None) for x in (q, k))

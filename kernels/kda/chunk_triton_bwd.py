@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.colsum import column_sum
 from kernels.kda.chunk_bwd_torch import KDAGrads
 from kernels.kda.prep_triton import token_rows
 from kernels.kda.state_common import _load_state, _mm, _state_program, state_block_v
@@ -671,7 +672,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     )
     if grouped:
         dq_out, dk_out = (x.view(B, T, H, HV // H, K).sum(3).to(y.dtype) for x, y in ((dqv, q), (dkv, k)))
-    return dq_out, dk_out, dv, dg_out, db.sum(0)
+    return dq_out, dk_out, dv, dg_out, column_sum(db)
 
 
 def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None,

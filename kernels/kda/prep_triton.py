@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.colsum import column_sum
+
 EPS = 1e-6
 ELEMS = 4096  # elements per program: rows per program = ELEMS // next_pow2(D)
 
@@ -308,16 +310,19 @@ def gate_fwd(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
 def gate_bwd(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None, lower_bound: float | None,
              dg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(d x, d A_log, d dt_bias or None)`` of :func:`gate_fwd` for the upstream gradient ``dg`` (deterministic
-    two-stage reductions: per-program partial sums, then ``torch.sum``)."""
+    two-stage reductions: per-program partial sums, then ``kernels.colsum.column_sum``)."""
     xc, a_log, dtb, lb, M, grid, kw = _gate_args(x, A_log, dt_bias, lower_bound)
     nb, HV, K = grid[0], kw["HV"], kw["K"]
     dx = torch.empty_like(xc)
-    pa = torch.zeros(max(nb, 1), HV, dtype=torch.float32, device=xc.device)
-    pb = torch.zeros(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
-    if M:
+    pa = torch.empty(max(nb, 1), HV, dtype=torch.float32, device=xc.device)  # every program writes its entries
+    pb = torch.empty(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
+    if not M:
+        pa.zero_()
+        pb.zero_()
+    else:
         _gate_bwd_kernel[grid](xc, a_log, dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
-    dA = pa.sum(0).to(A_log.dtype).reshape(A_log.shape)
-    ddtb = pb.sum(0).reshape(-1).to(dt_bias.dtype).reshape(dt_bias.shape) if dt_bias is not None else None
+    dA = column_sum(pa, A_log.dtype).reshape(A_log.shape)
+    ddtb = column_sum(pb, dt_bias.dtype).reshape(dt_bias.shape) if dt_bias is not None else None
     return dx, dA, ddtb
 
 

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.colsum import column_sum
+
 NORM_TILE_ELEMS = 4096  # BLOCK_M * BLOCK_D per program
 NORM_FEW_ROWS = 64  # forward over at most this many rows (decode): one row a program, NORM_FEW_ROWS_WARPS warps
 NORM_FEW_ROWS_WARPS = 4
@@ -240,13 +242,13 @@ def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     block_m, block_d, tiles, n_prog = _bwd_grid(M, D)
     dx = torch.empty_like(x_MD)
     dg = torch.empty_like(gate_MD) if gate_MD is not None else None
-    dw_part = torch.zeros(n_prog, D, dtype=torch.float32, device=x_MD.device)
+    dw_part = torch.empty(n_prog, D, dtype=torch.float32, device=x_MD.device)  # every program writes its row
     if M:
         _norm_bwd_kernel[(n_prog,)](
             x_MD, gate_MD if gate_MD is not None else x_MD, weight, rstd_M, dy_MD, dx, dg if dg is not None else dx,
             dw_part, ds_MD if ds_MD is not None else dx, M, D, BLOCK_M=block_m, BLOCK_D=block_d, TILES=tiles,
             GATED=gate_MD is not None, STREAM=ds_MD is not None, num_warps=NORM_WARPS)
-    return dx, dg, dw_part.sum(0).to(weight.dtype)
+    return dx, dg, column_sum(dw_part, weight.dtype)
 
 
 def layer_norm_fwd(x_MD: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -269,12 +271,11 @@ def layer_norm_bwd(x_MD: torch.Tensor, weight: torch.Tensor, mean_M: torch.Tenso
     M, D = x_MD.shape
     block_m, block_d, tiles, n_prog = _bwd_grid(M, D)
     dx = torch.empty_like(x_MD)
-    part = torch.zeros(2, n_prog, D, dtype=torch.float32, device=x_MD.device)
+    part = torch.empty(2, n_prog, D, dtype=torch.float32, device=x_MD.device)  # every program writes its rows
     if M:
         _ln_bwd_kernel[(n_prog,)](x_MD, weight, mean_M, rstd_M, dy_MD, dx, part[0], part[1], M, D, BLOCK_M=block_m,
                                   BLOCK_D=block_d, TILES=tiles, num_warps=NORM_WARPS)
-    dwb = part.sum(1).to(weight.dtype)
-    return dx, dwb[0], dwb[1]
+    return dx, column_sum(part[0], weight.dtype), column_sum(part[1], weight.dtype)
 
 
 def silu_mul_fwd(gu_M2I: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.colsum import column_sum
+
 FWD_BT, FWD_BD = 16, 128
 # Backward launch settings: the fastest of bench_short_conv.py's sweeps on an H100 at 8 x 4096 x 2304 bf16 (session 6,
 # call6: whole backward 0.476 ms vs 0.602 with the first defaults 8x128x4x32 / 32x128x8; the gather kernel 0.824).
@@ -415,7 +417,7 @@ class _Layout:
 
 def _layout(B: int, T: int, D: int, W: int, cu_seqlens: torch.Tensor | None, device: torch.device) -> _Layout:
     if cu_seqlens is None:
-        dummy = torch.zeros(1, dtype=torch.int32, device=device)
+        dummy = torch.empty(1, dtype=torch.int32, device=device)  # never read without varlen
         return _Layout(B * T, T, D, W, B, False, dummy, dummy)
     cu = cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
     N = cu.numel() - 1
@@ -459,6 +461,13 @@ def _final_state(x_TD, s, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
     return fs
 
 
+def _partials(n_prog: int, lay: _Layout, acc_dt: torch.dtype, bias: bool, device: torch.device):
+    """The dweight ``[P, D, W]`` / dbias ``[P, D]`` (or None) partial-sum buffers of P programs: every program writes
+    all of its rows, so they start empty."""
+    dw_part = torch.empty(n_prog, lay.D, lay.W, dtype=acc_dt, device=device)
+    return dw_part, (torch.empty(n_prog, lay.D, dtype=acc_dt, device=device) if bias else None)
+
+
 def _bwd_dpre(x_TD, w, b, s, dy_TD, lay: _Layout, silu: bool):
     """Kernel 1: dpre ``[NT, D]`` (fp32/fp64, or x's dtype with ``DPRE_IN_X_DTYPE``) and the dweight
     ``[P, D, W]`` / dbias ``[P, D]`` partial sums of its P row-group programs (dbias None without bias)."""
@@ -466,8 +475,7 @@ def _bwd_dpre(x_TD, w, b, s, dy_TD, lay: _Layout, silu: bool):
     dpre = torch.empty(lay.NT, lay.D, dtype=x_TD.dtype if DPRE_IN_X_DTYPE else acc_dt, device=x_TD.device)
     tiles = max(1, min(DPRE_TILES, triton.cdiv(lay.NT, DPRE_BT)))
     n_prog = triton.cdiv(lay.NT, DPRE_BT * tiles)
-    dw_part = torch.zeros(n_prog, lay.D, lay.W, dtype=acc_dt, device=x_TD.device)
-    db_part = torch.zeros(n_prog, lay.D, dtype=acc_dt, device=x_TD.device) if b is not None else None
+    dw_part, db_part = _partials(n_prog, lay, acc_dt, b is not None, x_TD.device)
     if n_prog and lay.D:
         _dpre_kernel[(n_prog, triton.cdiv(lay.D, DPRE_BD))](
             x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dpre, dw_part,
@@ -496,8 +504,7 @@ def _bwd_stream(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
     acc_dt = torch.float64 if x_TD.dtype == torch.float64 else torch.float32
     n_prog, n_col = triton.cdiv(lay.NT, STREAM_ROWS), triton.cdiv(lay.D, STREAM_BD)
     dx = torch.empty(lay.NT, lay.D, dtype=x_TD.dtype, device=x_TD.device)
-    dw_part = torch.zeros(n_prog, lay.D, lay.W, dtype=acc_dt, device=x_TD.device)
-    db_part = torch.zeros(n_prog, lay.D, dtype=acc_dt, device=x_TD.device) if b is not None else None
+    dw_part, db_part = _partials(n_prog, lay, acc_dt, b is not None, x_TD.device)
     if n_prog and lay.D:
         _conv_bwd_stream_kernel[(n_prog, n_col)](
             x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dfs if dfs is not None else dx,
@@ -510,7 +517,8 @@ def _bwd_stream(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
 
 
 def _backward(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool, need_dpre: bool = True):
-    """dx ``[NT, D]``, dweight ``[D, W]`` and dbias ``[D]`` (fp32/fp64 sums; dbias None without bias), and dpre
+    """dx ``[NT, D]``, dweight ``[D, W]`` and dbias ``[D]`` (fp32/fp64 sums over the programs' partials, in the
+    weight's and bias's dtypes; dbias None without bias), and dpre
     (for ``_dstate``; None from the one-kernel backward, taken when ``need_dpre`` is False, ``BWD_FUSED`` is set
     and W > 1)."""
     if not need_dpre and BWD_FUSED and lay.W > 1:
@@ -519,7 +527,7 @@ def _backward(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool, need_dpre: bo
     else:
         dpre, dw_part, db_part = _bwd_dpre(x_TD, w, b, s, dy_TD, lay, silu)
         dx = _bwd_dx(dpre, w, dfs, lay, x_TD.dtype)
-    return dx, dw_part.sum(0), (db_part.sum(0) if db_part is not None else None), dpre
+    return dx, column_sum(dw_part, w.dtype), (column_sum(db_part, b.dtype) if db_part is not None else None), dpre
 
 
 def _dstate(dpre, w, dfs, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
@@ -568,8 +576,7 @@ class CausalConv1dFunction(torch.autograd.Function):
                 ds = _dstate(dpre, w, dfs, lay, ctx.state_dtype)
             else:  # W = 1: the state is empty
                 ds = torch.zeros(lay.N, lay.D, 0, dtype=ctx.state_dtype, device=x_TD.device)
-        db = db.to(b.dtype) if db is not None else None
-        return dx.view(ctx.shape), dw.to(w.dtype), db, ds, None, None, None
+        return dx.view(ctx.shape), dw, db, ds, None, None, None
 
 
 def causal_conv1d_triton(

@@ -8,6 +8,7 @@ import pytest
 import torch
 from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 
+from kernels import colsum
 from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, mix_autograd, mix_triton, resolve_backend
 
 EPS = 1e-6
@@ -410,7 +411,7 @@ def test_mix_kernels_called_directly_after_their_first_launch_on_gpu(monkeypatch
     dev = kernel_device()
     xs = [torch.randn(4097, 768, device=dev, dtype=torch.bfloat16) for _ in range(3)]
     u, dh = torch.randn(768, device=dev), torch.randn(4097, 768, device=dev, dtype=torch.bfloat16)
-    launches = (mix_triton._FWD_ROWS, mix_triton._BWD_ARGS, mix_triton._COLSUM, mix_triton._FLUSH)
+    launches = (mix_triton._FWD_ROWS, mix_triton._BWD_ARGS, colsum._COLSUM, mix_triton._FLUSH)
     for launch in launches:
         launch.runners.clear()
 
@@ -433,11 +434,3 @@ def test_mix_kernels_called_directly_after_their_first_launch_on_gpu(monkeypatch
     odd = torch.empty(4097 * 768 + 1, device=dev, dtype=torch.bfloat16)[1:].view(4097, 768).copy_(xs[0])
     h, _, _ = mix_triton.mix_fwd_triton([odd, *xs[1:]], u, EPS)
     assert len(mix_triton._FWD_ROWS.runners) == 2 and torch.equal(h, results["0"][0][0])
-
-
-@pytest.mark.parametrize(("p", "d"), [(1, 5), (70, 100), (264, 768)])
-def test_column_sum(p, d):
-    """The backward's query-gradient sum over programs: ``_column_sum`` equals ``sum(0)`` for row counts and widths
-    that are not multiples of its blocks."""
-    x = torch.randn(p, d, generator=torch.Generator().manual_seed(p), dtype=torch.float32).to(kernel_device())
-    assert_rel_rms(mix_triton._column_sum(x), x.double().sum(0), 1e-6, "column sum")

@@ -82,6 +82,23 @@ def test_triton_varlen_gate_l2_and_backward(fn):
             assert_rel_rms(a.grad, b.grad, 1e-5, "grad")
 
 
+@pytest.mark.parametrize("through", ["output", "state"])
+def test_triton_backward_through_one_output(through):
+    """Gradients when only o or only the final state reaches the loss (the training function leaves the other's
+    gradient None instead of zero-filling it): the same as the PyTorch path's."""
+    q, k, v, raw, beta, s0 = make_inputs(1, 40, 2, 2, 16, 16, h0=True)
+    A_log = torch.log(torch.empty(2, dtype=torch.float64).uniform_(1, 16))
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True)
+    grads = []
+    for backend in ("triton", "torch"):
+        x = [t.detach().clone().requires_grad_() for t in _to([q, k, v, raw, beta, s0])]
+        o, S = chunk_kda(*x[:5], initial_state=x[5], A_log=_to([A_log])[0], backend=backend, **kw)
+        (o.square().sum() if through == "output" else S.square().sum()).backward()
+        grads.append([t.grad for t in x])
+    for name, a, b in zip("q k v g beta h0".split(), *grads):
+        assert_rel_rms(a, b, 1e-5, f"d{name} through the {through}")
+
+
 @pytest.mark.parametrize("span_max", [None, -1.0])
 def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     """The intra kernel factors a diagonal block through its sub-block's first row in K tiles whose gates are mild
