@@ -11,11 +11,15 @@
 #       (kernels/colsum.py: norm gains, KDA gate and dbeta, conv weight, AttnRes query; no zero-filled partial
 #       buffers; the KDA function's unused final-state gradient not zero-filled): GPU tests, bench_colsum, and the
 #       small hybrid's step on this tree and on the tree before it (old/, b6ed1d6), interleaved twice.
+#   bash scripts/gpu_session30.sh clocks     call4: call3 found the step's other kernels 0.4 ms slower once ~190 small
+#       kernels a step were gone (kernel sum and wall time unchanged): the GPU's power draw and SM clock during the
+#       small hybrid's step on this tree and the one before it (old/), interleaved twice, and during block AttnRes's
+#       step (scripts/gpu_clocks.py around bench_backbone).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session30.sh timeline|gaps|colsum}" in
+case "${1:?usage: gpu_session30.sh timeline|gaps|colsum|clocks}" in
 timeline)
   PART_TAIL=80 part "step timeline, 8 x 4096" 300 python3 -m kimi_vl.benchmarks.step_timeline --rounds 6 --steps 4 \
     --head-start-ms 300 --cprofile 40
@@ -39,6 +43,21 @@ colsum)
         --decode-contexts --iters 10 --profile --variants hybrid)
     done
   done
+  ;;
+clocks)
+  for round in 1 2; do
+    for tree in new old; do
+      dir=.; [ $tree = old ] && dir=old
+      mkdir -p "$OUT/${tree}_$round"
+      (cd $dir && OUT=$OUT/${tree}_$round PART_TAIL=3 part "clocks, bench_backbone, $tree tree, round $round" 100 \
+        env PYTHONPATH="$PWD:/tmp/site" python3 "$OLDPWD/scripts/gpu_clocks.py" --out "$OUT/${tree}_$round/clocks" -- \
+        python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 30 --variants hybrid)
+    done
+  done
+  mkdir -p "$OUT/attnres"
+  OUT=$OUT/attnres PART_TAIL=3 part "clocks, bench_backbone, block AttnRes" 100 python3 scripts/gpu_clocks.py \
+    --out "$OUT/attnres/clocks" -- python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts \
+    --iters 30 --variants hybrid_attnres
   ;;
 *)
   echo "unknown mode $1" >&2

@@ -103,3 +103,19 @@ def test_bench_init_gates_match_a_fresh_model_layer(monkeypatch):
     monkeypatch.setattr(bench_kda, "GATES", "sharp")
     with pytest.raises(ValueError, match="GATES"):
         bench_kda.make(1, 64, 1, dev="cpu")
+
+
+def test_gpu_clocks_summary(tmp_path):
+    """``scripts/gpu_clocks.py``: busy samples' power and clock medians, the limits, the share of samples with each
+    clock-event reason (the power cap here), and the command's exit status passed on; idle samples left out."""
+    clocks = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "gpu_clocks.py"))
+    rows = [{"utilization.gpu": "100", "power.draw": "690.5", "power.limit": "700.00", "clocks.sm": "1755",
+             "clocks.max.sm": "1980", "clocks_event_reasons.active": "0x0000000000000004"},
+            {"utilization.gpu": "100", "power.draw": "650.0", "power.limit": "700.00", "clocks.sm": "1980",
+             "clocks.max.sm": "1980", "clocks_event_reasons.active": "0x0000000000000000"},
+            {"utilization.gpu": "0", "power.draw": "90.0", "power.limit": "700.00", "clocks.sm": "345",
+             "clocks.max.sm": "1980", "clocks_event_reasons.active": "0x0000000000000001"}]
+    s = clocks["summarize"](rows, 90.0)
+    assert s["busy_samples"] == 2 and s["power.draw"]["median"] == pytest.approx(670.25)
+    assert s["clocks.sm"]["min"] == 1755 and s["power.limit"] == 700 and s["clocks.max.sm"] == 1980
+    assert s["reason_share"]["sw_power_cap"] == 0.5 and s["reason_share"]["gpu_idle"] == 0.0
