@@ -20,6 +20,8 @@ from pathlib import Path
 
 FIELDS = ["timestamp", "utilization.gpu", "power.draw", "power.limit", "clocks.sm", "clocks.max.sm", "clocks.mem",
           "temperature.gpu", "clocks_event_reasons.active"]
+# the names nvidia-smi's CSV header gives some queried fields (driver 580: "clocks.current.sm [MHz]")
+ALIASES = {"clocks.current.sm": "clocks.sm", "clocks.current.memory": "clocks.mem"}
 # bits of clocks_event_reasons.active (nvidia-smi --help-query-gpu)
 REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
            0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
@@ -34,6 +36,7 @@ def number(text: str) -> float | None:
 
 def summarize(rows: list[dict[str, str]], busy: float) -> dict:
     """Busy samples' power and clocks (medians, extremes) and the share of them with each clock-event reason."""
+    rows = [{ALIASES.get(k, k): v for k, v in r.items()} for r in rows]
     hot = [r for r in rows if (number(r.get("utilization.gpu", "")) or 0) >= busy]
     out: dict = {"samples": len(rows), "busy_samples": len(hot)}
     for field in ("power.draw", "clocks.sm", "clocks.mem", "temperature.gpu"):

@@ -15,11 +15,15 @@
 #       kernels a step were gone (kernel sum and wall time unchanged): the GPU's power draw and SM clock during the
 #       small hybrid's step on this tree and the one before it (old/), interleaved twice, and during block AttnRes's
 #       step (scripts/gpu_clocks.py around bench_backbone).
+#   bash scripts/gpu_session30.sh bwdocc     call5: the AttnRes backward mix at 12 elements a thread (109-163
+#       registers: 4 programs an SM fit, against 2 at 24) and with pass B reloading its tiles (BWD_RELOAD): the GPU
+#       tests, the --bwd-sweep of the backward at N = 3 and 5, and the small hybrid's block-AttnRes step profiled under
+#       the default and two candidates (bench_attnres --set), 4 rounds each.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session30.sh timeline|gaps|colsum|clocks}" in
+case "${1:?usage: gpu_session30.sh timeline|gaps|colsum|clocks|bwdocc}" in
 timeline)
   PART_TAIL=80 part "step timeline, 8 x 4096" 300 python3 -m kimi_vl.benchmarks.step_timeline --rounds 6 --steps 4 \
     --head-start-ms 300 --cprofile 40
@@ -58,6 +62,24 @@ clocks)
   OUT=$OUT/attnres PART_TAIL=3 part "clocks, bench_backbone, block AttnRes" 100 python3 scripts/gpu_clocks.py \
     --out "$OUT/attnres/clocks" -- python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts \
     --iters 30 --variants hybrid_attnres
+  ;;
+bwdocc)
+  PART_TAIL=6 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
+  mkdir -p "$OUT/sweep"
+  OUT=$OUT/sweep PART_TAIL=30 part "bench_attnres --bwd-sweep, backward" 150 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --sources 3 5 --bwd-sweep --sweep-kernels backward --layouts --mix-iters 20
+  for cand in default te12 reload; do
+    case $cand in
+      default) sets=() ;;
+      te12) sets=(--set BWD_THREAD_ELEMS=12 --set BWD_PROGRAMS_PER_SM=4 --set BWD_PREFETCH=2) ;;
+      reload) sets=(--set BWD_RELOAD=True --set BWD_THREAD_ELEMS=12 --set BWD_PROGRAMS_PER_SM=4 --set BWD_PREFETCH=2) ;;
+    esac
+    mkdir -p "$OUT/$cand"
+    OUT=$OUT/$cand PART_TAIL=22 part "block AttnRes step, backward $cand" 150 python3 -m kimi_vl.benchmarks.bench_attnres \
+      --layouts hybrid --sources 3 --rounds 4 --hybrid-iters 4 --decode-steps 0 --profile --profile-top 12 \
+      --budget-s 400 "${sets[@]}"
+  done
   ;;
 *)
   echo "unknown mode $1" >&2

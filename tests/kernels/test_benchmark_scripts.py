@@ -107,11 +107,12 @@ def test_bench_init_gates_match_a_fresh_model_layer(monkeypatch):
 
 def test_gpu_clocks_summary(tmp_path):
     """``scripts/gpu_clocks.py``: busy samples' power and clock medians, the limits, the share of samples with each
-    clock-event reason (the power cap here), and the command's exit status passed on; idle samples left out."""
+    clock-event reason (the power cap here); idle samples left out; the header's names for the current clocks
+    (``clocks.current.sm``) read as the queried ones."""
     clocks = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "gpu_clocks.py"))
     rows = [{"utilization.gpu": "100", "power.draw": "690.5", "power.limit": "700.00", "clocks.sm": "1755",
              "clocks.max.sm": "1980", "clocks_event_reasons.active": "0x0000000000000004"},
-            {"utilization.gpu": "100", "power.draw": "650.0", "power.limit": "700.00", "clocks.sm": "1980",
+            {"utilization.gpu": "100", "power.draw": "650.0", "power.limit": "700.00", "clocks.current.sm": "1980",
              "clocks.max.sm": "1980", "clocks_event_reasons.active": "0x0000000000000000"},
             {"utilization.gpu": "0", "power.draw": "90.0", "power.limit": "700.00", "clocks.sm": "345",
              "clocks.max.sm": "1980", "clocks_event_reasons.active": "0x0000000000000001"}]
