@@ -53,7 +53,9 @@ A block-level option of the backward (``kimi_vl/modeling/attn_res.py`` switches 
 Removed variants (measured in a small-model step, 8 x 4096): the sublayer's input RMSNorm inside these kernels
 (session 11: mix kernels +2.3 ms, norms -2.1 ms, net -0.14 / +0.12 ms all-MLA / hybrid, H100); a block's running
 sum added inside the next mix's kernels, forward and backward (sessions 12 and 29: the 41 adds 1.40 -> 0.17 ms, the
-mixes +1.11 ms, net -0.04 ms, H200; ``kimi_vl/README.md``).
+mixes +1.11 ms, net -0.04 ms, H200; ``kimi_vl/README.md``); the backward's pass B loading its tiles again (rows offset
+by a run-time zero, so that pass A's tiles need not stay live) and 12 elements a thread at 4 programs an SM
+(109-163 registers instead of 218-255): the 24 backward mixes of a step 2.23 -> 3.28 and 2.91 ms (session 30).
 
 Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
 
@@ -96,7 +98,6 @@ BWD_NUM_WARPS = 4
 BWD_MAX_CHUNKS = 4  # backward: a row is at most this many column chunks (unrolled)
 BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets BLOCK_T)
 BWD_PREFETCH = 8  # backward: the same, in both passes
-BWD_RELOAD = False  # backward: pass B loads its tiles again instead of keeping pass A's (see the kernel)
 FLUSH_NUM_WARPS = 4  # flush_deferred's kernel: the row layout with these settings
 FLUSH_MAX_CHUNKS = 4
 FLUSH_THREAD_ELEMS = 12  # 24 before session 22; with FLUSH_GROUP = 4 that spilled at 255 registers (ptxas, sm_90a)
@@ -393,20 +394,16 @@ def _attn_res_fwd_rows_kernel(
         tl.store(alpha_ptr + n * M + offs_t, tl.exp(scores[n] - m) * inv_l, mask=t_ok)
 
 
-@triton.jit(do_not_specialize=["acc_mask", "zero"])
+@triton.jit(do_not_specialize=["acc_mask"])
 def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask, coef_ptr, zero,
+    u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask, coef_ptr,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, DEFER: tl.constexpr, PRE: tl.constexpr = 1,
-    RELOAD: tl.constexpr = False,
 ):
     """Pointer-argument backward, ``N`` a compile-time constant: straight-line code over the sources, the next
     ``PRE`` sources' tiles loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
     stay in registers between the passes. Bit ``n`` of ``acc_mask``: add ``dx_n`` to the buffer's content. Bit ``n``
-    of ``DEFER`` (compile time): source ``n``'s gradient is deferred, its coefficients go to ``coef [N, 3, M]``.
-    ``RELOAD``: pass B loads the source tiles and ``dh`` again at rows offset by ``zero`` (0 at run time, unknown to
-    the compiler, so the loads are not merged with pass A's): pass A's tiles die after their dot products (fewer
-    live registers, more programs an SM) and pass B reads them from the caches."""
+    of ``DEFER`` (compile time): source ``n``'s gradient is deferred, its coefficients go to ``coef [N, 3, M]``."""
     pid = tl.program_id(0)
     u = _load_vec(u_ptr, D, CH, CHUNK)
     du = _zeros_row(BLOCK_T, CH, CHUNK)
@@ -429,16 +426,12 @@ def _attn_res_bwd_args_kernel(
             gs, qs = gs + (g,), qs + (q,)
             alphas = alphas + (a,)
             rstds = rstds + (tl.load(rstd_ptr + n * M + offs_t, mask=t_ok, other=0.0),)
-        rows_b = rows
-        if RELOAD:
-            rows_b = rows + zero
-            dh = _to_f32(_load_row(dh_ptr, rows_b, t_ok, D, CH, CHUNK), CH)
-        win = ()  # without RELOAD the same loads as pass A's: the compiler merges them (no second read)
+        win = ()  # the same loads as pass A's: the compiler merges them (no second read)
         for j in tl.static_range(PRE):
-            win = _prefetch(win, j, N, x0, x1, x2, x3, x4, x5, x6, x7, rows_b, t_ok, D, CH, CHUNK)
+            win = _prefetch(win, j, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
         for n in tl.static_range(N):  # pass B: gradients, no reductions
             x = win[n]
-            win = _prefetch(win, n + PRE, N, x0, x1, x2, x3, x4, x5, x6, x7, rows_b, t_ok, D, CH, CHUNK)
+            win = _prefetch(win, n + PRE, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
             if (DEFER >> n) & 1:
                 du = _defer_grad(x, du, coef_ptr + n * 3 * M, offs_t, t_ok, alphas[n], rstds[n], gs[n], qs[n],
                                  big_g, M, D, CH)
@@ -656,10 +649,10 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
     if use_args(n):  # dxs, rstd, alpha, du_partial and coef are new or sink buffers: allocations are aligned
         key = (x0.dtype, aligned16(*sources, u, dh), n, m, d, num_tiles, block_t, chunk, ch, defer, BWD_PREFETCH,
-               BWD_RELOAD, BWD_NUM_WARPS, BWD_MAXNREG)
+               BWD_NUM_WARPS, BWD_MAXNREG)
         _BWD_ARGS((programs,), key, *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d,
-                  num_tiles, acc_mask, alpha if coef is None else coef, 0, block_t, chunk, ch, defer, BWD_PREFETCH,
-                  BWD_RELOAD, num_warps=BWD_NUM_WARPS, **_maxnreg())
+                  num_tiles, acc_mask, alpha if coef is None else coef, block_t, chunk, ch, defer, BWD_PREFETCH,
+                  num_warps=BWD_NUM_WARPS, **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "

@@ -231,8 +231,8 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     elif kernel == "bwd":
         fn = mt._attn_res_bwd_args_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
-        args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", f32, "i32"]
-        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=mt.BWD_PREFETCH, RELOAD=mt.BWD_RELOAD)
+        args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", f32]
+        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=mt.BWD_PREFETCH)
         warps = mt.BWD_NUM_WARPS
     elif kernel == "flush":
         fn = mt._attn_res_flush_kernel

@@ -151,7 +151,8 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"FWD_PREFETCH": 8},
         {"FWD_PREFETCH": 8, "FWD_THREAD_ELEMS": 12},
     ],
-    "backward": [  # session 30: 12 elements a thread take 109-163 registers (ptxas sm_90a), so 4 programs an SM fit
+    "backward": [  # session 30: 12 elements a thread take 109-163 registers (ptxas sm_90a), so 4 programs an SM fit;
+        # slower alone (N = 3 / 5: 0.119-0.135 / 0.231-0.309 ms against 0.113 / 0.184) and in the model
         {},
         {"BWD_NUM_WARPS": 8},
         {"BWD_THREAD_ELEMS": 12},
@@ -161,9 +162,6 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"BWD_PROGRAMS_PER_SM": 4, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 2},
         {"BWD_PROGRAMS_PER_SM": 4, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 1},
         {"BWD_PROGRAMS_PER_SM": 8, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 2},
-        {"BWD_RELOAD": True},
-        {"BWD_RELOAD": True, "BWD_PROGRAMS_PER_SM": 4, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 2},
-        {"BWD_RELOAD": True, "BWD_PROGRAMS_PER_SM": 4, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 1},
     ],
     "flush": [
         {},
