@@ -19,11 +19,14 @@
 #       registers: 4 programs an SM fit, against 2 at 24) and with pass B reloading its tiles (BWD_RELOAD): the GPU
 #       tests, the --bwd-sweep of the backward at N = 3 and 5, and the small hybrid's block-AttnRes step profiled under
 #       the default and two candidates (bench_attnres --set), 4 rounds each.
+#   bash scripts/gpu_session30.sh final      call6: the session's final tree: the five KDA shapes against fla, the small
+#       hybrid's step (bench_backbone, 10 iterations, profiled) and the step timeline of standard against block AttnRes
+#       (plain and device-bound rounds).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session30.sh timeline|gaps|colsum|clocks|bwdocc}" in
+case "${1:?usage: gpu_session30.sh timeline|gaps|colsum|clocks|bwdocc|final}" in
 timeline)
   PART_TAIL=80 part "step timeline, 8 x 4096" 300 python3 -m kimi_vl.benchmarks.step_timeline --rounds 6 --steps 4 \
     --head-start-ms 300 --cprofile 40
@@ -80,6 +83,15 @@ bwdocc)
       --layouts hybrid --sources 3 --rounds 4 --hybrid-iters 4 --decode-steps 0 --profile --profile-top 12 \
       --budget-s 400 "${sets[@]}"
   done
+  ;;
+final)
+  install_fla
+  bench_five 140
+  mkdir -p "$OUT/backbone"
+  OUT=$OUT/backbone PART_TAIL=14 part "bench_backbone" 100 python3 -m kimi_vl.benchmarks.bench_backbone \
+    --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid
+  PART_TAIL=12 part "step timeline, 8 x 4096" 200 python3 -m kimi_vl.benchmarks.step_timeline --rounds 6 --steps 4 \
+    --head-start-ms 300
   ;;
 *)
   echo "unknown mode $1" >&2
