@@ -22,11 +22,14 @@
 #   bash scripts/gpu_session30.sh final      call6: the session's final tree: the five KDA shapes against fla, the small
 #       hybrid's step (bench_backbone, 10 iterations, profiled) and the step timeline of standard against block AttnRes
 #       (plain and device-bound rounds).
+#   bash scripts/gpu_session30.sh base       call7: block AttnRes's step overhead at the base flavor (d 1536, 48
+#       sublayers in blocks of 8; device-bound and plain rounds), to see how the overhead scales with width (the small
+#       flavor's sits at its traffic floor).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session30.sh timeline|gaps|colsum|clocks|bwdocc|final}" in
+case "${1:?usage: gpu_session30.sh timeline|gaps|colsum|clocks|bwdocc|final|base}" in
 timeline)
   PART_TAIL=80 part "step timeline, 8 x 4096" 300 python3 -m kimi_vl.benchmarks.step_timeline --rounds 6 --steps 4 \
     --head-start-ms 300 --cprofile 40
@@ -92,6 +95,10 @@ final)
     --train-seqs 4096 --decode-contexts --iters 10 --profile --variants hybrid
   PART_TAIL=12 part "step timeline, 8 x 4096" 200 python3 -m kimi_vl.benchmarks.step_timeline --rounds 6 --steps 4 \
     --head-start-ms 300
+  ;;
+base)
+  PART_TAIL=12 part "step timeline, base flavor, 8 x 4096" 400 python3 -m kimi_vl.benchmarks.step_timeline \
+    --flavor base --rounds 3 --steps 3 --head-start-ms 1500
   ;;
 *)
   echo "unknown mode $1" >&2

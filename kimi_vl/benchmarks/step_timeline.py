@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.profiling import gpu_holes
 from kimi_vl.benchmarks.attnres_common import with_env
 from kimi_vl.benchmarks.bench_attnres import _build, _config
 
@@ -203,16 +204,22 @@ def device_gaps(model, ids: torch.Tensor, head_start_cycles: int, top: int) -> d
     """One step queued behind a sleep kernel under ``torch.profiler``: the step's kernel time, the idle time between
     its kernels (all streams merged) and that idle time summed by the kernel that ended each wait (``top`` names).
     The sleep gives the host a lead, so the waits are the device's own (launch gaps), not the host's pace."""
-    from kernels.profiling import gpu_holes
-
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=acts) as prof:
         torch.cuda._sleep(head_start_cycles)
         _step(model, ids, Marks(False))
         torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+    spans = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+             if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    return gaps_after_sleep(spans, top)
+
+
+def gaps_after_sleep(spans: list[tuple[float, float, str]], top: int) -> dict:
+    """:func:`device_gaps`'s summary of device spans ``(start us, end us, name)``: the spans after the first sleep
+    kernel (``torch.cuda._sleep`` runs a kernel named ``spin_kernel``), their kernel time, window, busy and idle time,
+    and the idle time summed by the span that ended each wait (the ``top`` largest)."""
+    spans = sorted(spans)
     first = next(i for i, (_, _, name) in enumerate(spans) if "sleep" in name.lower() or "spin" in name.lower())
     spans = spans[first + 1:]
     holes, busy, window = gpu_holes(spans, 0.0)
