@@ -25,11 +25,13 @@
 #   bash scripts/gpu_session30.sh base       call7: block AttnRes's step overhead at the base flavor (d 1536, 48
 #       sublayers in blocks of 8; device-bound and plain rounds), to see how the overhead scales with width (the small
 #       flavor's sits at its traffic floor).
+#   bash scripts/gpu_session30.sh attnres    call8: bench_attnres with its new device-bound rounds (each round also
+#       queued behind a sleep kernel): block AttnRes's step overhead on the final tree, 8 rounds.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session30.sh timeline|gaps|colsum|clocks|bwdocc|final|base}" in
+case "${1:?usage: gpu_session30.sh timeline|gaps|colsum|clocks|bwdocc|final|base|attnres}" in
 timeline)
   PART_TAIL=80 part "step timeline, 8 x 4096" 300 python3 -m kimi_vl.benchmarks.step_timeline --rounds 6 --steps 4 \
     --head-start-ms 300 --cprofile 40
@@ -99,6 +101,10 @@ final)
 base)
   PART_TAIL=12 part "step timeline, base flavor, 8 x 4096" 400 python3 -m kimi_vl.benchmarks.step_timeline \
     --flavor base --rounds 3 --steps 3 --head-start-ms 1500
+  ;;
+attnres)
+  PART_TAIL=12 part "bench_attnres, plain and device-bound rounds" 250 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --layouts hybrid --sources 3 --rounds 8 --hybrid-iters 4 --decode-steps 0 --budget-s 400
   ;;
 *)
   echo "unknown mode $1" >&2

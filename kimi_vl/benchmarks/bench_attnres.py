@@ -24,7 +24,9 @@ Measured in one run, bf16, CUDA events after warm-up:
   for both also every mix kernel launched through Triton's JIT, ``KVL_FAST_LAUNCH=0`` (``attnres_triton_jit``;
   the hybrid runs standard, AttnRes and this one); the PyTorch function is timed in ``mix`` only). Reports step
   time, overhead %, the step's peak memory above the resident weights, and the memory of the stored block states
-  for scale.
+  for scale. On CUDA each round is also timed queued behind a ``--head-start-ms`` sleep kernel, so that the host
+  enqueues ahead and the step is device-bound (``step_s_device_bound``, ``overhead_device_bound_pct``): steadier
+  than the plain rounds, which a host close to the device's pace scatters (session 30, ``step_timeline.py``).
 - ``kernel_diff`` (with ``--profile``): one profiled step each of ``standard`` and ``attnres_triton``, the time
   and calls per GPU kernel name (``aten::`` ops' CPU time on a CPU run) and the names that differ most: where an
   AttnRes step's extra time goes; ``kernel_diff_defer`` (all-MLA) the same between ``attnres_triton_nodefer`` and
@@ -56,7 +58,13 @@ from kernels.attn_res import attn_res_mix, attn_res_mix_naive
 from kernels.benchmarks.constants import overridden, set_constants
 from kernels.profiling import diff_by_name
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
-from kimi_vl.benchmarks.attnres_common import profile_step, restore_env, with_env
+from kimi_vl.benchmarks.attnres_common import (
+    profile_step,
+    restore_env,
+    sleep_cycles_per_ms,
+    time_behind_sleep,
+    with_env,
+)
 from kimi_vl.benchmarks.attnres_decode import bench_decode_variants, bench_graph_decode, bench_stream_cost, decode_lines
 
 
@@ -387,6 +395,8 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
         variants = {v: variants[v] for v in ("standard", "attnres_triton", "attnres_triton_jit")}
     iters = args.iters if layers == "mla" else args.hybrid_iters
     per_round = {v: [] for v in variants}
+    behind = {v: [] for v in variants}  # the same steps queued behind a sleep kernel: device-bound
+    cycles = int(args.head_start_ms * sleep_cycles_per_ms(device)) if device.type == "cuda" else 0
     peak = {}
     steps = {v: _step_fn(models[res], ids) for v, (res, _) in variants.items()}
     for v, (_, env) in variants.items():
@@ -395,6 +405,8 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     for _ in range(args.rounds):
         for v, (_, env) in variants.items():
             per_round[v].append(with_env(env, partial(time_per_iter, steps[v], 0, iters, device)))
+            if cycles:
+                behind[v].append(with_env(env, partial(time_behind_sleep, steps[v], iters, cycles)))
     best = {v: min(t) for v, t in per_round.items()}
     cfg = cfgs["attnres_block"]
     n_blocks = -(-cfg.num_sublayers // cfg.attnres_block_size)
@@ -411,6 +423,11 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
                               "round_overhead_pct": [100 * (t / s - 1) for t, s in zip(per_round[v],
                                                                                       per_round["standard"])],
                               "step_peak_gib": peak[v], "peak_overhead_pct": 100 * (peak[v] / peak["standard"] - 1)}
+        if cycles:
+            bound = min(behind[v])
+            out["variants"][v] |= {
+                "step_s_device_bound": bound, "overhead_device_bound_pct": 100 * (bound / min(behind["standard"]) - 1),
+                "round_overhead_device_bound_pct": [100 * (t / s - 1) for t, s in zip(behind[v], behind["standard"])]}
     if args.profile:
         profiled = [v for v in ("standard", "attnres_triton", "attnres_triton_nodefer") if v in variants]
         times = {v: with_env(variants[v][1], partial(profile_step, steps[v])) for v in profiled}
@@ -452,6 +469,9 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=5, help="timed steps per round, all-MLA model")
     p.add_argument("--hybrid-iters", type=int, default=2, help="timed steps per round, hybrid model")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--head-start-ms", type=float, default=300.0,
+                   help="training step: each round also timed queued behind a sleep kernel this long (device-bound "
+                        "rounds: the host enqueues ahead; see step_timeline.py), 0: not")
     p.add_argument("--decode-context", type=int, default=4096)
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--no-hybrid", action="store_true")
@@ -568,6 +588,10 @@ def table(results: dict) -> str:
             lines.append(f"| {layers} | {v} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
                          f"{r['overhead_pct']:+.1f}% | {rounds} | {r['step_peak_gib']:.2f} | "
                          f"{r['peak_overhead_pct']:+.1f}% |")
+            if "step_s_device_bound" in r:
+                rounds = " ".join(f"{x:+.1f}" for x in r["round_overhead_device_bound_pct"])
+                lines.append(f"| {layers} | {v}, device-bound | {1e3 * r['step_s_device_bound']:.1f} | | "
+                             f"{r['overhead_device_bound_pct']:+.1f}% | {rounds} | | |")
         lines += decode_lines(layers, group.get("decode", {}))
         lines += decode_lines(layers, group.get("graph_decode", {}), "CUDA-graph decode")
         graph = group.get("graph_decode", {})

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from kernels.profiling import gpu_holes
-from kimi_vl.benchmarks.attnres_common import with_env
+from kimi_vl.benchmarks.attnres_common import sleep_cycles_per_ms, with_env
 from kimi_vl.benchmarks.bench_attnres import _build, _config
 
 
@@ -75,18 +75,6 @@ def _step(model, ids: torch.Tensor, marks: Marks) -> None:
     marks.mark("forward")
     loss.backward()
     marks.mark("backward")
-
-
-def sleep_cycles_per_ms(device: torch.device) -> float:
-    """GPU clock cycles of ``torch.cuda._sleep`` per millisecond, measured with events."""
-    cycles = 20_000_000
-    torch.cuda._sleep(cycles // 10)  # warm the kernel up
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    torch.cuda.synchronize(device)
-    return cycles / start.elapsed_time(end)
 
 
 def run_round(model, ids: torch.Tensor, steps: int, head_start_cycles: int, cuda: bool) -> dict:
