@@ -56,16 +56,3 @@ def sleep_cycles_per_ms(device: torch.device) -> float:
     torch.cuda.synchronize(device)
     return cycles / start.elapsed_time(end)
 
-
-def time_behind_sleep(fn: Callable[[], None], iters: int, cycles: int) -> float:
-    """Seconds per call of ``fn`` over ``iters`` calls queued behind a ``torch.cuda._sleep(cycles)`` kernel: the host
-    enqueues while the GPU sleeps, so the calls run device-bound (the events start after the sleep)."""
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(cycles)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1000 / iters

@@ -62,7 +62,6 @@ from kimi_vl.benchmarks.attnres_common import (
     profile_step,
     restore_env,
     sleep_cycles_per_ms,
-    time_behind_sleep,
     with_env,
 )
 from kimi_vl.benchmarks.attnres_decode import bench_decode_variants, bench_graph_decode, bench_stream_cost, decode_lines
@@ -85,8 +84,11 @@ MIX_IMPLS: dict[str, Callable] = {
 }
 
 
-def time_per_iter(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:
-    """Seconds per call of ``fn`` (CUDA events on a GPU, wall clock otherwise)."""
+def time_per_iter(fn: Callable[[], None], warmup: int, iters: int, device: torch.device, sleep_cycles: int = 0
+                  ) -> float:
+    """Seconds per call of ``fn`` (CUDA events on a GPU, wall clock otherwise). ``sleep_cycles`` (GPU): the calls are
+    queued behind a ``torch.cuda._sleep`` of that many cycles, so the host enqueues ahead and they run device-bound
+    (the events start after the sleep)."""
     for _ in range(warmup):
         fn()
     if device.type != "cuda":
@@ -96,6 +98,8 @@ def time_per_iter(fn: Callable[[], None], warmup: int, iters: int, device: torch
         return (time.perf_counter() - t0) / iters
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if sleep_cycles:
+        torch.cuda._sleep(sleep_cycles)
     start.record()
     for _ in range(iters):
         fn()
@@ -406,7 +410,7 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
         for v, (_, env) in variants.items():
             per_round[v].append(with_env(env, partial(time_per_iter, steps[v], 0, iters, device)))
             if cycles:
-                behind[v].append(with_env(env, partial(time_behind_sleep, steps[v], iters, cycles)))
+                behind[v].append(with_env(env, partial(time_per_iter, steps[v], 0, iters, device, cycles)))
     best = {v: min(t) for v, t in per_round.items()}
     cfg = cfgs["attnres_block"]
     n_blocks = -(-cfg.num_sublayers // cfg.attnres_block_size)
