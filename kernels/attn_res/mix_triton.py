@@ -111,6 +111,14 @@ FLUSH_GROUP = 4
 # 0.209 / 0.247 at N = 5 (from N = 3 the kernel takes 239-255 registers: 2 programs of 4 warps fit an SM); session 24
 # call2, timed round-robin: 2 still best at N = 3 and 5, within 5% of 3 a SM at N = 2
 BWD_PROGRAMS_PER_SM = 2
+# software pipelining of the kernels' loops over token tiles (tl.range num_stages: the next tile's loads go to
+# shared memory by cp.async while the current one is computed; 1: none). The forward and the flush take a program
+# per tile when their *_PROGRAMS_PER_SM is 0, else that many programs an SM striding over the tiles.
+FWD_STAGES = 1
+FWD_PROGRAMS_PER_SM = 0
+BWD_STAGES = 1
+FLUSH_STAGES = 1
+FLUSH_PROGRAMS_PER_SM = 0
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -351,18 +359,33 @@ def _fwd_stats(x, u, D, eps, CH: tl.constexpr):
 
 @triton.jit
 def _attn_res_fwd_rows_kernel(
-    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, alpha_ptr, N: tl.constexpr, M, D, eps,
+    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, alpha_ptr, N: tl.constexpr, M, D, eps, num_tiles,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr = 1,
+    STAGES: tl.constexpr = 1,
 ):
     """Pointer-argument forward, ``N`` a compile-time constant, the backward's layout: a row is ``CH`` chunks of
     ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
     straight-line code over the sources with the next ``PRE`` sources' tiles loaded before the current one is used.
-    The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known."""
-    pid = tl.program_id(0)
-    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known.
+    A program strides over token tiles (one tile each when the grid has a program per tile); ``STAGES > 1``
+    software-pipelines that loop (the next tile's loads go to shared memory while this one is computed)."""
+    u = _load_vec(u_ptr, D, CH, CHUNK)
+    if STAGES == 1:  # a program per tile
+        _fwd_rows_tile(x0, x1, x2, x3, x4, x5, x6, x7, u, h_ptr, rstd_ptr, alpha_ptr, tl.program_id(0), N, M, D,
+                       eps, BLOCK_T, CHUNK, CH, PRE)
+    else:
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), num_stages=STAGES):
+            _fwd_rows_tile(x0, x1, x2, x3, x4, x5, x6, x7, u, h_ptr, rstd_ptr, alpha_ptr, tile, N, M, D, eps,
+                           BLOCK_T, CHUNK, CH, PRE)
+
+
+@triton.jit
+def _fwd_rows_tile(x0, x1, x2, x3, x4, x5, x6, x7, u, h_ptr, rstd_ptr, alpha_ptr, tile, N: tl.constexpr, M, D, eps,
+                   BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr):
+    """One token tile of :func:`_attn_res_fwd_rows_kernel`."""
+    offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
-    u = _load_vec(u_ptr, D, CH, CHUNK)
     win = ()
     for j in tl.static_range(PRE):
         win = _prefetch(win, j, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
@@ -399,6 +422,7 @@ def _attn_res_bwd_args_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
     u_ptr, dh_ptr, rstd_ptr, alpha_ptr, du_ptr, N: tl.constexpr, M, D, num_tiles, acc_mask, coef_ptr,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, DEFER: tl.constexpr, PRE: tl.constexpr = 1,
+    STAGES: tl.constexpr = 1,
 ):
     """Pointer-argument backward, ``N`` a compile-time constant: straight-line code over the sources, the next
     ``PRE`` sources' tiles loaded before the current one is used (both passes); per token ``g_n``, ``q_n``, alpha and rstd
@@ -407,7 +431,7 @@ def _attn_res_bwd_args_kernel(
     pid = tl.program_id(0)
     u = _load_vec(u_ptr, D, CH, CHUNK)
     du = _zeros_row(BLOCK_T, CH, CHUNK)
-    for tile in range(pid, num_tiles, tl.num_programs(0)):
+    for tile in tl.range(pid, num_tiles, tl.num_programs(0), num_stages=STAGES):
         offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = offs_t < M
         rows = offs_t.to(tl.int64)[:, None] * D
@@ -445,8 +469,8 @@ def _attn_res_bwd_args_kernel(
 def _attn_res_flush_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
     d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
-    M, D, acc_mask, C: tl.constexpr, S: tl.constexpr,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr = 1,
+    M, D, acc_mask, num_tiles, C: tl.constexpr, S: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr = 1, STAGES: tl.constexpr = 1,
 ):
     """The deferred gradients of ``C`` shared sources ``x_n`` (into buffers ``g_n``; bit ``n`` of ``acc_mask``: add
     to the content) from ``S`` mixes (gradient of the output ``d_i``, coefficients ``c_i [C', 3, M]``, query
@@ -454,9 +478,26 @@ def _attn_res_flush_kernel(
     ``GROUP`` sources per pass over the mixes: each ``d_i`` tile is loaded once a pass and feeds ``GROUP`` fp32
     accumulators (1: once per source). A program per token tile: a grid-stride loop over tiles compiled to 255
     registers with spills from N = 3 (186-233 without, ptxas sm_90a) and took 0.26 / 0.44 ms against 0.19 / 0.30 at
-    N = 3 / 5 (2, 4 or 8 programs an SM; H200, session 23 call4); removed."""
-    pid = tl.program_id(0)
-    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    N = 3 / 5 (2, 4 or 8 programs an SM; H200, session 23 call4); a program per tile is the default, and
+    ``STAGES > 1`` with fewer programs software-pipelines the loop over tiles."""
+    if STAGES == 1:  # a program per tile
+        _flush_tile(x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
+                    d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
+                    tl.program_id(0), M, D, acc_mask, C, S, BLOCK_T, CHUNK, CH, GROUP)
+    else:
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), num_stages=STAGES):
+            _flush_tile(x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
+                        d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6,
+                        u7, tile, M, D, acc_mask, C, S, BLOCK_T, CHUNK, CH, GROUP)
+
+
+@triton.jit
+def _flush_tile(x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
+                d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
+                tile, M, D, acc_mask, C: tl.constexpr, S: tl.constexpr,
+                BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr):
+    """One token tile of :func:`_attn_res_flush_kernel`."""
+    offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
     for n0 in tl.static_range(0, C, GROUP):
@@ -552,10 +593,11 @@ def _aligned(tensors: list[torch.Tensor]) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _num_bwd_programs(num_tiles: int, device: torch.device) -> int:
+def _num_programs(num_tiles: int, device: torch.device, per_sm: int) -> int:
+    """Programs of a grid-stride launch: ``per_sm`` a SM (0: one per tile); at most 4 on a CPU."""
     if device.type != "cuda":
-        return min(num_tiles, 4)
-    return min(num_tiles, BWD_PROGRAMS_PER_SM * sm_count(device))
+        return min(num_tiles, 4) if per_sm else num_tiles
+    return min(num_tiles, per_sm * sm_count(device)) if per_sm else num_tiles
 
 
 def _maxnreg() -> dict[str, int]:
@@ -593,9 +635,12 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     if use_args(n):
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
-        key = (x0.dtype, aligned16(*sources, u), n, m, d, block_t, chunk, ch, FWD_PREFETCH, FWD_NUM_WARPS)
-        _FWD_ROWS((triton.cdiv(m, block_t),), key, *_slots(sources), u, h, rstd, alpha, n, m, d, float(eps),
-                  block_t, chunk, ch, FWD_PREFETCH, num_warps=FWD_NUM_WARPS)  # eps always fp32 (not in the key)
+        num_tiles = triton.cdiv(m, block_t)
+        key = (x0.dtype, aligned16(*sources, u), n, m, d, block_t, chunk, ch, FWD_PREFETCH, FWD_NUM_WARPS,
+               FWD_STAGES)
+        _FWD_ROWS((_num_programs(num_tiles, x0.device, FWD_PROGRAMS_PER_SM),), key, *_slots(sources), u, h, rstd,
+                  alpha, n, m, d, float(eps), num_tiles, block_t, chunk, ch, FWD_PREFETCH, FWD_STAGES,
+                  num_warps=FWD_NUM_WARPS)  # eps always fp32 (not in the key)
     else:  # any number of sources
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
@@ -645,14 +690,14 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     coef = torch.empty(n, 3, m, device=x0.device, dtype=torch.float32) if defer else None
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, BWD_THREAD_ELEMS)
     num_tiles = triton.cdiv(m, block_t)
-    programs = _num_bwd_programs(num_tiles, x0.device)
+    programs = _num_programs(num_tiles, x0.device, BWD_PROGRAMS_PER_SM)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
     if use_args(n):  # dxs, rstd, alpha, du_partial and coef are new or sink buffers: allocations are aligned
         key = (x0.dtype, aligned16(*sources, u, dh), n, m, d, num_tiles, block_t, chunk, ch, defer, BWD_PREFETCH,
-               BWD_NUM_WARPS, BWD_MAXNREG)
+               BWD_NUM_WARPS, BWD_MAXNREG, BWD_STAGES)
         _BWD_ARGS((programs,), key, *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d,
                   num_tiles, acc_mask, alpha if coef is None else coef, block_t, chunk, ch, defer, BWD_PREFETCH,
-                  num_warps=BWD_NUM_WARPS, **_maxnreg())
+                  BWD_STAGES, num_warps=BWD_NUM_WARPS, **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "
@@ -676,7 +721,9 @@ def flush_triton(sources: list[torch.Tensor], bufs: list[torch.Tensor], acc_mask
     m, d = x0.shape
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), FLUSH_NUM_WARPS, FLUSH_MAX_CHUNKS, FLUSH_THREAD_ELEMS)
     c, s = len(sources), len(dhs)
+    num_tiles = triton.cdiv(m, block_t)
     key = (x0.dtype, aligned16(*sources, *bufs, *dhs, *coefs, *us), m, d, c, s, block_t, chunk, ch, FLUSH_GROUP,
-           FLUSH_NUM_WARPS)
-    _FLUSH((triton.cdiv(m, block_t),), key, *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs),
-           *_slots(us), m, d, acc_mask, c, s, block_t, chunk, ch, FLUSH_GROUP, num_warps=FLUSH_NUM_WARPS)
+           FLUSH_NUM_WARPS, FLUSH_STAGES)
+    _FLUSH((_num_programs(num_tiles, x0.device, FLUSH_PROGRAMS_PER_SM),), key, *_slots(sources), *_slots(bufs),
+           *_slots(dhs), *_slots(coefs), *_slots(us), m, d, acc_mask, num_tiles, c, s, block_t, chunk, ch, FLUSH_GROUP,
+           FLUSH_STAGES, num_warps=FLUSH_NUM_WARPS)

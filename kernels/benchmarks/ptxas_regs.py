@@ -81,7 +81,7 @@ def ptxas_report(name: str, num_warps: int, num_stages: int = 2, maxnreg: int | 
 _PTX_ISA_12 = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 5, 8: 7, 9: 8}  # CUDA 12.minor -> the newest PTX ISA 8.x it reads
 
 
-def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None = None) -> str:
+def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None = None, shared: bool = False) -> str:
     """Compile ``fn`` for sm_90a with Triton (no GPU needed) and return ptxas's register / spill lines. ``attrs``:
     Triton's argument specialisations (e.g. ``{(i,): [["tt.divisibility", 16]]}``); None: every pointer argument
     16-byte aligned, as a launch with aligned tensors gets (without it loads compile unvectorised: the KDA prep
@@ -106,9 +106,10 @@ def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None =
         r = subprocess.run(
             [ptxas, "-v", "--gpu-name=sm_90a", p, "-o", os.path.join(d, "k.o")], capture_output=True, text=True
         )
-    return "\n".join(
-        line.strip() for line in (r.stderr + r.stdout).splitlines() if re.search("regist|spill|rror", line)
-    )
+    lines = [line.strip() for line in (r.stderr + r.stdout).splitlines() if re.search("regist|spill|rror", line)]
+    if shared:  # Triton's shared memory (software-pipelined loads stage through it) and its cp.async count
+        lines.append(f"shared memory {k.metadata.shared} bytes, {ptx.count('cp.async.cg')} cp.async")
+    return "\n".join(lines)
 
 
 def conv_bwd_stream_ptxas_report(w: int = 4, bd: int = 128, warps: int = 1, rows: int = 256, stages: int = 3,
@@ -211,11 +212,13 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     return compile_report(fn, sig, consts, {"num_warps": num_warps or nw, "num_stages": num_stages or ns})
 
 
-def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixes: int = 6) -> str:
+def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixes: int = 6,
+                         stages: int | None = None) -> str:
     """Registers and spills of an AttnRes mix kernel (``kernels/attn_res/mix_triton.py``) for bf16 sources of width
     ``d`` over ``n`` sources, with the launch's own tile constants: ``kernel`` is ``fwd`` (the pointer-argument
     forward), ``bwd`` (the pointer-argument backward; ``defer``: its mask of deferred sources) or ``flush`` (the
-    deferred gradients of ``n`` sources from ``mixes`` mixes).
+    deferred gradients of ``n`` sources from ``mixes`` mixes). ``stages``: the loop's software-pipelining stages
+    (None: the module's ``*_STAGES``).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import attnres_ptxas_report as r; print(r('bwd', 5))"
     """
@@ -226,19 +229,22 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     if kernel == "fwd":
         fn = mt._attn_res_fwd_rows_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
-        args = srcs + [f32, bf, f32, f32, "i32", "i32", "fp32"]
-        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH), mt.FWD_NUM_WARPS
+        args = srcs + [f32, bf, f32, f32, "i32", "i32", "fp32", "i32"]
+        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH, STAGES=stages or mt.FWD_STAGES)
+        warps = mt.FWD_NUM_WARPS
     elif kernel == "bwd":
         fn = mt._attn_res_bwd_args_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
         args = srcs + srcs + [f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", f32]
-        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=mt.BWD_PREFETCH)
+        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, PRE=mt.BWD_PREFETCH,
+                      STAGES=stages or mt.BWD_STAGES)
         warps = mt.BWD_NUM_WARPS
     elif kernel == "flush":
         fn = mt._attn_res_flush_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.FLUSH_NUM_WARPS, mt.FLUSH_MAX_CHUNKS, mt.FLUSH_THREAD_ELEMS)
-        args = srcs * 3 + [f32] * (2 * mt.MAX_ARGS) + ["i32", "i32", "i32"]
-        consts = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=mt.FLUSH_GROUP)
+        args = srcs * 3 + [f32] * (2 * mt.MAX_ARGS) + ["i32", "i32", "i32", "i32"]
+        consts = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=mt.FLUSH_GROUP,
+                      STAGES=stages or mt.FLUSH_STAGES)
         warps = mt.FLUSH_NUM_WARPS
     else:
         raise ValueError(f"attnres_ptxas_report: kernel must be fwd, bwd or flush, got {kernel!r}")
@@ -247,7 +253,7 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     # as a launch specialises them: 16-byte aligned pointers, M and D multiples of 16
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
                if sig[a].startswith("*") or a in ("M", "D")}
-    return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": 2}, aligned)
+    return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": 2}, aligned, shared=True)
 
 
 def two_phase_ptxas_report(kernel: str, d: int = 768, slots: int = 6, queries: int = 6, norm: bool = True,

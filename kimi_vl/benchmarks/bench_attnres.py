@@ -162,6 +162,9 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"FWD_PREFETCH": 2},
         {"FWD_PREFETCH": 8},
         {"FWD_PREFETCH": 8, "FWD_THREAD_ELEMS": 12},
+        {"FWD_STAGES": 2, "FWD_PROGRAMS_PER_SM": 4},  # session 31: the loop over tiles software-pipelined
+        {"FWD_STAGES": 2, "FWD_PROGRAMS_PER_SM": 2},
+        {"FWD_STAGES": 3, "FWD_PROGRAMS_PER_SM": 2},
     ],
     "backward": [  # session 30: 12 elements a thread take 109-163 registers (ptxas sm_90a), so 4 programs an SM fit;
         # slower alone (N = 3 / 5: 0.119-0.135 / 0.231-0.309 ms against 0.113 / 0.184) and in the model
@@ -174,6 +177,9 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"BWD_PROGRAMS_PER_SM": 4, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 2},
         {"BWD_PROGRAMS_PER_SM": 4, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 1},
         {"BWD_PROGRAMS_PER_SM": 8, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 2},
+        {"BWD_STAGES": 2},
+        {"BWD_STAGES": 3},
+        {"BWD_STAGES": 2, "BWD_PROGRAMS_PER_SM": 1},
     ],
     "flush": [
         {},
@@ -182,6 +188,9 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"FLUSH_GROUP": 2, "FLUSH_THREAD_ELEMS": 12},
         {"FLUSH_GROUP": 8, "FLUSH_THREAD_ELEMS": 12},
         {"FLUSH_GROUP": 8, "FLUSH_THREAD_ELEMS": 24},
+        {"FLUSH_STAGES": 2, "FLUSH_PROGRAMS_PER_SM": 2},
+        {"FLUSH_STAGES": 2, "FLUSH_PROGRAMS_PER_SM": 1},
+        {"FLUSH_STAGES": 2, "FLUSH_PROGRAMS_PER_SM": 2, "FLUSH_GROUP": 2},
     ],
 }
 SWEEP_ROUNDS = 3  # the --bwd-sweep's configurations are timed round-robin, this many rounds (median)
@@ -189,12 +198,14 @@ FLUSH_MIXES = 6  # the flush sweep: this many mixes' deferred gradients (the sma
 
 
 def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dtype: torch.dtype,
-                    iters: int, kernels: tuple[str, ...] = ("forward", "backward", "flush")) -> list[dict]:
+                    iters: int, kernels: tuple[str, ...] = ("forward", "backward", "flush"),
+                    match: str = "") -> list[dict]:
     """The Triton forward (``mix_fwd_triton``), backward (``mix_bwd_triton``: kernel + query-gradient sum) and
     deferred-gradient flush (``flush_triton``: ``FLUSH_MIXES`` mixes into N - 1 shared sources) kernels alone under
     each entry of :data:`SWEEPS`, with the error against the default configuration (relative RMS over all outputs)
     and the bandwidth of the ideal traffic (forward: N sources read, h written; backward: N sources and dh read, N
-    gradients written; flush: the shared sources read and written, each mix's dh read once)."""
+    gradients written; flush: the shared sources read and written, each mix's dh read once). ``match``: only the
+    configurations whose text holds it (and the default)."""
     from kernels.attn_res import mix_triton as mt
 
     rows = []
@@ -216,7 +227,7 @@ def bench_bwd_sweep(tokens: int, d: int, ns: list[int], device: torch.device, dt
             if kernel not in kernels:
                 continue
             ref, kernel_rows = None, []
-            for cfg in SWEEPS[kernel]:
+            for cfg in (c for c in SWEEPS[kernel] if not c or match in str(c)):
                 row, flat = _sweep_row(mt, kernel, cfg, fn, n, tokens, d, srcs[0].element_size(), ref)
                 kernel_rows.append(row)
                 ref = flat if ref is None else ref
@@ -486,6 +497,8 @@ def main() -> None:
                    help="also time the Triton forward and backward kernels alone under each configuration of SWEEPS")
     p.add_argument("--sweep-kernels", nargs="+", choices=("forward", "backward", "flush"),
                    default=["forward", "backward", "flush"], help="which kernels --bwd-sweep times")
+    p.add_argument("--sweep-match", default="", metavar="TEXT",
+                   help="--bwd-sweep times only the configurations whose text holds TEXT (and the default)")
     p.add_argument("--profile", action="store_true",
                    help="also profile one step of standard and attnres_triton: the kernels whose time differs most")
     p.add_argument("--profile-top", type=int, default=15)
@@ -522,7 +535,7 @@ def main() -> None:
     if args.bwd_sweep:
         ns = [n for n in args.sources if 1 < n <= 8]
         results["bwd_sweep"] = bench_bwd_sweep(args.batch * args.seq, d, ns, device, dtype, args.mix_iters,
-                                               tuple(args.sweep_kernels))
+                                               tuple(args.sweep_kernels), args.sweep_match)
         _save(results)
     results["train"] = {}
     if "mla" in args.layouts:

@@ -301,7 +301,8 @@ def test_triton_common_offset_sources():
 @pytest.mark.parametrize("config", [{"BWD_NUM_WARPS": 4}, {"BWD_THREAD_ELEMS": 48}, {"BWD_MAX_CHUNKS": 1},
                                     {"BWD_MAXNREG": 128, "BWD_PROGRAMS_PER_SM": 16},
                                     {"BWD_PREFETCH": 1, "FWD_PREFETCH": 1}, {"BWD_PREFETCH": 2, "FWD_PREFETCH": 2},
-                                    {"BWD_PREFETCH": 1, "BWD_THREAD_ELEMS": 12, "BWD_PROGRAMS_PER_SM": 4}])
+                                    {"BWD_PREFETCH": 1, "BWD_THREAD_ELEMS": 12, "BWD_PROGRAMS_PER_SM": 4},
+                                    {"BWD_STAGES": 2, "FWD_STAGES": 2, "FWD_PROGRAMS_PER_SM": 2}])
 @pytest.mark.parametrize("addressing", ["args", "table"])
 def test_triton_backward_configurations_equal_naive(monkeypatch, config, addressing):
     """The backward's module constants (what the benchmark's ``--bwd-sweep`` varies; with the forward's prefetch
@@ -332,16 +333,19 @@ def test_triton_backward_adds_into_a_sink_buffer():
     assert_rel_rms(du2, du, 0.0, "du")
 
 
-@pytest.mark.parametrize("flush_group", [1, 2, 4])
+@pytest.mark.parametrize(("flush_group", "stages"), [(1, 1), (2, 1), (4, 1), (2, 2)])
 @pytest.mark.parametrize(("dtype", "d", "tol"), [(torch.float32, 40, 1e-6), (torch.bfloat16, 768, 1e-2)])
-def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flush_group):
+def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flush_group, stages):
     """Four mixes share three sources (completed block states) and each has its own fourth (a partial sum). The
     first to run backward (a later block's) adds its gradients into both sets of sinks, so that the flush then adds
     to started buffers; the other three defer theirs (``mix_bwd_triton(defer=...)``, then one ``flush_deferred``,
-    its sources one, two (a ragged last group) or all per pass over the mixes). That gives what adding each mix's
-    gradient into the sinks gives (bf16: fewer roundings), the same partial-sum and query gradients, and empties the
-    block."""
+    its sources one, two (a ragged last group) or all per pass over the mixes; also as a software-pipelined loop of
+    fewer programs over the tiles). That gives what adding each mix's gradient into the sinks gives (bf16: fewer
+    roundings), the same partial-sum and query gradients, and empties the block."""
     monkeypatch.setattr(mix_triton, "FLUSH_GROUP", flush_group)
+    if stages > 1:
+        monkeypatch.setattr(mix_triton, "FLUSH_STAGES", stages)
+        monkeypatch.setattr(mix_triton, "FLUSH_PROGRAMS_PER_SM", 2)
     gen = torch.Generator().manual_seed(21)
     dev = kernel_device()
     shared = [(torch.randn(31, d, generator=gen) * (1 + i)).to(dev, dtype) for i in range(3)]

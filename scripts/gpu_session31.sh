@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 31's GPU calls (results: docs/results/gpu-<date>-s31/):
+#   bash scripts/gpu_session31.sh pipe   call1: the AttnRes mix kernels' loops over token tiles software-pipelined
+#       (tl.range num_stages: the next tile's loads go to shared memory by cp.async while the current one is computed;
+#       FWD_/BWD_/FLUSH_STAGES, the forward and flush as grid-stride loops): the GPU tests, the --bwd-sweep of the
+#       pipelined configurations at N = 3 and 5, and the small hybrid's block-AttnRes step profiled under the default
+#       and all three kernels pipelined (bench_attnres --set), 4 rounds each.
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+
+gpu_header
+case "${1:?usage: gpu_session31.sh pipe}" in
+pipe)
+  PART_TAIL=6 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
+  mkdir -p "$OUT/sweep"
+  OUT=$OUT/sweep PART_TAIL=40 part "bench_attnres --bwd-sweep, pipelined configurations" 150 \
+    python3 -m kimi_vl.benchmarks.bench_attnres --sources 3 5 --bwd-sweep --sweep-match STAGES --layouts --mix-iters 20
+  for cand in default pipe; do
+    case $cand in
+      default) sets=() ;;
+      pipe) sets=(--set BWD_STAGES=2 --set FWD_STAGES=2 --set FWD_PROGRAMS_PER_SM=4 --set FLUSH_STAGES=2
+                  --set FLUSH_PROGRAMS_PER_SM=2) ;;
+    esac
+    mkdir -p "$OUT/$cand"
+    OUT=$OUT/$cand PART_TAIL=22 part "block AttnRes step, $cand" 150 python3 -m kimi_vl.benchmarks.bench_attnres \
+      --layouts hybrid --sources 3 --rounds 4 --hybrid-iters 4 --decode-steps 0 --profile --profile-top 12 \
+      --budget-s 400 "${sets[@]}"
+  done
+  ;;
+*)
+  echo "unknown mode $1" >&2
+  exit 2
+  ;;
+esac
