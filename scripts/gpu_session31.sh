@@ -5,11 +5,14 @@
 #       FWD_/BWD_/FLUSH_STAGES, the forward and flush as grid-stride loops): the GPU tests, the --bwd-sweep of the
 #       pipelined configurations at N = 3 and 5, and the small hybrid's block-AttnRes step profiled under the default
 #       and all three kernels pipelined (bench_attnres --set), 4 rounds each.
+#   bash scripts/gpu_session31.sh stages call2: the backward alone pipelined (BWD_STAGES = 2, now the default; the
+#       forward and flush loops removed after call1): the GPU tests, and the small hybrid's block-AttnRes step profiled
+#       with 2 and 1 stages, interleaved twice (bench_attnres --set BWD_STAGES=1), 4 rounds each.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session31.sh pipe}" in
+case "${1:?usage: gpu_session31.sh pipe|stages}" in
 pipe)
   PART_TAIL=6 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
@@ -25,6 +28,17 @@ pipe)
     mkdir -p "$OUT/$cand"
     OUT=$OUT/$cand PART_TAIL=22 part "block AttnRes step, $cand" 150 python3 -m kimi_vl.benchmarks.bench_attnres \
       --layouts hybrid --sources 3 --rounds 4 --hybrid-iters 4 --decode-steps 0 --profile --profile-top 12 \
+      --budget-s 400 "${sets[@]}"
+  done
+  ;;
+stages)
+  PART_TAIL=6 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
+  for cand in s2_a s1_a s2_b s1_b; do
+    sets=(); [ "${cand%_*}" = s1 ] && sets=(--set BWD_STAGES=1)
+    mkdir -p "$OUT/$cand"
+    OUT=$OUT/$cand PART_TAIL=12 part "block AttnRes step, $cand" 150 python3 -m kimi_vl.benchmarks.bench_attnres \
+      --layouts hybrid --sources 3 --rounds 4 --hybrid-iters 4 --decode-steps 0 --profile --profile-top 6 \
       --budget-s 400 "${sets[@]}"
   done
   ;;

@@ -38,6 +38,9 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   the ``dh . (x_n - h)`` form of the first kernels avoided no error that matters (on sources sharing a component
   100x their spread both forms, and the PyTorch function, lose comparable digits of the query gradient in fp32:
   ``test_triton_common_offset_sources``).
+  The loop over tiles is software-pipelined (``BWD_STAGES``, :func:`bwd_stages`: the next tile's sources and ``dh``
+  go to shared memory by ``cp.async`` while this one is computed; H200, session 31: 0.110 -> 0.107 ms at N = 3,
+  0.183 -> 0.165 at N = 5).
   This layout replaced a first backward (h rebuilt, per-source branches, cross-warp reductions; 161 registers):
   the small model's 24 backward mixes 17.27 -> 6.54 ms a step, 4 warps better than 8 (H100, session 6).
 
@@ -55,7 +58,11 @@ Removed variants (measured in a small-model step, 8 x 4096): the sublayer's inpu
 sum added inside the next mix's kernels, forward and backward (sessions 12 and 29: the 41 adds 1.40 -> 0.17 ms, the
 mixes +1.11 ms, net -0.04 ms, H200; ``kimi_vl/README.md``); the backward's pass B loading its tiles again (rows offset
 by a run-time zero, so that pass A's tiles need not stay live) and 12 elements a thread at 4 programs an SM
-(109-163 registers instead of 218-255): the 24 backward mixes of a step 2.23 -> 3.28 and 2.91 ms (session 30).
+(109-163 registers instead of 218-255): the 24 backward mixes of a step 2.23 -> 3.28 and 2.91 ms (session 30); the
+forward and the flush as software-pipelined grid-stride loops (``tl.range`` ``num_stages`` 2-3, 1-4 programs an
+SM; session 31: forward 0.052 -> 0.054-0.071 ms at N = 3 and 0.082 -> 0.094-0.113 at N = 5, flush 0.193 -> 0.199-0.267
+and 0.291 -> 0.286-0.431; the step's 24 forward mixes 1.445 -> 1.643 ms). The backward's loop is pipelined
+(``BWD_STAGES``).
 
 Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
 
@@ -111,14 +118,12 @@ FLUSH_GROUP = 4
 # 0.209 / 0.247 at N = 5 (from N = 3 the kernel takes 239-255 registers: 2 programs of 4 warps fit an SM); session 24
 # call2, timed round-robin: 2 still best at N = 3 and 5, within 5% of 3 a SM at N = 2
 BWD_PROGRAMS_PER_SM = 2
-# software pipelining of the kernels' loops over token tiles (tl.range num_stages: the next tile's loads go to
-# shared memory by cp.async while the current one is computed; 1: none). The forward and the flush take a program
-# per tile when their *_PROGRAMS_PER_SM is 0, else that many programs an SM striding over the tiles.
-FWD_STAGES = 1
-FWD_PROGRAMS_PER_SM = 0
-BWD_STAGES = 1
-FLUSH_STAGES = 1
-FLUSH_PROGRAMS_PER_SM = 0
+# backward: software-pipelining stages of the loop over token tiles (tl.range num_stages: the next tile's loads go to
+# shared memory by cp.async while this one is computed; 1: none). H200, M = 32768, D = 768, bf16 (session 31 call1,
+# `bench_attnres --bwd-sweep`): 1 / 2 / 3 stages 0.110 / 0.107 / 0.114 ms at N = 3, 0.183 / 0.165 / 0.261 at N = 5.
+BWD_STAGES = 2
+BWD_STAGE_BYTES = 96 * 1024  # at most this much shared memory a program for the staged tiles, else one stage (two
+# programs an SM must fit in an H100's / H200's 228 KB: bf16 D = 768 stages up to N = 7 sources; fp32 or wide rows less)
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -359,33 +364,18 @@ def _fwd_stats(x, u, D, eps, CH: tl.constexpr):
 
 @triton.jit
 def _attn_res_fwd_rows_kernel(
-    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, alpha_ptr, N: tl.constexpr, M, D, eps, num_tiles,
+    x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, alpha_ptr, N: tl.constexpr, M, D, eps,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr = 1,
-    STAGES: tl.constexpr = 1,
 ):
     """Pointer-argument forward, ``N`` a compile-time constant, the backward's layout: a row is ``CH`` chunks of
     ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
     straight-line code over the sources with the next ``PRE`` sources' tiles loaded before the current one is used.
-    The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known.
-    A program strides over token tiles (one tile each when the grid has a program per tile); ``STAGES > 1``
-    software-pipelines that loop (the next tile's loads go to shared memory while this one is computed)."""
-    u = _load_vec(u_ptr, D, CH, CHUNK)
-    if STAGES == 1:  # a program per tile
-        _fwd_rows_tile(x0, x1, x2, x3, x4, x5, x6, x7, u, h_ptr, rstd_ptr, alpha_ptr, tl.program_id(0), N, M, D,
-                       eps, BLOCK_T, CHUNK, CH, PRE)
-    else:
-        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), num_stages=STAGES):
-            _fwd_rows_tile(x0, x1, x2, x3, x4, x5, x6, x7, u, h_ptr, rstd_ptr, alpha_ptr, tile, N, M, D, eps,
-                           BLOCK_T, CHUNK, CH, PRE)
-
-
-@triton.jit
-def _fwd_rows_tile(x0, x1, x2, x3, x4, x5, x6, x7, u, h_ptr, rstd_ptr, alpha_ptr, tile, N: tl.constexpr, M, D, eps,
-                   BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr):
-    """One token tile of :func:`_attn_res_fwd_rows_kernel`."""
-    offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known."""
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
+    u = _load_vec(u_ptr, D, CH, CHUNK)
     win = ()
     for j in tl.static_range(PRE):
         win = _prefetch(win, j, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
@@ -469,8 +459,8 @@ def _attn_res_bwd_args_kernel(
 def _attn_res_flush_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
     d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
-    M, D, acc_mask, num_tiles, C: tl.constexpr, S: tl.constexpr,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr = 1, STAGES: tl.constexpr = 1,
+    M, D, acc_mask, C: tl.constexpr, S: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr = 1,
 ):
     """The deferred gradients of ``C`` shared sources ``x_n`` (into buffers ``g_n``; bit ``n`` of ``acc_mask``: add
     to the content) from ``S`` mixes (gradient of the output ``d_i``, coefficients ``c_i [C', 3, M]``, query
@@ -478,26 +468,9 @@ def _attn_res_flush_kernel(
     ``GROUP`` sources per pass over the mixes: each ``d_i`` tile is loaded once a pass and feeds ``GROUP`` fp32
     accumulators (1: once per source). A program per token tile: a grid-stride loop over tiles compiled to 255
     registers with spills from N = 3 (186-233 without, ptxas sm_90a) and took 0.26 / 0.44 ms against 0.19 / 0.30 at
-    N = 3 / 5 (2, 4 or 8 programs an SM; H200, session 23 call4); a program per tile is the default, and
-    ``STAGES > 1`` with fewer programs software-pipelines the loop over tiles."""
-    if STAGES == 1:  # a program per tile
-        _flush_tile(x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-                    d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
-                    tl.program_id(0), M, D, acc_mask, C, S, BLOCK_T, CHUNK, CH, GROUP)
-    else:
-        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), num_stages=STAGES):
-            _flush_tile(x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-                        d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6,
-                        u7, tile, M, D, acc_mask, C, S, BLOCK_T, CHUNK, CH, GROUP)
-
-
-@triton.jit
-def _flush_tile(x0, x1, x2, x3, x4, x5, x6, x7, g0, g1, g2, g3, g4, g5, g6, g7,
-                d0, d1, d2, d3, d4, d5, d6, d7, c0, c1, c2, c3, c4, c5, c6, c7, u0, u1, u2, u3, u4, u5, u6, u7,
-                tile, M, D, acc_mask, C: tl.constexpr, S: tl.constexpr,
-                BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GROUP: tl.constexpr):
-    """One token tile of :func:`_attn_res_flush_kernel`."""
-    offs_t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    N = 3 / 5 (2, 4 or 8 programs an SM; H200, session 23 call4); removed."""
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
     for n0 in tl.static_range(0, C, GROUP):
@@ -593,11 +566,17 @@ def _aligned(tensors: list[torch.Tensor]) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _num_programs(num_tiles: int, device: torch.device, per_sm: int) -> int:
-    """Programs of a grid-stride launch: ``per_sm`` a SM (0: one per tile); at most 4 on a CPU."""
+def _num_bwd_programs(num_tiles: int, device: torch.device) -> int:
     if device.type != "cuda":
-        return min(num_tiles, 4) if per_sm else num_tiles
-    return min(num_tiles, per_sm * sm_count(device)) if per_sm else num_tiles
+        return min(num_tiles, 4)
+    return min(num_tiles, BWD_PROGRAMS_PER_SM * sm_count(device))
+
+
+def bwd_stages(n: int, block_t: int, chunk: int, ch: int, elem_bytes: int) -> int:
+    """The backward's pipelining stages for ``n`` sources: ``BWD_STAGES`` when their staged tiles (the sources and
+    ``dh``, each ``block_t x ch * chunk``) fit in ``BWD_STAGE_BYTES`` of shared memory, else 1."""
+    staged = BWD_STAGES * (n + 1) * block_t * ch * chunk * elem_bytes
+    return BWD_STAGES if staged <= BWD_STAGE_BYTES else 1
 
 
 def _maxnreg() -> dict[str, int]:
@@ -635,12 +614,9 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     if use_args(n):
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
-        num_tiles = triton.cdiv(m, block_t)
-        key = (x0.dtype, aligned16(*sources, u), n, m, d, block_t, chunk, ch, FWD_PREFETCH, FWD_NUM_WARPS,
-               FWD_STAGES)
-        _FWD_ROWS((_num_programs(num_tiles, x0.device, FWD_PROGRAMS_PER_SM),), key, *_slots(sources), u, h, rstd,
-                  alpha, n, m, d, float(eps), num_tiles, block_t, chunk, ch, FWD_PREFETCH, FWD_STAGES,
-                  num_warps=FWD_NUM_WARPS)  # eps always fp32 (not in the key)
+        key = (x0.dtype, aligned16(*sources, u), n, m, d, block_t, chunk, ch, FWD_PREFETCH, FWD_NUM_WARPS)
+        _FWD_ROWS((triton.cdiv(m, block_t),), key, *_slots(sources), u, h, rstd, alpha, n, m, d, float(eps),
+                  block_t, chunk, ch, FWD_PREFETCH, num_warps=FWD_NUM_WARPS)  # eps always fp32 (not in the key)
     else:  # any number of sources
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
@@ -690,14 +666,14 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
     coef = torch.empty(n, 3, m, device=x0.device, dtype=torch.float32) if defer else None
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, BWD_THREAD_ELEMS)
     num_tiles = triton.cdiv(m, block_t)
-    programs = _num_programs(num_tiles, x0.device, BWD_PROGRAMS_PER_SM)
+    programs = _num_bwd_programs(num_tiles, x0.device)
     du_partial = torch.empty(programs, d, device=x0.device, dtype=torch.float32)
     if use_args(n):  # dxs, rstd, alpha, du_partial and coef are new or sink buffers: allocations are aligned
         key = (x0.dtype, aligned16(*sources, u, dh), n, m, d, num_tiles, block_t, chunk, ch, defer, BWD_PREFETCH,
-               BWD_NUM_WARPS, BWD_MAXNREG, BWD_STAGES)
+               BWD_NUM_WARPS, BWD_MAXNREG, BWD_STAGES, BWD_STAGE_BYTES)
         _BWD_ARGS((programs,), key, *_slots(sources), *_slots(dxs), u, dh, rstd, alpha, du_partial, n, m, d,
                   num_tiles, acc_mask, alpha if coef is None else coef, block_t, chunk, ch, defer, BWD_PREFETCH,
-                  BWD_STAGES, num_warps=BWD_NUM_WARPS, **_maxnreg())
+                  bwd_stages(n, block_t, chunk, ch, x0.element_size()), num_warps=BWD_NUM_WARPS, **_maxnreg())
     else:
         if acc_mask:
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "
@@ -721,9 +697,7 @@ def flush_triton(sources: list[torch.Tensor], bufs: list[torch.Tensor], acc_mask
     m, d = x0.shape
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), FLUSH_NUM_WARPS, FLUSH_MAX_CHUNKS, FLUSH_THREAD_ELEMS)
     c, s = len(sources), len(dhs)
-    num_tiles = triton.cdiv(m, block_t)
     key = (x0.dtype, aligned16(*sources, *bufs, *dhs, *coefs, *us), m, d, c, s, block_t, chunk, ch, FLUSH_GROUP,
-           FLUSH_NUM_WARPS, FLUSH_STAGES)
-    _FLUSH((_num_programs(num_tiles, x0.device, FLUSH_PROGRAMS_PER_SM),), key, *_slots(sources), *_slots(bufs),
-           *_slots(dhs), *_slots(coefs), *_slots(us), m, d, acc_mask, num_tiles, c, s, block_t, chunk, ch, FLUSH_GROUP,
-           FLUSH_STAGES, num_warps=FLUSH_NUM_WARPS)
+           FLUSH_NUM_WARPS)
+    _FLUSH((triton.cdiv(m, block_t),), key, *_slots(sources), *_slots(bufs), *_slots(dhs), *_slots(coefs),
+           *_slots(us), m, d, acc_mask, c, s, block_t, chunk, ch, FLUSH_GROUP, num_warps=FLUSH_NUM_WARPS)

@@ -217,8 +217,8 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     """Registers and spills of an AttnRes mix kernel (``kernels/attn_res/mix_triton.py``) for bf16 sources of width
     ``d`` over ``n`` sources, with the launch's own tile constants: ``kernel`` is ``fwd`` (the pointer-argument
     forward), ``bwd`` (the pointer-argument backward; ``defer``: its mask of deferred sources) or ``flush`` (the
-    deferred gradients of ``n`` sources from ``mixes`` mixes). ``stages``: the loop's software-pipelining stages
-    (None: the module's ``*_STAGES``).
+    deferred gradients of ``n`` sources from ``mixes`` mixes). ``stages``: the backward loop's software-pipelining
+    stages (None: ``BWD_STAGES``).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import attnres_ptxas_report as r; print(r('bwd', 5))"
     """
@@ -229,9 +229,8 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     if kernel == "fwd":
         fn = mt._attn_res_fwd_rows_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
-        args = srcs + [f32, bf, f32, f32, "i32", "i32", "fp32", "i32"]
-        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH, STAGES=stages or mt.FWD_STAGES)
-        warps = mt.FWD_NUM_WARPS
+        args = srcs + [f32, bf, f32, f32, "i32", "i32", "fp32"]
+        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH), mt.FWD_NUM_WARPS
     elif kernel == "bwd":
         fn = mt._attn_res_bwd_args_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
@@ -242,9 +241,8 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     elif kernel == "flush":
         fn = mt._attn_res_flush_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.FLUSH_NUM_WARPS, mt.FLUSH_MAX_CHUNKS, mt.FLUSH_THREAD_ELEMS)
-        args = srcs * 3 + [f32] * (2 * mt.MAX_ARGS) + ["i32", "i32", "i32", "i32"]
-        consts = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=mt.FLUSH_GROUP,
-                      STAGES=stages or mt.FLUSH_STAGES)
+        args = srcs * 3 + [f32] * (2 * mt.MAX_ARGS) + ["i32", "i32", "i32"]
+        consts = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=mt.FLUSH_GROUP)
         warps = mt.FLUSH_NUM_WARPS
     else:
         raise ValueError(f"attnres_ptxas_report: kernel must be fwd, bwd or flush, got {kernel!r}")

@@ -162,9 +162,6 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"FWD_PREFETCH": 2},
         {"FWD_PREFETCH": 8},
         {"FWD_PREFETCH": 8, "FWD_THREAD_ELEMS": 12},
-        {"FWD_STAGES": 2, "FWD_PROGRAMS_PER_SM": 4},  # session 31: the loop over tiles software-pipelined
-        {"FWD_STAGES": 2, "FWD_PROGRAMS_PER_SM": 2},
-        {"FWD_STAGES": 3, "FWD_PROGRAMS_PER_SM": 2},
     ],
     "backward": [  # session 30: 12 elements a thread take 109-163 registers (ptxas sm_90a), so 4 programs an SM fit;
         # slower alone (N = 3 / 5: 0.119-0.135 / 0.231-0.309 ms against 0.113 / 0.184) and in the model
@@ -177,9 +174,9 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"BWD_PROGRAMS_PER_SM": 4, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 2},
         {"BWD_PROGRAMS_PER_SM": 4, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 1},
         {"BWD_PROGRAMS_PER_SM": 8, "BWD_THREAD_ELEMS": 12, "BWD_PREFETCH": 2},
-        {"BWD_STAGES": 2},
+        {"BWD_STAGES": 1},  # session 31: the loop over tiles software-pipelined (2 stages, the default) or not
         {"BWD_STAGES": 3},
-        {"BWD_STAGES": 2, "BWD_PROGRAMS_PER_SM": 1},
+        {"BWD_PROGRAMS_PER_SM": 1},
     ],
     "flush": [
         {},
@@ -188,9 +185,6 @@ SWEEPS: dict[str, list[dict[str, int | None]]] = {
         {"FLUSH_GROUP": 2, "FLUSH_THREAD_ELEMS": 12},
         {"FLUSH_GROUP": 8, "FLUSH_THREAD_ELEMS": 12},
         {"FLUSH_GROUP": 8, "FLUSH_THREAD_ELEMS": 24},
-        {"FLUSH_STAGES": 2, "FLUSH_PROGRAMS_PER_SM": 2},
-        {"FLUSH_STAGES": 2, "FLUSH_PROGRAMS_PER_SM": 1},
-        {"FLUSH_STAGES": 2, "FLUSH_PROGRAMS_PER_SM": 2, "FLUSH_GROUP": 2},
     ],
 }
 SWEEP_ROUNDS = 3  # the --bwd-sweep's configurations are timed round-robin, this many rounds (median)

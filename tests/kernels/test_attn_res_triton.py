@@ -302,7 +302,7 @@ def test_triton_common_offset_sources():
                                     {"BWD_MAXNREG": 128, "BWD_PROGRAMS_PER_SM": 16},
                                     {"BWD_PREFETCH": 1, "FWD_PREFETCH": 1}, {"BWD_PREFETCH": 2, "FWD_PREFETCH": 2},
                                     {"BWD_PREFETCH": 1, "BWD_THREAD_ELEMS": 12, "BWD_PROGRAMS_PER_SM": 4},
-                                    {"BWD_STAGES": 2, "FWD_STAGES": 2, "FWD_PROGRAMS_PER_SM": 2}])
+                                    {"BWD_STAGES": 1}, {"BWD_STAGES": 3, "BWD_PROGRAMS_PER_SM": 1}])
 @pytest.mark.parametrize("addressing", ["args", "table"])
 def test_triton_backward_configurations_equal_naive(monkeypatch, config, addressing):
     """The backward's module constants (what the benchmark's ``--bwd-sweep`` varies; with the forward's prefetch
@@ -312,6 +312,20 @@ def test_triton_backward_configurations_equal_naive(monkeypatch, config, address
         monkeypatch.setattr(mix_triton, name, value)
     xs, w, g = _inputs(3, (37,), 300, q_scale=2.0, seed=13)
     _check_against_naive(xs, w, g, "triton", *TOL[torch.float32])
+
+
+def test_backward_stages_fit_the_shared_memory_budget(monkeypatch):
+    """The backward pipelines its loop only while the staged tiles fit ``BWD_STAGE_BYTES``: the small flavor's
+    mixes (bf16, D = 768, up to 7 sources) do; 8 sources, fp32 rows or a 16384-wide row fall back to one stage
+    instead of failing to launch."""
+    monkeypatch.setattr(mix_triton, "BWD_STAGES", 2)
+    layout = mix_triton._row_blocks(768, 2, mix_triton.BWD_NUM_WARPS, mix_triton.BWD_MAX_CHUNKS,
+                                    mix_triton.BWD_THREAD_ELEMS)
+    assert [mix_triton.bwd_stages(n, *layout, 2) for n in (2, 5, 7, 8)] == [2, 2, 2, 1]
+    assert mix_triton.bwd_stages(5, *layout, 4) == 1
+    wide = mix_triton._row_blocks(16384, 2, mix_triton.BWD_NUM_WARPS, mix_triton.BWD_MAX_CHUNKS,
+                                  mix_triton.BWD_THREAD_ELEMS)
+    assert mix_triton.bwd_stages(2, *wide, 2) == 1
 
 
 def test_triton_backward_adds_into_a_sink_buffer():
@@ -333,19 +347,16 @@ def test_triton_backward_adds_into_a_sink_buffer():
     assert_rel_rms(du2, du, 0.0, "du")
 
 
-@pytest.mark.parametrize(("flush_group", "stages"), [(1, 1), (2, 1), (4, 1), (2, 2)])
+@pytest.mark.parametrize("flush_group", [1, 2, 4])
 @pytest.mark.parametrize(("dtype", "d", "tol"), [(torch.float32, 40, 1e-6), (torch.bfloat16, 768, 1e-2)])
-def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flush_group, stages):
+def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flush_group):
     """Four mixes share three sources (completed block states) and each has its own fourth (a partial sum). The
     first to run backward (a later block's) adds its gradients into both sets of sinks, so that the flush then adds
     to started buffers; the other three defer theirs (``mix_bwd_triton(defer=...)``, then one ``flush_deferred``,
-    its sources one, two (a ragged last group) or all per pass over the mixes; also as a software-pipelined loop of
-    fewer programs over the tiles). That gives what adding each mix's gradient into the sinks gives (bf16: fewer
-    roundings), the same partial-sum and query gradients, and empties the block."""
+    its sources one, two (a ragged last group) or all per pass over the mixes). That gives what adding each mix's
+    gradient into the sinks gives (bf16: fewer roundings), the same partial-sum and query gradients, and empties the
+    block."""
     monkeypatch.setattr(mix_triton, "FLUSH_GROUP", flush_group)
-    if stages > 1:
-        monkeypatch.setattr(mix_triton, "FLUSH_STAGES", stages)
-        monkeypatch.setattr(mix_triton, "FLUSH_PROGRAMS_PER_SM", 2)
     gen = torch.Generator().manual_seed(21)
     dev = kernel_device()
     shared = [(torch.randn(31, d, generator=gen) * (1 + i)).to(dev, dtype) for i in range(3)]
