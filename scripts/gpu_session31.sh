@@ -8,11 +8,15 @@
 #   bash scripts/gpu_session31.sh stages call2: the backward alone pipelined (BWD_STAGES = 2, now the default; the
 #       forward and flush loops removed after call1): the GPU tests, and the small hybrid's block-AttnRes step profiled
 #       with 2 and 1 stages, interleaved twice (bench_attnres --set BWD_STAGES=1), 4 rounds each.
+#   bash scripts/gpu_session31.sh launch call3: every Triton launch of the kernels through kernels.fast_launch.fast (the
+#       compiled kernel called directly after a specialisation's first JIT launch, its key built from the arguments):
+#       the GPU kernel tests, the step timeline of standard and block AttnRes with it and with KVL_FAST_LAUNCH=0 (host
+#       and GPU time of forward and backward, plain and device-bound steps), bench_backbone both ways, interleaved.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session31.sh pipe|stages}" in
+case "${1:?usage: gpu_session31.sh pipe|stages|launch}" in
 pipe)
   PART_TAIL=6 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
@@ -40,6 +44,22 @@ stages)
     OUT=$OUT/$cand PART_TAIL=12 part "block AttnRes step, $cand" 150 python3 -m kimi_vl.benchmarks.bench_attnres \
       --layouts hybrid --sources 3 --rounds 4 --hybrid-iters 4 --decode-steps 0 --profile --profile-top 6 \
       --budget-s 400 "${sets[@]}"
+  done
+  ;;
+launch)
+  PART_TAIL=8 part "kernel tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_fast_launch.py tests/kernels/test_norm.py tests/kernels/test_short_conv_triton.py \
+    tests/kernels/test_kda_prep.py tests/kernels/test_kda_bwd.py tests/kernels/test_kda_triton.py \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_colsum.py tests/kernels/test_cross_entropy.py \
+    tests/kernels/test_mla_expand.py tests/kernels/test_rope2d.py tests/optim/test_fused.py tests/optim/test_qk_max_triton.py
+  PART_TAIL=10 part "step timeline, fast launches and the JIT, 8 x 4096" 200 python3 -m kimi_vl.benchmarks.step_timeline \
+    --rounds 4 --steps 4 --head-start-ms 300 --variants standard standard:KVL_FAST_LAUNCH=0 attnres_block \
+    attnres_block:KVL_FAST_LAUNCH=0
+  for cand in fast_a jit_a fast_b jit_b; do
+    flag=1; [ "${cand%_*}" = jit ] && flag=0
+    mkdir -p "$OUT/$cand"
+    OUT=$OUT/$cand PART_TAIL=4 part "bench_backbone, $cand" 100 env KVL_FAST_LAUNCH=$flag python3 -m \
+      kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid
   done
   ;;
 *)
