@@ -11,22 +11,22 @@ launch options (``num_warps``, ``maxnreg``, ...) where they can change. ``values
 signature order, constexprs included. Under ``TRITON_INTERPRET=1`` (no compiled kernels)
 and with ``KVL_FAST_LAUNCH=0`` every call takes the JIT.
 
-:func:`fast` (``fast(kernel)[grid](*args, **kwargs)``, the JIT's own call form) builds that key itself from the
-arguments, at least as finely as the JIT specialises: a tensor's dtype and 16-byte alignment, an int's ``== 1``,
-divisibility by 16 and 32/64-bit range (only the range for ``do_not_specialize`` ints), a bool's and a constexpr's
-value, a float's type. Arguments of any other kind take the JIT. Like :class:`CompiledLaunch` it does not watch
-the kernel's global variables (the JIT refuses a changed one anyway).
+Tried and removed (session 31, H200, Triton 3.6): the same for every kernel of the model, with the key built from
+the arguments in Python (dtype and alignment of each tensor, each int's specialisation, constexpr values). The
+step's host time went up, not down (``step_timeline``: forward 21.2 against 17.9 ms standard, 26.8 against 23.0
+block AttnRes), and the device-bound and timed steps did not change (``bench_backbone`` 31.9 / 32.3% MFU against
+31.8 / 32.3%): Triton 3.6's own launch path is about as fast as a key built in Python. Only kernels whose key the
+caller knows cheaply use this class.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import torch
 from triton.runtime import driver
 
-__all__ = ["CompiledLaunch", "FastKernel", "aligned16", "fast", "fast_launch_enabled"]
+__all__ = ["CompiledLaunch", "aligned16", "fast_launch_enabled"]
 
 
 def fast_launch_enabled() -> bool:
@@ -65,81 +65,3 @@ class CompiledLaunch:
         compiled = self.kernel[grid](*values, **options)
         if fast and hasattr(compiled, "packed_metadata"):  # the runner reads three grid dimensions
             self.runners[full_key] = compiled[(*grid, *(1,) * (3 - len(grid)))]
-
-
-def _spec(value, constexpr: bool, nospec: bool):
-    """What the JIT may specialise ``value`` on (see the module docstring); ``_OTHER`` for a kind it does not know."""
-    if constexpr:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.dtype, value.data_ptr() % 16 == 0
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        wide = not -2**31 <= value < 2**31
-        return ("i", wide) if nospec else ("i", value == 1, value % 16 == 0, wide)
-    if isinstance(value, float):
-        return "f"
-    if value is None:
-        return None
-    return _OTHER
-
-
-_OTHER = object()
-
-
-class FastKernel:
-    """``FastKernel(kernel)[grid](*args, **kwargs)``: the JIT's call with its key built by :func:`_spec` (use
-    :func:`fast`). ``grid``: a tuple (a callable grid takes the JIT)."""
-
-    __slots__ = ("kernel", "launch", "names", "flags", "defaults", "index")
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.launch = kernel, CompiledLaunch(kernel)
-        params = kernel.params
-        self.names = [p.name for p in params]
-        self.flags = [(bool(p.is_constexpr), bool(p.do_not_specialize)) for p in params]
-        self.defaults = [p.default for p in params]
-        self.index = {name: i for i, name in enumerate(self.names)}
-
-    def __getitem__(self, grid):
-        if callable(grid) or not fast_launch_enabled():
-            return self.kernel[grid]
-        return lambda *args, **kwargs: self._run(grid, args, kwargs)
-
-    def _run(self, grid: tuple, args: tuple, kwargs: dict) -> None:
-        values = list(args) + [_MISSING] * (len(self.names) - len(args))
-        options = {}
-        for name, value in kwargs.items():
-            i = self.index.get(name)
-            if i is None:
-                options[name] = value
-            else:
-                values[i] = value
-        for i, value in enumerate(values):
-            if value is _MISSING:
-                default = self.defaults[i]
-                if default is inspect.Parameter.empty:
-                    raise TypeError(f"kernels/fast_launch.py: {self.kernel.__name__} is missing argument "
-                                    f"{self.names[i]!r}")
-                values[i] = default
-        key = tuple(_spec(v, c, n) for v, (c, n) in zip(values, self.flags))
-        if any(k is _OTHER for k in key):
-            self.kernel[grid](*values, **options)
-            return
-        self.launch(tuple(grid), (key, tuple(sorted(options.items()))), *values, **options)
-
-
-_MISSING = object()
-_FAST: dict = {}
-
-
-def fast(kernel):
-    """The :class:`FastKernel` of a ``triton.jit`` kernel (one per kernel); the kernel itself under the interpreter,
-    with ``KVL_FAST_LAUNCH=0`` and for an object without the JIT's parameter list (an autotuner, say)."""
-    if not fast_launch_enabled() or not hasattr(kernel, "params"):
-        return kernel
-    launcher = _FAST.get(kernel)
-    if launcher is None:
-        launcher = _FAST[kernel] = FastKernel(kernel)
-    return launcher

@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from kernels.backend import choose_backend
-from kernels.fast_launch import fast
 
 __all__ = ["expand_kv", "expand_kv_reference"]
 
@@ -96,7 +95,7 @@ def _expand_fwd(kv: torch.Tensor, kr: torch.Tensor, dn: int) -> torch.Tensor:
     b, s, h, _ = kv.shape
     dr = kr.shape[-1]
     k = torch.empty(b, s, h, dn + dr, device=kv.device, dtype=kv.dtype)
-    fast(_expand_fwd_kernel)[_grid(b, s)](
+    _expand_fwd_kernel[_grid(b, s)](
         kv, kr, k, s, h, kv.stride(0), kv.stride(1), kv.stride(2), kr.stride(0), kr.stride(1),
         k.stride(0), k.stride(1), k.stride(2), DN=dn, DR=dr, BLOCK_S=BLOCK_S, BN=triton.next_power_of_2(dn),
         BR=triton.next_power_of_2(dr), num_warps=NUM_WARPS)
@@ -109,7 +108,7 @@ def _expand_bwd(dk: torch.Tensor, dv: torch.Tensor, dn: int, kr_dtype: torch.dty
     dvd, dr = dv.shape[-1], dq - dn
     dkv = torch.empty(b, s, h, dn + dvd, device=dk.device, dtype=dk.dtype)
     dkr = torch.empty(b, s, dr, device=dk.device, dtype=kr_dtype)
-    fast(_expand_bwd_kernel)[_grid(b, s)](
+    _expand_bwd_kernel[_grid(b, s)](
         dk, dv, dkv, dkr, s, h, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         dkv.stride(0), dkv.stride(1), dkv.stride(2), dkr.stride(0), dkr.stride(1),
         DN=dn, DV=dvd, DR=dr, BLOCK_S=BLOCK_S, BN=triton.next_power_of_2(dn), BV=triton.next_power_of_2(dvd),

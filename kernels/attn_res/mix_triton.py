@@ -90,7 +90,7 @@ import triton.language as tl
 
 from kernels.backend import sm_count
 from kernels.colsum import column_sum
-from kernels.fast_launch import CompiledLaunch, aligned16, fast
+from kernels.fast_launch import CompiledLaunch, aligned16
 
 TILE_ELEMS = 4096  # the address-table forward and the two-phase kernels: BLOCK_T * BLOCK_D per program
 NUM_WARPS = 8
@@ -619,7 +619,7 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
                   block_t, chunk, ch, FWD_PREFETCH, num_warps=FWD_NUM_WARPS)  # eps always fp32 (not in the key)
     else:  # any number of sources
         block_t, block_d = _blocks(d)
-        fast(_attn_res_fwd_kernel)[(triton.cdiv(m, block_t),)](
+        _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](
             _address_table(sources, x0.device), u, h, rstd, alpha, n, m, d, eps,
             BLOCK_T=block_t, BLOCK_D=block_d, ALIGNED=_aligned(sources), num_warps=NUM_WARPS)
     return h, rstd, alpha
@@ -679,7 +679,7 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
             raise ValueError(f"kernels/attn_res/mix_triton.py: gradient sinks need the pointer-argument path "
                              f"(N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
         gq = torch.empty(2, n, m, device=x0.device, dtype=torch.float32)
-        fast(_attn_res_bwd_kernel)[(programs,)](
+        _attn_res_bwd_kernel[(programs,)](
             _address_table(sources, x0.device), _address_table(dxs, x0.device), u, dh, rstd, alpha, gq, du_partial,
             n, m, d, num_tiles, BLOCK_T=block_t, CHUNK=chunk, CH=ch, ALIGNED=_aligned(sources + dxs),
             num_warps=BWD_NUM_WARPS, **_maxnreg())

@@ -30,8 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fast_launch import fast
-
 MAX_BLOCK_V = 4096  # 8 KB of bf16 per chunk: 16 elements per thread at 8 warps
 FP32_LOWEST = tl.constexpr(-3.4028234663852886e38)  # running-max start: finite, so exp(m - m_new) never sees inf - inf
 
@@ -114,7 +112,7 @@ def ce_forward(logits: torch.Tensor, target_N: torch.Tensor, ignore_index: int) 
         return loss, lse
     block, warps = _config(V)
     T, sb, st = _layout(logits)
-    fast(_ce_fwd_kernel)[(N,)](logits, target_N, loss, lse, V, T, sb, st, ignore_index, BLOCK_V=block, num_warps=warps)
+    _ce_fwd_kernel[(N,)](logits, target_N, loss, lse, V, T, sb, st, ignore_index, BLOCK_V=block, num_warps=warps)
     return loss, lse
 
 
@@ -128,7 +126,7 @@ def ce_backward(logits: torch.Tensor, target_N: torch.Tensor, lse_N: torch.Tenso
     block, warps = _config(V)
     T, sb, st = _layout(logits)
     _, dsb, dst = _layout(dx)
-    fast(_ce_bwd_kernel)[(N,)](logits, target_N, lse_N, grad_N, dx, V, T, sb, st, dsb, dst, grad_N.stride(0),
+    _ce_bwd_kernel[(N,)](logits, target_N, lse_N, grad_N, dx, V, T, sb, st, dsb, dst, grad_N.stride(0),
                       ignore_index, BLOCK_V=block, num_warps=warps)
     return dx
 

@@ -47,7 +47,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fast_launch import fast
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 from kernels.kda.prep_triton import (
@@ -396,7 +395,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         bkp = min(BK, PREP_BK)
         suffix = fp32 and FP32_KG_SUFFIX
         grid, hf = chunk_head_grid(nch, HV, PREP_HEADS_FIRST)
-        fast(_prep_kernel)[grid](
+        _prep_kernel[grid](
             q,
             k,
             **gate_args,
@@ -423,7 +422,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         )
         prec = "ieee" if fp32 else INTRA_PREC16
         grid, hf = chunk_head_grid(nch, HV, SCORES2_HEADS_FIRST)
-        fast(_scores2_kernel)[grid](
+        _scores2_kernel[grid](
             q,
             k,
             beta,
@@ -464,7 +463,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
     bvs = state_block_v(STATE_BV, V, N * HV, q.device)
-    fast(_state_kernel)[(triton.cdiv(V, bvs), N * HV)](
+    _state_kernel[(triton.cdiv(V, bvs), N * HV)](
         W,
         U,
         kg,
@@ -489,7 +488,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     if nch:
         bvo = min(BV, OUT_BV)
         grid, hf = chunk_head_grid(nch, HV, OUT_HEADS_FIRST, lead=(triton.cdiv(V, bvo),))
-        fast(_output_kernel)[grid](
+        _output_kernel[grid](
             qg,
             h,
             Aqk,

@@ -27,7 +27,6 @@ import triton
 import triton.language as tl
 
 from kernels.colsum import column_sum
-from kernels.fast_launch import fast
 from kernels.kda.chunk_bwd_torch import KDAGrads
 from kernels.kda.prep_triton import token_rows
 from kernels.kda.state_common import _load_state, _mm, _state_program, state_block_v
@@ -476,7 +475,7 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
     BK = max(16, triton.next_power_of_2(K))
     BV = state_block_v(BWD_STATE_BV, V, N * HV, dev, BWD_STATE_BV_CHOICES, BWD_STATE_FILL)
-    fast(_bwd_state_kernel)[(triton.cdiv(V, BV), N * HV)](
+    _bwd_state_kernel[(triton.cdiv(V, BV), N * HV)](
         st.qg,
         st.kg,
         st.W,
@@ -575,7 +574,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     dAq = torch.empty(NC, HV, C, C, **f32)
     dAk = torch.empty_like(dAq)
     dqv, dkv, dg = (torch.empty(B, T, HV, K, **f32) for _ in range(3))  # fp32 partial sums (pair -> inter)
-    fast(_bwd_dy_kernel)[(NC * HV,)](
+    _bwd_dy_kernel[(NC * HV,)](
         st.T,
         do,
         st.vn,
@@ -600,7 +599,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
         num_stages=BWD_LAUNCH["dy"][1],
     )
     S = 16
-    fast(_bwd_intra_pair_kernel)[(nkt_pair, C // S, NC * HV)](
+    _bwd_intra_pair_kernel[(nkt_pair, C // S, NC * HV)](
         q,
         k,
         beta,
@@ -635,7 +634,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     dq_out = dqv if grouped or q.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_out = dkv if grouped or k.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
     dg_out = dg if g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
-    fast(_bwd_inter_kernel)[(nkt_inter, NC * HV)](
+    _bwd_inter_kernel[(nkt_inter, NC * HV)](
         q,
         k,
         g,

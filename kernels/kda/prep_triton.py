@@ -32,7 +32,6 @@ import triton
 import triton.language as tl
 
 from kernels.colsum import column_sum
-from kernels.fast_launch import fast
 
 EPS = 1e-6
 ELEMS = 4096  # elements per program: rows per program = ELEMS // next_pow2(D)
@@ -100,7 +99,7 @@ def _l2_fwd(x: torch.Tensor, shape: tuple[int, ...], xs: int, hx: int) -> tuple[
     r = torch.empty(M, dtype=torch.float32, device=x.device)
     BD, BM = _rows(D)
     if M:
-        fast(_l2_fwd_kernel)[(triton.cdiv(M, BM),)](x, y, r, M, xs, hx, D=D, BD=BD, BM=BM, eps=EPS, num_warps=4)
+        _l2_fwd_kernel[(triton.cdiv(M, BM),)](x, y, r, M, xs, hx, D=D, BD=BD, BM=BM, eps=EPS, num_warps=4)
     return y, r
 
 
@@ -111,7 +110,7 @@ def _l2_bwd(x: torch.Tensor, r: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor
     M = r.numel()
     BD, BM = _rows(D)
     if M:
-        fast(_l2_bwd_kernel)[(triton.cdiv(M, BM),)](x, r, dy.contiguous(), dx, M, xs, hx, D=D, BD=BD, BM=BM,
+        _l2_bwd_kernel[(triton.cdiv(M, BM),)](x, r, dy.contiguous(), dx, M, xs, hx, D=D, BD=BD, BM=BM,
                                               DX_AS_X=dx_as_x, num_warps=4)
 
 
@@ -304,7 +303,7 @@ def gate_fwd(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
     xc, a_log, dtb, lb, M, grid, kw = _gate_args(x, A_log, dt_bias, lower_bound)
     g = torch.empty(xc.shape, dtype=torch.float32, device=x.device)
     if M:
-        fast(_gate_fwd_kernel)[grid](xc, a_log, dtb, g, lb, M, **kw)
+        _gate_fwd_kernel[grid](xc, a_log, dtb, g, lb, M, **kw)
     return g
 
 
@@ -321,7 +320,7 @@ def gate_bwd(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
         pa.zero_()
         pb.zero_()
     else:
-        fast(_gate_bwd_kernel)[grid](xc, a_log, dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
+        _gate_bwd_kernel[grid](xc, a_log, dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
     dA = column_sum(pa, A_log.dtype).reshape(A_log.shape)
     ddtb = column_sum(pb, dt_bias.dtype).reshape(dt_bias.shape) if dt_bias is not None else None
     return dx, dA, ddtb

@@ -17,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fast_launch import fast
 from kernels.kda.prep_triton import _gate
 
 DECODE_BV = 32  # value columns per program (4 warps)
@@ -138,7 +137,7 @@ def fused_recurrent_kda_triton(
     BK = max(16, triton.next_power_of_2(K))
     BV = min(max(16, triton.next_power_of_2(V)), DECODE_BV)  # [K, 32] state slices
     if N:
-        fast(_recurrent_kernel)[(N, HV, triton.cdiv(V, BV))](
+        _recurrent_kernel[(N, HV, triton.cdiv(V, BV))](
             q,
             k,
             v,

@@ -27,8 +27,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.fast_launch import fast
-
 try:
     import triton
     import triton.language as tl
@@ -168,7 +166,7 @@ class MomentumGroup:
         for (_, _, _, device), (rows, like) in self.groups.items():
             blocks = [r[5] for r in rows]
             table = _device_table(rows, torch.int64, device, blocks)
-            fast(_momentum_group_kernel)[(sum(blocks),)](
+            _momentum_group_kernel[(sum(blocks),)](
                 table, len(rows), *like, self.mu, NESTEROV=self.nesterov, BLOCK_SIZE=BLOCK, num_warps=8)
         self.groups = {}
 
@@ -189,7 +187,7 @@ def apply_update_group(updates: list[tuple[torch.Tensor, torch.Tensor, float, fl
         blocks = [triton.cdiv(r[2], BLOCK) for r in rows]
         table = _device_table(rows, torch.int64, device, blocks)
         factor = _device_table(factors, torch.float32, device)
-        fast(_apply_group_kernel)[(sum(blocks),)](table, len(rows), factor, *like, BLOCK_SIZE=BLOCK, num_warps=8)
+        _apply_group_kernel[(sum(blocks),)](table, len(rows), factor, *like, BLOCK_SIZE=BLOCK, num_warps=8)
 
 
 def _check_contiguous(where: str, **tensors: torch.Tensor) -> None:
@@ -212,14 +210,14 @@ def momentum_to_batch(g_EAB: torch.Tensor, buf_EAB: torch.Tensor, out_EAB: torch
         raise ValueError(f"{_WHERE} momentum_to_batch: partial must be fp32 [{E}, {K}], got "
                          f"{partial_EK.dtype} {tuple(partial_EK.shape)}")
     _check_contiguous("momentum_to_batch", g=g_EAB, buf=buf_EAB, out=out_EAB, partial=partial_EK)
-    fast(_momentum_kernel)[(K, E)](g_EAB, buf_EAB, out_EAB, partial_EK, A * B, K, float(mu), NESTEROV=bool(nesterov),
+    _momentum_kernel[(K, E)](g_EAB, buf_EAB, out_EAB, partial_EK, A * B, K, float(mu), NESTEROV=bool(nesterov),
                              BLOCK_SIZE=BLOCK, num_warps=8)
 
 
 def momentum_launch(g: torch.Tensor, buf: torch.Tensor, out: torch.Tensor, partial: torch.Tensor, E: int, K: int,
                     mu: float, nesterov: bool) -> None:
     """:func:`momentum_to_batch` without the checks, for arguments validated once (the step's cached plan)."""
-    fast(_momentum_kernel)[(K, E)](g, buf, out, partial, buf.numel() // E, K, float(mu), NESTEROV=bool(nesterov),
+    _momentum_kernel[(K, E)](g, buf, out, partial, buf.numel() // E, K, float(mu), NESTEROV=bool(nesterov),
                              BLOCK_SIZE=BLOCK, num_warps=8)
 
 
@@ -241,7 +239,7 @@ def apply_update(p: torch.Tensor, O: torch.Tensor, lr: float, weight_decay: floa
         raise ValueError(f"{_WHERE} apply_update: p {tuple(p.shape)} and O {tuple(O.shape)} differ in size")
     _check_contiguous("apply_update", p=p, O=O)
     n = p.numel()
-    fast(_apply_kernel)[(triton.cdiv(n, BLOCK),)](p, O, n, 1.0 - lr * weight_decay, -lr * scale, BLOCK_SIZE=BLOCK,
+    _apply_kernel[(triton.cdiv(n, BLOCK),)](p, O, n, 1.0 - lr * weight_decay, -lr * scale, BLOCK_SIZE=BLOCK,
                                             num_warps=8)
 
 

@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from kernels.colsum import column_sum
-from kernels.fast_launch import fast
 
 NORM_TILE_ELEMS = 4096  # BLOCK_M * BLOCK_D per program
 NORM_FEW_ROWS = 64  # forward over at most this many rows (decode): one row a program, NORM_FEW_ROWS_WARPS warps
@@ -199,7 +198,7 @@ def norm_fwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     rstd = torch.empty(M, dtype=torch.float32, device=x_MD.device)
     block_m, block_d, warps = _fwd_launch(M, D)
     if M:
-        fast(_norm_fwd_kernel)[(triton.cdiv(M, block_m),)](
+        _norm_fwd_kernel[(triton.cdiv(M, block_m),)](
             x_MD, gate_MD if gate_MD is not None else x_MD, weight, y, rstd, x_MD, x_MD, M, D, eps,
             BLOCK_M=block_m, BLOCK_D=block_d, GATED=gate_MD is not None, RESIDUAL=False, STORE_RSTD=True,
             num_warps=warps)
@@ -220,7 +219,7 @@ def add_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     rstd = torch.empty(M, dtype=torch.float32, device=x.device) if with_rstd else None
     block_m, block_d, warps = _fwd_launch(M, D)
     if M:
-        fast(_norm_fwd_kernel)[(triton.cdiv(M, block_m),)](
+        _norm_fwd_kernel[(triton.cdiv(M, block_m),)](
             x, x, weight, y, rstd if with_rstd else x, residual, s, M, D, eps, BLOCK_M=block_m, BLOCK_D=block_d,
             GATED=False, RESIDUAL=True, STORE_RSTD=with_rstd, num_warps=warps)
     return (s, y, rstd) if with_rstd else (s, y)
@@ -245,7 +244,7 @@ def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     dg = torch.empty_like(gate_MD) if gate_MD is not None else None
     dw_part = torch.empty(n_prog, D, dtype=torch.float32, device=x_MD.device)  # every program writes its row
     if M:
-        fast(_norm_bwd_kernel)[(n_prog,)](
+        _norm_bwd_kernel[(n_prog,)](
             x_MD, gate_MD if gate_MD is not None else x_MD, weight, rstd_M, dy_MD, dx, dg if dg is not None else dx,
             dw_part, ds_MD if ds_MD is not None else dx, M, D, BLOCK_M=block_m, BLOCK_D=block_d, TILES=tiles,
             GATED=gate_MD is not None, STREAM=ds_MD is not None, num_warps=NORM_WARPS)
@@ -261,7 +260,7 @@ def layer_norm_fwd(x_MD: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     rstd = torch.empty_like(mean)
     block_m, block_d = _norm_blocks(D)
     if M:
-        fast(_ln_fwd_kernel)[(triton.cdiv(M, block_m),)](x_MD, weight, bias, y, mean, rstd, M, D, eps, BLOCK_M=block_m,
+        _ln_fwd_kernel[(triton.cdiv(M, block_m),)](x_MD, weight, bias, y, mean, rstd, M, D, eps, BLOCK_M=block_m,
                                                    BLOCK_D=block_d, num_warps=NORM_WARPS)
     return y, mean, rstd
 
@@ -274,7 +273,7 @@ def layer_norm_bwd(x_MD: torch.Tensor, weight: torch.Tensor, mean_M: torch.Tenso
     dx = torch.empty_like(x_MD)
     part = torch.empty(2, n_prog, D, dtype=torch.float32, device=x_MD.device)  # every program writes its rows
     if M:
-        fast(_ln_bwd_kernel)[(n_prog,)](x_MD, weight, mean_M, rstd_M, dy_MD, dx, part[0], part[1], M, D, BLOCK_M=block_m,
+        _ln_bwd_kernel[(n_prog,)](x_MD, weight, mean_M, rstd_M, dy_MD, dx, part[0], part[1], M, D, BLOCK_M=block_m,
                                   BLOCK_D=block_d, TILES=tiles, num_warps=NORM_WARPS)
     return dx, column_sum(part[0], weight.dtype), column_sum(part[1], weight.dtype)
 
@@ -284,7 +283,7 @@ def silu_mul_fwd(gu_M2I: torch.Tensor) -> torch.Tensor:
     y = torch.empty(M, I, dtype=gu_M2I.dtype, device=gu_M2I.device)
     if M and I:
         grid = (triton.cdiv(M, ACT_BLOCK_M), triton.cdiv(I, ACT_BLOCK_I))
-        fast(_silu_mul_fwd_kernel)[grid](gu_M2I, y, M, I, BLOCK_M=ACT_BLOCK_M, BLOCK_I=ACT_BLOCK_I, num_warps=ACT_WARPS)
+        _silu_mul_fwd_kernel[grid](gu_M2I, y, M, I, BLOCK_M=ACT_BLOCK_M, BLOCK_I=ACT_BLOCK_I, num_warps=ACT_WARPS)
     return y
 
 
@@ -293,7 +292,7 @@ def silu_mul_bwd(gu_M2I: torch.Tensor, dy_MI: torch.Tensor) -> torch.Tensor:
     dgu = torch.empty_like(gu_M2I)
     if M and I:
         grid = (triton.cdiv(M, ACT_BLOCK_M), triton.cdiv(I, ACT_BLOCK_I))
-        fast(_silu_mul_bwd_kernel)[grid](gu_M2I, dy_MI, dgu, M, I, BLOCK_M=ACT_BLOCK_M, BLOCK_I=ACT_BLOCK_I,
+        _silu_mul_bwd_kernel[grid](gu_M2I, dy_MI, dgu, M, I, BLOCK_M=ACT_BLOCK_M, BLOCK_I=ACT_BLOCK_I,
                                    num_warps=ACT_WARPS)
     return dgu
 

@@ -20,8 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fast_launch import fast
-
 
 @triton.jit
 def _qk_max_kernel(
@@ -134,7 +132,7 @@ def max_logits_per_head_triton(
     if T == 0 or S == 0:
         return torch.full((H,), float("-inf"), dtype=torch.float32, device=q.device)
     dummy = partial
-    fast(_qk_max_kernel)[(n_mblocks, B * H)](
+    _qk_max_kernel[(n_mblocks, B * H)](
         q, k, *(t if t is not None else dummy for t in (seg, lo, hi)), kmask if kmask is not None else dummy, partial, float(scale),
         T, S, H, D, n_mblocks,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

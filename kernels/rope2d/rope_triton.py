@@ -21,8 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fast_launch import fast
-
 TILE_ELEMS = 2048
 NUM_WARPS = 4
 
@@ -82,7 +80,7 @@ def rope_qk(q_PHD: torch.Tensor, k_PHD: torch.Tensor, cos_PD: torch.Tensor, sin_
     block_half = triton.next_power_of_2(half)
     block_p = max(1, TILE_ELEMS // block_half)
     if P and H:
-        fast(_rope_kernel)[(triton.cdiv(P, block_p), H)](
+        _rope_kernel[(triton.cdiv(P, block_p), H)](
             q, k, cos, sin, q_out, k_out, P, H, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
             HALF=half, BLOCK_P=block_p, BLOCK_HALF=block_half, BACKWARD=backward, num_warps=NUM_WARPS,
             enable_fp_fusion=False)

@@ -46,7 +46,6 @@ import triton
 import triton.language as tl
 
 from kernels.colsum import column_sum
-from kernels.fast_launch import fast
 
 FWD_BT, FWD_BD = 16, 128
 # Backward launch settings: the fastest of bench_short_conv.py's sweeps on an H100 at 8 x 4096 x 2304 bf16 (session 6,
@@ -442,7 +441,7 @@ def _forward(x_TD, w, b, s, lay: _Layout, silu: bool, shape: tuple[int, ...]) ->
     if lay.NT == 0 or lay.D == 0:
         return y
     grid = (triton.cdiv(lay.NT, FWD_BT), triton.cdiv(lay.D, FWD_BD))
-    fast(_fwd_kernel)[grid](
+    _fwd_kernel[grid](
         x_TD, w, b if b is not None else w, s if s is not None else x_TD, y, lay.seq, lay.cu, lay.NT, lay.T, lay.D,
         W=lay.W, BT=FWD_BT, BD=FWD_BD, ACT=silu, HAS_BIAS=b is not None, HAS_STATE=s is not None,
         VARLEN=lay.varlen, ACC=_acc(x_TD.dtype), num_warps=NUM_WARPS,
@@ -455,7 +454,7 @@ def _final_state(x_TD, s, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
     if fs.numel() == 0:
         return fs
     grid = (lay.N, triton.cdiv(lay.D, STATE_BD))
-    fast(_final_state_kernel)[grid](
+    _final_state_kernel[grid](
         x_TD, s if s is not None else x_TD, fs, lay.cu, lay.T, lay.D, W=lay.W, BJ=_bj(lay.W), BD=STATE_BD,
         HAS_STATE=s is not None, VARLEN=lay.varlen, ACC=_acc(x_TD.dtype), num_warps=NUM_WARPS,
     )
@@ -478,7 +477,7 @@ def _bwd_dpre(x_TD, w, b, s, dy_TD, lay: _Layout, silu: bool):
     n_prog = triton.cdiv(lay.NT, DPRE_BT * tiles)
     dw_part, db_part = _partials(n_prog, lay, acc_dt, b is not None, x_TD.device)
     if n_prog and lay.D:
-        fast(_dpre_kernel)[(n_prog, triton.cdiv(lay.D, DPRE_BD))](
+        _dpre_kernel[(n_prog, triton.cdiv(lay.D, DPRE_BD))](
             x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dpre, dw_part,
             db_part if db_part is not None else dw_part, lay.seq, lay.cu, lay.NT, lay.T, lay.D, W=lay.W,
             BW=max(2, triton.next_power_of_2(lay.W)), BT=DPRE_BT, BD=DPRE_BD, TILES=tiles, DEFER=DPRE_DEFER,
@@ -492,7 +491,7 @@ def _bwd_dx(dpre, w, dfs, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
     """Kernel 2: dx ``[NT, D]`` in ``out_dt`` from dpre and the final-state gradient ``[N, W-1, D]`` (or None)."""
     dx = torch.empty(lay.NT, lay.D, dtype=out_dt, device=dpre.device)
     if lay.NT and lay.D:
-        fast(_dx_kernel)[(triton.cdiv(lay.NT, DX_BT), triton.cdiv(lay.D, DX_BD))](
+        _dx_kernel[(triton.cdiv(lay.NT, DX_BT), triton.cdiv(lay.D, DX_BD))](
             dpre, w, dfs if dfs is not None else dpre, dx, lay.seq, lay.cu, lay.NT, lay.T, lay.D, W=lay.W, BT=DX_BT,
             BD=DX_BD, HAS_DFS=dfs is not None, VARLEN=lay.varlen, ACC=_acc(out_dt), num_warps=DX_WARPS,
         )
@@ -507,7 +506,7 @@ def _bwd_stream(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
     dx = torch.empty(lay.NT, lay.D, dtype=x_TD.dtype, device=x_TD.device)
     dw_part, db_part = _partials(n_prog, lay, acc_dt, b is not None, x_TD.device)
     if n_prog and lay.D:
-        fast(_conv_bwd_stream_kernel)[(n_prog, n_col)](
+        _conv_bwd_stream_kernel[(n_prog, n_col)](
             x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dfs if dfs is not None else dx,
             dx, dw_part, db_part if db_part is not None else dw_part, lay.seq, lay.cu, lay.NT, lay.T, lay.D, W=lay.W,
             BW=max(2, triton.next_power_of_2(lay.W)), ROWS=STREAM_ROWS, BD=STREAM_BD, ACT=silu,
@@ -535,7 +534,7 @@ def _dstate(dpre, w, dfs, lay: _Layout, out_dt: torch.dtype) -> torch.Tensor:
     ds = torch.zeros(lay.N, lay.D, lay.W - 1, dtype=out_dt, device=dpre.device)
     if ds.numel() == 0:
         return ds
-    fast(_dstate_kernel)[(lay.N, triton.cdiv(lay.D, STATE_BD))](
+    _dstate_kernel[(lay.N, triton.cdiv(lay.D, STATE_BD))](
         dpre, w, dfs if dfs is not None else dpre, ds, lay.cu, lay.T, lay.D, W=lay.W, BJ=_bj(lay.W), BD=STATE_BD,
         HAS_DFS=dfs is not None, VARLEN=lay.varlen, ACC=_acc(dpre.dtype),
         num_warps=NUM_WARPS,
@@ -605,7 +604,7 @@ def causal_conv1d_update_triton(
     ns = torch.empty(N, D, W - 1, dtype=state.dtype, device=state.device)
     if N and D:
         w = weight.contiguous()
-        fast(_update_kernel)[(N, triton.cdiv(D, DEC_BD))](
+        _update_kernel[(N, triton.cdiv(D, DEC_BD))](
             x, s, w, bias.contiguous() if bias is not None else w, y, ns if W > 1 else y, D, W=W, BJ=_bj(W), BD=DEC_BD, ACT=silu,
             HAS_BIAS=bias is not None, ACC=_acc(x.dtype), num_warps=NUM_WARPS,
         )
