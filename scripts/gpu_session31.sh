@@ -12,11 +12,13 @@
 #       compiled kernel called directly after a specialisation's first JIT launch, its key built from the arguments):
 #       the GPU kernel tests, the step timeline of standard and block AttnRes with it and with KVL_FAST_LAUNCH=0 (host
 #       and GPU time of forward and backward, plain and device-bound steps), bench_backbone both ways, interleaved.
+#   bash scripts/gpu_session31.sh gputests call4: after reverting call3's launcher, the GPU tests that failed in call3
+#       (rope2d, the qk_max interpreter test) on this tree, with their errors, and the AttnRes kernel tests.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session31.sh pipe|stages|launch}" in
+case "${1:?usage: gpu_session31.sh pipe|stages|launch|gputests}" in
 pipe)
   PART_TAIL=6 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
@@ -61,6 +63,12 @@ launch)
     OUT=$OUT/$cand PART_TAIL=4 part "bench_backbone, $cand" 100 env KVL_FAST_LAUNCH=$flag python3 -m \
       kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid
   done
+  ;;
+gputests)
+  PART_TAIL=120 part "rope2d and qk_max tests on the GPU" 200 python3 -m pytest -q -n 4 -p no:cacheprovider -rf \
+    --tb=short tests/kernels/test_rope2d.py tests/optim/test_qk_max_triton.py
+  PART_TAIL=4 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
   ;;
 *)
   echo "unknown mode $1" >&2
