@@ -33,6 +33,9 @@ print("ok")
 """
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU host tests the compiled kernel "
+                    "(test_triton_gpu_matches_reference); Triton 3.6's interpreter there cannot iterate a range "
+                    "bounded by loaded values (session 31 call4), Triton 3.9's on the CPU machines can")
 def test_triton_interpreter_matches_reference() -> None:
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
