@@ -38,9 +38,8 @@ sources are never stacked and one compiled kernel serves every ``N`` (when every
   the ``dh . (x_n - h)`` form of the first kernels avoided no error that matters (on sources sharing a component
   100x their spread both forms, and the PyTorch function, lose comparable digits of the query gradient in fp32:
   ``test_triton_common_offset_sources``).
-  The loop over tiles is software-pipelined (``BWD_STAGES``, :func:`bwd_stages`: the next tile's sources and ``dh``
-  go to shared memory by ``cp.async`` while this one is computed; H200, session 31: 0.110 -> 0.107 ms at N = 3,
-  0.183 -> 0.165 at N = 5).
+  The tile loop is software-pipelined (``BWD_STAGES``, :func:`bwd_stages`: the next tile's sources and ``dh`` go to
+  shared memory by ``cp.async`` during this one; H200, session 31: 0.110 -> 0.107 ms at N = 3, 0.183 -> 0.165 at 5).
   This layout replaced a first backward (h rebuilt, per-source branches, cross-warp reductions; 161 registers):
   the small model's 24 backward mixes 17.27 -> 6.54 ms a step, 4 warps better than 8 (H100, session 6).
 
@@ -59,10 +58,8 @@ sum added inside the next mix's kernels, forward and backward (sessions 12 and 2
 mixes +1.11 ms, net -0.04 ms, H200; ``kimi_vl/README.md``); the backward's pass B loading its tiles again (rows offset
 by a run-time zero, so that pass A's tiles need not stay live) and 12 elements a thread at 4 programs an SM
 (109-163 registers instead of 218-255): the 24 backward mixes of a step 2.23 -> 3.28 and 2.91 ms (session 30); the
-forward and the flush as software-pipelined grid-stride loops (``tl.range`` ``num_stages`` 2-3, 1-4 programs an
-SM; session 31: forward 0.052 -> 0.054-0.071 ms at N = 3 and 0.082 -> 0.094-0.113 at N = 5, flush 0.193 -> 0.199-0.267
-and 0.291 -> 0.286-0.431; the step's 24 forward mixes 1.445 -> 1.643 ms). The backward's loop is pipelined
-(``BWD_STAGES``).
+forward and the flush as software-pipelined grid-stride loops (session 31: forward 0.082 -> 0.094-0.113 ms at N =
+5, flush 0.291 -> 0.286-0.431; the step's 24 forward mixes 1.445 -> 1.643 ms).
 
 Two ways to reach the sources (``KVL_ATTNRES_ADDRESSING``):
 
@@ -122,8 +119,7 @@ BWD_PROGRAMS_PER_SM = 2
 # shared memory by cp.async while this one is computed; 1: none). H200, M = 32768, D = 768, bf16 (session 31 call1,
 # `bench_attnres --bwd-sweep`): 1 / 2 / 3 stages 0.110 / 0.107 / 0.114 ms at N = 3, 0.183 / 0.165 / 0.261 at N = 5.
 BWD_STAGES = 2
-BWD_STAGE_BYTES = 96 * 1024  # at most this much shared memory a program for the staged tiles, else one stage (two
-# programs an SM must fit in an H100's / H200's 228 KB: bf16 D = 768 stages up to N = 7 sources; fp32 or wide rows less)
+BWD_STAGE_BYTES = 96 * 1024  # staged tiles' shared memory a program at most, else one stage (two programs an SM fit)
 BWD_MAXNREG: int | None = None  # backward: ptxas register cap (None: ptxas decides; ignored by the interpreter)
 MAX_D = 16384
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

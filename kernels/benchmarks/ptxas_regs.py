@@ -108,7 +108,7 @@ def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None =
         )
     lines = [line.strip() for line in (r.stderr + r.stdout).splitlines() if re.search("regist|spill|rror", line)]
     if shared:  # Triton's shared memory (software-pipelined loads stage through it) and its cp.async count
-        lines.append(f"shared memory {k.metadata.shared} bytes, {ptx.count('cp.async.cg')} cp.async")
+        lines.append(f"shared memory {k.metadata.shared} bytes, {ptx.count('cp.async.c')} cp.async copies")
     return "\n".join(lines)
 
 
