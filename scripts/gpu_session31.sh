@@ -14,11 +14,14 @@
 #       and GPU time of forward and backward, plain and device-bound steps), bench_backbone both ways, interleaved.
 #   bash scripts/gpu_session31.sh gputests call4: after reverting call3's launcher, the GPU tests that failed in call3
 #       (rope2d, the qk_max interpreter test) on this tree, with their errors, and the AttnRes kernel tests.
+#   bash scripts/gpu_session31.sh span  call6: the KDA scores kernel deciding once per (chunk, head) whether every K tile
+#       takes the fast diagonal path (SCORES2_CHUNK_SPAN, with the gate in the kernel): the KDA GPU tests, ab_kda.py
+#       against the per-tile check at two shapes, and the five shapes against fla (bench_kda --graph).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session31.sh pipe|stages|launch|gputests}" in
+case "${1:?usage: gpu_session31.sh pipe|stages|launch|gputests|span}" in
 pipe)
   PART_TAIL=6 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
@@ -69,6 +72,14 @@ gputests)
     --tb=short tests/kernels/test_rope2d.py tests/optim/test_qk_max_triton.py
   PART_TAIL=4 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
+  ;;
+span)
+  install_fla
+  PART_TAIL=8 part "KDA GPU tests" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_kda_triton.py tests/kernels/test_kda_prep.py tests/kernels/test_kda_bwd.py
+  PART_TAIL=40 part "ab_kda: the per-tile span check only" 150 python3 kernels/benchmarks/ab_kda.py \
+    --set SCORES2_CHUNK_SPAN=False --shapes 1x8192x32 1x32768x16 --rounds 3
+  bench_five 170
   ;;
 *)
   echo "unknown mode $1" >&2
