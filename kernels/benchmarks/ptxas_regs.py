@@ -59,7 +59,7 @@ def _signature(name: str) -> tuple:
         fn = ct._scores2_kernel
         extra = dict(QS=32 * 128, H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
                      DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False, HEADS_FIRST=ct.SCORES2_HEADS_FIRST,
-                     DINV=ct.SCORES2_DIAG_INV, MONO=ct.SCORES2_CHUNK_SPAN, KP=128)
+                     DINV=ct.SCORES2_DIAG_INV)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]

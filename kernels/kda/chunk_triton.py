@@ -273,10 +273,6 @@ INTRA_DIAG_PREC16 = "tf32x3"  # the diagonal blocks' dots for 16-bit inputs: fp3
 # leaves ~1e-10 of a unit-norm key above fp32's smallest normal; a negative value sends every tile pairwise (the
 # tests compare both paths).
 INTRA_SPAN_MAX = 60.0
-# With the gate computed in the kernel (g <= 0, so G does not increase along a chunk) the scores kernel decides once
-# per (chunk, head), from each sub-block's first and last rows, whether every K tile takes the fast diagonal path,
-# and checks tile by tile only where not (scores_triton._chunk_all_fast; False: every tile checks itself)
-SCORES2_CHUNK_SPAN = True
 # the solve's four diagonal 16 x 16 inverses: 1 products of powers over 8 x 8 halves as six batched dots
 # (INTRA_DIAG_PREC16 / ieee), 0 forward substitution (15 steps, four cross-warp reductions each). H200, session 24
 # call5: scores kernel 0.642 -> 0.562 ms at 1 x 8192 x 32, 1.259 -> 1.108 at 2 x 16384 x 16; the identity in their
@@ -461,8 +457,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             span_max=INTRA_SPAN_MAX,
             HEADS_FIRST=hf,
             DINV=SCORES2_DIAG_INV,
-            MONO=use_gate and SCORES2_CHUNK_SPAN,
-            KP=triton.next_power_of_2(K),
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),

@@ -8,14 +8,11 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from kda_cases import GATES, make_inputs
 from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device, rel_rms
 
 from kernels.kda import chunk_kda, fused_recurrent_kda, kda_gate_ref, naive_recurrent_kda
 from kernels.kda.prep_triton import qkv_base
-from kernels.kda.scores_triton import _chunk_all_fast
 
 
 @pytest.fixture(autouse=True)
@@ -125,61 +122,6 @@ def test_triton_diagonal_blocks_fast_and_pairwise(monkeypatch, span_max):
     monkeypatch.setattr(chunk_triton, "INTRA_SPAN_MAX", -1.0 if span_max is None else 60.0)
     o2, _ = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True)
     assert not torch.equal(o, o2), "the fast and pairwise diagonal paths gave bit-identical outputs"
-
-
-@triton.jit
-def _all_fast_probe(G_ptr, out_ptr, span_max, K: tl.constexpr, KP: tl.constexpr, MONO: tl.constexpr):
-    """``_chunk_all_fast``'s answer for one chunk (4 sub-blocks of 16 rows) stored as an int."""
-    tl.store(out_ptr, _chunk_all_fast(G_ptr, 0, span_max, K, 16, 4, KP, MONO).to(tl.int32))
-
-
-@pytest.mark.parametrize("chunk_span", [True, False])
-def test_in_kernel_gate_chunk_span_decision(monkeypatch, chunk_span):
-    """With the gate in the kernel the scores kernel decides once per (chunk, head) whether every K tile takes the
-    fast diagonal path (``SCORES2_CHUNK_SPAN``): head 0's gates are mild everywhere (decided once), head 1's first 16
-    columns mild and the rest sharp (each tile checks itself: one fast, two pairwise). Either way the fp64 oracle;
-    the once-per-chunk decision changes no bit."""
-    import math
-
-    from kernels.kda import chunk_triton
-
-    q, k, v, x_raw, beta, s0 = make_inputs(1, 130, 1, 2, 48, 16, h0=True)
-    A_log = torch.tensor([math.log(0.05), math.log(10.0)], dtype=torch.float64)
-    dtb = torch.full((2, 48), 2.0, dtype=torch.float64)
-    dtb[1, :16] = -20.0
-    dtb = dtb.reshape(-1)
-    o_ref, S_ref = naive_recurrent_kda(q, k, v, kda_gate_ref(x_raw, A_log, dtb), beta, initial_state=s0,
-                                       output_final_state=True)
-    x = _to([q, k, v, x_raw, beta, s0, A_log, dtb])
-    kw = dict(use_gate_in_kernel=True, A_log=x[6], dt_bias=x[7], initial_state=x[5], output_final_state=True)
-    monkeypatch.setattr(chunk_triton, "SCORES2_CHUNK_SPAN", chunk_span)
-    o, S = chunk_kda(*x[:5], **kw)
-    assert_rel_rms(o, o_ref, 1e-5, "o")
-    assert_rel_rms(S, S_ref, 1e-5, "state")
-    monkeypatch.setattr(chunk_triton, "SCORES2_CHUNK_SPAN", not chunk_span)
-    o2, S2 = chunk_kda(*x[:5], **kw)
-    assert torch.equal(o, o2) and torch.equal(S, S2)
-
-
-def test_chunk_all_fast_reads_each_sub_block_first_and_last_row():
-    """``scores_triton._chunk_all_fast`` on non-increasing G (what an in-kernel gate gives): true exactly when every
-    sub-block's first-minus-last row stays within ``span_max`` in every column (K = 40, padded to 64), false without
-    ``MONO``."""
-    probe = _all_fast_probe
-    dev = kernel_device()
-    steps = -torch.rand(64, 40, dtype=torch.float64)  # g in (-1, 0]: a sub-block's span below 16
-    G = steps.cumsum(0).float().to(dev)
-    out = torch.zeros(1, dtype=torch.int32, device=dev)
-    results = []
-    for span_max, mono in ((16.0, True), (3.0, True), (16.0, False)):
-        probe[(1,)](G, out, span_max, K=40, KP=64, MONO=mono)
-        results.append(bool(out.item()))
-    spans = (G.view(4, 16, 40)[:, 0] - G.view(4, 16, 40)[:, -1]).max().item()
-    assert results == [True, spans <= 3.0, False]
-    G2 = G.clone()
-    G2[16 * 2 + 15, 39] -= 20.0  # one column of sub-block 2 sharp
-    probe[(1,)](G2, out, 16.0, K=40, KP=64, MONO=True)
-    assert out.item() == 0
 
 
 def test_triton_no_nan_strong_decay_and_decode_pool():
