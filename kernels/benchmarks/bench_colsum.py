@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kernels.colsum import column_sum  # noqa: E402
+from kernels.profiling import kernel_events, kernel_ms  # noqa: E402
 
 # (what, partial shape, output dtype): RMSNorm gains (hidden 768: 1024 programs; the KDA head norm 128 and MLA's
 # 512-wide latent norm), the KDA gate's A_log / dt_bias partials, the conv weight [P, D, W], KDA dbeta slots, the
@@ -47,8 +48,7 @@ def device_ms(fn, calls: int) -> tuple[float, float]:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(e.device_time_total for e in events) / 1e3 / calls, len(events) / calls
+    return kernel_ms(prof) / calls, len(kernel_events(prof)) / calls
 
 
 def main() -> None:

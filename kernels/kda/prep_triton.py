@@ -198,7 +198,6 @@ def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Ten
 def qkv_dv_view(dqkv: torch.Tensor, H: int, D: int) -> torch.Tensor:
     """The v third of a q|k|v gradient ``[B, T, 3 H D]`` as ``[B, T, H, D]`` (a view): where the KDA backward writes
     dv directly (session 29: the copy into it was 9 strided-copy kernels, ~0.45 ms a step of the small hybrid)."""
-    B, T, _ = dqkv.shape
     return dqkv[..., 2 * H * D:].unflatten(-1, (H, D))
 
 

@@ -55,4 +55,3 @@ def sleep_cycles_per_ms(device: torch.device) -> float:
     end.record()
     torch.cuda.synchronize(device)
     return cycles / start.elapsed_time(end)
-

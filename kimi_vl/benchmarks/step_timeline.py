@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.profiling import gpu_holes
+from kernels.profiling import gpu_holes, kernel_events
 from kimi_vl.benchmarks.attnres_common import sleep_cycles_per_ms, with_env
 from kimi_vl.benchmarks.bench_attnres import _build, _config
 
@@ -198,8 +198,7 @@ def device_gaps(model, ids: torch.Tensor, head_start_cycles: int, top: int) -> d
         torch.cuda._sleep(head_start_cycles)
         _step(model, ids, Marks(False))
         torch.cuda.synchronize()
-    spans = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-             if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    spans = [(e.time_range.start, e.time_range.end, e.name) for e in kernel_events(prof)]
     return gaps_after_sleep(spans, top)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from backbone_utils import build, tiny_config
-from kvl_testing import assert_rel_rms
+from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 from transformers import AutoModelForCausalLM
 
 from kimi_vl import KimiVLCache
@@ -185,18 +185,18 @@ def test_gradient_checkpointing_gives_identical_gradients():
     assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-7) for n in grads[0])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test of a CPU model: with a GPU the session's "
-                    "kernels are compiled ones, which take CUDA tensors (session 29 call4; the GPU tests cover them)")
 def test_triton_paths_match_torch_paths(monkeypatch):
-    """The whole model with every fused Triton kernel (interpreted on a CPU) == the PyTorch paths: logits, loss
-    and every parameter's gradient (fp32), so that the GPU's default dispatch cannot change the maths."""
+    """The whole model with every fused Triton kernel (interpreted on a CPU, compiled on a GPU, where the model runs
+    on the GPU) == the PyTorch paths: logits, loss and every parameter's gradient (fp32), so that the GPU's default
+    dispatch cannot change the maths."""
+    interpret_without_gpu(monkeypatch)
     cfg = tiny_config(moe=False)
-    ids = torch.randint(3, cfg.vocab_size, (2, 19))
+    ids = torch.randint(3, cfg.vocab_size, (2, 19)).to(kernel_device())
 
     def run(backend: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         for op in ("KDA", "CONV", "NORM", "CE", "MLA_EXPAND"):
             monkeypatch.setenv(f"KVL_{op}_BACKEND", backend)
-        model = build(cfg).train()
+        model = build(cfg).to(kernel_device()).train()
         out = model(ids, labels=ids, use_cache=False)
         out.loss.backward()
         return out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from backbone_utils import build, step_under_env, tiny_config
-from kvl_testing import assert_rel_rms
+from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 
 from kimi_vl.modeling.attention import MLAttention
 from kimi_vl.modeling.cache import MLALayerCache
@@ -147,9 +147,8 @@ def test_mla_keys_through_the_triton_expand_equal_pytorch(monkeypatch):
     """The model with MLA's key expansion through ``kernels.mla_expand``'s kernels (interpreter on a CPU) gives the
     PyTorch form's logits and every parameter's gradient (fp32: the kernels copy, and sum k_rope's gradient over
     heads in fp32)."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    interpret_without_gpu(monkeypatch)
+    dev = kernel_device()
     model = build(tiny_config(moe=False)).to(dev).train()
     ids = torch.randint(3, 97, (2, 11), device=dev)
     runs = step_under_env(model, ids, monkeypatch, "KVL_MLA_EXPAND_BACKEND", ("torch", "triton"))
