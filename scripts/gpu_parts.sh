@@ -153,6 +153,16 @@ attnres_step() {  # rounds limit_s tail top: the small hybrid's block-AttnRes st
     --profile --profile-top "$4" --budget-s 400
 }
 
+attnres_candidate() {  # name tail top [--set NAME=VALUE ...]: the block-AttnRes step (4 rounds, profiled) under
+  # bench_attnres --set constants, JSON in $OUT/name
+  local name=$1 tail=$2 top=$3
+  shift 3
+  mkdir -p "$OUT/$name"
+  OUT=$OUT/$name PART_TAIL=$tail part "block AttnRes step, $name" 150 python3 -m kimi_vl.benchmarks.bench_attnres \
+    --layouts hybrid --sources 3 --rounds 4 --hybrid-iters 4 --decode-steps 0 --profile --profile-top "$top" \
+    --budget-s 400 "$@"
+}
+
 flipped_tree() {  # file sed-expression...: a copy of the tree at /tmp/flip with each expression applied to the file
   rm -rf /tmp/flip && cp -r . /tmp/flip
   while [ $# -ge 2 ]; do

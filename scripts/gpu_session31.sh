@@ -28,27 +28,16 @@ pipe)
   mkdir -p "$OUT/sweep"
   OUT=$OUT/sweep PART_TAIL=40 part "bench_attnres --bwd-sweep, pipelined configurations" 150 \
     python3 -m kimi_vl.benchmarks.bench_attnres --sources 3 5 --bwd-sweep --sweep-match STAGES --layouts --mix-iters 20
-  for cand in default pipe; do
-    case $cand in
-      default) sets=() ;;
-      pipe) sets=(--set BWD_STAGES=2 --set FWD_STAGES=2 --set FWD_PROGRAMS_PER_SM=4 --set FLUSH_STAGES=2
-                  --set FLUSH_PROGRAMS_PER_SM=2) ;;
-    esac
-    mkdir -p "$OUT/$cand"
-    OUT=$OUT/$cand PART_TAIL=22 part "block AttnRes step, $cand" 150 python3 -m kimi_vl.benchmarks.bench_attnres \
-      --layouts hybrid --sources 3 --rounds 4 --hybrid-iters 4 --decode-steps 0 --profile --profile-top 12 \
-      --budget-s 400 "${sets[@]}"
-  done
+  attnres_candidate default 22 12
+  attnres_candidate pipe 22 12 --set BWD_STAGES=2 --set FWD_STAGES=2 --set FWD_PROGRAMS_PER_SM=4 \
+    --set FLUSH_STAGES=2 --set FLUSH_PROGRAMS_PER_SM=2
   ;;
 stages)
   PART_TAIL=6 part "AttnRes kernel tests on the GPU" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py
-  for cand in s2_a s1_a s2_b s1_b; do
-    sets=(); [ "${cand%_*}" = s1 ] && sets=(--set BWD_STAGES=1)
-    mkdir -p "$OUT/$cand"
-    OUT=$OUT/$cand PART_TAIL=12 part "block AttnRes step, $cand" 150 python3 -m kimi_vl.benchmarks.bench_attnres \
-      --layouts hybrid --sources 3 --rounds 4 --hybrid-iters 4 --decode-steps 0 --profile --profile-top 6 \
-      --budget-s 400 "${sets[@]}"
+  for round in a b; do
+    attnres_candidate "s2_$round" 12 6
+    attnres_candidate "s1_$round" 12 6 --set BWD_STAGES=1
   done
   ;;
 launch)
