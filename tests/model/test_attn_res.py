@@ -518,3 +518,42 @@ def test_deferred_source_gradients_in_the_model(monkeypatch):
     monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", "yes")
     with pytest.raises(ValueError, match="KVL_ATTNRES_DEFER_GRAD"):
         model(ids, use_cache=False)
+
+
+def test_fused_input_norm_in_the_model(monkeypatch):
+    """``mix_triton.FWD_NORM`` (Triton mix and norm; interpreter on a CPU): every training mix applies its
+    sublayer's input RMSNorm (the output's mix the final norm) in its forward kernel, with the same logits and every
+    parameter's gradient as the mix followed by the norm kernel (deferred block gradients and sinks on)."""
+    from kernels.attn_res import mix_autograd, mix_triton
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
+    monkeypatch.setenv("KVL_NORM_BACKEND", "triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build(tiny_config(moe=False, residual_mode="attnres_block")).to(dev).train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_res_proj.weight"):
+                p.normal_()
+            if name.endswith("layernorm.weight"):
+                p.uniform_(0.5, 1.5)
+    normed, fwd = [], mix_autograd.mix_fwd_triton
+    monkeypatch.setattr(mix_autograd, "mix_fwd_triton", lambda *a: (normed.append(len(a) > 3), fwd(*a))[1])
+    ids = torch.randint(3, 97, (2, 12), device=dev)
+    runs = {}
+    for fused in (True, False):
+        monkeypatch.setattr(mix_triton, "FWD_NORM", fused)
+        normed.clear()
+        model.zero_grad(set_to_none=True)
+        out = model(ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        runs[fused] = out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                            if p.grad is not None}, list(normed)
+    sublayers = model.config.num_sublayers
+    # sublayer 0 reads emb alone (no mix); the output's mix applies the final norm
+    assert runs[True][2] == [True] * sublayers and runs[False][2] == [False] * sublayers
+    assert_rel_rms(runs[True][0], runs[False][0], 1e-6, "logits")
+    assert runs[True][1].keys() == runs[False][1].keys()
+    for name, g in runs[False][1].items():
+        assert_rel_rms(runs[True][1][name], g, 1e-5, name)
