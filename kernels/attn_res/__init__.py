@@ -8,10 +8,8 @@ Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``
 - ``naive.py``: stacked fp32/fp64 reference (the specification; tests only).
 - ``mix_torch.py``: :class:`AttnResMix`, custom autograd function, keys recomputed in backward (CPU path).
 - ``mix_triton.py``: fused forward/backward kernels and their launchers, sources read in place (GPU;
-  ``TRITON_INTERPRET=1`` on CPU).
-- ``mix_autograd.py``: the kernels as autograd functions (the mix, and the mix followed by the sublayer's input
-  RMSNorm in one forward kernel), ``GradSink`` (in-place gradient accumulation of a source shared by several mixes)
-  and the deferred block-state gradients (``DeferredBlock``).
+  ``TRITON_INTERPRET=1`` on CPU); ``GradSink``: in-place gradient accumulation of a source shared by several mixes.
+- ``mix_autograd.py``: the kernels as autograd functions and the deferred block-state gradients (``DeferredBlock``).
 - ``two_phase_triton.py``: the two-phase inference kernels over one buffer of block states (decode, prefill).
 
 Example::
@@ -32,9 +30,8 @@ import torch
 
 from kernels.attn_res.mix_torch import AttnResMix
 from kernels.attn_res.naive import attn_res_mix_naive
-from kernels.norm import rms_norm
 
-__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "norm_fusable", "resolve_backend"]
+__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "resolve_backend"]
 
 _WHERE = "kernels/attn_res.attn_res_mix"
 BACKENDS = ("torch", "triton")
@@ -92,8 +89,7 @@ def _query_product(weight: torch.Tensor, gain: torch.Tensor, u: torch.Tensor | N
 
 def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor, eps: float,
                  backend: str | None = None, sinks: Sequence | None = None, u: torch.Tensor | None = None,
-                 defer: tuple | None = None, norm: tuple[torch.Tensor, float] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 defer: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax mix over depth of ``sources``; differentiable in the sources, ``weight`` and ``gain``.
 
     Args:
@@ -103,7 +99,7 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
         gain: key RMSNorm gain ``[D]``.
         eps: key RMSNorm epsilon.
         backend: ``None``, ``"torch"`` or ``"triton"`` (see :func:`resolve_backend`).
-        sinks: optional, one ``mix_autograd.GradSink`` or ``None`` per source: on the Triton pointer-argument path
+        sinks: optional, one ``mix_triton.GradSink`` or ``None`` per source: on the Triton pointer-argument path
             the gradients of a source shared by several mixes are accumulated in place in its sink (see
             ``GradSink``); ignored elsewhere (plain autograd accumulation, same values).
         u: optional ``weight * gain`` as fp32 ``[D]``, already computed (differentiable) by the caller, e.g. one
@@ -112,37 +108,18 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
         defer: optional ``(mix_autograd.DeferredBlock, flush)``: on the Triton pointer-argument path the gradients
             of the sources with a sink are formed once for all the mixes of a block (see ``DeferredBlock``);
             ignored elsewhere (same values to rounding).
-        norm: optional ``(norm_weight [D], norm_eps)``: return ``kernels.norm.rms_norm(h, norm_weight, norm_eps)``
-            instead of ``h`` (differentiable in ``norm_weight`` too). On the Triton pointer-argument path
-            (:func:`norm_fusable`) the forward kernel applies it; elsewhere the mix and the norm run in turn.
 
     Returns:
-        ``h [*, D]`` in the dtype of ``sources[0]`` (with ``norm``: its RMSNorm, in the promoted dtype of h and
-        the norm weight) and ``alpha [N, *]`` fp32 (not differentiable).
+        ``h [*, D]`` in the dtype of ``sources[0]`` and ``alpha [N, *]`` fp32 (not differentiable).
     """
     _validate(sources, weight, gain)
     x0 = sources[0]
     if resolve_backend(x0, backend) == "torch":
-        h, alpha = AttnResMix.apply(weight, gain, eps, *sources)
-        return (h, alpha) if norm is None else (rms_norm(h, norm[0], norm[1]), alpha)
-    from kernels.attn_res.mix_autograd import AttnResMixNormTriton, AttnResMixTriton
+        return AttnResMix.apply(weight, gain, eps, *sources)
+    from kernels.attn_res.mix_autograd import AttnResMixTriton
 
     lead, d = x0.shape[:-1], x0.shape[-1]
     flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
     u = _query_product(weight, gain, u, d)
-    sinks = None if sinks is None else tuple(sinks)
-    if norm is not None and norm_fusable(len(sources), norm[0], d):
-        h, alpha = AttnResMixNormTriton.apply(u, eps, sinks, defer, norm[0], float(norm[1]), *flat)
-    else:
-        h, alpha = AttnResMixTriton.apply(u, eps, sinks, defer, *flat)
-        h = h if norm is None else rms_norm(h, norm[0], norm[1])
+    h, alpha = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, *flat)
     return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)
-
-
-def norm_fusable(n: int, norm_weight: torch.Tensor, d: int) -> bool:
-    """Whether a Triton mix over ``n`` sources can apply the sublayer's input RMSNorm in its forward kernel: the
-    pointer-argument path, ``mix_triton.FWD_NORM`` on, and a contiguous-able ``[D]`` weight of a floating dtype."""
-    from kernels.attn_res.mix_triton import FWD_NORM, use_args
-
-    return FWD_NORM and use_args(n) and norm_weight.shape == (d,) and norm_weight.dtype in (
-        torch.float32, torch.float16, torch.bfloat16)

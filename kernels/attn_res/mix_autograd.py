@@ -1,32 +1,19 @@
 """Autograd of the fused AttnRes mix (``mix_triton.py`` holds the kernels and their launchers): the mix as a
-``torch.autograd.Function``, with in-place gradient accumulation of shared sources (:class:`GradSink`) and
+``torch.autograd.Function``, with in-place gradient accumulation of shared sources (``mix_triton.GradSink``) and
 the deferred block-state gradients (:class:`DeferredBlock`)."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.attn_res.mix_triton import _sink_buffers, flush_triton, mix_bwd_triton, mix_fwd_triton, use_args
-from kernels.norm.norm_triton import norm_bwd
-
-
-class GradSink:
-    """The gradient of one source that several mixes read (a completed block state), accumulated in place.
-
-    Autograd would take one ``dx`` tensor from every mix that reads the source and add them (write ``dx``, then
-    read two and write one per extra mix). With a sink, the backward kernels add into one buffer instead (read
-    and write it once per mix), and only the first mix in forward order, which is the last to run backward
-    (every later mix reads a sum that depends on its output), returns the buffer to autograd; the others
-    return no gradient for that source. A buffer is tied to the backward pass (autograd graph task) that
-    started it, so a pass that skipped the returning mix (gradients of a subset of inputs) leaves nothing behind
-    for the next one."""
-
-    __slots__ = ("buf", "task", "uses")
-
-    def __init__(self) -> None:
-        self.buf: torch.Tensor | None = None
-        self.task = -1  # the autograd graph task that started ``buf``: a buffer left by another pass is stale
-        self.uses = 0
+from kernels.attn_res.mix_triton import (
+    GradSink,
+    _sink_buffers,
+    flush_triton,
+    mix_bwd_triton,
+    mix_fwd_triton,
+    use_args,
+)
 
 
 class AttnResMixTriton(torch.autograd.Function):
@@ -44,63 +31,29 @@ class AttnResMixTriton(torch.autograd.Function):
     def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, *sources: torch.Tensor):
         h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
         ctx.save_for_backward(u, rstd, alpha, *sources)
-        _setup(ctx, sinks, defer, len(sources), alpha)
+        ctx.mark_non_differentiable(alpha)
+        ctx.set_materialize_grads(False)  # alpha's gradient stays None instead of a zero-filled [N, M] (a launch a mix)
+        _claim_sinks(ctx, sinks, len(sources))
+        ctx.defer, ctx.defer_mask = None, 0
+        if defer is not None and ctx.sinks is not None:
+            ctx.defer = defer
+            ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
         return h, alpha
 
     @staticmethod
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
-        return _mix_backward(ctx, u, rstd, alpha, sources, dh)
-
-
-class AttnResMixNormTriton(torch.autograd.Function):
-    """:class:`AttnResMixTriton` followed by the sublayer's input RMSNorm in the same forward kernel:
-    ``apply(u, eps, sinks, defer, norm_weight [D], norm_eps, *sources) -> (y [M, D], alpha [N, M])``, ``y =
-    RMSNorm(h) * norm_weight`` (``kernels.norm.rms_norm``'s rounding). Pointer-argument path only. The forward
-    writes ``y`` beside ``h`` (kept for the backward, as the separate norm keeps its input) instead of a second
-    kernel reading ``h`` back; the backward runs the norm's backward kernel, then the mix's."""
-
-    @staticmethod
-    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, norm_weight: torch.Tensor, norm_eps: float,
-                *sources: torch.Tensor):
-        h, rstd, alpha, y, h_rstd = mix_fwd_triton(list(sources), u, eps, (norm_weight, norm_eps))
-        ctx.save_for_backward(u, rstd, alpha, h, h_rstd, norm_weight, *sources)
-        _setup(ctx, sinks, defer, len(sources), alpha)
-        return y, alpha
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor, _dalpha: torch.Tensor | None):
-        u, rstd, alpha, h, h_rstd, norm_weight, *sources = ctx.saved_tensors
-        dh, _, dnw = norm_bwd(h, None, norm_weight.contiguous(), h_rstd, dy.reshape(h.shape).contiguous())
-        du, _, _, _, *dxs = _mix_backward(ctx, u, rstd, alpha, sources, dh)
-        return du, None, None, None, dnw if ctx.needs_input_grad[4] else None, None, *dxs
-
-
-def _setup(ctx, sinks, defer, n: int, alpha: torch.Tensor) -> None:
-    """The forward's bookkeeping shared by both functions: sinks claimed, deferral recorded, alpha marked."""
-    ctx.mark_non_differentiable(alpha)
-    ctx.set_materialize_grads(False)  # alpha's gradient stays None instead of a zero-filled [N, M] (a launch a mix)
-    _claim_sinks(ctx, sinks, n)
-    ctx.defer, ctx.defer_mask = None, 0
-    if defer is not None and ctx.sinks is not None:
-        ctx.defer = defer
-        ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
-    ctx.first_source = len(ctx.needs_input_grad) - n
-
-
-def _mix_backward(ctx, u, rstd, alpha, sources, dh: torch.Tensor) -> tuple:
-    """``(du, None, None, None, *dsources)``: the mix's backward from ``dh`` (sinks, deferral and flush included)."""
-    dh = _as_source(dh, sources[0])  # never None: h is the only differentiable output, so it has a gradient
-    dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask)
-    if ctx.defer is not None:
-        block, flush = ctx.defer
-        task = torch._C._current_graph_task_id()
-        block.add(task, dh, u, coef)
-        if flush:
-            c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
-            flush_deferred(sources[:c], ctx.sinks[:c], block, task)
-            dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
-    return du if ctx.needs_input_grad[0] else None, None, None, None, *_source_grads(ctx, dxs, ctx.first_source)
+        dh = _as_source(dh, sources[0])  # never None: h is the only differentiable output, so it has a gradient
+        dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask)
+        if ctx.defer is not None:
+            block, flush = ctx.defer
+            task = torch._C._current_graph_task_id()
+            block.add(task, dh, u, coef)
+            if flush:
+                c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
+                flush_deferred(sources[:c], ctx.sinks[:c], block, task)
+                dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
+        return du if ctx.needs_input_grad[0] else None, None, None, None, *_source_grads(ctx, dxs, 4)
 
 
 class DeferredBlock:

@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -89,9 +88,6 @@ import triton.language as tl
 from kernels.backend import sm_count
 from kernels.colsum import column_sum
 from kernels.fast_launch import CompiledLaunch, aligned16
-
-if TYPE_CHECKING:
-    from kernels.attn_res.mix_autograd import GradSink
 
 TILE_ELEMS = 4096  # the address-table forward and the two-phase kernels: BLOCK_T * BLOCK_D per program
 NUM_WARPS = 8
@@ -102,9 +98,6 @@ FWD_THREAD_ELEMS = 24
 # bf16 (session 20 call8, `bench_attnres --bwd-sweep`), 1 / 2 / 8 ahead: forward 0.096 / 0.081 / 0.079 ms at N = 4,
 # 0.142 / 0.117 / 0.113 at N = 6; backward 0.179 / 0.168 / 0.166 at N = 4, 0.243 / 0.244 / 0.240 at N = 6.
 FWD_PREFETCH = 8
-# the sublayer's input RMSNorm applied by the pointer-argument forward (mix_autograd.AttnResMixNormTriton; False: the
-# mix, then kernels.norm's kernel)
-FWD_NORM = True
 BWD_NUM_WARPS = 4
 BWD_MAX_CHUNKS = 4  # backward: a row is at most this many column chunks (unrolled)
 BWD_THREAD_ELEMS = 24  # backward: elements of one source tile per thread (sets BLOCK_T)
@@ -369,14 +362,11 @@ def _fwd_stats(x, u, D, eps, CH: tl.constexpr):
 def _attn_res_fwd_rows_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, h_ptr, rstd_ptr, alpha_ptr, N: tl.constexpr, M, D, eps,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr = 1,
-    nw_ptr=None, y_ptr=None, hr_ptr=None, norm_eps=0.0, NORM: tl.constexpr = False,  # (always passed)
 ):
     """Pointer-argument forward, ``N`` a compile-time constant, the backward's layout: a row is ``CH`` chunks of
     ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
     straight-line code over the sources with the next ``PRE`` sources' tiles loaded before the current one is used.
-    The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known.
-    ``NORM``: the sublayer's input RMSNorm of ``h`` follows (``kernels/norm``'s rounding points: h rounded, ``h
-    rstd`` rounded to h's dtype, times the gain ``nw``): ``y`` and ``rstd(h)`` are stored too."""
+    The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known."""
     pid = tl.program_id(0)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
@@ -405,22 +395,10 @@ def _attn_res_fwd_rows_kernel(
         l = l * scale + p
         m = m_new
     inv_l = 1.0 / l
-    hs, ss = (), tl.zeros([BLOCK_T], dtype=tl.float32)
     for c in tl.static_range(CH):
         cols = c * CHUNK + tl.arange(0, CHUNK)
-        hc = (acc[c] * inv_l[:, None]).to(h_ptr.dtype.element_ty)
-        tl.store(h_ptr + rows + cols[None, :], hc, mask=t_ok[:, None] & (cols < D)[None, :])
-        if NORM:
-            hs = hs + (hc.to(tl.float32),)
-            ss += tl.sum(hs[c] * hs[c], axis=1)
-    if NORM:
-        hr = tl.math.rsqrt(ss / D + norm_eps)
-        tl.store(hr_ptr + offs_t, hr, mask=t_ok)
-        for c in tl.static_range(CH):
-            cols = c * CHUNK + tl.arange(0, CHUNK)
-            nw = tl.load(nw_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-            y = nw[None, :] * (hs[c] * hr[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)
-            tl.store(y_ptr + rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=t_ok[:, None] & (cols < D)[None, :])
+        tl.store(h_ptr + rows + cols[None, :], (acc[c] * inv_l[:, None]).to(h_ptr.dtype.element_ty),
+                 mask=t_ok[:, None] & (cols < D)[None, :])
     for n in tl.static_range(N):  # exp(s - m) / l: no log (see the module docstring)
         tl.store(alpha_ptr + n * M + offs_t, tl.exp(scores[n] - m) * inv_l, mask=t_ok)
 
@@ -601,33 +579,40 @@ def _maxnreg() -> dict[str, int]:
     return {} if BWD_MAXNREG is None else {"maxnreg": BWD_MAXNREG}
 
 
-def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float,
-                   norm: tuple[torch.Tensor, float] | None = None) -> tuple[torch.Tensor, ...]:
+class GradSink:
+    """The gradient of one source that several mixes read (a completed block state), accumulated in place.
+
+    Autograd would take one ``dx`` tensor from every mix that reads the source and add them (write ``dx``, then
+    read two and write one per extra mix). With a sink, the backward kernels add into one buffer instead (read
+    and write it once per mix), and only the first mix in forward order, which is the last to run backward
+    (every later mix reads a sum that depends on its output), returns the buffer to autograd; the others
+    return no gradient for that source. A buffer is tied to the backward pass (autograd graph task) that
+    started it, so a pass that skipped the returning mix (gradients of a subset of inputs) leaves nothing behind
+    for the next one."""
+
+    __slots__ = ("buf", "task", "uses")
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+        self.task = -1  # the autograd graph task that started ``buf``: a buffer left by another pass is stale
+        self.uses = 0
+
+
+def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``.
 
-    Returns ``h [M, D]`` (source dtype), fp32 ``rstd [N, M]`` and ``alpha [N, M]``; with ``norm = (gain [D], eps)``
-    (pointer-argument path only: :func:`use_args`) also the sublayer's input RMSNorm of h, ``y [M, D]`` (the
-    promoted dtype of h and the gain, as ``kernels.norm.rms_norm``) and its fp32 ``rstd(h) [M]``."""
+    Returns ``h [M, D]`` (source dtype), fp32 ``rstd [N, M]`` and ``alpha [N, M]``."""
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
     h = torch.empty_like(x0)
     rstd = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
-    if norm is not None and not use_args(n):
-        raise ValueError(f"kernels/attn_res/mix_triton.py: the fused input norm needs the pointer-argument path "
-                         f"(N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
     if use_args(n):
-        nw, neps = (u, 0.0) if norm is None else (norm[0].contiguous(), float(norm[1]))
-        y = h if norm is None else torch.empty(m, d, device=x0.device, dtype=torch.promote_types(x0.dtype, nw.dtype))
-        hr = rstd if norm is None else torch.empty(m, device=x0.device, dtype=torch.float32)
         block_t, chunk, ch = _row_blocks(d, x0.element_size(), FWD_NUM_WARPS, FWD_MAX_CHUNKS, FWD_THREAD_ELEMS)
-        key = (x0.dtype, aligned16(*sources, u, nw, y), n, m, d, block_t, chunk, ch, FWD_PREFETCH, FWD_NUM_WARPS,
-               norm is not None, nw.dtype, y.dtype)
+        key = (x0.dtype, aligned16(*sources, u), n, m, d, block_t, chunk, ch, FWD_PREFETCH, FWD_NUM_WARPS)
         _FWD_ROWS((triton.cdiv(m, block_t),), key, *_slots(sources), u, h, rstd, alpha, n, m, d, float(eps),
-                  block_t, chunk, ch, FWD_PREFETCH, nw, y, hr, neps, norm is not None,
-                  num_warps=FWD_NUM_WARPS)  # eps always fp32 (not in the key)
-        if norm is not None:
-            return h, rstd, alpha, y, hr
+                  block_t, chunk, ch, FWD_PREFETCH, num_warps=FWD_NUM_WARPS)  # eps always fp32 (not in the key)
     else:  # any number of sources
         block_t, block_d = _blocks(d)
         _attn_res_fwd_kernel[(triton.cdiv(m, block_t),)](

@@ -213,12 +213,12 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
 
 
 def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixes: int = 6,
-                         stages: int | None = None, norm: bool = False) -> str:
+                         stages: int | None = None) -> str:
     """Registers and spills of an AttnRes mix kernel (``kernels/attn_res/mix_triton.py``) for bf16 sources of width
     ``d`` over ``n`` sources, with the launch's own tile constants: ``kernel`` is ``fwd`` (the pointer-argument
     forward), ``bwd`` (the pointer-argument backward; ``defer``: its mask of deferred sources) or ``flush`` (the
     deferred gradients of ``n`` sources from ``mixes`` mixes). ``stages``: the backward loop's software-pipelining
-    stages (None: ``BWD_STAGES``). ``norm``: the forward with the sublayer's input RMSNorm (bf16 gain and output).
+    stages (None: ``BWD_STAGES``).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import attnres_ptxas_report as r; print(r('bwd', 5))"
     """
@@ -229,9 +229,8 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     if kernel == "fwd":
         fn = mt._attn_res_fwd_rows_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
-        args = srcs + [f32, bf, f32, f32, "i32", "i32", "fp32", bf if norm else f32, bf, f32, "fp32"]
-        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH, NORM=norm)
-        warps = mt.FWD_NUM_WARPS
+        args = srcs + [f32, bf, f32, f32, "i32", "i32", "fp32"]
+        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH), mt.FWD_NUM_WARPS
     elif kernel == "bwd":
         fn = mt._attn_res_bwd_args_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)

@@ -117,14 +117,12 @@ def mix_naive(sources: Sequence[torch.Tensor], query: ResQuery) -> tuple[torch.T
 
 
 def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = None, sinks: Sequence | None = None,
-        u: torch.Tensor | None = None, defer: tuple | None = None, norm: tuple[torch.Tensor, float] | None = None
-        ) -> tuple[torch.Tensor, torch.Tensor]:
+        u: torch.Tensor | None = None, defer: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The training path (same values as :func:`mix_naive`): the fused Triton kernel on CUDA, the
     :class:`AttnResMix` autograd function on CPU; ``backend`` or ``KVL_ATTNRES_BACKEND`` (``triton`` | ``torch``)
     forces one; ``sinks``: in-place gradient accumulation of shared sources; ``u``: the query's ``w * gain``
-    precomputed; ``defer``: the block's deferred source gradients; ``norm``: ``(weight, eps)`` of an RMSNorm
-    applied to h (in the forward kernel where it can be) (``kernels.attn_res.attn_res_mix``)."""
-    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u, defer, norm)
+    precomputed; ``defer``: the block's deferred source gradients (``kernels.attn_res.attn_res_mix``)."""
+    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u, defer)
 
 
 def _normed(h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
@@ -133,7 +131,7 @@ def _normed(h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
 
 def grad_sinks_enabled() -> bool:
     """``KVL_ATTNRES_GRAD_SINK`` (``1`` default | ``0``): whether the training stream accumulates the gradients
-    of the completed block states in place (``kernels/attn_res/mix_autograd.GradSink``)."""
+    of the completed block states in place (``kernels/attn_res/mix_triton.GradSink``)."""
     flag = os.environ.get("KVL_ATTNRES_GRAD_SINK") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_GRAD_SINK must be 0 or 1, got {flag!r}")
@@ -157,10 +155,8 @@ def fused_norm_enabled() -> bool:
     updates the residual stream instead of a launch of its own. The standard residual's add and norm are one kernel
     (``kernels.norm.add_rms_norm``) in inference and, on the Triton norm backend, in training, where the backward
     also adds the stream's gradient inside the norm's backward kernel (no separate add either way); block AttnRes's
-    norm runs inside its two-phase kernels (inference) and, on the Triton norm backend, inside the training mix's
-    forward kernel (``kernels.attn_res.mix_triton.FWD_NORM``; its backward runs the norm's backward kernel). Equal to
-    the separate Triton norm bit for bit in the interpreter's inference (``tests/model/test_attn_res.py``); training
-    within rounding."""
+    norm runs inside its two-phase kernels (inference). Equal to the separate Triton norm bit for bit in the
+    interpreter's inference (``tests/model/test_attn_res.py``); training within rounding."""
     flag = os.environ.get("KVL_FUSED_NORM") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_FUSED_NORM must be 0 or 1, got {flag!r}")
@@ -319,15 +315,12 @@ class AttnResStream:
         self._buffered = BufferedTwoPhase(embeddings, self.queries, block_size) \
             if impl == "two_phase" and record is None and two_phase_backend(embeddings) == "triton" else None
         self._fused_norm = self._buffered is not None and fused_norm_enabled()  # read once a forward, not a sublayer
-        self._train_fused_norm = (impl == "fused" and self._buffered is None and fused_norm_enabled()
-                                  and resolve_norm_backend(None, embeddings.device, "AttnResStream") == "triton")
         self.sinks: list | None = None  # one GradSink per completed state (fused training path)
         self._u_rows: tuple[torch.Tensor, ...] | None = None  # every query's w * gain, one product per forward
         # (empty under FSDP2, where only the running layer's queries are gathered)
         self._deferred: dict | None = None  # block index -> DeferredBlock (KVL_ATTNRES_DEFER_GRAD, on by default)
         if impl == "fused" and torch.is_grad_enabled() and grad_sinks_enabled():
-            from kernels.attn_res.mix_autograd import GradSink
-            from kernels.attn_res.mix_triton import MAX_ARGS
+            from kernels.attn_res.mix_triton import MAX_ARGS, GradSink
 
             self._sink_cls = GradSink
             self.sinks = [GradSink()]
@@ -354,21 +347,10 @@ class AttnResStream:
                 # holds the other layers' queries sharded now: then () and each mix forms its own query's u
                 self._u_rows = () if queries_sharded(self.queries) else stacked_u(self.queries).unbind(0)
             u = self._u_rows[i] if self._u_rows else None
-            fused = self._mix_norm(norm)
-            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources), norm=fused)
-            if fused is not None:
-                norm = None  # applied by the mix
+            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources))
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
         return _normed(h, norm)
-
-    def _mix_norm(self, norm: nn.Module | None) -> tuple[torch.Tensor, float] | None:
-        """``(weight, eps)`` of the sublayer's input norm for the training mix to apply (``attn_res_mix``'s
-        ``norm``: in its forward kernel on the Triton path) when it is an :class:`RMSNorm` on the Triton norm
-        backend with :func:`fused_norm_enabled`, its weight gathered (not an FSDP2 shard); else ``None``."""
-        if not (isinstance(norm, RMSNorm) and self._train_fused_norm) or _is_dtensor(norm.weight):
-            return None
-        return norm.weight, norm.eps
 
     def _defer(self, i: int, sources: list[torch.Tensor]) -> tuple | None:
         """``(DeferredBlock, flush)`` for sublayer ``i``'s mix when its block defers its source gradients (not the

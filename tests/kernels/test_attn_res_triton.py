@@ -9,16 +9,7 @@ import torch
 from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
 
 from kernels import colsum
-from kernels.attn_res import (
-    AttnResMix,
-    attn_res_mix,
-    attn_res_mix_naive,
-    mix_autograd,
-    mix_triton,
-    norm_fusable,
-    resolve_backend,
-)
-from kernels.norm import rms_norm
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, mix_autograd, mix_triton, resolve_backend
 
 EPS = 1e-6
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 4e-3), torch.bfloat16: (1e-2, 2e-2)}
@@ -345,7 +336,7 @@ def test_triton_backward_adds_into_a_sink_buffer():
     _, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
     dh = torch.randn_like(srcs[0])
     plain, du, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha)
-    sink = mix_autograd.GradSink()
+    sink = mix_triton.GradSink()
     first, _, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
     start = first[1].clone()
     second, du2, _ = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [None, sink, None])
@@ -376,7 +367,7 @@ def test_deferred_gradients_equal_per_mix_sinks(monkeypatch, dtype, d, tol, flus
         _, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
         mixes.append((srcs, u, torch.randn(31, d, generator=gen).to(dev, dtype), rstd, alpha))
     task = torch._C._current_graph_task_id()
-    per_mix, deferred = [mix_autograd.GradSink() for _ in shared], [mix_autograd.GradSink() for _ in shared]
+    per_mix, deferred = [mix_triton.GradSink() for _ in shared], [mix_triton.GradSink() for _ in shared]
     block = mix_autograd.DeferredBlock()
     srcs, u, dh, rstd, alpha = mixes[-1]
     mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [*per_mix, None])
@@ -442,7 +433,7 @@ def test_mix_kernels_called_directly_after_their_first_launch_on_gpu(monkeypatch
 
     def run(srcs):
         h, rstd, alpha = mix_triton.mix_fwd_triton(srcs, u, EPS)
-        dxs, du, coef = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [mix_autograd.GradSink(), None, None],
+        dxs, du, coef = mix_triton.mix_bwd_triton(srcs, u, dh, rstd, alpha, [mix_triton.GradSink(), None, None],
                                                   defer=0b1)
         buf = torch.zeros_like(srcs[0])
         mix_triton.flush_triton(srcs[:1], [buf], 1, [dh], [u], [coef])
@@ -459,56 +450,3 @@ def test_mix_kernels_called_directly_after_their_first_launch_on_gpu(monkeypatch
     odd = torch.empty(4097 * 768 + 1, device=dev, dtype=torch.bfloat16)[1:].view(4097, 768).copy_(xs[0])
     h, _, _ = mix_triton.mix_fwd_triton([odd, *xs[1:]], u, EPS)
     assert len(mix_triton._FWD_ROWS.runners) == 2 and torch.equal(h, results["0"][0][0])
-
-
-def _norm_weight(d: int, dtype, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.empty(d).uniform_(0.5, 1.5, generator=gen).to(kernel_device(), dtype).requires_grad_()
-
-
-@pytest.mark.parametrize(
-    ("n", "shape", "d", "dtype", "tol"),
-    [
-        (1, (5,), 48, torch.float32, 1e-5),     # one source: y = RMSNorm(x)
-        (2, (300,), 50, torch.float32, 1e-5),   # D not a power of two (masked columns), 5 token tiles
-        (3, (3, 7), 768, torch.float32, 1e-5),  # the small flavor's width: 3 chunks, ragged last tile
-        (5, (3, 7), 768, torch.bfloat16, 2e-2),
-    ],
-)
-def test_fused_input_norm_equals_mix_then_norm(monkeypatch, n, shape, d, dtype, tol):
-    """``attn_res_mix(..., norm=(weight, eps))`` through the forward kernel that also normalises (``FWD_NORM``)
-    gives the mix followed by ``kernels.norm``'s Triton RMSNorm: the output, and the gradients of the sources, the
-    query, the key gain and the norm's gain (fp32 to 1e-5; bf16 to a rounding of the output)."""
-    monkeypatch.setenv("KVL_NORM_BACKEND", "triton")
-    xs, w, g = _inputs(n, shape, d, dtype=dtype, q_scale=2.0, seed=21)
-    nw = _norm_weight(d, dtype, 22)
-    results = {}
-    for fused in (True, False):
-        monkeypatch.setattr(mix_triton, "FWD_NORM", fused)
-        assert norm_fusable(n, nw, d) == fused
-        y, alpha = attn_res_mix(xs, w, g, EPS, backend="triton", norm=(nw, 1e-5))
-        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(23)).to(y.device, y.dtype)
-        results[fused] = (y.detach(), alpha, torch.autograd.grad(y, [*xs, w, g, nw], dy))
-    (y1, a1, g1), (y0, a0, g0) = results[True], results[False]
-    assert y1.dtype == y0.dtype == dtype and y1.shape == (*shape, d)
-    assert_rel_rms(y1.float(), y0.float(), tol if dtype != torch.float32 else 1e-6, "y")
-    assert torch.equal(a1, a0)
-    names = [f"dx{i}" for i in range(n)] + ["dweight", "dgain", "dnorm_weight"]
-    for name, a, b in zip(names, g1, g0):
-        assert a.dtype == b.dtype, name
-        assert_rel_rms(a.float(), b.float(), tol, name)
-
-
-def test_fused_input_norm_needs_the_pointer_argument_path(monkeypatch):
-    """The address table (``N > MAX_ARGS`` or forced) runs the mix, then the norm; its launcher refuses a norm."""
-    monkeypatch.setenv("KVL_NORM_BACKEND", "triton")
-    monkeypatch.setenv("KVL_ATTNRES_ADDRESSING", "table")
-    xs, w, g = _inputs(3, (2, 5), 40, seed=24)
-    nw = _norm_weight(40, torch.float32, 25)
-    assert not norm_fusable(3, nw, 40)
-    y, _ = attn_res_mix(xs, w, g, EPS, backend="triton", norm=(nw, 1e-5))
-    h, _ = attn_res_mix(xs, w, g, EPS, backend="triton")
-    assert torch.equal(y, rms_norm(h, nw, 1e-5))
-    flat = [x.detach().reshape(-1, 40) for x in xs]
-    with pytest.raises(ValueError, match="pointer-argument"):
-        mix_triton.mix_fwd_triton(flat, (w.reshape(-1) * g).detach(), EPS, (nw.detach(), 1e-5))

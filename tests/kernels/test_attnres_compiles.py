@@ -14,7 +14,6 @@ SCRIPT = """
 from kernels.benchmarks.ptxas_regs import attnres_ptxas_report, two_phase_ptxas_report
 for kernel, defer in (("fwd", 0), ("bwd", 0), ("bwd", 3), ("flush", 0)):
     print(kernel, defer, " | ".join(attnres_ptxas_report(kernel, 3, defer=defer).splitlines()), flush=True)
-print("fwd+norm", " | ".join(attnres_ptxas_report("fwd", 5, norm=True).splitlines()), flush=True)
 for kernel, qpar in (("rows", True), ("rows", False), ("tiled", False), ("phase2", False)):
     print("two-phase", kernel, qpar, " | ".join(two_phase_ptxas_report(kernel, qpar=qpar).splitlines()), flush=True)
 """
@@ -22,8 +21,6 @@ for kernel, qpar in (("rows", True), ("rows", False), ("tiled", False), ("phase2
 
 @pytest.mark.timeout(600)
 def test_attnres_kernels_compile_for_sm90():
-    lines = ptxas_lines(SCRIPT, 9)
-    fwd = next(line for line in lines if line.startswith("fwd 0"))
+    lines = ptxas_lines(SCRIPT, 8)
+    fwd = next(line for line in lines if line.startswith("fwd"))
     assert re.search(r"\b0 bytes spill stores", fwd), fwd  # (the backward spills 8 bytes at N = 3 with Triton 3.9)
-    fwd_norm = next(line for line in lines if line.startswith("fwd+norm"))  # 5 sources and the norm's row
-    assert re.search(r"\b0 bytes spill stores", fwd_norm), fwd_norm
