@@ -53,7 +53,8 @@ A block-level option of the backward (``kimi_vl/modeling/attn_res.py`` switches 
   22: 6 mixes into 4 states 0.421 -> 0.302 ms against one pass per state).
 
 Removed variants (measured in a small-model step, 8 x 4096): the sublayer's input RMSNorm inside these kernels
-(session 11: mix kernels +2.3 ms, norms -2.1 ms, net -0.14 / +0.12 ms all-MLA / hybrid, H100); a block's running
+(session 11: mix kernels +2.3 ms, norms -2.1 ms, net -0.14 / +0.12 ms all-MLA / hybrid, H100; session 32, the row
+forward alone writing y beside h: forward mixes 1.42 -> 2.09 ms, norms -0.57 ms, net +0.2 ms, H200); a block's running
 sum added inside the next mix's kernels, forward and backward (sessions 12 and 29: the 41 adds 1.40 -> 0.17 ms, the
 mixes +1.11 ms, net -0.04 ms, H200; ``kimi_vl/README.md``); the backward's pass B loading its tiles again (rows offset
 by a run-time zero, so that pass A's tiles need not stay live) and 12 elements a thread at 4 programs an SM
@@ -519,12 +520,11 @@ def _blocks(d: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _row_blocks(d: int, elem_bytes: int, num_warps: int, max_chunks: int, thread_elems: int
-                ) -> tuple[int, int, int]:
-    """``(BLOCK_T, CHUNK, CH)`` of the row layout (the backward and the pointer-argument forward): a row is ``CH`` chunks of ``CHUNK`` columns, ``CHUNK`` at least one
-    warp's width of 16-byte vectors (so that a warp owns whole rows: the per-token dot products are warp shuffles,
-    and ``D = 768`` is 3 x 256 with no padding), ``CH <= max_chunks``; ``BLOCK_T`` rows (a power of two) give each
-    thread about ``thread_elems`` elements of a tile."""
+def _row_blocks(d: int, elem_bytes: int, num_warps: int, max_chunks: int, thread_elems: int) -> tuple[int, int, int]:
+    """``(BLOCK_T, CHUNK, CH)`` of the row layout (the backward and the pointer-argument forward): a row is ``CH``
+    chunks of ``CHUNK`` columns, ``CHUNK`` at least one warp's width of 16-byte vectors (so that a warp owns whole
+    rows: the per-token dot products are warp shuffles, and ``D = 768`` is 3 x 256 with no padding), ``CH <=
+    max_chunks``; ``BLOCK_T`` rows (a power of two) give each thread about ``thread_elems`` elements of a tile."""
     chunk = max(32 * 16 // elem_bytes, triton.next_power_of_2(triton.cdiv(d, max_chunks)))
     ch = triton.cdiv(d, chunk)
     rows = max(1, thread_elems * 32 * num_warps // (ch * chunk))
