@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 32's GPU calls (results: docs/results/gpu-<date>-s32/):
+#   bash scripts/gpu_session32.sh norm   call1: the block-AttnRes training mixes apply their sublayer's input RMSNorm
+#       in the forward kernel (mix_triton.FWD_NORM, mix_autograd.AttnResMixNormTriton: y written beside h, the norm's
+#       own forward launch gone): the AttnRes GPU tests (kernels and the model's), and the small hybrid's block-AttnRes
+#       step profiled with it and with --set FWD_NORM=False, interleaved twice, 4 rounds each (ran at c80538b; since
+#       the change's revert in 4540eb5 the constant is gone and bench_attnres stops at --set: kept as it ran).
+#   bash scripts/gpu_session32.sh graph  call2: a training step replayed as one CUDA graph
+#       (kimi_vl.train.graphed_step.GraphedTrainStep): its GPU test (replays equal eager steps), and bench_backbone's
+#       hybrid and block-AttnRes hybrid at 8 x 4096, eager and graph-replayed, twice.
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+
+gpu_header
+case "${1:?usage: gpu_session32.sh norm|graph}" in
+norm)
+  PART_TAIL=6 part "AttnRes kernel and model tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py tests/model/test_attn_res.py
+  for round in a b; do
+    attnres_candidate "norm_$round" 12 8
+    attnres_candidate "sep_$round" 12 8 --set FWD_NORM=False
+  done
+  ;;
+graph)
+  PART_TAIL=6 part "graphed training step tests on the GPU" 150 python3 -m pytest -q -p no:cacheprovider -rf \
+    tests/train/test_graphed_step.py
+  for round in a b; do
+    mkdir -p "$OUT/backbone_$round"
+    OUT=$OUT/backbone_$round PART_TAIL=12 part "bench_backbone eager and CUDA graph, round $round" 200 python3 -m \
+      kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid \
+      hybrid_attnres --graph-train
+  done
+  ;;
+*)
+  echo "unknown mode $1" >&2
+  exit 2
+  ;;
+esac
