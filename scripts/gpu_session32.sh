@@ -7,7 +7,8 @@
 #       the change's revert in 4540eb5 the constant is gone and bench_attnres stops at --set: kept as it ran).
 #   bash scripts/gpu_session32.sh graph  call2: a training step replayed as one CUDA graph
 #       (kimi_vl.train.graphed_step.GraphedTrainStep): its GPU test (replays equal eager steps), and bench_backbone's
-#       hybrid and block-AttnRes hybrid at 8 x 4096, eager and graph-replayed, twice.
+#       hybrid and block-AttnRes hybrid at 8 x 4096, eager and graph-replayed, twice (ran at de00fbe; reverted after
+#       it, so this mode no longer runs: kept as it ran).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 

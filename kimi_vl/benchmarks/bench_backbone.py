@@ -59,8 +59,7 @@ def _time_cuda(fn, warmup: int, iters: int) -> tuple[float, list[float]]:
     return sum(each) / iters, each
 
 
-def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int, graph: bool = False) -> dict:
-    """Eager steps, or with ``graph`` each step one replay of a CUDA graph (``kimi_vl.train.GraphedTrainStep``)."""
+def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> dict:
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
     model.train()
 
@@ -68,18 +67,12 @@ def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int, graph
         model.zero_grad(set_to_none=True)
         model(ids, labels=ids, use_cache=False).loss.backward()
 
-    if graph:
-        from kimi_vl.train.graphed_step import GraphedTrainStep
-
-        graphed = GraphedTrainStep(model)
-        step = lambda: graphed(input_ids=ids, labels=ids, use_cache=False)  # noqa: E731 - the timed callable
-
     torch.cuda.reset_peak_memory_stats()
     sec, each = _time_cuda(step, warmup=2, iters=iters)
     tps = batch * seq / sec
     return {"seq": seq, "batch": batch, "step_s": sec, "step_s_each": each, "tokens_per_s": tps,
             "mfu": lm_flops_per_token(model, seq) * tps / (peak * 1e12),
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "graph": graph}
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 # kernel-name patterns -> category, first match wins (Triton kernels keep their Python names)
@@ -202,8 +195,6 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--graph-decode", action="store_true",
                    help="also decode with each step replayed as a CUDA graph (kimi_vl.generation.GraphDecoder)")
-    p.add_argument("--graph-train", action="store_true",
-                   help="also time each training step as one CUDA-graph replay (kimi_vl.train.GraphedTrainStep)")
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--variants", nargs="+", default=["hybrid", "full_attn", "hybrid_attnres"])
     p.add_argument("--quick", action="store_true", help="short sequences, for a smoke run")
@@ -221,11 +212,6 @@ def main() -> None:
         model = KimiVLForCausalLM(cfg).to("cuda", torch.bfloat16)
         results["train"][variant] = [bench_train(model, cfg, s, max(1, args.train_tokens // s), args.peak_tflops,
                                                  args.iters) for s in args.train_seqs]
-        if args.graph_train:  # after the eager runs (their peak memory is not the graph pool's)
-            model.zero_grad(set_to_none=True)
-            results["train"][variant + " (CUDA graph)"] = [
-                bench_train(model, cfg, s, max(1, args.train_tokens // s), args.peak_tflops, args.iters, graph=True)
-                for s in args.train_seqs]
         if args.profile and args.train_seqs:
             seq = args.train_seqs[0]
             batch = max(1, args.train_tokens // seq)
