@@ -9,11 +9,17 @@
 #       (kimi_vl.train.graphed_step.GraphedTrainStep): its GPU test (replays equal eager steps), and bench_backbone's
 #       hybrid and block-AttnRes hybrid at 8 x 4096, eager and graph-replayed, twice (ran at de00fbe; reverted after
 #       it, so this mode no longer runs: kept as it ran).
+#   bash scripts/gpu_session32.sh normbwd call3: the RMSNorm backward in the row layout (kernels/norm/norm_triton.py
+#       _norm_bwd_rows_kernel: a row's sum is a warp shuffle; 149-165 registers against the tile kernel's 253-255 and
+#       its 40-byte spill with the stream's gradient, ptxas sm_90a): the norm GPU tests and the whole-model
+#       Triton-vs-PyTorch test, bench_norm --bwd-sweep (the kernel alone under launch settings), and bench_backbone
+#       --profile of the hybrid and block-AttnRes hybrid with it and with the tile kernel (a copy of the tree with
+#       NORM_BWD_ROWS = False), interleaved twice.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session32.sh norm|graph}" in
+case "${1:?usage: gpu_session32.sh norm|graph|normbwd}" in
 norm)
   PART_TAIL=6 part "AttnRes kernel and model tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py tests/model/test_attn_res.py
@@ -30,6 +36,22 @@ graph)
     OUT=$OUT/backbone_$round PART_TAIL=12 part "bench_backbone eager and CUDA graph, round $round" 200 python3 -m \
       kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid \
       hybrid_attnres --graph-train
+  done
+  ;;
+normbwd)
+  PART_TAIL=6 part "norm tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_norm.py tests/model/test_backbone_invariants.py tests/model/test_attn_res.py
+  PART_TAIL=8 part "bench_norm --bwd-sweep" 150 python3 kernels/benchmarks/bench_norm.py --bwd-sweep \
+    --out "$OUT/bench_norm_bwd.json"
+  flipped_tree kernels/norm/norm_triton.py 's/^NORM_BWD_ROWS = True/NORM_BWD_ROWS = False/'
+  for round in a b; do
+    for tree in rows tile; do
+      dir=$PWD; [ "$tree" = tile ] && dir=/tmp/flip
+      mkdir -p "$OUT/${tree}_$round"
+      (cd "$dir" && OUT=$OUT/${tree}_$round PART_TAIL=14 part "bench_backbone --profile, $tree norm backward, $round" \
+        150 env PYTHONPATH="$dir:/tmp/site" python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 \
+        --decode-contexts --iters 10 --profile --variants hybrid hybrid_attnres)
+    done
   done
   ;;
 *)

@@ -116,11 +116,68 @@ def case(op, shape, dtype, w_dtype, copy_gbps: float) -> dict:
     return res
 
 
+# the RMSNorm backward's launch settings timed by --bwd-sweep: (name, {norm_triton constant: value})
+BWD_SETTINGS = [
+    ("tile kernel", {"NORM_BWD_ROWS": False}),
+    ("rows, default", {}),
+    ("rows, 4 elems", {"NORM_ROWS_THREAD_ELEMS": 4}),
+    ("rows, 16 elems", {"NORM_ROWS_THREAD_ELEMS": 16}),
+    ("rows, 4 a SM", {"NORM_ROWS_PROGRAMS_PER_SM": 4}),
+    ("rows, 16 a SM", {"NORM_ROWS_PROGRAMS_PER_SM": 16}),
+    ("rows, 4 elems, 16 a SM", {"NORM_ROWS_THREAD_ELEMS": 4, "NORM_ROWS_PROGRAMS_PER_SM": 16}),
+]
+BWD_CASES = {  # name -> (x shape, weight dtype, gated, with the stream's gradient)
+    "RMSNorm [32768, 768]": ((M, 768), torch.bfloat16, False, False),
+    "add + RMSNorm [32768, 768] (stream gradient)": ((M, 768), torch.bfloat16, False, True),
+    "gated RMSNorm [196608, 128]": ((M * 6, 128), torch.float32, True, False),
+}
+
+
+def bwd_sweep(copy_gbps: float) -> dict:
+    """GPU time (CUDA graph replays) of ``norm_triton.norm_bwd`` alone at the small model's bf16 shapes under each
+    of :data:`BWD_SETTINGS`, with the largest relative RMS difference of its outputs from the tile kernel's."""
+    from kernels.benchmarks.constants import overridden
+    from kernels.norm import norm_triton as nt
+
+    out = {}
+    for name, (shape, w_dtype, gated, stream) in BWD_CASES.items():
+        g = torch.Generator(device="cuda").manual_seed(1)
+        x, dy, gate, ds = (torch.randn(shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+        w = (1 + 0.1 * torch.randn(shape[-1], device="cuda", generator=g)).to(w_dtype)
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)
+        args = (x, gate if gated else None, w, rstd, dy, ds if stream else None)
+        moved = sum(t.numel() * t.element_size() for t in (x, dy, x) + ((gate, gate) if gated else ())
+                    + ((ds,) if stream else ()))
+        rows, ref = {}, None
+        for setting, consts in BWD_SETTINGS:
+            with overridden([(nt, k, v) for k, v in consts.items()]):
+                got = [t for t in nt.norm_bwd(*args) if t is not None]
+                ms = bench_graph(lambda args=args: nt.norm_bwd(*args))
+            ref = ref or got
+            rows[setting] = {"ms": round(ms, 4), "frac_of_copy": round(moved / ms / 1e6 / copy_gbps, 3),
+                             "max_rel_diff": max(rel_rms(a.float(), b.float()) for a, b in zip(got, ref))}
+        out[name] = rows
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_norm.json"))
+    ap.add_argument("--bwd-sweep", action="store_true", help="only the RMSNorm backward's launch settings "
+                    "(BWD_SETTINGS) at the model's shapes, CUDA-graph timed")
     args = ap.parse_args()
     copy_gbps = copy_bandwidth()
+    if args.bwd_sweep:
+        res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "copy_GBps": round(copy_gbps, 1),
+               "date": datetime.date.today().isoformat(), "bwd_sweep": bwd_sweep(copy_gbps)}
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+        print(f"{res['device']}, copy {copy_gbps:.0f} GB/s: RMSNorm backward alone (CUDA graph), ms / % of copy")
+        for name, rows in res["bwd_sweep"].items():
+            print(f"| {name} | " + " | ".join(f"{k}: {r['ms']:.4f} ({r['frac_of_copy']:.0%}, diff {r['max_rel_diff']:.0e})"
+                                              for k, r in rows.items()) + " |")
+        return
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "date": datetime.date.today().isoformat(), "copy_GBps": round(copy_gbps, 1), "cases": {}}
     for name, spec in CASES.items():

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -297,3 +298,28 @@ def two_phase_ptxas_report(kernel: str, d: int = 768, slots: int = 6, queries: i
 
 if __name__ == "__main__":
     main()
+
+
+def norm_bwd_ptxas_report(d: int = 768, gated: bool = False, stream: bool = False, rows: bool = True) -> str:
+    """Registers and spills of the RMSNorm backward (``kernels/norm/norm_triton.py``) for bf16 rows of width ``d``
+    with the launch's own constants: the row layout (``rows``) or the tile kernel.
+
+        .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import norm_bwd_ptxas_report as r; print(r(768))"
+    """
+    from kernels.norm import norm_triton as nt
+
+    bf, f32 = "*bf16", "*fp32"
+    ptrs = [bf, bf, bf if not gated else f32, f32, bf, bf, bf, f32, bf]
+    if rows:
+        block_t, chunk, ch, _ = nt._row_layout(1 << 15, d, 2, torch.device("cpu"))
+        fn, consts = nt._norm_bwd_rows_kernel, dict(BLOCK_T=block_t, CHUNK=chunk, CH=ch, GATED=gated, STREAM=stream)
+        args = ptrs + ["i32", "i32", "i32"]
+    else:
+        block_m, block_d, tiles, _ = nt._bwd_grid(1 << 15, d)
+        fn = nt._norm_bwd_kernel
+        consts = dict(BLOCK_M=block_m, BLOCK_D=block_d, TILES=tiles, GATED=gated, STREAM=stream)
+        args = ptrs + ["i32", "i32"]
+    it = iter(args)
+    sig = {a: "constexpr" if a in consts else next(it) for a in fn.arg_names}
+    return compile_report(fn, sig, consts, {"num_warps": nt.NORM_WARPS, "num_stages": 2})
+

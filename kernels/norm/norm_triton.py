@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.backend import sm_count
 from kernels.colsum import column_sum
 
 NORM_TILE_ELEMS = 4096  # BLOCK_M * BLOCK_D per program
@@ -34,6 +35,10 @@ NORM_FEW_ROWS = 64  # forward over at most this many rows (decode): one row a pr
 NORM_FEW_ROWS_WARPS = 4
 NORM_BWD_TILES = 8  # row tiles per backward program
 NORM_WARPS = 4
+NORM_BWD_ROWS = True  # the backward in the row layout (_norm_bwd_rows_kernel) where a row fits NORM_ROWS_MAX_CHUNKS
+NORM_ROWS_MAX_CHUNKS = 8
+NORM_ROWS_THREAD_ELEMS = 8  # elements of one chunk-wide tile per thread (sets BLOCK_T)
+NORM_ROWS_PROGRAMS_PER_SM = 8
 ACT_BLOCK_M, ACT_BLOCK_I, ACT_WARPS = 4, 1024, 4
 
 
@@ -98,6 +103,57 @@ def _norm_bwd_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_p
             dx += tl.load(ds_ptr + off, mask=m, other=0.0).to(tl.float32)
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
     tl.store(dw_ptr + pid * D + cols, dw, mask=cols < D)
+
+
+@triton.jit
+def _norm_bwd_rows_kernel(x_ptr, g_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dg_ptr, dw_ptr, ds_ptr, M, D, num_tiles,
+                          BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, GATED: tl.constexpr,
+                          STREAM: tl.constexpr):
+    """:func:`_norm_bwd_kernel`'s maths in the row layout: a row is ``CH`` chunks of ``CHUNK`` columns (at most a
+    warp's width of 16-byte vectors each), so the row's sum ``dn . x_hat`` is a warp shuffle, not a reduction across
+    the program's warps; the gain's gradient stays per thread (``[BLOCK_T, CHUNK]`` per chunk) over the program's
+    grid-stride tiles and is reduced once at the end."""
+    pid = tl.program_id(0)
+    ws, dws = (), ()
+    for c in tl.static_range(CH):
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        ws = ws + (tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32),)
+        dws = dws + (tl.zeros([BLOCK_T, CHUNK], dtype=tl.float32),)
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        rows = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
+        base = rows.to(tl.int64)[:, None] * D
+        dot = tl.zeros([BLOCK_T], dtype=tl.float32)
+        x_hats, dns, new_dws = (), (), ()
+        for c in tl.static_range(CH):
+            cols = c * CHUNK + tl.arange(0, CHUNK)
+            m = (rows < M)[:, None] & (cols < D)[None, :]
+            off = base + cols[None, :]
+            x_hat = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32) * rstd[:, None]
+            dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
+            if GATED:
+                sg = tl.sigmoid(tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32))
+                dn = dy * ws[c][None, :] * sg
+                new_dws = new_dws + (dws[c] + dy * x_hat * sg,)
+                tl.store(dg_ptr + off, (dn * x_hat * (1.0 - sg)).to(dg_ptr.dtype.element_ty), mask=m)
+            else:
+                dn = dy * ws[c][None, :]
+                new_dws = new_dws + (dws[c] + dy * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32),)
+            dot += tl.sum(dn * x_hat, axis=1)
+            x_hats, dns = x_hats + (x_hat,), dns + (dn,)
+        dws = new_dws
+        dot = dot / D
+        for c in tl.static_range(CH):
+            cols = c * CHUNK + tl.arange(0, CHUNK)
+            m = (rows < M)[:, None] & (cols < D)[None, :]
+            off = base + cols[None, :]
+            dx = rstd[:, None] * (dns[c] - x_hats[c] * dot[:, None])
+            if STREAM:  # the residual stream's own gradient, added in fp32 (add_rms_norm's backward)
+                dx += tl.load(ds_ptr + off, mask=m, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    for c in tl.static_range(CH):
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        tl.store(dw_ptr + pid * D + cols, tl.sum(dws[c], axis=0), mask=cols < D)
 
 
 @triton.jit
@@ -233,15 +289,39 @@ def _bwd_grid(M: int, D: int) -> tuple[int, int, int, int]:
     return block_m, block_d, tiles, triton.cdiv(M, block_m * tiles)
 
 
+def _row_layout(M: int, D: int, elem_bytes: int, device: torch.device) -> tuple[int, int, int, int] | None:
+    """``(BLOCK_T, CHUNK, CH, programs)`` of :func:`_norm_bwd_rows_kernel` for ``[M, D]`` rows, or ``None`` when a
+    row would take more than ``NORM_ROWS_MAX_CHUNKS`` chunks (or ``NORM_BWD_ROWS`` is off): ``CHUNK`` the next power
+    of two of D up to a warp's width of 16-byte vectors, ``BLOCK_T`` rows giving each thread about
+    ``NORM_ROWS_THREAD_ELEMS`` elements of a chunk, ``NORM_ROWS_PROGRAMS_PER_SM`` grid-stride programs an SM."""
+    chunk = min(max(16, triton.next_power_of_2(D)), 32 * 16 // elem_bytes)
+    ch = triton.cdiv(D, chunk)
+    if not NORM_BWD_ROWS or ch > NORM_ROWS_MAX_CHUNKS:
+        return None
+    rows = max(1, NORM_ROWS_THREAD_ELEMS * 32 * NORM_WARPS // chunk)
+    block_t = 1 << (rows.bit_length() - 1)
+    sms = sm_count(device) if device.type == "cuda" else 1
+    return block_t, chunk, ch, max(1, min(triton.cdiv(M, block_t), NORM_ROWS_PROGRAMS_PER_SM * sms))
+
+
 def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Tensor, rstd_M: torch.Tensor,
              dy_MD: torch.Tensor, ds_MD: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None,
                                                                              torch.Tensor]:
     """``(dx, dgate or None, dweight in weight's dtype)``; with ``ds_MD`` (plain RMSNorm only), ``dx`` also holds
     that gradient, added in fp32 before the one rounding to x's dtype."""
     M, D = x_MD.shape
-    block_m, block_d, tiles, n_prog = _bwd_grid(M, D)
     dx = torch.empty_like(x_MD)
     dg = torch.empty_like(gate_MD) if gate_MD is not None else None
+    layout = _row_layout(M, D, x_MD.element_size(), x_MD.device) if M else None
+    if layout is not None:
+        block_t, chunk, ch, n_prog = layout
+        dw_part = torch.empty(n_prog, D, dtype=torch.float32, device=x_MD.device)  # every program writes its row
+        _norm_bwd_rows_kernel[(n_prog,)](
+            x_MD, gate_MD if gate_MD is not None else x_MD, weight, rstd_M, dy_MD, dx, dg if dg is not None else dx,
+            dw_part, ds_MD if ds_MD is not None else dx, M, D, triton.cdiv(M, block_t), BLOCK_T=block_t,
+            CHUNK=chunk, CH=ch, GATED=gate_MD is not None, STREAM=ds_MD is not None, num_warps=NORM_WARPS)
+        return dx, dg, column_sum(dw_part, weight.dtype)
+    block_m, block_d, tiles, n_prog = _bwd_grid(M, D)
     dw_part = torch.empty(n_prog, D, dtype=torch.float32, device=x_MD.device)  # every program writes its row
     if M:
         _norm_bwd_kernel[(n_prog,)](
