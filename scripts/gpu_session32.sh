@@ -14,12 +14,28 @@
 #       its 40-byte spill with the stream's gradient, ptxas sm_90a): the norm GPU tests and the whole-model
 #       Triton-vs-PyTorch test, bench_norm --bwd-sweep (the kernel alone under launch settings), and bench_backbone
 #       --profile of the hybrid and block-AttnRes hybrid with it and with the tile kernel (a copy of the tree with
-#       NORM_BWD_ROWS = False), interleaved twice.
+#       NORM_BWD_ROWS = False), interleaved twice (ran at a4eaa81, where every row of at most 8 chunks took the row
+#       kernel).
+#   bash scripts/gpu_session32.sh normbwd2 call4: the same with only one-chunk rows on the row kernel (the KDA output's
+#       gated norm; NORM_ROWS_MAX_CHUNKS = 1, 4 elements a thread): the norm GPU tests, bench_norm --bwd-sweep, and
+#       bench_backbone --profile of the hybrid with it and with the tile kernel, interleaved twice.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
+norm_ab() {  # variants...: bench_backbone --profile at 8 x 4096 in this tree (rows) and /tmp/flip (tile), twice
+  for round in a b; do
+    for tree in rows tile; do
+      dir=$PWD; [ "$tree" = tile ] && dir=/tmp/flip
+      mkdir -p "$OUT/${tree}_$round"
+      (cd "$dir" && OUT=$OUT/${tree}_$round PART_TAIL=14 part "bench_backbone --profile, $tree norm backward, $round" \
+        150 env PYTHONPATH="$dir:/tmp/site" python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 \
+        --decode-contexts --iters 10 --profile --variants "$@")
+    done
+  done
+}
+
 gpu_header
-case "${1:?usage: gpu_session32.sh norm|graph|normbwd}" in
+case "${1:?usage: gpu_session32.sh norm|graph|normbwd|normbwd2}" in
 norm)
   PART_TAIL=6 part "AttnRes kernel and model tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py tests/model/test_attn_res.py
@@ -44,15 +60,15 @@ normbwd)
   PART_TAIL=8 part "bench_norm --bwd-sweep" 150 python3 kernels/benchmarks/bench_norm.py --bwd-sweep \
     --out "$OUT/bench_norm_bwd.json"
   flipped_tree kernels/norm/norm_triton.py 's/^NORM_BWD_ROWS = True/NORM_BWD_ROWS = False/'
-  for round in a b; do
-    for tree in rows tile; do
-      dir=$PWD; [ "$tree" = tile ] && dir=/tmp/flip
-      mkdir -p "$OUT/${tree}_$round"
-      (cd "$dir" && OUT=$OUT/${tree}_$round PART_TAIL=14 part "bench_backbone --profile, $tree norm backward, $round" \
-        150 env PYTHONPATH="$dir:/tmp/site" python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 \
-        --decode-contexts --iters 10 --profile --variants hybrid hybrid_attnres)
-    done
-  done
+  norm_ab hybrid hybrid_attnres
+  ;;
+normbwd2)
+  PART_TAIL=6 part "norm tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_norm.py tests/model/test_backbone_invariants.py
+  PART_TAIL=8 part "bench_norm --bwd-sweep" 150 python3 kernels/benchmarks/bench_norm.py --bwd-sweep \
+    --out "$OUT/bench_norm_bwd.json"
+  flipped_tree kernels/norm/norm_triton.py 's/^NORM_BWD_ROWS = True/NORM_BWD_ROWS = False/'
+  norm_ab hybrid
   ;;
 *)
   echo "unknown mode $1" >&2

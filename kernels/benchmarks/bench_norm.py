@@ -119,12 +119,12 @@ def case(op, shape, dtype, w_dtype, copy_gbps: float) -> dict:
 # the RMSNorm backward's launch settings timed by --bwd-sweep: (name, {norm_triton constant: value})
 BWD_SETTINGS = [
     ("tile kernel", {"NORM_BWD_ROWS": False}),
-    ("rows, default", {}),
-    ("rows, 4 elems", {"NORM_ROWS_THREAD_ELEMS": 4}),
-    ("rows, 16 elems", {"NORM_ROWS_THREAD_ELEMS": 16}),
-    ("rows, 4 a SM", {"NORM_ROWS_PROGRAMS_PER_SM": 4}),
-    ("rows, 16 a SM", {"NORM_ROWS_PROGRAMS_PER_SM": 16}),
-    ("rows, 4 elems, 16 a SM", {"NORM_ROWS_THREAD_ELEMS": 4, "NORM_ROWS_PROGRAMS_PER_SM": 16}),
+    ("default", {}),
+    ("rows at every width", {"NORM_ROWS_MAX_CHUNKS": 8}),
+    ("rows at every width, 8 elems", {"NORM_ROWS_MAX_CHUNKS": 8, "NORM_ROWS_THREAD_ELEMS": 8}),
+    ("rows at every width, 16 elems", {"NORM_ROWS_MAX_CHUNKS": 8, "NORM_ROWS_THREAD_ELEMS": 16}),
+    ("rows at every width, 4 a SM", {"NORM_ROWS_MAX_CHUNKS": 8, "NORM_ROWS_PROGRAMS_PER_SM": 4}),
+    ("rows at every width, 16 a SM", {"NORM_ROWS_MAX_CHUNKS": 8, "NORM_ROWS_PROGRAMS_PER_SM": 16}),
 ]
 BWD_CASES = {  # name -> (x shape, weight dtype, gated, with the stream's gradient)
     "RMSNorm [32768, 768]": ((M, 768), torch.bfloat16, False, False),

@@ -311,7 +311,10 @@ def norm_bwd_ptxas_report(d: int = 768, gated: bool = False, stream: bool = Fals
     bf, f32 = "*bf16", "*fp32"
     ptrs = [bf, bf, bf if not gated else f32, f32, bf, bf, bf, f32, bf]
     if rows:
-        block_t, chunk, ch, _ = nt._row_layout(1 << 15, d, 2, torch.device("cpu"))
+        layout = nt._row_layout(1 << 15, d, 2, torch.device("cpu"))
+        if layout is None:
+            raise ValueError(f"norm_bwd_ptxas_report: rows of {d} bf16 take the tile kernel (NORM_ROWS_MAX_CHUNKS)")
+        block_t, chunk, ch, _ = layout
         fn, consts = nt._norm_bwd_rows_kernel, dict(BLOCK_T=block_t, CHUNK=chunk, CH=ch, GATED=gated, STREAM=stream)
         args = ptrs + ["i32", "i32", "i32"]
     else:

@@ -35,9 +35,13 @@ NORM_FEW_ROWS = 64  # forward over at most this many rows (decode): one row a pr
 NORM_FEW_ROWS_WARPS = 4
 NORM_BWD_TILES = 8  # row tiles per backward program
 NORM_WARPS = 4
-NORM_BWD_ROWS = True  # the backward in the row layout (_norm_bwd_rows_kernel) where a row fits NORM_ROWS_MAX_CHUNKS
-NORM_ROWS_MAX_CHUNKS = 8
-NORM_ROWS_THREAD_ELEMS = 8  # elements of one chunk-wide tile per thread (sets BLOCK_T)
+# The backward in the row layout (_norm_bwd_rows_kernel) where a row is at most NORM_ROWS_MAX_CHUNKS chunks, else the
+# tile kernel. H200, bf16, CUDA-graph replays (session 32 call3, `bench_norm.py --bwd-sweep`), tile / row kernel (8
+# elements a thread, 8 programs an SM): [32768, 768] 0.052 / 0.080 ms, with the stream's gradient 0.075 / 0.102, the
+# KDA output's gated norm [196608, 128] 0.110 / 0.078 (0.074 at 4 elements): so only one-chunk rows take it.
+NORM_BWD_ROWS = True
+NORM_ROWS_MAX_CHUNKS = 1
+NORM_ROWS_THREAD_ELEMS = 4  # elements of one chunk-wide tile per thread (sets BLOCK_T)
 NORM_ROWS_PROGRAMS_PER_SM = 8
 ACT_BLOCK_M, ACT_BLOCK_I, ACT_WARPS = 4, 1024, 4
 

@@ -81,7 +81,7 @@ CATEGORIES = (
             r"_kernel$"),
     ("short_conv", r"^_(fwd|dpre|dx|conv_bwd_stream|final_state|dstate|update)_kernel$"),
     ("loss", r"^_ce_(fwd|bwd)_kernel$|SoftMax|nll_loss|cross_entropy"),
-    ("norm/act", r"^_(norm_fwd|norm_bwd|silu_mul_fwd|silu_mul_bwd)_kernel$"),
+    ("norm/act", r"^_(norm_fwd|norm_bwd|norm_bwd_rows|silu_mul_fwd|silu_mul_bwd)_kernel$"),
     ("attn_res", r"attn_res"),
     ("attention", r"flex_attention|flash|fmha|attention"),
     ("gemm", r"nvjet|gemm|cutlass|xmma|sm90_|sm80_|cublas"),

@@ -262,3 +262,30 @@ def test_gpu_layer_norm_vision_shape(dtype):
     assert rel(ours[0], exact[0]) < tol
     for a, e in zip(ours[1], exact[1]):
         assert rel(a, e) < tol
+
+
+@pytest.mark.parametrize(("d", "gated", "stream"), [(64, True, False), (100, False, True), (768, False, False),
+                                                     (768, False, True), (1000, True, False)])
+def test_norm_backward_row_kernel_equals_tile_kernel(monkeypatch, d, gated, stream):
+    """``_norm_bwd_rows_kernel`` (allowed up to 8 chunks a row here; by default only one-chunk rows take it) gives
+    the tile kernel's dx, dgate and dweight in fp32 (the same maths; sums in another order): one and several
+    chunks, masked columns, grid-stride tiles with a ragged last one, the stream's gradient."""
+    from kernels.norm import norm_triton as nt
+
+    g = torch.Generator().manual_seed(5)
+    dev = kernel_device()
+    x, dy, gate, ds = (torch.randn(37, d, generator=g).to(dev) for _ in range(4))
+    w = (1 + 0.2 * torch.randn(d, generator=g)).to(dev)
+    rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-6)
+    args = (x, gate if gated else None, w, rstd, dy, ds if stream else None)
+    monkeypatch.setattr(nt, "NORM_ROWS_MAX_CHUNKS", 8)
+    monkeypatch.setattr(nt, "NORM_ROWS_PROGRAMS_PER_SM", 2)
+    assert nt._row_layout(37, d, 4, x.device) is not None
+    rows = nt.norm_bwd(*args)
+    monkeypatch.setattr(nt, "NORM_BWD_ROWS", False)
+    assert nt._row_layout(37, d, 4, x.device) is None
+    tile = nt.norm_bwd(*args)
+    for name, a, b in zip(("dx", "dgate", "dweight"), rows, tile):
+        assert (a is None) == (b is None) == (name == "dgate" and not gated), name
+        if a is not None:
+            assert rel(a, b) < 1e-6, name
