@@ -19,6 +19,8 @@
 #   bash scripts/gpu_session32.sh normbwd2 call4: the same with only one-chunk rows on the row kernel (the KDA output's
 #       gated norm; NORM_ROWS_MAX_CHUNKS = 1, 4 elements a thread): the norm GPU tests, bench_norm --bwd-sweep, and
 #       bench_backbone --profile of the hybrid with it and with the tile kernel, interleaved twice.
+#   bash scripts/gpu_session32.sh normsweep call5: bench_norm --bwd-sweep with the tile kernel's own launch settings
+#       (NORM_BWD_TILE_ELEMS, NORM_BWD_WARPS, NORM_BWD_TILES) beside the row kernel's.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -35,7 +37,7 @@ norm_ab() {  # variants...: bench_backbone --profile at 8 x 4096 in this tree (r
 }
 
 gpu_header
-case "${1:?usage: gpu_session32.sh norm|graph|normbwd|normbwd2}" in
+case "${1:?usage: gpu_session32.sh norm|graph|normbwd|normbwd2|normsweep}" in
 norm)
   PART_TAIL=6 part "AttnRes kernel and model tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py tests/model/test_attn_res.py
@@ -69,6 +71,10 @@ normbwd2)
     --out "$OUT/bench_norm_bwd.json"
   flipped_tree kernels/norm/norm_triton.py 's/^NORM_BWD_ROWS = True/NORM_BWD_ROWS = False/'
   norm_ab hybrid
+  ;;
+normsweep)
+  PART_TAIL=8 part "bench_norm --bwd-sweep" 150 python3 kernels/benchmarks/bench_norm.py --bwd-sweep \
+    --out "$OUT/bench_norm_bwd.json"
   ;;
 *)
   echo "unknown mode $1" >&2

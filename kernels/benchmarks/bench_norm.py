@@ -125,6 +125,12 @@ BWD_SETTINGS = [
     ("rows at every width, 16 elems", {"NORM_ROWS_MAX_CHUNKS": 8, "NORM_ROWS_THREAD_ELEMS": 16}),
     ("rows at every width, 4 a SM", {"NORM_ROWS_MAX_CHUNKS": 8, "NORM_ROWS_PROGRAMS_PER_SM": 4}),
     ("rows at every width, 16 a SM", {"NORM_ROWS_MAX_CHUNKS": 8, "NORM_ROWS_PROGRAMS_PER_SM": 16}),
+    ("tile, 8 warps", {"NORM_BWD_ROWS": False, "NORM_BWD_WARPS": 8}),
+    ("tile, 2048 elems", {"NORM_BWD_ROWS": False, "NORM_BWD_TILE_ELEMS": 2048}),
+    ("tile, 8192 elems, 8 warps", {"NORM_BWD_ROWS": False, "NORM_BWD_TILE_ELEMS": 8192, "NORM_BWD_WARPS": 8}),
+    ("tile, 4 tiles", {"NORM_BWD_ROWS": False, "NORM_BWD_TILES": 4}),
+    ("tile, 16 tiles", {"NORM_BWD_ROWS": False, "NORM_BWD_TILES": 16}),
+    ("tile, 2048 elems, 2 warps", {"NORM_BWD_ROWS": False, "NORM_BWD_TILE_ELEMS": 2048, "NORM_BWD_WARPS": 2}),
 ]
 BWD_CASES = {  # name -> (x shape, weight dtype, gated, with the stream's gradient)
     "RMSNorm [32768, 768]": ((M, 768), torch.bfloat16, False, False),

@@ -35,6 +35,8 @@ NORM_FEW_ROWS = 64  # forward over at most this many rows (decode): one row a pr
 NORM_FEW_ROWS_WARPS = 4
 NORM_BWD_TILES = 8  # row tiles per backward program
 NORM_WARPS = 4
+NORM_BWD_TILE_ELEMS = 4096  # the backward tile kernel's BLOCK_M * BLOCK_D (and LayerNorm's backward)
+NORM_BWD_WARPS = 4
 # The backward in the row layout (_norm_bwd_rows_kernel) where a row is at most NORM_ROWS_MAX_CHUNKS chunks, else the
 # tile kernel. H200, bf16, CUDA-graph replays (session 32 call3, `bench_norm.py --bwd-sweep`), tile / row kernel (8
 # elements a thread, 8 programs an SM): [32768, 768] 0.052 / 0.080 ms, with the stream's gradient 0.075 / 0.102, the
@@ -288,7 +290,8 @@ def add_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 def _bwd_grid(M: int, D: int) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_D, TILES, programs)`` of a backward launch: each program walks ``TILES`` row tiles and
     writes one fp32 partial sum of the affine gradients."""
-    block_m, block_d = _norm_blocks(D)
+    block_d = triton.next_power_of_2(D)
+    block_m = max(1, NORM_BWD_TILE_ELEMS // block_d)
     tiles = max(1, min(NORM_BWD_TILES, triton.cdiv(M, block_m)))
     return block_m, block_d, tiles, triton.cdiv(M, block_m * tiles)
 
@@ -331,7 +334,7 @@ def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
         _norm_bwd_kernel[(n_prog,)](
             x_MD, gate_MD if gate_MD is not None else x_MD, weight, rstd_M, dy_MD, dx, dg if dg is not None else dx,
             dw_part, ds_MD if ds_MD is not None else dx, M, D, BLOCK_M=block_m, BLOCK_D=block_d, TILES=tiles,
-            GATED=gate_MD is not None, STREAM=ds_MD is not None, num_warps=NORM_WARPS)
+            GATED=gate_MD is not None, STREAM=ds_MD is not None, num_warps=NORM_BWD_WARPS)
     return dx, dg, column_sum(dw_part, weight.dtype)
 
 
@@ -358,7 +361,7 @@ def layer_norm_bwd(x_MD: torch.Tensor, weight: torch.Tensor, mean_M: torch.Tenso
     part = torch.empty(2, n_prog, D, dtype=torch.float32, device=x_MD.device)  # every program writes its rows
     if M:
         _ln_bwd_kernel[(n_prog,)](x_MD, weight, mean_M, rstd_M, dy_MD, dx, part[0], part[1], M, D, BLOCK_M=block_m,
-                                  BLOCK_D=block_d, TILES=tiles, num_warps=NORM_WARPS)
+                                  BLOCK_D=block_d, TILES=tiles, num_warps=NORM_BWD_WARPS)
     return dx, column_sum(part[0], weight.dtype), column_sum(part[1], weight.dtype)
 
 
