@@ -21,6 +21,8 @@
 #       bench_backbone --profile of the hybrid with it and with the tile kernel, interleaved twice.
 #   bash scripts/gpu_session32.sh normsweep call5: bench_norm --bwd-sweep with the tile kernel's own launch settings
 #       (NORM_BWD_TILE_ELEMS, NORM_BWD_WARPS, NORM_BWD_TILES) beside the row kernel's.
+#   bash scripts/gpu_session32.sh pairsweep call6: sweep_kda_bwd.py at the small hybrid's shape, gates and fp32 beta
+#       (8x4096x6, init gates) over the pair kernel's warps, stages and key-block width (swept before at other shapes).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -37,7 +39,7 @@ norm_ab() {  # variants...: bench_backbone --profile at 8 x 4096 in this tree (r
 }
 
 gpu_header
-case "${1:?usage: gpu_session32.sh norm|graph|normbwd|normbwd2|normsweep}" in
+case "${1:?usage: gpu_session32.sh norm|graph|normbwd|normbwd2|normsweep|pairsweep}" in
 norm)
   PART_TAIL=6 part "AttnRes kernel and model tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py tests/model/test_attn_res.py
@@ -75,6 +77,9 @@ normbwd2)
 normsweep)
   PART_TAIL=8 part "bench_norm --bwd-sweep" 150 python3 kernels/benchmarks/bench_norm.py --bwd-sweep \
     --out "$OUT/bench_norm_bwd.json"
+  ;;
+pairsweep)
+  bwd_sweep 8x4096x6 200 "pair w2,pair w8,pair w4 s2,pair w2 bk64,pair w4 bk64,pair w2 bk16,default again" init fp32
   ;;
 *)
   echo "unknown mode $1" >&2
