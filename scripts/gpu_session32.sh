@@ -23,6 +23,10 @@
 #       (NORM_BWD_TILE_ELEMS, NORM_BWD_WARPS, NORM_BWD_TILES) beside the row kernel's.
 #   bash scripts/gpu_session32.sh pairsweep call6: sweep_kda_bwd.py at the small hybrid's shape, gates and fp32 beta
 #       (8x4096x6, init gates) over the pair kernel's warps, stages and key-block width (swept before at other shapes).
+#   bash scripts/gpu_session32.sh pairbk call7: the pair kernel at 64 key channels and 2 warps (call6's best at the
+#       model's shape) with each unroll, at 8x4096x6 (init gates, fp32 beta) and 1x8192x32 (fp32 and bf16 beta), and
+#       bench_backbone --profile of the hybrid with the default and with it (a copy of the tree with BWD_PAIR_BK = 64
+#       and the pair launch at 2 warps).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -39,7 +43,7 @@ norm_ab() {  # variants...: bench_backbone --profile at 8 x 4096 in this tree (r
 }
 
 gpu_header
-case "${1:?usage: gpu_session32.sh norm|graph|normbwd|normbwd2|normsweep|pairsweep}" in
+case "${1:?usage: gpu_session32.sh norm|graph|normbwd|normbwd2|normsweep|pairsweep|pairbk}" in
 norm)
   PART_TAIL=6 part "AttnRes kernel and model tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py tests/model/test_attn_res.py
@@ -80,6 +84,20 @@ normsweep)
   ;;
 pairsweep)
   bwd_sweep 8x4096x6 200 "pair w2,pair w8,pair w4 s2,pair w2 bk64,pair w4 bk64,pair w2 bk16,default again" init fp32
+  ;;
+pairbk)
+  bwd_sweep 8x4096x6 150 "pair w2 bk64,pair w2 bk64 unroll 1,pair w2 bk64 unroll 4,pair w1 bk64,default again" init fp32
+  bwd_sweep 1x8192x32 120 "pair w2 bk64,pair w2 bk64 unroll 1,default again" "" fp32
+  bwd_sweep 1x8192x32 90 "pair w2 bk64,default again"
+  flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_PAIR_BK = 32 /BWD_PAIR_BK = 64 /' \
+    kernels/kda/chunk_triton_bwd.py 's/pair=(4, 1)/pair=(2, 1)/'
+  for tree in default bk64; do
+    dir=$PWD; [ "$tree" = bk64 ] && dir=/tmp/flip
+    mkdir -p "$OUT/$tree"
+    (cd "$dir" && OUT=$OUT/$tree PART_TAIL=3 part "bench_backbone --profile, pair kernel $tree" 120 \
+      env PYTHONPATH="$dir:/tmp/site" python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 \
+      --decode-contexts --iters 10 --profile --variants hybrid)
+  done
   ;;
 *)
   echo "unknown mode $1" >&2
