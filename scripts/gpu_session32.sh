@@ -27,6 +27,9 @@
 #       model's shape) with each unroll, at 8x4096x6 (init gates, fp32 beta) and 1x8192x32 (fp32 and bf16 beta), and
 #       bench_backbone --profile of the hybrid with the default and with it (a copy of the tree with BWD_PAIR_BK = 64
 #       and the pair launch at 2 warps).
+#   bash scripts/gpu_session32.sh final call8: with the pair kernel at 64 key channels, 2 warps, unroll 1 (the new
+#       defaults): the KDA GPU tests, the five shapes against fla-core 0.6.0 (bench_kda --graph), and bench_backbone
+#       of the small hybrid at 8 x 4096.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -43,7 +46,7 @@ norm_ab() {  # variants...: bench_backbone --profile at 8 x 4096 in this tree (r
 }
 
 gpu_header
-case "${1:?usage: gpu_session32.sh norm|graph|normbwd|normbwd2|normsweep|pairsweep|pairbk}" in
+case "${1:?usage: gpu_session32.sh norm|graph|normbwd|normbwd2|normsweep|pairsweep|pairbk|final}" in
 norm)
   PART_TAIL=6 part "AttnRes kernel and model tests on the GPU" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/kernels/test_attnres_compiles.py tests/model/test_attn_res.py
@@ -98,6 +101,14 @@ pairbk)
       env PYTHONPATH="$dir:/tmp/site" python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 \
       --decode-contexts --iters 10 --profile --variants hybrid)
   done
+  ;;
+final)
+  install_fla
+  kda_tests 130 tests/kernels/test_kda_prep.py
+  bench_five 100
+  mkdir -p "$OUT/backbone"
+  OUT=$OUT/backbone PART_TAIL=8 part "bench_backbone, the small hybrid" 70 python3 -m kimi_vl.benchmarks.bench_backbone \
+    --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid
   ;;
 *)
   echo "unknown mode $1" >&2

@@ -504,7 +504,12 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     return dvn, dH, dh0
 
 
-BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
+# key channels per program of the intra-chunk pairwise kernel; 64 at 2 warps (BWD_LAUNCH) since session 32: the
+# backward alone (H200, sweep_kda_bwd.py, call7) 2.104 -> 1.835 ms at 8x4096x6 (init gates, fp32 beta: the model's),
+# 2.840 -> 2.570 at 1x8192x32 (fp32 beta), 2.861 -> 2.730 (bf16 beta); the small hybrid's step profile, pair kernel
+# 8.68 -> 6.29 ms a step (at unroll 4; call7). At 32 / 4 warps, 64 / 4 and 64 / 1: 2.104, 2.179 and 2.927 ms at
+# 8x4096x6 (calls 6-7); session 25 had timed 64 only at 4 warps (3.281 against 3.105 at 1x8192x32).
+BWD_PAIR_BK = 64
 # steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled (tl.range's loop_unroll_factor; 1: none),
 # for 16-bit and for fp32 beta. The untaken path's form changes how the whole kernel compiles, and beta's dtype which
 # form compiles best (H200, backward alone, ms; 8x4096x6 with --gates init, which send no block pairwise):
@@ -513,8 +518,9 @@ BWD_PAIR_BK = 32  # key channels per program of the intra-chunk pairwise kernel
 #   beta fp32 (as kimi_vl's KDA layer passes it): 8x4096x6 2.699 / 2.466 (s26 call4); the small hybrid's step profile,
 #   pair kernel 10.74 / 8.58 ms a step (s25 call6), 10.80 / 8.68 and 10.82 / 8.73 (s26 call3).
 # All 16 steps unrolled as a tl.static_range, which hoisted every step's loads, took 4.146 ms at 1x8192x32 (s25 call6;
-# removed).
-BWD_PAIR_UNROLL = (1, 4)
+# removed). Those were at 32 key channels and 4 warps; at 64 and 2 warps (session 32 call7, fp32 beta) 1 / 4: 1.835 /
+# 1.854 ms at 8x4096x6, 2.570 / 2.638 at 1x8192x32, so 1 for both.
+BWD_PAIR_UNROLL = (1, 1)
 # the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
 # ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
 BWD_SPAN_MAX = 60.0
@@ -537,7 +543,7 @@ BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # 1 / 3 stages instead of 2 since session 27 call6 (dH, dVnew in bf16; 1 x 8192 x 32 / 8 x 4096 x 6 with init
 # gates): dY s1 2.886 / 2.274 ms, s3 2.886 / 2.277; inter s3 2.873 / 2.262, s1 2.921 / 2.283; both at s2 (the
 # default then) 2.908 / 2.291 and again 2.913 / 2.294
-BWD_LAUNCH = dict(state=(4, 2), dy=(4, 1), pair=(4, 1), inter=(4, 3))
+BWD_LAUNCH = dict(state=(4, 2), dy=(4, 1), pair=(2, 1), inter=(4, 3))
 
 
 def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: torch.Tensor | None = None

@@ -136,17 +136,19 @@ def test_triton_bwd_strong_decay_grouped_heads(monkeypatch):
         assert_rel_rms(a, b, 5e-5 if name == "dg" else 1e-5, name)
 
 
-@pytest.mark.parametrize("unroll", [1, 4])
-def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch, unroll):
+@pytest.mark.parametrize(("unroll", "bk"), [(1, 32), (4, 32), (1, 64)])
+def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch, unroll, bk):
     """The pairwise kernel's diagonal blocks join its dots where the gates are mild and go pairwise where they are
-    sharp: key channels 0-31 (one program's block) hold sharp gates, 32-63 mild and moderate ones, over a ragged
-    chunk. Both, and every block forced pairwise (``BWD_SPAN_MAX = -1``), match the PyTorch manual backward; the
-    two settings are different computations (not bit-identical). ``unroll``: ``BWD_PAIR_UNROLL``, the pairwise
-    path's steps unrolled."""
+    sharp: key channels 0-31 hold sharp gates, 32-63 mild and moderate ones, over a ragged chunk. Both, and every
+    block forced pairwise (``BWD_SPAN_MAX = -1``), match the PyTorch manual backward; with 32 key channels a program
+    (``bk``, ``BWD_PAIR_BK``) one program's block takes each path, so the two settings are different computations
+    (not bit-identical); with 64 the sharp channels send the whole block pairwise. ``unroll``: ``BWD_PAIR_UNROLL``,
+    the pairwise path's steps unrolled."""
     dev = _interp(monkeypatch)
     from kernels.kda import chunk_triton_bwd
 
     monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_UNROLL", (unroll, unroll))
+    monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_BK", bk)
     from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
     from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 
@@ -165,7 +167,8 @@ def test_triton_bwd_diagonal_fast_and_pairwise(monkeypatch, unroll):
         for name, a, b in zip(NAMES, got, ref):
             assert_rel_rms(a, b, 5e-5 if name == "dg" else 1e-5, f"{name} (span_max {span})")
         runs.append(got)
-    assert not torch.equal(runs[0].dq, runs[1].dq), "fast and pairwise diagonal paths gave bit-identical dq"
+    if bk == 32:
+        assert not torch.equal(runs[0].dq, runs[1].dq), "fast and pairwise diagonal paths gave bit-identical dq"
 
 
 def _fp64_ref_outputs(ref_in, T):
