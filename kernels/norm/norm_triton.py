@@ -11,7 +11,9 @@ input ``gate_up [M, 2I]`` (gate half first) and output ``[M, I]``.
 - Norm backward, grid-stride: ``NORM_BWD_TILES`` row tiles per program, recomputes ``x_hat = x * rstd``,
   ``dx = rstd (dn - x_hat mean(dn x_hat))`` with ``dn = dy w [sigmoid(gate)]`` and, gated,
   ``dgate = dy w x_hat s (1 - s)``; the weight gradient is summed per program in fp32 and the ``[P, D]``
-  partials are reduced by ``torch.sum`` (deterministic, no atomics).
+  partials are reduced by ``kernels.colsum.column_sum`` (deterministic, no atomics). Rows of one chunk (at most a
+  warp's width of 16-byte vectors) go to ``_norm_bwd_rows_kernel`` instead: the row's sum a warp shuffle, the
+  gain's gradient per thread until the end (``NORM_BWD_ROWS``, ``NORM_ROWS_*``).
 - LayerNorm forward (mean and ``rstd`` saved, fp32 ``[M]`` each; the affine map in fp32, y in x's dtype) and
   backward ``dx = rstd (dn - mean(dn) - x_hat mean(dn x_hat))``, ``dn = dy w``, with the gain and bias gradients
   summed per program like the RMSNorm's.
