@@ -504,11 +504,9 @@ def bwd_state_pass_triton(st, do: torch.Tensor, dht: torch.Tensor | None):
     return dvn, dH, dh0
 
 
-# key channels per program of the intra-chunk pairwise kernel; 64 at 2 warps (BWD_LAUNCH) since session 32: the
-# backward alone (H200, sweep_kda_bwd.py, call7) 2.104 -> 1.835 ms at 8x4096x6 (init gates, fp32 beta: the model's),
-# 2.840 -> 2.570 at 1x8192x32 (fp32 beta), 2.861 -> 2.730 (bf16 beta); the small hybrid's step profile, pair kernel
-# 8.68 -> 6.29 ms a step (at unroll 4; call7). At 32 / 4 warps, 64 / 4 and 64 / 1: 2.104, 2.179 and 2.927 ms at
-# 8x4096x6 (calls 6-7); session 25 had timed 64 only at 4 warps (3.281 against 3.105 at 1x8192x32).
+# key channels per program of the pairwise kernel: 64 at 2 warps since session 32 (backward alone, H200, calls 6-7:
+# 2.104 -> 1.835 ms at 8x4096x6 with init gates and fp32 beta, 2.840 -> 2.570 / 2.861 -> 2.730 at 1x8192x32 with fp32
+# / bf16 beta; 64 at 4 / 1 warps 2.179 / 2.927 at 8x4096x6; the hybrid's step, pair kernel 8.68 -> 6.29 ms)
 BWD_PAIR_BK = 64
 # steps of the pair kernel's pairwise diagonal path (sharp gates) unrolled (tl.range's loop_unroll_factor; 1: none),
 # for 16-bit and for fp32 beta. The untaken path's form changes how the whole kernel compiles, and beta's dtype which
@@ -518,31 +516,27 @@ BWD_PAIR_BK = 64
 #   beta fp32 (as kimi_vl's KDA layer passes it): 8x4096x6 2.699 / 2.466 (s26 call4); the small hybrid's step profile,
 #   pair kernel 10.74 / 8.58 ms a step (s25 call6), 10.80 / 8.68 and 10.82 / 8.73 (s26 call3).
 # All 16 steps unrolled as a tl.static_range, which hoisted every step's loads, took 4.146 ms at 1x8192x32 (s25 call6;
-# removed). Those were at 32 key channels and 4 warps; at 64 and 2 warps (session 32 call7, fp32 beta) 1 / 4: 1.835 /
-# 1.854 ms at 8x4096x6, 2.570 / 2.638 at 1x8192x32, so 1 for both.
+# removed). All at 32 channels, 4 warps; at 64, 2 warps (s32 call7, fp32 beta) 1 / 4: 1.835 / 1.854 ms, 2.570 / 2.638.
 BWD_PAIR_UNROLL = (1, 1)
-# the pairwise kernel's diagonal blocks join its dots when |G_i - G_ref| <= this inside the block (as the forward's
-# ``chunk_triton.INTRA_SPAN_MAX``); a negative value sends every block pairwise
+# the pair kernel's diagonal blocks join its dots when |G_i - G_ref| <= this in the block (as INTRA_SPAN_MAX); < 0: none
 BWD_SPAN_MAX = 60.0
 BWD_DIAG_PREC16 = "ieee"  # the diagonal blocks' dots for 16-bit inputs (call6: tf32x3 same time, tf32 dg error 1.7x)
 BWD_INTER_BK = 32  # key channels per program of the inter-chunk (reductions over V) kernel
 BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
-# kg's exponent E = G_last - G in the inter-chunk kernel: "never" a suffix sum of g (a reverse scan a program, and g
-# loaded), "16bit" the difference of the stored prefix sums for 16-bit inputs (as the forward forms kg for them; fp32
-# inputs keep the scan, see FP32_KG_SUFFIX in chunk_triton.py), "always" for every dtype (tests). H200, session 25
-# call1, backward alone at 1 x 8192 x 32 (sweep_kda_bwd.py; its setting is now "inter ee scan", the other way round):
-# 3.368 / 3.372 ms "never", 3.202 "16bit"
+# kg's exponent E = G_last - G in the inter kernel: "never" a suffix sum of g (a reverse scan, g loaded), "16bit" the
+# difference of the stored prefix sums for 16-bit inputs (fp32 keeps the scan: FP32_KG_SUFFIX), "always" (tests). H200,
+# s25 call1, backward at 1x8192x32: 3.368 / 3.372 ms "never", 3.202 "16bit" (sweep setting "inter ee scan")
 BWD_EE_FROM_G = "16bit"
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
-# (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128, ptxas_regs.py): no spills.
+# (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128, ptxas_regs.py): no spills but
+# the pair kernel's at 64 channels / 2 warps (session 32, Triton 3.9: 255 registers, 316 bytes; faster regardless).
 # The pair kernel: until session 25 2 warps, whole-chunk [C, BK] tiles and the pairwise diagonal path's 16 steps
 # unrolled: 255 registers and 1 KB of spills (9.5 M local-memory requests a step under Nsight Compute, call2).
 # Backward alone at 1 x 8192 x 32 / 8 x 2048 x 16 (H200, session 25 call3, sweep_kda_bwd.py): 3.357 / 3.337 ms so,
 # 3.209 / 3.126 with the path as a loop, 3.214 / 3.150 with also one sub-block at a time, 3.105 / 3.016 with that
-# at 4 warps (136 registers; at 64 key channels 3.281 / 3.202, at 16 4.544 / 4.449). The dY and inter kernels at
-# 1 / 3 stages instead of 2 since session 27 call6 (dH, dVnew in bf16; 1 x 8192 x 32 / 8 x 4096 x 6 with init
-# gates): dY s1 2.886 / 2.274 ms, s3 2.886 / 2.277; inter s3 2.873 / 2.262, s1 2.921 / 2.283; both at s2 (the
-# default then) 2.908 / 2.291 and again 2.913 / 2.294
+# at 4 warps (136 registers; at 64 key channels 3.281 / 3.202, at 16 4.544 / 4.449). dY / inter at 1 / 3 stages since
+# s27 call6 (1x8192x32 / 8x4096x6, init gates): dY s1 2.886 / 2.274 ms, s3 2.886 / 2.277; inter s3 2.873 / 2.262,
+# s1 2.921 / 2.283; both at s2 (then the default) 2.908 / 2.291, again 2.913 / 2.294
 BWD_LAUNCH = dict(state=(4, 2), dy=(4, 1), pair=(2, 1), inter=(4, 3))
 
 
