@@ -26,7 +26,7 @@
 #   bash scripts/gpu_session32.sh pairbk call7: the pair kernel at 64 key channels and 2 warps (call6's best at the
 #       model's shape) with each unroll, at 8x4096x6 (init gates, fp32 beta) and 1x8192x32 (fp32 and bf16 beta), and
 #       bench_backbone --profile of the hybrid with the default and with it (a copy of the tree with BWD_PAIR_BK = 64
-#       and the pair launch at 2 warps).
+#       and the pair launch at 2 warps; ran at d9f7454: since 69b1bfe that is the default and the copy is the same).
 #   bash scripts/gpu_session32.sh final call8: with the pair kernel at 64 key channels, 2 warps, unroll 1 (the new
 #       defaults): the KDA GPU tests, the five shapes against fla-core 0.6.0 (bench_kda --graph), and bench_backbone
 #       of the small hybrid at 8 x 4096.
