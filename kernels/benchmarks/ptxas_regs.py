@@ -296,10 +296,6 @@ def two_phase_ptxas_report(kernel: str, d: int = 768, slots: int = 6, queries: i
     return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": 2}, aligned)
 
 
-if __name__ == "__main__":
-    main()
-
-
 def norm_bwd_ptxas_report(d: int = 768, gated: bool = False, stream: bool = False, rows: bool = True) -> str:
     """Registers and spills of the RMSNorm backward (``kernels/norm/norm_triton.py``) for bf16 rows of width ``d``
     with the launch's own constants: the row layout (``rows``) or the tile kernel.
@@ -324,5 +320,9 @@ def norm_bwd_ptxas_report(d: int = 768, gated: bool = False, stream: bool = Fals
         args = ptrs + ["i32", "i32"]
     it = iter(args)
     sig = {a: "constexpr" if a in consts else next(it) for a in fn.arg_names}
-    return compile_report(fn, sig, consts, {"num_warps": nt.NORM_WARPS, "num_stages": 2})
+    return compile_report(fn, sig, consts, {"num_warps": nt.NORM_WARPS if rows else nt.NORM_BWD_WARPS,
+                                            "num_stages": 2})
 
+
+if __name__ == "__main__":
+    main()

@@ -313,12 +313,10 @@ def gate_bwd(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
     xc, a_log, dtb, lb, M, grid, kw = _gate_args(x, A_log, dt_bias, lower_bound)
     nb, HV, K = grid[0], kw["HV"], kw["K"]
     dx = torch.empty_like(xc)
-    pa = torch.empty(max(nb, 1), HV, dtype=torch.float32, device=xc.device)  # every program writes its entries
-    pb = torch.empty(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
-    if not M:
-        pa.zero_()
-        pb.zero_()
-    else:
+    alloc = torch.empty if M else torch.zeros  # every program writes its entries; no rows: no programs
+    pa = alloc(max(nb, 1), HV, dtype=torch.float32, device=xc.device)
+    pb = alloc(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
+    if M:
         _gate_bwd_kernel[grid](xc, a_log, dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
     dA = column_sum(pa, A_log.dtype).reshape(A_log.shape)
     ddtb = column_sum(pb, dt_bias.dtype).reshape(dt_bias.shape) if dt_bias is not None else None

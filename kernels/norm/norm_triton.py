@@ -324,19 +324,18 @@ def norm_bwd(x_MD: torch.Tensor, gate_MD: torch.Tensor | None, weight: torch.Ten
     layout = _row_layout(M, D, x_MD.element_size(), x_MD.device) if M else None
     if layout is not None:
         block_t, chunk, ch, n_prog = layout
-        dw_part = torch.empty(n_prog, D, dtype=torch.float32, device=x_MD.device)  # every program writes its row
-        _norm_bwd_rows_kernel[(n_prog,)](
-            x_MD, gate_MD if gate_MD is not None else x_MD, weight, rstd_M, dy_MD, dx, dg if dg is not None else dx,
-            dw_part, ds_MD if ds_MD is not None else dx, M, D, triton.cdiv(M, block_t), BLOCK_T=block_t,
-            CHUNK=chunk, CH=ch, GATED=gate_MD is not None, STREAM=ds_MD is not None, num_warps=NORM_WARPS)
-        return dx, dg, column_sum(dw_part, weight.dtype)
-    block_m, block_d, tiles, n_prog = _bwd_grid(M, D)
+    else:
+        block_m, block_d, tiles, n_prog = _bwd_grid(M, D)
     dw_part = torch.empty(n_prog, D, dtype=torch.float32, device=x_MD.device)  # every program writes its row
-    if M:
-        _norm_bwd_kernel[(n_prog,)](
-            x_MD, gate_MD if gate_MD is not None else x_MD, weight, rstd_M, dy_MD, dx, dg if dg is not None else dx,
-            dw_part, ds_MD if ds_MD is not None else dx, M, D, BLOCK_M=block_m, BLOCK_D=block_d, TILES=tiles,
-            GATED=gate_MD is not None, STREAM=ds_MD is not None, num_warps=NORM_BWD_WARPS)
+    args = (x_MD, gate_MD if gate_MD is not None else x_MD, weight, rstd_M, dy_MD, dx, dg if dg is not None else dx,
+            dw_part, ds_MD if ds_MD is not None else dx, M, D)
+    forms = dict(GATED=gate_MD is not None, STREAM=ds_MD is not None)
+    if layout is not None:
+        _norm_bwd_rows_kernel[(n_prog,)](*args, triton.cdiv(M, block_t), BLOCK_T=block_t, CHUNK=chunk, CH=ch,
+                                         **forms, num_warps=NORM_WARPS)
+    elif M:
+        _norm_bwd_kernel[(n_prog,)](*args, BLOCK_M=block_m, BLOCK_D=block_d, TILES=tiles, **forms,
+                                    num_warps=NORM_BWD_WARPS)
     return dx, dg, column_sum(dw_part, weight.dtype)
 
 
