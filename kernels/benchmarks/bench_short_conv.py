@@ -208,9 +208,14 @@ def backward_alone(copy_gbps: float, sweep: bool) -> dict:
     return res
 
 
-STREAM_NAMES = ("STREAM_ROWS", "STREAM_BD", "STREAM_WARPS", "STREAM_STAGES")
-STREAM_SWEEP = [(128, 128, 1, 3), (256, 128, 1, 3), (128, 128, 1, 2), (64, 128, 1, 3), (128, 256, 2, 3),
-                (128, 128, 1, 4), (256, 256, 2, 3), (128, 64, 1, 3)]
+STREAM_NAMES = ("STREAM_ROWS", "STREAM_BD", "STREAM_WARPS", "STREAM_STAGES", "STREAM_STEP")
+# (the first is the default; the second session 28's, one row an iteration)
+STREAM_SWEEP = [(128, 128, 1, 3, 4), (128, 128, 1, 3, 1), (128, 128, 1, 3, 2), (128, 128, 1, 1, 4),
+                (128, 128, 1, 3, 8), (256, 128, 1, 3, 4), (64, 128, 1, 3, 4), (128, 256, 2, 3, 4), (128, 64, 1, 3, 4),
+                (128, 128, 1, 1, 2), (256, 128, 1, 3, 2)]
+FWD_NAMES = ("FWD_BT", "FWD_BD", "FWD_WARPS")
+FWD_SWEEP = [(16, 128, 4), (32, 128, 4), (64, 128, 4), (32, 128, 8), (64, 128, 8), (16, 256, 4), (32, 256, 8),
+             (8, 128, 2), (64, 64, 4)]  # (the first is the default)
 
 
 def fused_sweep(x_TD, wd, dy_TD, lay, dx_ref, dw_ref, nbytes: int, copy_gbps: float) -> list[dict]:
@@ -232,6 +237,28 @@ def fused_sweep(x_TD, wd, dy_TD, lay, dx_ref, dw_ref, nbytes: int, copy_gbps: fl
                      "dx_rel_vs_fp32": rel_rms(dx, dx_ref), "dweight_rel_vs_fp32": rel_rms(dw, dw_ref)})
         print(f"one-kernel backward {cfg}: {rows[-1]['ms']} ms, {rows[-1]['frac_of_copy']} of copy, dx err "
               f"{rows[-1]['dx_rel_vs_fp32']:.2e}", flush=True)
+    return rows
+
+
+def forward_sweep(copy_gbps: float) -> list[dict]:
+    """The forward alone at the model's shape (no gradient, the KDA layer's call) at each (rows, channels, warps)
+    of ``FWD_SWEEP``: time, bytes/s of its minimum traffic (read x, write y) and whether y equals the default's."""
+    inp = make("x".join(map(str, MODEL)))
+    x, w = inp["x"], inp["w"]
+    nbytes = x.numel() * x.element_size()
+
+    def fwd():
+        return causal_conv1d(x, w, None, "silu", backend="triton")[0]
+
+    y0, rows = fwd(), []
+    for cfg in FWD_SWEEP:
+        with patched(FWD_NAMES, cfg):
+            y = fwd()
+            ms = bench(fwd)
+        rows.append({"config": list(cfg), "names": list(FWD_NAMES), "ms": round(ms, 4),
+                     "GBps": round(2 * nbytes / ms / 1e6, 1), "frac_of_copy": round(2 * nbytes / ms / 1e6 / copy_gbps, 3),
+                     "y_equal_default": bool(torch.equal(y, y0))})
+        print(f"forward {cfg}: {rows[-1]['ms']} ms, {rows[-1]['frac_of_copy']} of copy", flush=True)
     return rows
 
 
@@ -282,6 +309,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_short_conv.json"))
     ap.add_argument("--no-sweep", action="store_true", help="skip the backward kernels' tile sweeps")
+    ap.add_argument("--model-only", action="store_true",
+                    help="only the correctness checks and, at the model's shape, the forward and one-kernel backward "
+                         "sweeps (FWD_SWEEP, STREAM_SWEEP)")
     args = ap.parse_args()
     res: dict = {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -297,6 +327,20 @@ def main() -> None:
     res["correctness_vs_torch_fp32"] = correctness()
     print(json.dumps(res["correctness_vs_torch_fp32"]))
     save()
+    if args.model_only:
+        model = "x".join(map(str, MODEL))
+        inp = make(model)
+        x, w, dy = inp["x"], inp["w"], inp["dy"]
+        x_TD, dy_TD = x.reshape(-1, MODEL[2]), dy.reshape(-1, MODEL[2])
+        lay = conv_triton._layout(*MODEL, W, None, x.device)
+        dx_ref, dw_ref, _, _ = conv_triton._backward(x_TD.float(), w.float(), None, None, dy_TD.float(), None, lay, True)
+        res["fwd_sweep_" + model] = forward_sweep(copy_gbps)
+        save()
+        res["fused_sweep_" + model] = fused_sweep(x_TD, w, dy_TD, lay, dx_ref, dw_ref, x.numel() * x.element_size(),
+                                                  copy_gbps)
+        save()
+        print(f"wrote {args.out}")
+        return
     for layout in ("4x8192", "varlen"):
         res[layout] = timings(layout, copy_gbps)
         save()

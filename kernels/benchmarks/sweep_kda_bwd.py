@@ -75,6 +75,14 @@ SETTINGS = [
     ("inter bv128", {"BWD_INTER_BV": 128}, {}),
     ("inter w8 bv128", {"BWD_INTER_BV": 128}, {"inter": (8, 2)}),
     ("call6 default", {"BWD_STATE_FILL": 1.0}, {"dy": (4, 2), "inter": (4, 2)}),  # before session 27 call6
+    ("inter w2", {}, {"inter": (2, 3)}),
+    ("inter w2 bk64", {"BWD_INTER_BK": 64}, {"inter": (2, 3)}),
+    ("inter w8 bk64", {"BWD_INTER_BK": 64}, {"inter": (8, 3)}),
+    ("inter w2 bv32", {"BWD_INTER_BV": 32}, {"inter": (2, 3)}),
+    ("dy w2", {}, {"dy": (2, 1)}),
+    ("dy w2 bv64", {"BWD_DY_BV": 64}, {"dy": (2, 1)}),
+    ("state w2", {}, {"state": (2, 2)}),
+    ("state w8", {}, {"state": (8, 2)}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 

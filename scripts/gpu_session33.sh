@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Session 33's GPU calls (results: docs/results/gpu-<date>-s33/):
+#   bash scripts/gpu_session33.sh sweep  call1: the short convolution's one-kernel backward with several rows' loads
+#       issued per loop iteration (conv_triton.STREAM_STEP) and the forward's tiles (FWD_BT, FWD_BD, FWD_WARPS) at the
+#       model's 8 x 4096 x 2304 (bench_short_conv.py --model-only, after the short-conv GPU tests); the KDA backward's
+#       inter / dY / reverse-state launch settings at the model's shape (8x4096x6, init gates, fp32 beta) not swept
+#       there before; the KDA forward's settings at that shape (sweep_kda_fwd.py, all settings, no fla).
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+
+gpu_header
+case "${1:?usage: gpu_session33.sh sweep}" in
+sweep)
+  PART_TAIL=6 part "short-conv GPU tests" 150 python3 -m pytest -q -p no:cacheprovider -rf \
+    tests/kernels/test_short_conv_triton.py tests/kernels/test_short_conv.py
+  PART_TAIL=24 part "bench_short_conv --model-only" 150 python3 kernels/benchmarks/bench_short_conv.py --model-only \
+    --out "$OUT/bench_short_conv.json"
+  bwd_sweep 8x4096x6 120 "inter w2,inter w2 bk64,inter w8 bk64,inter w2 bv32,inter w4 bk64,dy w2,dy w2 bv64,state w2,state w8,default again" init fp32
+  fwd_sweep 8x4096x6 150 "" init fp32 --no-fla
+  ;;
+esac
