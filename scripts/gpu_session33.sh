@@ -5,11 +5,15 @@
 #       model's 8 x 4096 x 2304 (bench_short_conv.py --model-only, after the short-conv GPU tests); the KDA backward's
 #       inter / dY / reverse-state launch settings at the model's shape (8x4096x6, init gates, fp32 beta) not swept
 #       there before; the KDA forward's settings at that shape (sweep_kda_fwd.py, all settings, no fla).
+#   bash scripts/gpu_session33.sh state  call2: the forward state pass's width rule at 0.6 programs an SM
+#       (chunk_triton.STATE_FILL; 64 columns at the model's shape) and its pipeline stages at 16 and 64 columns, at the
+#       model's shape and the benchmark's five (sweep_kda_fwd.py, no fla); the KDA GPU tests; the small hybrid's step
+#       profile (bench_backbone --profile).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session33.sh sweep}" in
+case "${1:?usage: gpu_session33.sh sweep|state}" in
 sweep)
   PART_TAIL=6 part "short-conv GPU tests" 150 python3 -m pytest -q -p no:cacheprovider -rf \
     tests/kernels/test_short_conv_triton.py tests/kernels/test_short_conv.py
@@ -17,5 +21,17 @@ sweep)
     --out "$OUT/bench_short_conv.json"
   bwd_sweep 8x4096x6 120 "inter w2,inter w2 bk64,inter w8 bk64,inter w2 bv32,inter w4 bk64,dy w2,dy w2 bv64,state w2,state w8,default again" init fp32
   fwd_sweep 8x4096x6 150 "" init fp32 --no-fla
+  ;;
+state)
+  fwd_sweep 8x4096x6 60 "state fill 1,state bv64 s2,state bv64 s4,state bv64 s1,state bv16 s2,default again" init fp32 \
+    --no-fla
+  for shape in 1x8192x32 2x16384x16 1x32768x16; do
+    fwd_sweep $shape 45 "state bv16 s2,state bv64,state bv64 s2,default again" "" "" --no-fla
+  done
+  for shape in 8x2048x16 4x4096x32; do
+    fwd_sweep $shape 45 "state bv64 s2,state bv16 s2,default again" "" "" --no-fla
+  done
+  kda_tests 150
+  backbone_profile 120
   ;;
 esac

@@ -208,11 +208,9 @@ def backward_alone(copy_gbps: float, sweep: bool) -> dict:
     return res
 
 
-STREAM_NAMES = ("STREAM_ROWS", "STREAM_BD", "STREAM_WARPS", "STREAM_STAGES", "STREAM_STEP")
-# (the first is the default; the second session 28's, one row an iteration)
-STREAM_SWEEP = [(128, 128, 1, 3, 4), (128, 128, 1, 3, 1), (128, 128, 1, 3, 2), (128, 128, 1, 1, 4),
-                (128, 128, 1, 3, 8), (256, 128, 1, 3, 4), (64, 128, 1, 3, 4), (128, 256, 2, 3, 4), (128, 64, 1, 3, 4),
-                (128, 128, 1, 1, 2), (256, 128, 1, 3, 2)]
+STREAM_NAMES = ("STREAM_ROWS", "STREAM_BD", "STREAM_WARPS", "STREAM_STAGES")
+STREAM_SWEEP = [(128, 128, 1, 3), (256, 128, 1, 3), (128, 128, 1, 2), (64, 128, 1, 3), (128, 256, 2, 3),
+                (128, 128, 1, 4), (256, 256, 2, 3), (128, 64, 1, 3), (128, 128, 1, 1)]
 FWD_NAMES = ("FWD_BT", "FWD_BD", "FWD_WARPS")
 FWD_SWEEP = [(16, 128, 4), (32, 128, 4), (64, 128, 4), (32, 128, 8), (64, 128, 8), (16, 256, 4), (32, 256, 8),
              (8, 128, 2), (64, 64, 4)]  # (the first is the default)

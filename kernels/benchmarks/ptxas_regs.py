@@ -115,16 +115,14 @@ def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None =
 
 def conv_bwd_stream_ptxas_report(w: int = 4, bd: int = 128, warps: int = 1, rows: int = 256, stages: int = 3,
                                  varlen: bool = True, state: bool = False, bias: bool = False,
-                                 dfs: bool = False, step: int | None = None) -> str:
-    """``kernels.short_conv``'s streaming one-kernel backward (``_conv_bwd_stream_kernel``) for bf16 x (``step``
-    rows an iteration; None: ``STREAM_STEP``)."""
+                                 dfs: bool = False) -> str:
+    """``kernels.short_conv``'s streaming one-kernel backward (``_conv_bwd_stream_kernel``) for bf16 x."""
     from kernels.short_conv import conv_triton
 
     fn = conv_triton._conv_bwd_stream_kernel
     bf, f32, i32 = "*bf16", "*fp32", "*i32"
     args = [bf, bf, bf, bf, bf, bf, bf, f32, f32, i32, i32, "i32", "i32", "i32"]
-    consts = dict(W=w, BW=max(2, triton.next_power_of_2(w)), ROWS=rows, BD=bd,
-                  STEP=conv_triton.STREAM_STEP if step is None else step, ACT=True, HAS_BIAS=bias,
+    consts = dict(W=w, BW=max(2, triton.next_power_of_2(w)), ROWS=rows, BD=bd, ACT=True, HAS_BIAS=bias,
                   HAS_STATE=state, HAS_DFS=dfs, VARLEN=varlen, ACC=triton.language.float32)
     sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
     return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": stages})

@@ -75,6 +75,12 @@ SETTINGS = [
     ("scores diag substitution", {"SCORES2_DIAG_INV": 0}),
     ("default again", {}),
     ("out bv128 w8", {"OUT_BV": 128, "OUT_WARPS": 8}),
+    ("state fill 1", {"STATE_FILL": 1.0}),
+    ("state bv64 s2", {"STATE_BV": 64, "STATE_LAUNCH": (4, 2)}),
+    ("state bv64 s4", {"STATE_BV": 64, "STATE_LAUNCH": (4, 4)}),
+    ("state bv16 s2", {"STATE_BV": 16, "STATE_LAUNCH": (4, 2)}),
+    ("state bv16 s1", {"STATE_BV": 16, "STATE_LAUNCH": (4, 1)}),
+    ("state bv64 s1", {"STATE_BV": 64, "STATE_LAUNCH": (4, 1)}),
 ]
 
 

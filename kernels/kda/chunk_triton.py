@@ -282,6 +282,11 @@ WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
 STATE_BV: int | None = None
+# the widest width needs this many programs an SM (state_block_v's fill). 0.6 since session 33 (1.0 before): at the
+# small hybrid's 8 x 4096 x 6 (48 pairs: 96 programs at 64 columns for 132 SMs) the kernel took 0.138 ms at 64 against
+# 0.200 at 16 (H200, call1, sweep_kda_fwd --gates init --beta fp32); at 1 x 8192 x 32 (64 programs at 64 columns) 16
+# stays (session 22)
+STATE_FILL = 0.6
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
 OUT_WARPS = 4
@@ -462,7 +467,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             **_maxnreg(SCORES2_MAXNREG),
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
-    bvs = state_block_v(STATE_BV, V, N * HV, q.device)
+    bvs = state_block_v(STATE_BV, V, N * HV, q.device, fill=STATE_FILL)
     _state_kernel[(triton.cdiv(V, bvs), N * HV)](
         W,
         U,

@@ -68,9 +68,9 @@ DX_BT, DX_BD, DX_WARPS = 16, 256, 4
 # 0.369 ms over 5 tile settings; 2.68 ms a step).
 BWD_FUSED = True
 STREAM_ROWS, STREAM_BD, STREAM_WARPS, STREAM_STAGES = 128, 128, 1, 3
-# rows a loop iteration of the one-kernel backward, their loads issued together (1: one row's loads a step, as
-# until session 33, when a step took about one memory latency)
-STREAM_STEP = 4
+# Session 33 (call1, same shape) tried the loop over STEP rows an iteration with all their x / dy loads issued before the
+# first row's arithmetic (more loads in flight a warp): 0.258 / 0.270 / 0.317 / 0.396 ms at 1 / 2 / 4 / 8 rows (122 /
+# 144 / 221 / 255 registers: fewer warps an SM); removed.
 STATE_BD = 128
 DEC_BD = 256
 NUM_WARPS = 4
@@ -257,36 +257,14 @@ def _dx_kernel(dpre_ptr, w_ptr, dfs_ptr, dx_ptr, seq_ptr, cu_ptr, NT, T, D, W: t
 
 
 @triton.jit
-def _stream_row(x_ptr, dy_ptr, seq_ptr, cu_ptr, t, cols, cmask, zc, g0, NT, T, D, W: tl.constexpr,
-                VARLEN: tl.constexpr):
-    """The loads of the stream kernel's step at row ``t``: x row ``t - (W - 1)`` (the tap shifted in), dy row ``t``
-    (zero outside the group and its W-1 later rows), and t's sequence (id, first row, length)."""
-    tv = zc + t
-    rv = tv - (W - 1)
-    xr = tl.load(x_ptr + (t - (W - 1)) * D + cols, mask=cmask & (rv >= 0) & (rv < NT), other=0.0)
-    g = tl.load(dy_ptr + t * D + cols, mask=cmask & (tv >= g0) & (tv < NT), other=0.0)
-    if VARLEN:
-        seq = tl.load(seq_ptr + tl.maximum(tl.minimum(t, NT - 1), 0)).to(tl.int64)
-        bos = tl.load(cu_ptr + seq).to(tl.int64)
-        L = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
-    else:
-        seq = t // T
-        bos = seq * T
-        L = t * 0 + T
-    return xr, g, seq, bos, L
-
-
-@triton.jit
 def _conv_bwd_stream_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr, dw_ptr, db_ptr, seq_ptr, cu_ptr, NT, T,
                             D, W: tl.constexpr, BW: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr,
-                            STEP: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+                            ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
                             HAS_DFS: tl.constexpr, VARLEN: tl.constexpr, ACC: tl.constexpr):
     """The whole backward but d initial state, one program: rows ``[g0, g0 + ROWS)`` from the last to the first,
     one row a step, for BD channels. ``xs`` holds the inputs of rows t-W+1..t (raw rows; a tap before t's sequence
     start is replaced by the initial state or zero where used), ``ds`` the dpre of rows t+1..t+W-1 (each used only
-    inside t's sequence); the W-1 rows after the group are stepped through first (dpre only). The loop takes STEP
-    rows an iteration and issues all their loads before the first row's arithmetic, so that STEP rows' loads are
-    in flight together (rows past the group's first are masked out)."""
+    inside t's sequence); the W-1 rows after the group are stepped through first (dpre only)."""
     i_p = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < D
@@ -311,55 +289,59 @@ def _conv_bwd_stream_kernel(x_ptr, w_ptr, b_ptr, s_ptr, dy_ptr, dfs_ptr, dx_ptr,
     bias = tl.zeros([BD], dtype=ACC)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
-    for i0 in range(0, ROWS + W - 1, STEP):
-        rows = ()
-        for u in tl.static_range(STEP):
-            rows = rows + (_stream_row(x_ptr, dy_ptr, seq_ptr, cu_ptr, top - i0 - u, cols, cmask, zc, g0, NT, T, D, W,
-                                       VARLEN),)
-        for u in tl.static_range(STEP):
-            t = top - i0 - u
-            xr, g, seq, bos, L = rows[u]
-            nx = (xr.to(ACC),)
-            for j in tl.static_range(W - 1):
-                nx = nx + (xs[j],)
-            xs = nx
-            tv = zc + t
-            ok = cmask & (tv >= g0) & (tv < NT)
-            mine = ok & (tv < g1)  # a row of this group (else one of the W-1 after it)
-            pos = zc + (t - bos)
-            g = g.to(ACC)
-            taps = ()
+    for i in range(ROWS + W - 1):
+        t = top - i
+        r = t - (W - 1)
+        tv = zc + t
+        rv = tv - (W - 1)
+        nx = (tl.load(x_ptr + r * D + cols, mask=cmask & (rv >= 0) & (rv < NT), other=0.0).to(ACC),)
+        for j in tl.static_range(W - 1):
+            nx = nx + (xs[j],)
+        xs = nx
+        ok = cmask & (tv >= g0) & (tv < NT)
+        mine = ok & (tv < g1)  # a row of this group (else one of the W-1 after it)
+        if VARLEN:
+            seq = tl.load(seq_ptr + tl.maximum(tl.minimum(t, NT - 1), 0)).to(tl.int64)
+            bos = tl.load(cu_ptr + seq).to(tl.int64)
+            L = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
+        else:
+            seq = t // T
+            bos = seq * T
+            L = T
+        pos = zc + (t - bos)
+        g = tl.load(dy_ptr + t * D + cols, mask=ok, other=0.0).to(ACC)
+        taps = ()
+        for j in tl.static_range(W):
+            tap = tl.where(pos - (W - 1) + j >= 0, xs[j], 0.0)
+            if HAS_STATE:
+                sj = pos + j  # state column of a tap before the start
+                tap += tl.load(s_ptr + (seq * (W - 1) + sj) * D + cols,
+                               mask=ok & (sj < W - 1), other=0.0).to(x_ptr.dtype.element_ty).to(ACC)
+            taps = taps + (tap,)
+        if ACT:  # (the forward's order of sums)
+            pre = tl.zeros([BD], dtype=ACC)
             for j in tl.static_range(W):
-                tap = tl.where(pos - (W - 1) + j >= 0, xs[j], 0.0)
-                if HAS_STATE:
-                    sj = pos + j  # state column of a tap before the start
-                    tap += tl.load(s_ptr + (seq * (W - 1) + sj) * D + cols,
-                                   mask=ok & (sj < W - 1), other=0.0).to(x_ptr.dtype.element_ty).to(ACC)
-                taps = taps + (tap,)
-            if ACT:  # (the forward's order of sums)
-                pre = tl.zeros([BD], dtype=ACC)
-                for j in tl.static_range(W):
-                    pre += wts[j] * taps[j]
-                pre += bias
-                sig = 1.0 / (1.0 + tl.exp(-pre))
-                g = g * sig * (1.0 + pre * (1.0 - sig))
-            dx = wts[W - 1] * g
-            for k in tl.static_range(W - 1):
-                dx += tl.where(pos + 1 + k < L, wts[W - 2 - k] * ds[k], 0.0)
-            if HAS_DFS:
-                c = pos - L + (W - 1)  # final-state column that holds this input
-                dx += tl.load(dfs_ptr + (seq * (W - 1) + c) * D + cols, mask=ok & (c >= 0), other=0.0).to(ACC)
-            tl.store(dx_ptr + t * D + cols, dx.to(dx_ptr.dtype.element_ty), mask=mine)
-            gm = tl.where(mine, g, 0.0)
-            nxt = ()
-            for j in tl.static_range(W):
-                nxt = nxt + (dws[j] + taps[j] * gm,)
-            dws = nxt
-            db += gm
-            nd = (g,)
-            for k in tl.static_range(W - 2):
-                nd = nd + (ds[k],)
-            ds = nd
+                pre += wts[j] * taps[j]
+            pre += bias
+            sig = 1.0 / (1.0 + tl.exp(-pre))
+            g = g * sig * (1.0 + pre * (1.0 - sig))
+        dx = wts[W - 1] * g
+        for k in tl.static_range(W - 1):
+            dx += tl.where(pos + 1 + k < L, wts[W - 2 - k] * ds[k], 0.0)
+        if HAS_DFS:
+            c = pos - L + (W - 1)  # final-state column that holds this input
+            dx += tl.load(dfs_ptr + (seq * (W - 1) + c) * D + cols, mask=ok & (c >= 0), other=0.0).to(ACC)
+        tl.store(dx_ptr + t * D + cols, dx.to(dx_ptr.dtype.element_ty), mask=mine)
+        gm = tl.where(mine, g, 0.0)
+        nxt = ()
+        for j in tl.static_range(W):
+            nxt = nxt + (dws[j] + taps[j] * gm,)
+        dws = nxt
+        db += gm
+        nd = (g,)
+        for k in tl.static_range(W - 2):
+            nd = nd + (ds[k],)
+        ds = nd
     dw = tl.zeros([BW, BD], dtype=ACC)
     for w in tl.static_range(W):
         dw += tl.where(wc[:, None] == w, dws[w][None, :], 0.0)
@@ -530,7 +512,7 @@ def _bwd_stream(x_TD, w, b, s, dy_TD, dfs, lay: _Layout, silu: bool):
         _conv_bwd_stream_kernel[(n_prog, n_col)](
             x_TD, w, b if b is not None else w, s if s is not None else x_TD, dy_TD, dfs if dfs is not None else dx,
             dx, dw_part, db_part if db_part is not None else dw_part, lay.seq, lay.cu, lay.NT, lay.T, lay.D, W=lay.W,
-            BW=max(2, triton.next_power_of_2(lay.W)), ROWS=STREAM_ROWS, BD=STREAM_BD, STEP=STREAM_STEP, ACT=silu,
+            BW=max(2, triton.next_power_of_2(lay.W)), ROWS=STREAM_ROWS, BD=STREAM_BD, ACT=silu,
             HAS_BIAS=b is not None, HAS_STATE=s is not None, HAS_DFS=dfs is not None, VARLEN=lay.varlen,
             ACC=_acc(x_TD.dtype), num_warps=STREAM_WARPS, num_stages=STREAM_STAGES,
         )
