@@ -9,11 +9,15 @@
 #       (chunk_triton.STATE_FILL; 64 columns at the model's shape) and its pipeline stages at 16 and 64 columns, at the
 #       model's shape and the benchmark's five (sweep_kda_fwd.py, no fla); the KDA GPU tests; the small hybrid's step
 #       profile (bench_backbone --profile).
+#   bash scripts/gpu_session33.sh final  call3: with the forward state pass's 64-column programs at 2 stages when they
+#       outnumber the SMs (STATE_STAGES_WIDE_MANY): the KDA forward GPU tests; bench_backbone of the small hybrid at
+#       8 x 4096, 10 steps after a synchronisation and 10 behind a 300 ms GPU sleep (device-bound); block AttnRes's
+#       step overhead (bench_attnres, 4 rounds); the five shapes against fla-core 0.6.0 (bench_kda --graph).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session33.sh sweep|state}" in
+case "${1:?usage: gpu_session33.sh sweep|state|final}" in
 sweep)
   PART_TAIL=6 part "short-conv GPU tests" 150 python3 -m pytest -q -p no:cacheprovider -rf \
     tests/kernels/test_short_conv_triton.py tests/kernels/test_short_conv.py
@@ -33,5 +37,15 @@ state)
   done
   kda_tests 150
   backbone_profile 120
+  ;;
+final)
+  PART_TAIL=6 part "KDA forward tests on the GPU" 100 python3 -m pytest -q -n 14 -p no:cacheprovider -rf \
+    tests/kernels/test_kda_triton.py
+  mkdir -p "$OUT/backbone"
+  OUT=$OUT/backbone PART_TAIL=14 part "bench_backbone, hybrid at 8 x 4096" 120 python3 -m \
+    kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid
+  attnres_step 4 170 16 6
+  install_fla
+  bench_five 200
   ;;
 esac

@@ -47,6 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.backend import sm_count
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
 from kernels.kda.prep_triton import (
@@ -287,6 +288,11 @@ STATE_BV: int | None = None
 # 0.200 at 16 (H200, call1, sweep_kda_fwd --gates init --beta fp32); at 1 x 8192 x 32 (64 programs at 64 columns) 16
 # stays (session 22)
 STATE_FILL = 0.6
+# stages of a program of 64 columns or more when there are more programs than SMs (two resident an SM; STATE_LAUNCH's
+# otherwise). H200, session 33 call2 (forward state kernel, ms, 3 / 2 stages): 8x2048x16 (256 programs) 0.154 / 0.127,
+# 4x4096x32 (256) 0.298 / 0.247; at the model's 8x4096x6 (96 programs) 0.139 / 0.167; at 16 columns 3 stays (1x8192x32
+# 0.208 / 0.266, 8x4096x6 0.200 / 0.153 at fill 1 is the one exception)
+STATE_STAGES_WIDE_MANY = 2
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
 OUT_WARPS = 4
@@ -468,6 +474,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
     bvs = state_block_v(STATE_BV, V, N * HV, q.device, fill=STATE_FILL)
+    n_state = triton.cdiv(V, bvs) * N * HV
+    wide_many = bvs >= 64 and q.device.type == "cuda" and n_state > sm_count(q.device)
     _state_kernel[(triton.cdiv(V, bvs), N * HV)](
         W,
         U,
@@ -488,7 +496,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         HAS_H0=initial_state is not None,
         FP32=fp32,
         num_warps=STATE_LAUNCH[0],
-        num_stages=STATE_LAUNCH[1],
+        num_stages=STATE_STAGES_WIDE_MANY if wide_many else STATE_LAUNCH[1],
     )
     if nch:
         bvo = min(BV, OUT_BV)

@@ -7,7 +7,9 @@ One command, JSON to ``$OUT/bench_backbone.json`` plus a markdown table on stdou
 Measured in one run, bf16 weights, CUDA events after warm-up:
 - training (forward + backward, no optimizer step) tokens/s and MFU at each ``--train-seqs`` length, for
   ``hybrid`` (the flavor's 3:1 KDA:MLA layout), ``full_attn`` (every layer MLA) and ``hybrid_attnres``
-  (block AttnRes), with peak memory;
+  (block AttnRes), with peak memory: ``--iters`` steps right after a synchronisation (the first of them runs at
+  the host's pace until the launch queue fills), and again queued behind a GPU sleep of ``--head-start-ms``
+  (device-bound, the pace of a training loop that never waits for the GPU, as ``kimi_vl.train.loop``);
 - decode tokens/s (batch ``--decode-batch``, greedy steps after a cached prefill) and cache bytes per token at
   each ``--decode-contexts`` length, for the same variants.
 MFU = achieved model FLOP/s / ``--peak-tflops`` (989 = H100 SXM dense bf16). Model FLOPs per token:
@@ -29,6 +31,7 @@ import torch
 
 from kernels.profiling import kernel_events, sync_sites
 from kimi_vl import KimiVLConfig, KimiVLForCausalLM
+from kimi_vl.benchmarks.attnres_common import sleep_cycles_per_ms
 from kimi_vl.modeling.cache import output_cache
 from kimi_vl.modeling.flops import lm_flops_per_token
 
@@ -43,13 +46,18 @@ def variant_config(flavor: str, variant: str) -> KimiVLConfig:
     return cfg
 
 
-def _time_cuda(fn, warmup: int, iters: int) -> tuple[float, list[float]]:
+def _time_cuda(fn, warmup: int, iters: int, sleep_cycles: int = 0) -> tuple[float, list[float]]:
     """Mean seconds per call of ``fn`` over ``iters`` back-to-back calls after ``warmup``, and each call's own
-    seconds (events between the calls; no synchronisation inside the run)."""
+    seconds (events between the calls; no synchronisation inside the run). ``sleep_cycles``: the calls queue behind
+    a ``torch.cuda._sleep`` of that many cycles, so the host enqueues ahead and they run device-bound (as in a
+    training loop that does not wait for the GPU each step); else they start right after a synchronisation and the
+    first runs at the host's pace until the queue fills."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    if sleep_cycles:
+        torch.cuda._sleep(sleep_cycles)
     events[0].record()
     for i in range(iters):
         fn()
@@ -59,7 +67,9 @@ def _time_cuda(fn, warmup: int, iters: int) -> tuple[float, list[float]]:
     return sum(each) / iters, each
 
 
-def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> dict:
+def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int, sleep_cycles: int = 0) -> dict:
+    """Training step time, tokens/s, MFU and peak memory; with ``sleep_cycles`` also the device-bound step
+    (``_time_cuda``) and its MFU."""
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
     model.train()
 
@@ -70,9 +80,14 @@ def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int) -> di
     torch.cuda.reset_peak_memory_stats()
     sec, each = _time_cuda(step, warmup=2, iters=iters)
     tps = batch * seq / sec
-    return {"seq": seq, "batch": batch, "step_s": sec, "step_s_each": each, "tokens_per_s": tps,
-            "mfu": lm_flops_per_token(model, seq) * tps / (peak * 1e12),
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+    flops = lm_flops_per_token(model, seq) * batch * seq
+    res = {"seq": seq, "batch": batch, "step_s": sec, "step_s_each": each, "tokens_per_s": tps,
+           "mfu": flops / sec / (peak * 1e12), "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+    if sleep_cycles:
+        sec_d, each_d = _time_cuda(step, warmup=0, iters=iters, sleep_cycles=sleep_cycles)
+        res.update(step_s_device_bound=sec_d, step_s_each_device_bound=each_d,
+                   mfu_device_bound=flops / sec_d / (peak * 1e12))
+    return res
 
 
 # kernel-name patterns -> category, first match wins (Triton kernels keep their Python names)
@@ -196,6 +211,8 @@ def main() -> None:
     p.add_argument("--graph-decode", action="store_true",
                    help="also decode with each step replayed as a CUDA graph (kimi_vl.generation.GraphDecoder)")
     p.add_argument("--peak-tflops", type=float, default=989.0)
+    p.add_argument("--head-start-ms", type=float, default=300.0,
+                   help="also time the training steps queued behind a GPU sleep this long (device-bound; 0: not)")
     p.add_argument("--variants", nargs="+", default=["hybrid", "full_attn", "hybrid_attnres"])
     p.add_argument("--quick", action="store_true", help="short sequences, for a smoke run")
     p.add_argument("--profile", action="store_true",
@@ -207,11 +224,12 @@ def main() -> None:
     torch.manual_seed(0)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "flavor": args.flavor,
                "date": time.strftime("%Y-%m-%d"), "train": {}, "decode": {}}
+    cycles = int(args.head_start_ms * sleep_cycles_per_ms(torch.device("cuda"))) if args.head_start_ms > 0 else 0
     for variant in args.variants:
         cfg = variant_config(args.flavor, variant)
         model = KimiVLForCausalLM(cfg).to("cuda", torch.bfloat16)
         results["train"][variant] = [bench_train(model, cfg, s, max(1, args.train_tokens // s), args.peak_tflops,
-                                                 args.iters) for s in args.train_seqs]
+                                                 args.iters, cycles) for s in args.train_seqs]
         if args.profile and args.train_seqs:
             seq = args.train_seqs[0]
             batch = max(1, args.train_tokens // seq)
@@ -234,12 +252,16 @@ def main() -> None:
 
 def table(results: dict) -> str:
     lines = [f"{results['device']}, flavor {results['flavor']}, torch {results['torch']}, {results['date']}", "",
-             "| variant | seq | tokens/s | MFU | peak GiB |", "| --- | --- | --- | --- | --- |"]
+             "| variant | seq | tokens/s | MFU | MFU device-bound | peak GiB |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for v, rows in results["train"].items():
-        lines += [f"| {v} | {r['seq']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {r['peak_mem_gib']:.1f} |"
+        lines += [f"| {v} | {r['seq']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
+                  f"{r['mfu_device_bound']:.1%} | {r['peak_mem_gib']:.1f} |" if "mfu_device_bound" in r else
+                  f"| {v} | {r['seq']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | | {r['peak_mem_gib']:.1f} |"
                   for r in rows]
-    lines += ["", "steps (ms): " + "; ".join(f"{v} {r['seq']}: " + " ".join(f"{t * 1e3:.1f}" for t in r["step_s_each"])
-                                             for v, rows in results["train"].items() for r in rows)]
+    for key, what in (("step_s_each", "steps (ms)"), ("step_s_each_device_bound", "device-bound steps (ms)")):
+        lines += ["", f"{what}: " + "; ".join(f"{v} {r['seq']}: " + " ".join(f"{t * 1e3:.1f}" for t in r[key])
+                                              for v, rows in results["train"].items() for r in rows if key in r)]
     lines += ["", "| variant | context | decode tokens/s | cache bytes/token |", "| --- | --- | --- | --- |"]
     for v, rows in results["decode"].items():
         lines += [f"| {v} | {r['context']} | {r['tokens_per_s']:,.1f} | {r['cache_bytes_per_token']:,.0f} |"
