@@ -46,6 +46,6 @@ final)
     kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid
   attnres_step 4 170 16 6
   install_fla
-  bench_five 200
+  bench_five 190
   ;;
 esac
