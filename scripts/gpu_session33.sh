@@ -13,11 +13,14 @@
 #       outnumber the SMs (STATE_STAGES_WIDE_MANY): the KDA forward GPU tests; bench_backbone of the small hybrid at
 #       8 x 4096, 10 steps after a synchronisation and 10 behind a 300 ms GPU sleep (device-bound); block AttnRes's
 #       step overhead (bench_attnres, 4 rounds); the five shapes against fla-core 0.6.0 (bench_kda --graph).
+#   bash scripts/gpu_session33.sh gate   call4: the KDA gate backward walking GATE_BWD_TILES blocks a program (its
+#       partial sums reduced across warps once; 1 block before): the prep and backward GPU tests; sweep_kda_bwd at the
+#       model's shape with 1 / 4 / 8 / 16 blocks; bench_backbone --profile of the small hybrid (10 steps, device-bound).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session33.sh sweep|state|final}" in
+case "${1:?usage: gpu_session33.sh sweep|state|final|gate}" in
 sweep)
   PART_TAIL=6 part "short-conv GPU tests" 150 python3 -m pytest -q -p no:cacheprovider -rf \
     tests/kernels/test_short_conv_triton.py tests/kernels/test_short_conv.py
@@ -47,5 +50,13 @@ final)
   attnres_step 4 170 16 6
   install_fla
   bench_five 190
+  ;;
+gate)
+  PART_TAIL=6 part "KDA prep and backward tests on the GPU" 150 python3 -m pytest -q -n 14 -p no:cacheprovider -rf \
+    tests/kernels/test_kda_prep.py tests/kernels/test_kda_bwd.py
+  bwd_sweep 8x4096x6 90 "gate tiles 1,gate tiles 4,gate tiles 16,default again" init fp32
+  mkdir -p "$OUT/backbone"
+  OUT=$OUT/backbone PART_TAIL=40 part "bench_backbone --profile, hybrid at 8 x 4096" 150 python3 -m \
+    kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid --profile
   ;;
 esac

@@ -28,6 +28,7 @@ from kernels.benchmarks.bench_kda import (  # noqa: E402
     bench,
     call,
     correctness,
+    kda_constants,
     make,
     profile_step,
     rel,
@@ -83,25 +84,27 @@ SETTINGS = [
     ("dy w2 bv64", {"BWD_DY_BV": 64}, {"dy": (2, 1)}),
     ("state w2", {}, {"state": (2, 2)}),
     ("state w8", {}, {"state": (8, 2)}),
+    ("gate tiles 1", {"GATE_BWD_TILES": 1}, {}),
+    ("gate tiles 4", {"GATE_BWD_TILES": 4}, {}),
+    ("gate tiles 16", {"GATE_BWD_TILES": 16}, {}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 
 
 def run_setting(consts: dict, launch: dict, xs, do, ref) -> dict:
-    saved = {name: getattr(cb, name) for name in consts} | {"BWD_LAUNCH": dict(cb.BWD_LAUNCH)}
+    saved_launch = dict(cb.BWD_LAUNCH)
     try:
-        for name, value in consts.items():
-            setattr(cb, name, value)
         cb.BWD_LAUNCH.update(launch)
-        o = call("ours", xs)[0]
-        grads = torch.autograd.grad(o, xs[:5], do, retain_graph=True)
-        diff = max(rel(a, b) for a, b in zip(grads, ref)) if ref is not None else 0.0
-        ms = bench(lambda: torch.autograd.grad(o, xs[:5], do, retain_graph=True))
-        errs = correctness(["ours"])["ours"]
+        with kda_constants(consts):
+            o = call("ours", xs)[0]
+            grads = torch.autograd.grad(o, xs[:5], do, retain_graph=True)
+            diff = max(rel(a, b) for a, b in zip(grads, ref)) if ref is not None else 0.0
+            ms = bench(lambda: torch.autograd.grad(o, xs[:5], do, retain_graph=True))
+            errs = correctness(["ours"])["ours"]
         return {"bwd_ms": ms, "max_rel_diff_vs_default": diff, "errors_vs_fp64": errs}, grads
     finally:
-        for name, value in saved.items():
-            setattr(cb, name, value)
+        cb.BWD_LAUNCH.clear()
+        cb.BWD_LAUNCH.update(saved_launch)
 
 
 def _errors(e: dict) -> str:
