@@ -15,12 +15,15 @@
 #       step overhead (bench_attnres, 4 rounds); the five shapes against fla-core 0.6.0 (bench_kda --graph).
 #   bash scripts/gpu_session33.sh gate   call4: the KDA gate backward walking GATE_BWD_TILES blocks a program (its
 #       partial sums reduced across warps once; 1 block before): the prep and backward GPU tests; sweep_kda_bwd at the
-#       model's shape with 1 / 4 / 8 / 16 blocks; bench_backbone --profile of the small hybrid (10 steps, device-bound).
+#       model's shape with 1 / 4 / 8 / 16 blocks; bench_backbone --profile of the small hybrid (10 steps, device-bound)
+#       (ran at 146057a; slower, removed in the next commit with its sweep settings: this mode no longer runs).
+#   bash scripts/gpu_session33.sh confirm call5: after the gate change's revert, bench_backbone --profile of the small
+#       hybrid at 8 x 4096, 20 steps each way, twice; block AttnRes's step overhead (bench_attnres, 4 rounds) again.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session33.sh sweep|state|final|gate}" in
+case "${1:?usage: gpu_session33.sh sweep|state|final|gate|confirm}" in
 sweep)
   PART_TAIL=6 part "short-conv GPU tests" 150 python3 -m pytest -q -p no:cacheprovider -rf \
     tests/kernels/test_short_conv_triton.py tests/kernels/test_short_conv.py
@@ -58,5 +61,14 @@ gate)
   mkdir -p "$OUT/backbone"
   OUT=$OUT/backbone PART_TAIL=40 part "bench_backbone --profile, hybrid at 8 x 4096" 150 python3 -m \
     kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid --profile
+  ;;
+confirm)
+  for round in a b; do
+    mkdir -p "$OUT/backbone_$round"
+    OUT=$OUT/backbone_$round PART_TAIL=14 part "bench_backbone --profile, hybrid at 8 x 4096, round $round" 130 \
+      python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 20 --variants hybrid \
+      --profile
+  done
+  attnres_step 4 170 16 6
   ;;
 esac

@@ -84,9 +84,6 @@ SETTINGS = [
     ("dy w2 bv64", {"BWD_DY_BV": 64}, {"dy": (2, 1)}),
     ("state w2", {}, {"state": (2, 2)}),
     ("state w8", {}, {"state": (8, 2)}),
-    ("gate tiles 1", {"GATE_BWD_TILES": 1}, {}),
-    ("gate tiles 4", {"GATE_BWD_TILES": 4}, {}),
-    ("gate tiles 16", {"GATE_BWD_TILES": 16}, {}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 

@@ -35,9 +35,9 @@ from kernels.colsum import column_sum
 
 EPS = 1e-6
 ELEMS = 4096  # elements per program: rows per program = ELEMS // next_pow2(D)
-# row blocks (of ELEMS elements) a gate backward program walks, its dA_log / d dt_bias partial sums reduced across
-# warps once at the end (1 until session 33: two cross-warp reductions every 4096 elements)
-GATE_BWD_TILES = 8
+# Session 33 (H200, call4, sweep_kda_bwd at the small hybrid's 8x4096x6) tried the gate backward's program walking
+# 4 / 8 / 16 such blocks with its partial sums reduced once: backward 1.848 / 1.843 / 1.863 ms against 1.828 at one
+# block (the hybrid's step: gate backward 0.75 -> 1.16 ms at 8); removed.
 
 
 @triton.jit
@@ -248,44 +248,37 @@ def _gate_bwd_kernel(
     K: tl.constexpr,
     BK: tl.constexpr,
     BT: tl.constexpr,
-    TILES: tl.constexpr,
     LOWER: tl.constexpr,
     HAS_DTB: tl.constexpr,
 ):
-    """d g_raw = dg dG/dx over TILES blocks of BT tokens; partial sums over the program's tokens of dA_log
-    (``pa [NB, HV]``) and of d dt_bias = d g_raw (``pb [NB, HV, K]``), accumulated per element and reduced across
-    the program's warps once."""
+    """d g_raw = dg dG/dx; partial sums over this block's tokens of dA_log (``pa [NB, HV]``) and of
+    d dt_bias = d g_raw (``pb [NB, HV, K]``)."""
     i_t = tl.program_id(0)
     i_hv = tl.program_id(1)
+    rows = i_t.to(tl.int64) * BT + tl.arange(0, BT)
     ck = tl.arange(0, BK)
     cm = ck < K
-    a = tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32))
-    bias = tl.zeros([BK], dtype=tl.float32)
+    m = (rows < M)[:, None] & cm[None, :]
+    off = rows[:, None] * (HV * K) + i_hv * K + ck[None, :]
+    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
     if HAS_DTB:
-        bias = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
-    da_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    dx_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    for j in range(TILES):
-        rows = (i_t.to(tl.int64) * TILES + j) * BT + tl.arange(0, BT)
-        m = (rows < M)[:, None] & cm[None, :]
-        off = rows[:, None] * (HV * K) + i_hv * K + ck[None, :]
-        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32) + bias[None, :]
-        dg = tl.load(dg_ptr + off, mask=m, other=0.0).to(tl.float32)
-        if LOWER:
-            s = tl.sigmoid(a * x)
-            ds = dg * (lb * s * (1.0 - s))  # dG / d(a x)
-            dx = ds * a
-            da = ds * a * x
-        else:
-            sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-            dx = dg * (-a) * tl.where(x > 20.0, 1.0, tl.sigmoid(x))
-            da = dg * (-a) * sp  # dG / dA_log = G
-        dx = tl.where(m, dx, 0.0)
-        tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
-        da_acc += tl.where(m, da, 0.0)
-        dx_acc += dx
-    tl.store(pa_ptr + i_t * HV + i_hv, tl.sum(tl.sum(da_acc, 1), 0))
-    tl.store(pb_ptr + (i_t * HV + i_hv) * K + ck, tl.sum(dx_acc, 0), mask=cm)
+        x += tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)[None, :]
+    dg = tl.load(dg_ptr + off, mask=m, other=0.0).to(tl.float32)
+    a = tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32))
+    if LOWER:
+        s = tl.sigmoid(a * x)
+        ds = dg * (lb * s * (1.0 - s))  # dG / d(a x)
+        dx = ds * a
+        da = ds * a * x
+    else:
+        sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        dx = dg * (-a) * tl.where(x > 20.0, 1.0, tl.sigmoid(x))
+        da = dg * (-a) * sp  # dG / dA_log = G
+    dx = tl.where(m, dx, 0.0)
+    da = tl.where(m, da, 0.0)
+    tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    tl.store(pa_ptr + i_t * HV + i_hv, tl.sum(tl.sum(da, 1), 0))
+    tl.store(pb_ptr + (i_t * HV + i_hv) * K + ck, tl.sum(dx, 0), mask=cm)
 
 
 def _gate_cfg(K: int) -> tuple[int, int]:
@@ -321,14 +314,13 @@ def gate_bwd(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
     """``(d x, d A_log, d dt_bias or None)`` of :func:`gate_fwd` for the upstream gradient ``dg`` (deterministic
     two-stage reductions: per-program partial sums, then ``kernels.colsum.column_sum``)."""
     xc, a_log, dtb, lb, M, grid, kw = _gate_args(x, A_log, dt_bias, lower_bound)
-    HV, K = kw["HV"], kw["K"]
-    nb = triton.cdiv(M, kw["BT"] * GATE_BWD_TILES)
+    nb, HV, K = grid[0], kw["HV"], kw["K"]
     dx = torch.empty_like(xc)
     alloc = torch.empty if M else torch.zeros  # every program writes its entries; no rows: no programs
     pa = alloc(max(nb, 1), HV, dtype=torch.float32, device=xc.device)
     pb = alloc(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
     if M:
-        _gate_bwd_kernel[(nb, HV)](xc, a_log, dtb, dg.contiguous(), dx, pa, pb, lb, M, TILES=GATE_BWD_TILES, **kw)
+        _gate_bwd_kernel[grid](xc, a_log, dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
     dA = column_sum(pa, A_log.dtype).reshape(A_log.shape)
     ddtb = column_sum(pb, dt_bias.dtype).reshape(dt_bias.shape) if dt_bias is not None else None
     return dx, dA, ddtb
