@@ -14,10 +14,11 @@ dweight partial sum) and each of its two kernels alone, with the error against t
 the same with dpre stored in bf16 (``DPRE_IN_X_DTYPE``); then each kernel alone at the tile configurations of
 ``DPRE_SWEEP`` / ``DX_SWEEP`` (``--no-sweep`` skips them) with the result's deviation from the default's, and the
 whole launch at the fastest configuration of each (``best``); the one-kernel backward (``BWD_FUSED``) at the
-configurations of ``STREAM_SWEEP``. Writes ``$OUT/bench_short_conv.json`` (or
-``--out``) and prints a table; about 40-60 s on an H100.
+configurations of ``STREAM_SWEEP``. ``--model-only``: the correctness checks, then at the model's shape only the
+forward alone at the tiles of ``FWD_SWEEP`` and the one-kernel backward's sweep. Writes
+``$OUT/bench_short_conv.json`` (or ``--out``) and prints a table; about 40-60 s on an H100.
 
-    python kernels/benchmarks/bench_short_conv.py
+    python kernels/benchmarks/bench_short_conv.py [--no-sweep | --model-only]
 """
 
 from __future__ import annotations

@@ -293,6 +293,12 @@ STATE_FILL = 0.6
 # 4x4096x32 (256) 0.298 / 0.247; at the model's 8x4096x6 (96 programs) 0.139 / 0.167; at 16 columns 3 stays (1x8192x32
 # 0.208 / 0.266, 8x4096x6 0.200 / 0.153 at fill 1 is the one exception)
 STATE_STAGES_WIDE_MANY = 2
+
+
+def state_stages(bv: int, programs: int, device: torch.device) -> int:
+    """Pipeline stages of the forward state pass at ``bv`` value columns a program and ``programs`` programs."""
+    wide_many = bv >= 64 and device.type == "cuda" and programs > sm_count(device)
+    return STATE_STAGES_WIDE_MANY if wide_many else STATE_LAUNCH[1]
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
 OUT_WARPS = 4
@@ -474,8 +480,6 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
     bvs = state_block_v(STATE_BV, V, N * HV, q.device, fill=STATE_FILL)
-    n_state = triton.cdiv(V, bvs) * N * HV
-    wide_many = bvs >= 64 and q.device.type == "cuda" and n_state > sm_count(q.device)
     _state_kernel[(triton.cdiv(V, bvs), N * HV)](
         W,
         U,
@@ -496,7 +500,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         HAS_H0=initial_state is not None,
         FP32=fp32,
         num_warps=STATE_LAUNCH[0],
-        num_stages=STATE_STAGES_WIDE_MANY if wide_many else STATE_LAUNCH[1],
+        num_stages=state_stages(bvs, triton.cdiv(V, bvs) * N * HV, q.device),
     )
     if nch:
         bvo = min(BV, OUT_BV)

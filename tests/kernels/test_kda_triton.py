@@ -342,8 +342,9 @@ def test_chunk_head_grid():
 
 def test_state_block_v_choice(monkeypatch):
     """The state passes' value-column block: a fixed setting capped at V's power of two; else the widest of the
-    choices (forward 64 / 16, backward 64 / 32) with at least one program per SM (132 here; the backward 0.6 of
-    one), else the narrowest; off CUDA the widest."""
+    choices (forward 64 / 16, backward 64 / 32) with at least ``fill`` programs per SM (132 here; 1 by default, 0.6
+    as both passes use), else the narrowest; off CUDA the widest. The forward's stages: 2 for 64-column programs that
+    outnumber the SMs, else 3."""
     from kernels.kda import state_common
 
     monkeypatch.setattr(state_common, "sm_count", lambda device: 132)
@@ -364,6 +365,14 @@ def test_state_block_v_choice(monkeypatch):
     assert pick(None, 128, 32, cuda, cb.BWD_STATE_BV_CHOICES, cb.BWD_STATE_FILL) == 32  # 1 x 8192 x 32
     assert pick(None, 128, 40, cuda, backward, 0.6) == 64 and pick(None, 128, 39, cuda, backward, 0.6) == 32
     assert pick(None, 128, 1, torch.device("cpu")) == 64
+    from kernels.kda import chunk_triton as ct  # the forward's fill and stages, as measured (session 33)
+
+    monkeypatch.setattr(ct, "sm_count", lambda device: 132)
+    assert pick(None, 128, 48, cuda, fill=ct.STATE_FILL) == 64  # 8 x 4096 x 6: 96 programs at 64 columns
+    assert pick(None, 128, 32, cuda, fill=ct.STATE_FILL) == 16  # 1 x 8192 x 32: 64 programs at 64
+    assert ct.state_stages(64, 96, cuda) == ct.STATE_LAUNCH[1] == 3
+    assert ct.state_stages(64, 256, cuda) == ct.STATE_STAGES_WIDE_MANY == 2  # 8 x 2048 x 16, 4 x 4096 x 32
+    assert ct.state_stages(16, 256, cuda) == 3 and ct.state_stages(64, 256, torch.device("cpu")) == 3
 
 
 @pytest.mark.parametrize("gate", ["logsig_sharp", "lower_bound"])
