@@ -19,11 +19,14 @@
 #       (ran at 146057a; slower, removed in the next commit with its sweep settings: this mode no longer runs).
 #   bash scripts/gpu_session33.sh confirm call5: after the gate change's revert, bench_backbone --profile of the small
 #       hybrid at 8 x 4096, 20 steps each way, twice; block AttnRes's step overhead (bench_attnres, 4 rounds) again.
+#   bash scripts/gpu_session33.sh pair16 call6: the KDA pair kernel's dq, dk parts handed to the inter kernel in bf16
+#       (chunk_triton_bwd.BWD_PAIR_16BIT): the KDA backward GPU tests; sweep_kda_bwd with it off and on at the model's
+#       shape (init gates, fp32 beta) and at 1x8192x32; bench_backbone --profile of the small hybrid.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session33.sh sweep|state|final|gate|confirm}" in
+case "${1:?usage: gpu_session33.sh sweep|state|final|gate|confirm|pair16}" in
 sweep)
   PART_TAIL=6 part "short-conv GPU tests" 150 python3 -m pytest -q -p no:cacheprovider -rf \
     tests/kernels/test_short_conv_triton.py tests/kernels/test_short_conv.py
@@ -70,5 +73,14 @@ confirm)
       --profile
   done
   attnres_step 4 170 16 6
+  ;;
+pair16)
+  PART_TAIL=6 part "KDA backward tests on the GPU" 120 python3 -m pytest -q -n 14 -p no:cacheprovider -rf \
+    tests/kernels/test_kda_bwd.py tests/kernels/test_kda_triton.py -k "bwd or grad or training"
+  bwd_sweep 8x4096x6 60 "pair parts fp32,default again" init fp32
+  bwd_sweep 1x8192x32 60 "pair parts fp32,default again"
+  mkdir -p "$OUT/backbone"
+  OUT=$OUT/backbone PART_TAIL=40 part "bench_backbone --profile, hybrid at 8 x 4096" 130 python3 -m \
+    kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid --profile
   ;;
 esac
