@@ -21,7 +21,8 @@
 #       hybrid at 8 x 4096, 20 steps each way, twice; block AttnRes's step overhead (bench_attnres, 4 rounds) again.
 #   bash scripts/gpu_session33.sh pair16 call6: the KDA pair kernel's dq, dk parts handed to the inter kernel in bf16
 #       (chunk_triton_bwd.BWD_PAIR_16BIT): the KDA backward GPU tests; sweep_kda_bwd with it off and on at the model's
-#       shape (init gates, fp32 beta) and at 1x8192x32; bench_backbone --profile of the small hybrid.
+#       shape (init gates, fp32 beta) and at 1x8192x32; bench_backbone --profile of the small hybrid (ran at 4938f7c;
+#       slower at 1x8192x32, removed with its sweep setting in the next commit: this mode no longer runs).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 

@@ -84,7 +84,6 @@ SETTINGS = [
     ("dy w2 bv64", {"BWD_DY_BV": 64}, {"dy": (2, 1)}),
     ("state w2", {}, {"state": (2, 2)}),
     ("state w8", {}, {"state": (8, 2)}),
-    ("pair parts fp32", {"BWD_PAIR_16BIT": False}, {}),
     ("default again", {}, {}),  # the default timed again after the others: how far the first timing drifted
 ]
 

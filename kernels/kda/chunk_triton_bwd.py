@@ -50,11 +50,10 @@ BWD_DH_16BIT = True
 # and dAkk, so only the inter kernel's dX = -dY h^T reads the rounded one, as a 16-bit dot). H200, session 27 call4
 # (sweep_kda_bwd): backward 3.044 -> 2.872 ms at 1 x 8192 x 32, 2.372 -> 2.256 at the model's 8 x 4096 x 6 (init
 # gates, fp32 beta); errors against fp64 of dq, dk, dg unchanged, dv 2.9e-3 -> 3.3e-3 and dbeta 3.0e-3 -> 3.3e-3
-# (3.3e-3 -> 3.7e-3, 2.9e-3 -> 3.4e-3 at 8 x 4096 x 6). fp32 inputs always keep fp32
+# (3.3e-3 -> 3.7e-3, 2.9e-3 -> 3.4e-3 at 8 x 4096 x 6). fp32 inputs always keep fp32. Session 33 (call6) also handed
+# the pair kernel's dq, dk parts to the inter kernel in bf16: backward 1.816 -> 1.800 / 1.803 ms at 8x4096x6, 2.811 ->
+# 2.905 / 2.901 at 1x8192x32, dq / dk errors against fp64 up ~4%; removed.
 BWD_DVN_16BIT = True
-# True: the pair kernel's dq, dk parts go to the inter kernel (which writes the totals over them) in the 16-bit inputs'
-# dtype, not fp32, when HV == H (grouped heads sum over value heads in fp32); dG stays fp32 (session 33)
-BWD_PAIR_16BIT = True
 
 
 @triton.jit
@@ -302,8 +301,8 @@ def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr
                                         n, base, abase, rI, ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, UNROLL)
     m = (rI < n)[:, None] & kmask[None, :]
     off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
-    tl.store(dq_ptr + off, (scale * daq).to(dq_ptr.dtype.element_ty), mask=m)
-    tl.store(dk_ptr + off, (dkq + dkk + bI[:, None] * dak).to(dk_ptr.dtype.element_ty), mask=m)
+    tl.store(dq_ptr + off, scale * daq, mask=m)
+    tl.store(dk_ptr + off, dkq + dkk + bI[:, None] * dak, mask=m)
     tl.store(dg_ptr + off, scale * qI * daq - kI * dkq + bI[:, None] * kI * dak - kI * dkk, mask=m)
     tl.store(db_ptr + i_k * n_tok + (bos + rI) * HV + i_hv, tl.sum(kI * dak, 1), mask=rI < n)
 
@@ -451,8 +450,8 @@ def _bwd_inter_kernel(
     qe = scale * tl.load(q_ptr + qk_off, mask=m, other=0.0).to(tl.float32) * eG  # d qg / d G
     kE = kk * eE
     X = bb[:, None] * kk * eG
-    dq = tl.load(dq_ptr + off, mask=m, other=0.0).to(tl.float32) + scale * eG * dqg
-    dk = tl.load(dk_ptr + off, mask=m, other=0.0).to(tl.float32) + bb[:, None] * eG * dX + eE * dkg
+    dq = tl.load(dq_ptr + off, mask=m, other=0.0) + scale * eG * dqg
+    dk = tl.load(dk_ptr + off, mask=m, other=0.0) + bb[:, None] * eG * dX + eE * dkg
     dG = tl.load(dg_ptr + off, mask=m, other=0.0) + qe * dqg - kE * dkg + X * dX
     dgl = dgl * tl.exp(gl) + tl.sum(kE * dkg, 0)
     tl.store(dq_out + off, dq.to(dq_out.dtype.element_ty), mask=m)
@@ -530,7 +529,8 @@ BWD_EE_FROM_G = "16bit"
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 # (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128, ptxas_regs.py): no spills but
 # the pair kernel's at 64 channels / 2 warps (session 32, Triton 3.9: 255 registers, 316 bytes; faster regardless).
-# The pair kernel until session 25: 2 warps, whole-chunk [C, BK] tiles, the diagonal path's 16 steps unrolled (1 KB spills).
+# The pair kernel: until session 25 2 warps, whole-chunk [C, BK] tiles and the pairwise diagonal path's 16 steps
+# unrolled: 255 registers and 1 KB of spills (9.5 M local-memory requests a step under Nsight Compute, call2).
 # Backward alone at 1 x 8192 x 32 / 8 x 2048 x 16 (H200, session 25 call3, sweep_kda_bwd.py): 3.357 / 3.337 ms so,
 # 3.209 / 3.126 with the path as a loop, 3.214 / 3.150 with also one sub-block at a time, 3.105 / 3.016 with that
 # at 4 warps (136 registers; at 64 key channels 3.281 / 3.202, at 16 4.544 / 4.449). dY / inter at 1 / 3 stages since
@@ -570,11 +570,9 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     dv, dvs = _dv_rows(dv_out, (B, T, HV, V), v.dtype, dev)
     # dbeta partial sums: the pairwise kernel's K blocks, the inter kernel's K blocks, the dY kernel's V part
     db = torch.empty(nkt_pair + nkt_inter + 1, B, T, HV, **f32)
-    dAq, dAk = (torch.empty(NC, HV, C, C, **f32) for _ in range(2))
-    grouped = HV != H
-    part_dt = q.dtype if BWD_PAIR_16BIT and not grouped else torch.float32  # the pair kernel's dq, dk parts
-    dqv, dkv = (torch.empty(B, T, HV, K, dtype=part_dt, device=dev) for _ in range(2))
-    dg = torch.empty(B, T, HV, K, **f32)  # fp32 partial sums (pair -> inter)
+    dAq = torch.empty(NC, HV, C, C, **f32)
+    dAk = torch.empty_like(dAq)
+    dqv, dkv, dg = (torch.empty(B, T, HV, K, **f32) for _ in range(3))  # fp32 partial sums (pair -> inter)
     _bwd_dy_kernel[(NC * HV,)](
         st.T,
         do,
@@ -631,8 +629,9 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     # dA is dead once the pairwise kernel is queued: its blocks go back to the caching allocator (stream-ordered)
     # before the outputs are allocated, so they reuse them instead of raising the peak
     del dAq, dAk
-    dq_out = dqv if grouped or dqv.dtype == q.dtype else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
-    dk_out = dkv if grouped or dkv.dtype == k.dtype else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
+    grouped = HV != H
+    dq_out = dqv if grouped or q.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
+    dk_out = dkv if grouped or k.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
     dg_out = dg if g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
     _bwd_inter_kernel[(nkt_inter, NC * HV)](
         q,

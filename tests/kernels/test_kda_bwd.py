@@ -117,36 +117,6 @@ def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv, ee, dh16,
         assert_rel_rms(a, b, tol, name)
 
 
-def test_triton_bwd_pair_parts_in_16bit(monkeypatch):
-    """``BWD_PAIR_16BIT``: with 16-bit inputs and HV == H the pair kernel hands its dq, dk parts to the inter kernel
-    in the inputs' dtype (the inter kernel writes the totals over them). Both settings against the PyTorch manual
-    backward at the fp16 tolerance; dg and dbeta (from the fp32 dG parts) bit-equal across them, dq not (its parts
-    were rounded to fp16 on the way)."""
-    dev = _interp(monkeypatch)
-    from kernels.kda import chunk_triton_bwd
-    from kernels.kda.chunk_triton import chunk_kda_fwd_intermediates
-    from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
-
-    cu = torch.tensor([0, 1, 70, 80], dtype=torch.int32, device=dev)
-    q, k, v, g, beta, s0 = make_inputs(1, 80, 2, 2, 16, 48, gate="logsig_sharp", h0=True, N=3)
-    q, k, v = (x.to(dev, torch.float16) for x in (q, k, v))
-    g, beta, s0 = (x.to(dev, torch.float32) for x in (g, beta, s0))
-    st = chunk_kda_fwd_intermediates(q, k, v, g, beta, 0.25, s0, cu)
-    do = torch.randn(1, 80, 2, 48, device=dev).to(torch.float16)
-    dht = torch.randn(3, 2, 16, 48, device=dev)
-    st32 = st._replace(**{f: getattr(st, f).float() for f in ("qg", "kg", "W", "Aqk", "h", "vn")})
-    ref = chunk_kda_bwd_torch(q.float(), k.float(), v.float(), g, beta, 0.25, st32, do.float(), dht)
-    got = {}
-    for flag in (True, False):
-        monkeypatch.setattr(chunk_triton_bwd, "BWD_PAIR_16BIT", flag)
-        got[flag] = chunk_kda_bwd_triton(q, k, v, g, beta, 0.25, st, do, dht)
-        assert (got[flag].dq.dtype, got[flag].dk.dtype) == (torch.float16, torch.float16)
-        for name, a, b in zip(NAMES, got[flag], ref):
-            assert_rel_rms(a, b, 2e-3, name)
-    assert torch.equal(got[True].dg, got[False].dg) and torch.equal(got[True].dbeta, got[False].dbeta)
-    assert not torch.equal(got[True].dq, got[False].dq) and not torch.equal(got[True].dk, got[False].dk)
-
-
 def test_triton_bwd_strong_decay_grouped_heads(monkeypatch):
     """Fused Triton backward with -50 log-decays (finite, dg <= 5e-5 vs the fp32 PyTorch manual backward), two q/k
     heads of two value heads each, K = 40 (two key-channel blocks, the second masked) and V = 20 (masked)."""
