@@ -23,11 +23,14 @@
 #       (chunk_triton_bwd.BWD_PAIR_16BIT): the KDA backward GPU tests; sweep_kda_bwd with it off and on at the model's
 #       shape (init gates, fp32 beta) and at 1x8192x32; bench_backbone --profile of the small hybrid (ran at 4938f7c;
 #       slower at 1x8192x32, removed with its sweep setting in the next commit: this mode no longer runs).
+#   bash scripts/gpu_session33.sh nogate call7: the training backward without the fp32 log-decay's recompute for 16-bit
+#       inputs (chunk_triton_bwd.bwd_reads_g): the KDA backward GPU tests; sweep_kda_bwd's default at the model's shape
+#       (its step profile); bench_backbone --profile of the small hybrid.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session33.sh sweep|state|final|gate|confirm|pair16}" in
+case "${1:?usage: gpu_session33.sh sweep|state|final|gate|confirm|pair16|nogate}" in
 sweep)
   PART_TAIL=6 part "short-conv GPU tests" 150 python3 -m pytest -q -p no:cacheprovider -rf \
     tests/kernels/test_short_conv_triton.py tests/kernels/test_short_conv.py
@@ -82,6 +85,14 @@ pair16)
   bwd_sweep 1x8192x32 60 "pair parts fp32,default again"
   mkdir -p "$OUT/backbone"
   OUT=$OUT/backbone PART_TAIL=40 part "bench_backbone --profile, hybrid at 8 x 4096" 130 python3 -m \
+    kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid --profile
+  ;;
+nogate)
+  PART_TAIL=6 part "KDA backward tests on the GPU" 100 python3 -m pytest -q -n 14 -p no:cacheprovider -rf \
+    tests/kernels/test_kda_bwd.py tests/kernels/test_kda_triton.py -k "bwd or grad or training"
+  bwd_sweep 8x4096x6 45 "default again" init fp32
+  mkdir -p "$OUT/backbone"
+  OUT=$OUT/backbone PART_TAIL=40 part "bench_backbone --profile, hybrid at 8 x 4096" 100 python3 -m \
     kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid --profile
   ;;
 esac

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from kernels.backend import sm_count
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
-from kernels.kda.chunk_triton_bwd import chunk_kda_bwd_triton
+from kernels.kda.chunk_triton_bwd import bwd_reads_g, chunk_kda_bwd_triton
 from kernels.kda.prep_triton import (
     _gate,
     gate_bwd,
@@ -557,7 +557,8 @@ class ChunkKDAFunction(torch.autograd.Function):
     the per-chunk intermediates (about 11 [B, T, HV, 128]-sized bf16 tensors' worth at K = V = 128) and the raw
     q, k, g: the forward never writes normalised q, k or the fp32 log-decay (two passes over q|k and one over g
     fewer than normalising and gating first), and its q, k reach the scores unrounded. The backward recomputes them
-    (:func:`l2norm_fwd`, :func:`gate_fwd`: bf16 q, k as the core backward reads them), runs the core backward
+    (:func:`l2norm_fwd`, :func:`gate_fwd`: bf16 q, k as the core backward reads them; the log-decay only where the
+    core backward reads it, :func:`bwd_reads_g`: not for 16-bit inputs since session 33), runs the core backward
     ``chunk_kda_bwd_triton`` and chains the L2 norm's and the gate's backward. With ``qkv`` (q, k, v the thirds of
     one ``[B, T, 3 H K]`` tensor, :func:`qkv_base`) d(qkv) is one tensor written in place (q, k, v get None)."""
 
@@ -579,7 +580,9 @@ class ChunkKDAFunction(torch.autograd.Function):
         use_l2, use_gate, lower_bound = ctx.flags
         st = KDAFwdState(o=None, ht=None, U=None, **dict(zip(_SAVED, saved)))
         (qn, rq), (kn, rk) = (l2norm_fwd(x) if use_l2 else (x, None) for x in (q, k))
-        gn = gate_fwd(g, A_log, dt_bias, lower_bound) if use_gate else g
+        # the fp32 log-decay only where the core backward reads it (else its G from the forward is all it needs)
+        fp32 = st.qg.dtype == torch.float32
+        gn = (gate_fwd(g, A_log, dt_bias, lower_bound) if bwd_reads_g(fp32) else None) if use_gate else g
         dqkv = None if qkv is None else torch.empty_like(qkv)  # the KDA backward writes dv into its v third
         dv_out = None if qkv is None else qkv_dv_view(dqkv, v.shape[2], v.shape[3])
         gr = chunk_kda_bwd_triton(qn, kn, v, gn, beta, ctx.scale, st, do, dht, dv_out)

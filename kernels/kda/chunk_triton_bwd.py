@@ -539,12 +539,19 @@ BWD_DY_BV = 32  # value columns per loop step of the dY kernel
 BWD_LAUNCH = dict(state=(4, 2), dy=(4, 1), pair=(2, 1), inter=(4, 3))
 
 
+def bwd_reads_g(fp32: bool) -> bool:
+    """Whether the backward reads the log-decay g itself (the inter kernel's suffix sum), not only G from the
+    forward: with 16-bit (``fp32`` False) inputs and ``BWD_EE_FROM_G == "16bit"`` it does not, and g may be None."""
+    return not (BWD_EE_FROM_G == "always" or (BWD_EE_FROM_G == "16bit" and not fp32))
+
+
 def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, ...]:
     """Chunk-local backward after the reverse state pass: ``_bwd_dy_kernel``, ``_bwd_intra_pair_kernel``, then
     ``_bwd_inter_kernel``.
 
-    q, k ``[B, T, H, K]``, v, do ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` (token layout); ``st``
+    q, k ``[B, T, H, K]``, v, do ``[B, T, HV, V]``, g ``[B, T, HV, K]`` (None where :func:`bwd_reads_g` is False:
+    dg then comes back in fp32), beta ``[B, T, HV]`` (token layout); ``st``
     the forward intermediates; dvn ``[NC, HV, C, V]`` (overwritten with ``dY = T^T dVnew``) and dH
     ``[NC, HV, K, V]`` from :func:`bwd_state_pass_triton` (fp32, or the 16-bit inputs' dtype: ``BWD_DVN_16BIT``,
     ``BWD_DH_16BIT``). Returns dq, dk ``[B, T, H, K]``, dv ``[B, T, HV, V]``,
@@ -559,7 +566,10 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     dev = q.device
     fp32 = st.qg.dtype == torch.float32
     prec = "ieee" if fp32 else "tf32"
-    q, k, g, beta, do = (x.contiguous() for x in (q, k, g, beta, do))
+    if g is None and bwd_reads_g(fp32):
+        raise ValueError("kernels/kda/chunk_triton_bwd.py: g is None but the inter kernel reads it (BWD_EE_FROM_G)")
+    q, k, beta, do = (x.contiguous() for x in (q, k, beta, do))
+    g = g.contiguous() if g is not None else None
     v, vs = token_rows(v)
     bk_pair = min(BWD_PAIR_BK, max(16, triton.next_power_of_2(K)))
     bk_inter = min(BWD_INTER_BK, max(16, triton.next_power_of_2(K)))
@@ -632,42 +642,13 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     grouped = HV != H
     dq_out = dqv if grouped or q.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_out = dkv if grouped or k.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
-    dg_out = dg if g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
+    dg_out = dg if g is None or g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
+    # (without g, EE_DIFF: the kernel never reads its pointer, which G stands in for)
     _bwd_inter_kernel[(nkt_inter, NC * HV)](
-        q,
-        k,
-        g,
-        beta,
-        st.G,
-        st.Gl,
-        do,
-        st.vn,
-        dvn,
-        st.h,
-        dH,
-        st.cbos,
-        st.clen,
-        dqv,
-        dkv,
-        dg,
-        dq_out,
-        dk_out,
-        dg_out,
-        db[nkt_pair:],
-        scale,
-        n_tok,
-        H=H,
-        HV=HV,
-        K=K,
-        V=V,
-        BK=bk_inter,
-        BV=BV,
-        C=C,
-        FP32=fp32,
-        PREC=prec,
-        EE_DIFF=BWD_EE_FROM_G == "always" or (BWD_EE_FROM_G == "16bit" and not fp32),
-        num_warps=BWD_LAUNCH["inter"][0],
-        num_stages=BWD_LAUNCH["inter"][1],
+        q, k, g if g is not None else st.G, beta, st.G, st.Gl, do, st.vn, dvn, st.h, dH, st.cbos, st.clen,
+        dqv, dkv, dg, dq_out, dk_out, dg_out, db[nkt_pair:], scale, n_tok,
+        H=H, HV=HV, K=K, V=V, BK=bk_inter, BV=BV, C=C, FP32=fp32, PREC=prec, EE_DIFF=not bwd_reads_g(fp32),
+        num_warps=BWD_LAUNCH["inter"][0], num_stages=BWD_LAUNCH["inter"][1],
     )
     if grouped:
         dq_out, dk_out = (x.view(B, T, H, HV // H, K).sum(3).to(y.dtype) for x, y in ((dqv, q), (dkv, k)))

@@ -117,6 +117,36 @@ def test_triton_bwd_vs_torch_manual(monkeypatch, dtype, tol, state_bv, ee, dh16,
         assert_rel_rms(a, b, tol, name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_training_path_recomputes_the_gate_only_where_read(monkeypatch, dtype):
+    """The training backward recomputes the fp32 log-decay (``gate_fwd``) only where the core backward reads it
+    (``bwd_reads_g``: fp32 inputs, whose inter kernel takes kg's exponent as a suffix sum of g); with 16-bit inputs
+    it passes None and the gradients still match the PyTorch path's (in-kernel L2 norm and gate with dt_bias, h0,
+    both outputs' gradients)."""
+    dev = _interp(monkeypatch)
+    from kernels.kda import chunk_kda, chunk_triton
+
+    calls = []
+    real = chunk_triton.gate_fwd
+    monkeypatch.setattr(chunk_triton, "gate_fwd", lambda *a: calls.append(1) or real(*a))
+    q, k, v, _, beta, s0 = make_inputs(1, 70, 2, 2, 32, 24, h0=True)
+    raw = torch.randn(1, 70, 2, 32, dtype=torch.float64)
+    A_log = torch.log(torch.empty(2, dtype=torch.float64).uniform_(1, 16))
+    dtb = torch.randn(2 * 32, dtype=torch.float64)
+    kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
+    grads = {}
+    for backend, dts in (("triton", [dtype] * 4 + [torch.float32] * 4), ("torch", [torch.float32] * 8)):
+        x = [t.to(dev, dt).requires_grad_() for t, dt in zip((3 * q, 2 * k, v, raw, beta, s0, A_log, dtb), dts)]
+        o, S = chunk_kda(*x[:5], initial_state=x[5], A_log=x[6], dt_bias=x[7], backend=backend, **kw)
+        gen = torch.Generator().manual_seed(1)
+        do, dS = (torch.randn(t.shape, generator=gen).to(dev, t.dtype) for t in (o, S))
+        grads[backend] = torch.autograd.grad([o, S], x, [do, dS])
+    assert len(calls) == (1 if dtype == torch.float32 else 0)
+    names = ("dq", "dk", "dv", "dg_raw", "dbeta", "dh0", "dA_log", "ddt_bias")
+    for name, a, b in zip(names, grads["triton"], grads["torch"]):  # (dA_log: a sum over every token and channel)
+        assert_rel_rms(a, b, (5e-5 if name == "dA_log" else 1e-5) if dtype == torch.float32 else 2e-2, name)
+
+
 def test_triton_bwd_strong_decay_grouped_heads(monkeypatch):
     """Fused Triton backward with -50 log-decays (finite, dg <= 5e-5 vs the fp32 PyTorch manual backward), two q/k
     heads of two value heads each, K = 40 (two key-channel blocks, the second masked) and V = 20 (masked)."""
