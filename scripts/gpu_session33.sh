@@ -25,7 +25,8 @@
 #       slower at 1x8192x32, removed with its sweep setting in the next commit: this mode no longer runs).
 #   bash scripts/gpu_session33.sh nogate call7: the training backward without the fp32 log-decay's recompute for 16-bit
 #       inputs (chunk_triton_bwd.bwd_reads_g): the KDA backward GPU tests; sweep_kda_bwd's default at the model's shape
-#       (its step profile); bench_backbone --profile of the small hybrid.
+#       (its step profile); bench_backbone --profile of the small hybrid. Not run in session 33: its device time left
+#       (250 s) could not start another machine; the first call of the next session.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
