@@ -1,0 +1,19 @@
+"""``kimi_vl.benchmarks.bench_backbone``'s CPU-side pieces: the results table (the GPU timing itself runs on a GPU)."""
+
+from __future__ import annotations
+
+from kimi_vl.benchmarks.bench_backbone import table
+
+
+def test_table_shows_device_bound_mfu_where_measured():
+    """A training row timed behind a GPU sleep shows its device-bound MFU and steps; one without leaves the column
+    empty (``--head-start-ms 0``)."""
+    row = dict(seq=4096, tokens_per_s=431251.0, mfu=0.3356, peak_mem_gib=20.6, step_s_each=[0.0795, 0.075])
+    results = {"device": "GPU", "flavor": "small", "torch": "2.11", "date": "2026-11-30", "decode": {},
+               "train": {"hybrid": [dict(row, mfu_device_bound=0.3363, step_s_each_device_bound=[0.0748, 0.0753]),
+                                    dict(row, seq=32768)]}}
+    lines = table(results).splitlines()
+    assert "| hybrid | 4096 | 431,251 | 33.6% | 33.6% | 20.6 |" in lines
+    assert "| hybrid | 32768 | 431,251 | 33.6% |  | 20.6 |" in lines
+    assert "steps (ms): hybrid 4096: 79.5 75.0; hybrid 32768: 79.5 75.0" in lines
+    assert "device-bound steps (ms): hybrid 4096: 74.8 75.3" in lines
