@@ -239,11 +239,9 @@ def fused_sweep(x_TD, wd, dy_TD, lay, dx_ref, dw_ref, nbytes: int, copy_gbps: fl
     return rows
 
 
-def forward_sweep(copy_gbps: float) -> list[dict]:
-    """The forward alone at the model's shape (no gradient, the KDA layer's call) at each (rows, channels, warps)
+def forward_sweep(x: torch.Tensor, w: torch.Tensor, copy_gbps: float) -> list[dict]:
+    """The forward alone on ``x [B, T, D]`` (no gradient, the KDA layer's call) at each (rows, channels, warps)
     of ``FWD_SWEEP``: time, bytes/s of its minimum traffic (read x, write y) and whether y equals the default's."""
-    inp = make("x".join(map(str, MODEL)))
-    x, w = inp["x"], inp["w"]
     nbytes = x.numel() * x.element_size()
 
     def fwd():
@@ -333,7 +331,7 @@ def main() -> None:
         x_TD, dy_TD = x.reshape(-1, MODEL[2]), dy.reshape(-1, MODEL[2])
         lay = conv_triton._layout(*MODEL, W, None, x.device)
         dx_ref, dw_ref, _, _ = conv_triton._backward(x_TD.float(), w.float(), None, None, dy_TD.float(), None, lay, True)
-        res["fwd_sweep_" + model] = forward_sweep(copy_gbps)
+        res["fwd_sweep_" + model] = forward_sweep(x, w, copy_gbps)
         save()
         res["fused_sweep_" + model] = fused_sweep(x_TD, w, dy_TD, lay, dx_ref, dw_ref, x.numel() * x.element_size(),
                                                   copy_gbps)
