@@ -10,8 +10,6 @@ Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``
 - ``mix_triton.py``: fused forward/backward kernels and their launchers, sources read in place (GPU;
   ``TRITON_INTERPRET=1`` on CPU); ``GradSink``: in-place gradient accumulation of a source shared by several mixes.
 - ``mix_autograd.py``: the kernels as autograd functions and the deferred block-state gradients (``DeferredBlock``).
-- ``defer_triton.py``: the deferred gradients with the score products formed in the block's flush (a deferring
-  mix's own backward reads only ``dh``, ``h`` and the running sum; :func:`attn_res_mix_deferred`).
 - ``two_phase_triton.py``: the two-phase inference kernels over one buffer of block states (decode, prefill).
 
 Example::
@@ -33,7 +31,7 @@ import torch
 from kernels.attn_res.mix_torch import AttnResMix
 from kernels.attn_res.naive import attn_res_mix_naive
 
-__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_deferred", "attn_res_mix_naive", "resolve_backend"]
+__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "resolve_backend"]
 
 _WHERE = "kernels/attn_res.attn_res_mix"
 BACKENDS = ("torch", "triton")
@@ -125,31 +123,3 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
     u = _query_product(weight, gain, u, d)
     h, alpha = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, *flat)
     return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)
-
-
-def attn_res_mix_deferred(sources: Sequence[torch.Tensor], u: torch.Tensor, u_all: torch.Tensor, index: int,
-                          eps: float, sinks: Sequence, block, flush: bool
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The Triton mix of query ``u = u_all[index]`` (``u_all`` fp32 ``[Q, D]``, every query's ``w * gain``,
-    differentiable; ``u`` the caller's view of that row, e.g. from ``u_all.unbind(0)``) for a block whose state gradients are deferred with the score products in its flush
-    (``mix_autograd.AttnResMixDeferred``): ``(h, alpha, partial)``.
-
-    ``sources``: the completed block states first (each with a ``mix_triton.GradSink`` in ``sinks``), then optionally
-    the block's running sum (sink ``None``); ``block``: the block's ``mix_autograd.DeferredBlock``; ``flush``: this is
-    the block's first mix (forward order). ``partial`` is the running sum passed through (``None`` without one): form
-    the next running sum from it, so that its gradient reaches this mix's backward."""
-    _validate(sources, u, u)
-    from kernels.attn_res.mix_autograd import AttnResMixDeferred
-    from kernels.attn_res.mix_triton import MAX_ARGS, use_args
-
-    x0 = sources[0]
-    if resolve_backend(x0) != "triton" or not use_args(len(sources)):
-        raise ValueError(f"{_WHERE}: the deferred mix needs the Triton backend with pointer arguments (N <= "
-                         f"{MAX_ARGS}), got {len(sources)} {x0.dtype} sources on {x0.device}")
-    lead, d = x0.shape[:-1], x0.shape[-1]
-    if u_all.dim() != 2 or u_all.shape[1] != d or u_all.dtype != torch.float32:
-        raise ValueError(f"{_WHERE}: u_all must be fp32 [Q, D={d}], got {u_all.dtype} {tuple(u_all.shape)}")
-    flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
-    h, alpha, partial = AttnResMixDeferred.apply(u_all, u, eps, tuple(sinks), block, flush, index, *flat)
-    return (h.reshape(*lead, d), alpha.reshape(len(sources), *lead),
-            None if partial is None else partial.reshape(*lead, d))

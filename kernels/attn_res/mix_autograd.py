@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attn_res.defer_triton import bwd_light, flush_dots
 from kernels.attn_res.mix_triton import (
     GradSink,
     _sink_buffers,
@@ -74,93 +73,21 @@ class DeferredBlock:
         self.entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.task = -1
 
-    def add(self, task: int, *entry) -> None:
-        """One mix's deferred data: ``(dh, u, coef)`` (``flush_deferred``) or ``(dh, u, alpha, rstd, c, index)``
-        (:class:`AttnResMixDeferred`)."""
+    def add(self, task: int, dh: torch.Tensor, u: torch.Tensor, coef: torch.Tensor) -> None:
         if task != self.task:
             self.entries, self.task = [], task
-        self.entries.append(entry)
-
-    def take(self, task: int) -> list[tuple]:
-        """This backward pass's entries (none if they came from another), and the block emptied."""
-        entries = self.entries if self.task == task else []
-        self.entries, self.task = [], -1
-        return entries
+        self.entries.append((dh, u, coef))
 
 
 def flush_deferred(sources: list[torch.Tensor], sinks: list[GradSink], block: DeferredBlock, task: int) -> None:
     """Add the gradients that ``block``'s mixes deferred for ``sources`` (the first ``C`` sources of each of them,
     each with a sink) into the sinks' buffers, started if need be, and empty the block."""
-    entries = block.take(task)
+    entries = block.entries if block.task == task else []
+    block.entries, block.task = [], -1
     bufs, acc_mask = _sink_buffers(list(sinks), sources[0], task)
     if entries:
         dhs, us, coefs = (list(t) for t in zip(*entries))
         flush_triton(sources, bufs, acc_mask, dhs, us, coefs)
-
-
-class AttnResMixDeferred(torch.autograd.Function):
-    """``apply(u_all [Q, D], u [D], eps, sinks, block, flush, index, *sources) -> (h, alpha, partial)``: a mix of
-    the stream's query ``index`` (``u = u_all[index]``) whose block-state gradients are formed by its block's flush
-    with the score products there (``kernels/attn_res/defer_triton.py``, ``mix_triton.FLUSH_DOTS``).
-
-    ``sources``: the ``C`` completed block states (each with a :class:`GradSink`) and, after the block's first
-    sublayer, the block's running sum ``p`` (sink ``None``), contiguous ``[M, D]``. ``partial`` is ``p`` passed
-    through (``None`` without it): the stream forms the next running sum from it, so that the backward receives that
-    sum's gradient and adds it to ``p``'s own in one kernel (no separate gradient add). ``flush``: this mix is its
-    block's first in forward order (the last to run backward); it forms every state's gradient from all of the
-    block's mixes and returns the block's queries' gradients from the states through ``u_all``."""
-
-    @staticmethod
-    def forward(ctx, u_all: torch.Tensor, u: torch.Tensor, eps: float, sinks, block, flush: bool, index: int,
-                *sources: torch.Tensor):
-        h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
-        _claim_sinks(ctx, sinks, len(sources))
-        c = sum(s is not None for s in sinks)
-        if ctx.sinks is None or any(s is None for s in sinks[:c]):
-            raise ValueError("AttnResMixDeferred: the completed block states (the sources with a sink) must come "
-                             f"first and take the pointer-argument path, got sinks {sinks}")
-        ctx.num_states, ctx.block, ctx.flush, ctx.index, ctx.u_all_shape = c, block, flush, index, u_all.shape
-        ctx.save_for_backward(u, rstd, alpha, h, *sources)
-        ctx.mark_non_differentiable(alpha)
-        ctx.set_materialize_grads(False)
-        return h, alpha, (sources[c].view_as(sources[c]) if len(sources) > c else None)
-
-    @staticmethod
-    def backward(ctx, dh: torch.Tensor, _dalpha, d_next):
-        u, rstd, alpha, h, *sources = ctx.saved_tensors
-        c = ctx.num_states
-        dh = _as_source(dh, sources[0])
-        has_p = len(sources) > c
-        g_next = _as_source(d_next, sources[0]) if has_p and d_next is not None else None
-        dx_p, du, big_g = bwd_light(sources[c] if has_p else None, h, dh, g_next, u,
-                                    alpha[c] if has_p else None, rstd[c] if has_p else None)
-        task = torch._C._current_graph_task_id()
-        ctx.block.add(task, dh, u, alpha, rstd, big_g, ctx.index)
-        du_all = None
-        dxs = [None] * c + ([dx_p] if has_p else [])
-        if ctx.flush:
-            du_all = flush_dots_deferred(sources[:c], ctx.sinks[:c], ctx.block, task, ctx.u_all_shape)
-            dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
-        grads = _source_grads(ctx, dxs, 7)
-        return du_all, du if ctx.needs_input_grad[1] else None, None, None, None, None, None, *grads
-
-
-def flush_dots_deferred(sources: list[torch.Tensor], sinks: list[GradSink], block: DeferredBlock, task: int,
-                        u_all_shape: torch.Size) -> torch.Tensor:
-    """Add the gradients that ``block``'s :class:`AttnResMixDeferred` mixes left for ``sources`` (their first ``C``)
-    into the sinks' buffers (started if need be), empty the block, and return the block's queries' gradients from
-    the states as fp32 ``u_all_shape`` (zero outside the block's rows)."""
-    entries = sorted(block.take(task), key=lambda e: e[5])  # query order: one contiguous range of rows
-    bufs, acc_mask = _sink_buffers(list(sinks), sources[0], task)
-    q, d = u_all_shape
-    if not entries:
-        return torch.zeros(q, d, device=sources[0].device, dtype=torch.float32)
-    dhs, us, alphas, rstds, cs, index = (list(t) for t in zip(*entries))
-    du = flush_dots(sources, bufs, acc_mask, dhs, us, alphas, rstds, cs)
-    lo = index[0]
-    if index != list(range(lo, lo + len(index))):
-        raise ValueError(f"flush_dots_deferred: a block's mixes must be consecutive queries, got {index}")
-    return torch.nn.functional.pad(du, (0, 0, lo, q - lo - len(index)))
 
 
 def _claim_sinks(ctx, sinks, n: int) -> None:

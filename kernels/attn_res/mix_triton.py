@@ -111,7 +111,6 @@ FLUSH_THREAD_ELEMS = 12  # 24 before session 22; with FLUSH_GROUP = 4 that spill
 # / 0.114 ms against 0.108 at N = 3 and 0.212 / 0.214 / 0.213 against 0.222 at N = 5 on an H200, session 22, removed).
 # `ptxas_regs.py --attnres`: 186-233 registers at 12 elements a thread, no spills up to 7 sources
 FLUSH_GROUP = 4
-FLUSH_DOTS = True  # the model's deferred blocks form the score products in the flush (defer_triton.py); False: above
 # backward grid: at most this many programs per SM, each strides over token tiles. H200, M = 32768, D = 768 (session 23
 # call2, kernel + query-gradient sum): 2 / 4 / 8 / 16 a SM 0.124 / 0.134 / 0.143 / 0.161 ms at N = 3, 0.190 / 0.206 /
 # 0.209 / 0.247 at N = 5 (from N = 3 the kernel takes 239-255 registers: 2 programs of 4 warps fit an SM); session 24

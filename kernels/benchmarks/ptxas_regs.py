@@ -245,25 +245,8 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
         args = srcs * 3 + [f32] * (2 * mt.MAX_ARGS) + ["i32", "i32", "i32"]
         consts = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=mt.FLUSH_GROUP)
         warps = mt.FLUSH_NUM_WARPS
-    elif kernel == "light":  # defer_triton: a deferring mix's own backward (n = 1: with a running sum)
-        from kernels.attn_res import defer_triton as dt
-
-        fn = dt._attn_res_bwd_light_kernel
-        block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, dt.LIGHT_MAX_CHUNKS, dt.LIGHT_THREAD_ELEMS)
-        args = [bf] * 5 + [f32] * 5 + ["i32", "i32", "i32"]
-        consts = dict(BLOCK_T=block_t, CHUNK=chunk, CH=ch, HAS_X=n > 0, HAS_NEXT=n > 0, STAGES=dt.LIGHT_STAGES)
-        warps = mt.BWD_NUM_WARPS
-    elif kernel == "flush_dots":  # defer_triton: n states from `mixes` mixes, products in the flush
-        from kernels.attn_res import defer_triton as dt
-
-        fn = dt._attn_res_flush_dots_kernel
-        block_t, chunk, ch = mt._row_blocks(d, 2, mt.FLUSH_NUM_WARPS, 4, dt.FLUSH_DOTS_THREAD_ELEMS)
-        args = srcs * 3 + [f32] * (4 * mt.MAX_ARGS) + [bf, "i32", "i32", "i32"]
-        consts = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=dt.FLUSH_DOTS_GROUP)
-        warps = mt.FLUSH_NUM_WARPS
     else:
-        raise ValueError(f"attnres_ptxas_report: kernel must be fwd, bwd, flush, light or flush_dots, got "
-                         f"{kernel!r}")
+        raise ValueError(f"attnres_ptxas_report: kernel must be fwd, bwd or flush, got {kernel!r}")
     it = iter(args)
     sig = {a: "constexpr" if a in consts else next(it) for a in fn.arg_names}
     # as a launch specialises them: 16-byte aligned pointers, M and D multiples of 16

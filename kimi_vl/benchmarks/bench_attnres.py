@@ -504,8 +504,8 @@ def main() -> None:
     p.add_argument("--stream-cost", action="store_true",
                    help="also the residual stream's host time per decoded token alone (standard vs two-phase AttnRes)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="a constant of kernels/attn_res/mix_triton.py (or defer_triton.py) for the whole run (VALUE a "
-                        "Python literal), e.g. --set BWD_PROGRAMS_PER_SM=4")
+                   help="a constant of kernels/attn_res/mix_triton.py for the whole run (VALUE a Python literal), "
+                        "e.g. --set BWD_PROGRAMS_PER_SM=4")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (debug flavor), checks the script")
     args = p.parse_args()
     _set_mix_constants(args.set)
@@ -546,17 +546,10 @@ def main() -> None:
 
 
 def _set_mix_constants(pairs: list[str]) -> None:
-    """Apply ``--set NAME=VALUE`` pairs to ``kernels.attn_res.mix_triton`` for the run (to ``defer_triton`` for the
-    names only that module has)."""
-    from kernels.attn_res import defer_triton as dt
+    """Apply ``--set NAME=VALUE`` pairs to ``kernels.attn_res.mix_triton`` for the run."""
     from kernels.attn_res import mix_triton as mt
 
-    by_module = {mt: [], dt: []}
-    for pair in pairs:
-        name = pair.partition("=")[0].strip()
-        by_module[dt if hasattr(dt, name) and not hasattr(mt, name) else mt].append(pair)
-    for module, module_pairs in by_module.items():
-        set_constants(module, module_pairs, "bench_attnres")
+    set_constants(mt, pairs, "bench_attnres")
 
 
 def _kernel_diff_lines(layers: str, rows: list[dict]) -> list[str]:

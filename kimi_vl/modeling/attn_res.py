@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_deferred, attn_res_mix_naive
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
 from kernels.attn_res import resolve_backend as resolve_mix_backend
 from kernels.norm import add_rms_norm
 from kernels.norm import resolve_backend as resolve_norm_backend
@@ -136,12 +136,6 @@ def grad_sinks_enabled() -> bool:
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_GRAD_SINK must be 0 or 1, got {flag!r}")
     return flag == "1"
-
-
-def _flush_dots() -> bool:
-    from kernels.attn_res import mix_triton
-
-    return mix_triton.FLUSH_DOTS
 
 
 def defer_grads_enabled() -> bool:
@@ -323,8 +317,7 @@ class AttnResStream:
         self._fused_norm = self._buffered is not None and fused_norm_enabled()  # read once a forward, not a sublayer
         self.sinks: list | None = None  # one GradSink per completed state (fused training path)
         self._u_rows: tuple[torch.Tensor, ...] | None = None  # every query's w * gain, one product per forward
-        # (empty under FSDP2, where only the running layer's queries are gathered), rows of _u_all
-        self._u_all: torch.Tensor | None = None
+        # (empty under FSDP2, where only the running layer's queries are gathered)
         self._deferred: dict | None = None  # block index -> DeferredBlock (KVL_ATTNRES_DEFER_GRAD, on by default)
         if impl == "fused" and torch.is_grad_enabled() and grad_sinks_enabled():
             from kernels.attn_res.mix_triton import MAX_ARGS, GradSink
@@ -352,18 +345,9 @@ class AttnResStream:
             if self._u_rows is None and resolve_mix_backend(sources[0]) == "triton":
                 # one stack of every query's u (autograd: one stack of the grads, not Q products), unless FSDP2
                 # holds the other layers' queries sharded now: then () and each mix forms its own query's u
-                self._u_all = None if queries_sharded(self.queries) else stacked_u(self.queries)
-                self._u_rows = () if self._u_all is None else self._u_all.unbind(0)
+                self._u_rows = () if queries_sharded(self.queries) else stacked_u(self.queries).unbind(0)
             u = self._u_rows[i] if self._u_rows else None
-            defer = self._defer(i, sources)
-            if defer is not None and u is not None and _flush_dots():
-                # the running sum comes back passed through: the next one is formed from it (see the kernel's doc)
-                h, alpha, partial = attn_res_mix_deferred(sources, u, self._u_all, i, self.queries[i].eps, sinks,
-                                                          *defer)
-                if partial is not None:
-                    self.partial = partial
-            else:
-                h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=defer)
+            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources))
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
         return _normed(h, norm)
