@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Session 34's GPU calls (results: docs/results/gpu-2026-11-30-s34/):
+#   bash scripts/gpu_session33.sh nogate   call1: the training backward without the fp32 log-decay's recompute
+#       (session 33's last mode, run first here).
+#   bash scripts/gpu_session34.sh dots     call2: block AttnRes's deferred gradients with the score products in the
+#       block's flush (kernels/attn_res/defer_triton.py, mix_triton.FLUSH_DOTS): the AttnRes GPU tests (with the bf16
+#       stream against fp64 both ways, printed), then the small hybrid's block-AttnRes step (bench_attnres, 4 rounds,
+#       profiled) with it, without it (--set FLUSH_DOTS=False), with the flush's other settings, and both again (ran at
+#       c22745b; slower and less accurate in bf16, reverted in df9e72c: this mode no longer runs).
+#   bash scripts/gpu_session34.sh final    call3: the KDA GPU tests; the five shapes against fla-core 0.6.0 (bench_kda
+#       --graph) with the backward without the log-decay recompute; bench_backbone --profile of the small hybrid at
+#       8 x 4096, 20 steps each way; block AttnRes's step overhead (bench_attnres, 4 rounds).
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+
+gpu_header
+case "${1:?usage: gpu_session34.sh final}" in
+dots)
+  PART_TAIL=6 part "AttnRes GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_defer.py tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  PART_TAIL=4 part "bf16 stream vs fp64, products in the flush and per mix" 90 python3 -m pytest -q -s \
+    -p no:cacheprovider tests/kernels/test_attn_res_defer.py -k bf16_products
+  attnres_candidate dots_a 12 8
+  attnres_candidate nodots_a 12 8 --set FLUSH_DOTS=False
+  attnres_candidate dots_g1 12 8 --set FLUSH_DOTS_GROUP=1
+  attnres_candidate dots_te6 12 8 --set FLUSH_DOTS_THREAD_ELEMS=6
+  attnres_candidate dots_b 12 8
+  attnres_candidate nodots_b 12 8 --set FLUSH_DOTS=False
+  ;;
+final)
+  kda_tests 110
+  install_fla
+  bench_five 190
+  mkdir -p "$OUT/backbone"
+  OUT=$OUT/backbone PART_TAIL=14 part "bench_backbone --profile, hybrid at 8 x 4096" 100 python3 -m \
+    kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 20 --variants hybrid --profile
+  attnres_step 4 140 16 6
+  ;;
+esac
