@@ -65,7 +65,14 @@ class DeferredBlock:
     token and state) and keeps its ``dh``; the block's first mix, the last to run backward, then forms every
     state's gradient from all of them in one kernel (:func:`flush_deferred`): per state one read of ``x``, one
     read and write of the buffer, and the ``S`` ``dh`` tiles (read once from memory, again from L2), summed in
-    fp32 and rounded once. Entries are tied to the backward pass (autograd graph task) that made them."""
+    fp32 and rounded once. Entries are tied to the backward pass (autograd graph task) that made them.
+
+    Removed variant (session 34, H200, small hybrid 8 x 4096): the products ``dh . x`` of the block states formed in
+    the flush instead, each mix's own backward reading only ``dh``, ``h`` (``sum_j alpha_j dh . x_j = dh . h``) and
+    its running sum and adding the next running sum's gradient itself: mixes 2.20 -> 1.65 ms, adds -0.66 ms, but the
+    flush 0.94 -> 3.35 ms (cross-warp products, spills), the step +1 ms; and bf16 gradients against fp64 up to 1.6e-1
+    against 6.4e-2 (``dh . h`` from the rounded ``h`` does not cancel like the per-mix sum); ``docs/results/
+    gpu-2026-11-30-s34/``."""
 
     __slots__ = ("entries", "task")
 
