@@ -10,11 +10,15 @@
 #   bash scripts/gpu_session34.sh final    call3: the KDA GPU tests; the five shapes against fla-core 0.6.0 (bench_kda
 #       --graph) with the backward without the log-decay recompute; bench_backbone --profile of the small hybrid at
 #       8 x 4096, 20 steps each way; block AttnRes's step overhead (bench_attnres, 4 rounds).
+#   bash scripts/gpu_session34.sh chain    call4: block AttnRes's running sums chained through the mixes (each mix's
+#       backward kernel adds its running sum's gradient into the next sum's in place, KVL_ATTNRES_CHAIN_GRAD): the
+#       AttnRes GPU tests, then the small hybrid's block-AttnRes step (bench_attnres, 4 rounds, profiled) with it and
+#       without it (KVL_ATTNRES_CHAIN_GRAD=0), interleaved, three times each.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session34.sh final}" in
+case "${1:?usage: gpu_session34.sh final|chain}" in
 dots)
   PART_TAIL=6 part "AttnRes GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_defer.py tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
@@ -35,5 +39,13 @@ final)
   OUT=$OUT/backbone PART_TAIL=14 part "bench_backbone --profile, hybrid at 8 x 4096" 100 python3 -m \
     kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 20 --variants hybrid --profile
   attnres_step 4 140 16 6
+  ;;
+chain)
+  PART_TAIL=6 part "AttnRes GPU tests" 120 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  for round in a b c; do
+    attnres_candidate chain_$round 12 8
+    KVL_ATTNRES_CHAIN_GRAD=0 attnres_candidate nochain_$round 12 8
+  done
   ;;
 esac

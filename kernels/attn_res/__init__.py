@@ -89,7 +89,7 @@ def _query_product(weight: torch.Tensor, gain: torch.Tensor, u: torch.Tensor | N
 
 def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor, eps: float,
                  backend: str | None = None, sinks: Sequence | None = None, u: torch.Tensor | None = None,
-                 defer: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 defer: tuple | None = None, chain: bool = False) -> tuple:
     """Softmax mix over depth of ``sources``; differentiable in the sources, ``weight`` and ``gain``.
 
     Args:
@@ -108,18 +108,26 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
         defer: optional ``(mix_autograd.DeferredBlock, flush)``: on the Triton pointer-argument path the gradients
             of the sources with a sink are formed once for all the mixes of a block (see ``DeferredBlock``);
             ignored elsewhere (same values to rounding).
+        chain: return a third value: ``sources[-1]`` passed through on the Triton pointer-argument path (``None``
+            elsewhere). Build the next running sum from it (``passed + out``) and the kernel adds the last source's
+            gradient into that sum's gradient in place, instead of autograd's add of two tensors.
 
     Returns:
-        ``h [*, D]`` in the dtype of ``sources[0]`` and ``alpha [N, *]`` fp32 (not differentiable).
+        ``h [*, D]`` in the dtype of ``sources[0]`` and ``alpha [N, *]`` fp32 (not differentiable); with ``chain``
+        also the passed-through last source or ``None``.
     """
     _validate(sources, weight, gain)
     x0 = sources[0]
     if resolve_backend(x0, backend) == "torch":
-        return AttnResMix.apply(weight, gain, eps, *sources)
+        h, alpha = AttnResMix.apply(weight, gain, eps, *sources)
+        return (h, alpha, None) if chain else (h, alpha)
     from kernels.attn_res.mix_autograd import AttnResMixTriton
 
     lead, d = x0.shape[:-1], x0.shape[-1]
     flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
     u = _query_product(weight, gain, u, d)
-    h, alpha = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, *flat)
-    return h.reshape(*lead, d), alpha.reshape(len(sources), *lead)
+    h, alpha, passed = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, chain, *flat)
+    h, alpha = h.reshape(*lead, d), alpha.reshape(len(sources), *lead)
+    if not chain:
+        return h, alpha
+    return h, alpha, None if passed is None else passed.reshape(*lead, d)

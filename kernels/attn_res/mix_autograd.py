@@ -25,10 +25,15 @@ class AttnResMixTriton(torch.autograd.Function):
     costs no per-call launches for it. ``sinks``: ``None`` or one :class:`GradSink` or ``None`` per source (used
     only on the pointer-argument path). ``defer``: ``None`` or ``(block, flush)``: the gradients of the sources
     with a sink are deferred to ``block`` (a :class:`DeferredBlock`), and the mix with ``flush`` (the block's first
-    in forward order, so the last to run backward) forms them for all of the block's mixes at once."""
+    in forward order, so the last to run backward) forms them for all of the block's mixes at once.
+
+    ``chain``: return the last source passed through as a third output (else ``None``), for the caller to build the
+    next running sum from (``next = passed + out``): that sum's gradient then comes back here and the kernel adds the
+    last source's gradient into it in place (a gradient sink started by the later sum) instead of autograd adding two
+    tensors (pointer-argument path; a read of the running sum's size instead of an add's two reads and a write)."""
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, *sources: torch.Tensor):
+    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, chain: bool, *sources: torch.Tensor):
         h, rstd, alpha = mix_fwd_triton(list(sources), u, eps)
         ctx.save_for_backward(u, rstd, alpha, *sources)
         ctx.mark_non_differentiable(alpha)
@@ -38,13 +43,19 @@ class AttnResMixTriton(torch.autograd.Function):
         if defer is not None and ctx.sinks is not None:
             ctx.defer = defer
             ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
-        return h, alpha
+        chain = chain and use_args(len(sources)) and (ctx.sinks is None or ctx.sinks[-1] is None)
+        return h, alpha, sources[-1].view_as(sources[-1]) if chain else None
 
     @staticmethod
-    def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None):
+    def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None, d_next: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
         dh = _as_source(dh, sources[0])  # never None: h is the only differentiable output, so it has a gradient
-        dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, ctx.sinks, ctx.defer_mask)
+        sinks = ctx.sinks
+        if d_next is not None:  # the next running sum's gradient: the last source's gradient is added into it
+            chained = GradSink()
+            chained.buf, chained.task = _as_source(d_next, sources[0]), torch._C._current_graph_task_id()
+            sinks = [*(sinks or [None] * len(sources))[:-1], chained]
+        dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, sinks, ctx.defer_mask)
         if ctx.defer is not None:
             block, flush = ctx.defer
             task = torch._C._current_graph_task_id()
@@ -53,7 +64,7 @@ class AttnResMixTriton(torch.autograd.Function):
                 c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
                 flush_deferred(sources[:c], ctx.sinks[:c], block, task)
                 dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
-        return du if ctx.needs_input_grad[0] else None, None, None, None, *_source_grads(ctx, dxs, 4)
+        return du if ctx.needs_input_grad[0] else None, None, None, None, None, *_source_grads(ctx, dxs, 5)
 
 
 class DeferredBlock:

@@ -40,8 +40,8 @@ from kernels.norm import resolve_backend as resolve_norm_backend
 from kimi_vl.modeling.norm import RMSNorm
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
-           "StandardStream", "alpha_stats", "defer_grads_enabled", "fused_norm_enabled", "grad_sinks_enabled", "mix",
-           "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
+           "StandardStream", "alpha_stats", "chain_grads_enabled", "defer_grads_enabled", "fused_norm_enabled",
+           "grad_sinks_enabled", "mix", "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
 
@@ -117,12 +117,13 @@ def mix_naive(sources: Sequence[torch.Tensor], query: ResQuery) -> tuple[torch.T
 
 
 def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = None, sinks: Sequence | None = None,
-        u: torch.Tensor | None = None, defer: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        u: torch.Tensor | None = None, defer: tuple | None = None, chain: bool = False) -> tuple:
     """The training path (same values as :func:`mix_naive`): the fused Triton kernel on CUDA, the
     :class:`AttnResMix` autograd function on CPU; ``backend`` or ``KVL_ATTNRES_BACKEND`` (``triton`` | ``torch``)
     forces one; ``sinks``: in-place gradient accumulation of shared sources; ``u``: the query's ``w * gain``
-    precomputed; ``defer``: the block's deferred source gradients (``kernels.attn_res.attn_res_mix``)."""
-    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u, defer)
+    precomputed; ``defer``: the block's deferred source gradients; ``chain``: also the last source passed through,
+    or ``None`` (``kernels.attn_res.attn_res_mix``)."""
+    return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u, defer, chain)
 
 
 def _normed(h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
@@ -135,6 +136,17 @@ def grad_sinks_enabled() -> bool:
     flag = os.environ.get("KVL_ATTNRES_GRAD_SINK") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_GRAD_SINK must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
+def chain_grads_enabled() -> bool:
+    """``KVL_ATTNRES_CHAIN_GRAD`` (``1`` default | ``0``): whether the training stream builds each running sum from
+    the previous one as passed through the mix that read it (``kernels.attn_res.attn_res_mix(chain=True)``), so that
+    the mix's backward kernel adds the running sum's gradient into the next sum's in place instead of autograd adding
+    the two (one add kernel of three passes a sublayer after a block's first)."""
+    flag = os.environ.get("KVL_ATTNRES_CHAIN_GRAD") or "1"
+    if flag not in ("0", "1"):
+        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_CHAIN_GRAD must be 0 or 1, got {flag!r}")
     return flag == "1"
 
 
@@ -319,6 +331,7 @@ class AttnResStream:
         self._u_rows: tuple[torch.Tensor, ...] | None = None  # every query's w * gain, one product per forward
         # (empty under FSDP2, where only the running layer's queries are gathered)
         self._deferred: dict | None = None  # block index -> DeferredBlock (KVL_ATTNRES_DEFER_GRAD, on by default)
+        self._chain = impl == "fused" and torch.is_grad_enabled() and chain_grads_enabled()
         if impl == "fused" and torch.is_grad_enabled() and grad_sinks_enabled():
             from kernels.attn_res.mix_triton import MAX_ARGS, GradSink
 
@@ -347,7 +360,11 @@ class AttnResStream:
                 # holds the other layers' queries sharded now: then () and each mix forms its own query's u
                 self._u_rows = () if queries_sharded(self.queries) else stacked_u(self.queries).unbind(0)
             u = self._u_rows[i] if self._u_rows else None
-            h, alpha = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources))
+            chain = self.partial is not None and self._chain
+            h, alpha, *passed = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources),
+                                    chain=chain)
+            if passed and passed[0] is not None:  # the next running sum is built from it (see mix)
+                self.partial = passed[0]
         if self.record is not None:
             self.record.setdefault("alpha", []).append(alpha_stats(alpha, self.token_mask))
         return _normed(h, norm)

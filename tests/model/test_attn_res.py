@@ -204,6 +204,7 @@ def test_grad_sinks_accumulate_in_place_and_survive_a_second_backward(monkeypatc
     monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
     monkeypatch.delenv("KVL_ATTNRES_GRAD_SINK", raising=False)
     monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", defer)
+    monkeypatch.setenv("KVL_ATTNRES_CHAIN_GRAD", "0")  # its in-place adds: test_chained_running_sums
     flushes = _count_flushes(monkeypatch)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     monkeypatch.setenv("KVL_FAST_LAUNCH", "0")  # every launch through the JIT's run, which the spy wraps
@@ -232,6 +233,54 @@ def test_grad_sinks_accumulate_in_place_and_survive_a_second_backward(monkeypatc
     for a, b in zip(first, second):
         assert_rel_rms(a, b, 1e-7, "second backward")
     assert partial[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("defer", ["0", "1"])
+def test_chained_running_sums(monkeypatch, defer):
+    """``KVL_ATTNRES_CHAIN_GRAD=1``: each mix with a running sum gets the next running sum's gradient and its kernel
+    adds the sum's own into it, once for every sublayer after a block's first (the last sublayer's sum, read only by
+    the output's mix, has no next); the gradients equal those of autograd's adds (``0``), also in a second backward
+    over the graph and after a partial one."""
+    from kernels.attn_res import mix_autograd
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
+    monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", defer)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    chained, backward = [], mix_autograd.AttnResMixTriton.backward
+
+    def spy(ctx, dh, dalpha, d_next):
+        chained.append(d_next is not None)
+        return backward(ctx, dh, dalpha, d_next)
+
+    monkeypatch.setattr(mix_autograd.AttnResMixTriton, "backward", staticmethod(spy))
+    d, n, block = 24, 8, 3
+    gen = torch.Generator().manual_seed(3)
+    queries = [ResQuery(torch.randn(1, d, generator=gen).to(dev).requires_grad_(), torch.ones(d, device=dev), 1e-6)
+               for _ in range(n + 1)]
+    emb = torch.randn(2, 3, d, generator=gen).to(dev).requires_grad_()
+    grads = {}
+    for chain in ("0", "1"):
+        monkeypatch.setenv("KVL_ATTNRES_CHAIN_GRAD", chain)
+        chained.clear()
+        stream = AttnResStream(emb, queries, block, "fused")
+        for i in range(n):
+            stream.add(i, torch.sin(stream.input(i) * (i + 1)))
+        loss = (stream.final() * torch.linspace(-1, 1, d, device=dev)).sum()
+        params = [emb] + [q.weight for q in queries[1:]]
+        first = torch.autograd.grad(loss, params, retain_graph=True)
+        counts = sum(chained)
+        torch.autograd.grad(loss, [queries[6].weight], retain_graph=True)  # the late mixes only
+        grads[chain] = (first, torch.autograd.grad(loss, params), counts)
+    # blocks 0-2, 3-5, 6-7: the mixes with a running sum are those of sublayers 1, 2, 4, 5, 7 (each sublayer's output
+    # then makes the next sum) and the output's (its sum has no next)
+    assert grads["0"][2] == 0 and grads["1"][2] == 5
+    for chain in ("0", "1"):
+        for a, b in zip(grads[chain][0], grads[chain][1]):
+            assert_rel_rms(b, a, 1e-7, f"second backward, chain {chain}")
+    for i, (a, b) in enumerate(zip(grads["1"][0], grads["0"][0])):
+        assert_rel_rms(a, b, 1e-6, f"chained vs added, gradient {i}")
 
 
 def _triton_two_phase(monkeypatch) -> str:
