@@ -15,7 +15,8 @@ Implementations (all equal): ``mix_naive`` (stack + softmax, the reference); ``m
 ``kernels/attn_res``, a fused Triton kernel on CUDA that reads the sources in place, the ``AttnResMix`` custom
 autograd function on CPU; both save only fp32 ``rstd`` and ``alpha`` ``[N, B, T]`` per call and recompute keys
 in backward, so memory does not grow by a stacked copy of the sources per sublayer; the block states' gradients
-are accumulated in place by the kernels, see ``GradSink``); ``phase1``/``phase2``
+are accumulated in place by the kernels, see ``GradSink``, and so is each running sum's into the next one's, see
+:func:`chain_grads_enabled`); ``phase1``/``phase2``
 (inference: one batched pass of a block's queries over the completed blocks, then an online-softmax merge of
 each sublayer's own partial sum). Without autograd on CUDA the two-phase stream keeps the block states in one
 contiguous buffer and runs ``kernels/attn_res/two_phase_triton.py`` (one launch per sublayer, which also adds
