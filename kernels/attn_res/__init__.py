@@ -108,9 +108,10 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
         defer: optional ``(mix_autograd.DeferredBlock, flush)``: on the Triton pointer-argument path the gradients
             of the sources with a sink are formed once for all the mixes of a block (see ``DeferredBlock``);
             ignored elsewhere (same values to rounding).
-        chain: return a third value: ``sources[-1]`` passed through on the Triton pointer-argument path (``None``
-            elsewhere). Build the next running sum from it (``passed + out``) and the kernel adds the last source's
-            gradient into that sum's gradient in place, instead of autograd's add of two tensors.
+        chain: return a third value: ``sources[-1]`` passed through on the Triton pointer-argument path when it is
+            contiguous and of ``sources[0]``'s dtype (``None`` otherwise: no copy is passed on). Build the next
+            running sum from it (``passed + out``) and the kernel adds the last source's gradient into that sum's
+            gradient in place, instead of autograd's add of two tensors.
 
     Returns:
         ``h [*, D]`` in the dtype of ``sources[0]`` and ``alpha [N, *]`` fp32 (not differentiable); with ``chain``
@@ -126,7 +127,8 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
     lead, d = x0.shape[:-1], x0.shape[-1]
     flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
     u = _query_product(weight, gain, u, d)
-    h, alpha, passed = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, chain, *flat)
+    pass_on = chain and sources[-1].dtype == x0.dtype and sources[-1].is_contiguous()  # flat[-1] is then a view
+    h, alpha, passed = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, pass_on, *flat)
     h, alpha = h.reshape(*lead, d), alpha.reshape(len(sources), *lead)
     if not chain:
         return h, alpha

@@ -450,3 +450,27 @@ def test_mix_kernels_called_directly_after_their_first_launch_on_gpu(monkeypatch
     odd = torch.empty(4097 * 768 + 1, device=dev, dtype=torch.bfloat16)[1:].view(4097, 768).copy_(xs[0])
     h, _, _ = mix_triton.mix_fwd_triton([odd, *xs[1:]], u, EPS)
     assert len(mix_triton._FWD_ROWS.runners) == 2 and torch.equal(h, results["0"][0][0])
+
+
+def test_chain_passes_the_last_source_through_only_without_a_copy():
+    """``attn_res_mix(chain=True)`` returns the last source itself (same storage) when the kernel reads it in place,
+    ``None`` when it would read a cast copy or on the PyTorch path; a running sum built from it gets the same
+    gradients as one built from the source (the kernel adds the source's gradient into the sum's in place)."""
+    xs, w, g = _inputs(3, (2, 5), 40, seed=41)
+    for chain in (False, True):
+        h, alpha, *passed = attn_res_mix(xs, w, g, EPS, backend="triton", chain=chain)
+        assert len(passed) == int(chain)
+    h, _, passed = attn_res_mix(xs, w, g, EPS, backend="triton", chain=True)
+    assert passed is not None and passed.data_ptr() == xs[-1].data_ptr() and passed.shape == xs[-1].shape
+    out = torch.randn_like(xs[-1])
+    probe = torch.randn_like(xs[-1])
+    grads = []
+    for use_passed in (True, False):
+        h, _, passed = attn_res_mix(xs, w, g, EPS, backend="triton", chain=True)
+        nxt = (passed if use_passed else xs[-1]) + out
+        grads.append(torch.autograd.grad((h * probe).sum() + (nxt * probe.flip(0)).sum(), [*xs, w, g]))
+    for i, (a, b) in enumerate(zip(*grads)):
+        assert_rel_rms(a, b, 1e-6, f"gradient {i}")
+    cast = [*xs[:-1], xs[-1].detach().double().requires_grad_()]
+    assert attn_res_mix(cast, w, g, EPS, backend="triton", chain=True)[2] is None
+    assert attn_res_mix(xs, w, g, EPS, backend="torch", chain=True)[2] is None
