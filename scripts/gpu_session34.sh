@@ -14,11 +14,13 @@
 #       backward kernel adds its running sum's gradient into the next sum's in place, KVL_ATTNRES_CHAIN_GRAD): the
 #       AttnRes GPU tests, then the small hybrid's block-AttnRes step (bench_attnres, 4 rounds, profiled) with it and
 #       without it (KVL_ATTNRES_CHAIN_GRAD=0), interleaved, three times each.
+#   bash scripts/gpu_session34.sh check    call5: the AttnRes GPU tests at the session's final code, and the training
+#       stream's bf16 gradients against fp64 (printed).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session34.sh final|chain}" in
+case "${1:?usage: gpu_session34.sh final|chain|check}" in
 dots)
   PART_TAIL=6 part "AttnRes GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_defer.py tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
@@ -47,5 +49,11 @@ chain)
     attnres_candidate chain_$round 12 8
     KVL_ATTNRES_CHAIN_GRAD=0 attnres_candidate nochain_$round 12 8
   done
+  ;;
+check)
+  PART_TAIL=6 part "AttnRes GPU tests" 120 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
+  PART_TAIL=6 part "bf16 training stream against fp64 (printed)" 90 python3 -m pytest -q -s -p no:cacheprovider \
+    tests/model/test_attn_res.py -k bf16_gradients_against_fp64
   ;;
 esac
