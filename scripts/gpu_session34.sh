@@ -53,7 +53,7 @@ chain)
 check)
   PART_TAIL=6 part "AttnRes GPU tests" 120 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
-  PART_TAIL=6 part "bf16 training stream against fp64 (printed)" 90 python3 -m pytest -q -s -p no:cacheprovider \
+  PART_TAIL=16 part "bf16 training stream against fp64 (printed)" 90 python3 -m pytest -q -s -p no:cacheprovider \
     tests/model/test_attn_res.py -k bf16_gradients_against_fp64
   ;;
 esac
