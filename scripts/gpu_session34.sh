@@ -16,11 +16,13 @@
 #       without it (KVL_ATTNRES_CHAIN_GRAD=0), interleaved, three times each.
 #   bash scripts/gpu_session34.sh check    call5: the AttnRes GPU tests at the session's final code, and the training
 #       stream's bf16 gradients against fp64 (printed).
+#   bash scripts/gpu_session34.sh kernels  call7: every kernel of the small hybrid's profiled training step, with its
+#       category (bench_backbone --profile --profile-top 400; what "other" and "copy/cast" hold, for issue 5).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session34.sh final|chain|check}" in
+case "${1:?usage: gpu_session34.sh final|chain|check|kernels}" in
 dots)
   PART_TAIL=6 part "AttnRes GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
     tests/kernels/test_attn_res_defer.py tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
@@ -55,5 +57,15 @@ check)
     tests/kernels/test_attn_res_triton.py tests/model/test_attn_res.py
   PART_TAIL=16 part "bf16 training stream against fp64 (printed)" 90 python3 -m pytest -q -s -p no:cacheprovider \
     tests/model/test_attn_res.py -k bf16_gradients_against_fp64
+  ;;
+kernels)
+  mkdir -p "$OUT/backbone"
+  OUT=$OUT/backbone PART_TAIL=20 part "bench_backbone --profile, every kernel" 150 python3 -m \
+    kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 3 --variants hybrid --profile \
+    --profile-top 400
+  python3 -c "import json; p = json.load(open('$OUT/backbone/bench_backbone.json'))['profile']['hybrid']
+for k in p['top_kernels']:
+    if k['category'] in ('other', 'copy/cast', 'elementwise', 'reduce'): print(k['category'], k['calls'], round(k['ms'], 3), k['name'])" \
+    | tee -a "$LOG"
   ;;
 esac

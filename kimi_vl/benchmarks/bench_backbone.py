@@ -218,6 +218,7 @@ def main() -> None:
     p.add_argument("--profile", action="store_true",
                    help="also profile one training step per variant at the first --train-seqs length: GPU time by "
                         "kernel category and the top kernels (torch.profiler)")
+    p.add_argument("--profile-top", type=int, default=30, help="with --profile: kernels listed by time (JSON, table)")
     args = p.parse_args()
     if args.quick:
         args.train_seqs, args.decode_contexts, args.decode_steps, args.iters = [1024], [4096], 8, 2
@@ -233,7 +234,7 @@ def main() -> None:
         if args.profile and args.train_seqs:
             seq = args.train_seqs[0]
             batch = max(1, args.train_tokens // seq)
-            results.setdefault("profile", {})[variant] = profile_train(model, cfg, seq, batch)
+            results.setdefault("profile", {})[variant] = profile_train(model, cfg, seq, batch, args.profile_top)
         model.zero_grad(set_to_none=True)
         results["decode"][variant] = [bench_decode(model, cfg, c, args.decode_batch, args.decode_steps)
                                       for c in args.decode_contexts]
