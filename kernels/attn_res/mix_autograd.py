@@ -50,15 +50,14 @@ class AttnResMixTriton(torch.autograd.Function):
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None, d_next: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
         dh = _as_source(dh, sources[0])  # never None: h is the only differentiable output, so it has a gradient
-        sinks = ctx.sinks
+        task, sinks = torch._C._current_graph_task_id(), ctx.sinks
         if d_next is not None:  # the next running sum's gradient: the last source's gradient is added into it
             chained = GradSink()
-            chained.buf, chained.task = _as_source(d_next, sources[0]), torch._C._current_graph_task_id()
+            chained.buf, chained.task = _as_source(d_next, sources[0]), task
             sinks = [*(sinks or [None] * len(sources))[:-1], chained]
         dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, sinks, ctx.defer_mask)
         if ctx.defer is not None:
             block, flush = ctx.defer
-            task = torch._C._current_graph_task_id()
             block.add(task, dh, u, coef)
             if flush:
                 c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
