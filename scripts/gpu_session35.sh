@@ -4,14 +4,26 @@
 #       backward (kernels/attn_res/mix_norm_triton.py), against the mix and the norm one after the other, at the small
 #       flavor's 8 x 4096 x 768 for 2-5 sources (kernels/benchmarks/bench_mix_norm.py; the fused backward also at 1 and
 #       3 programs an SM and without software pipelining).
+#   bash scripts/gpu_session35.sh step    call2: the training stream with each mix of up to 4 sources and its sublayer's
+#       norm in one kernel each way (KVL_ATTNRES_MIX_NORM, default 1): the AttnRes GPU tests (kernel, fused, model), then
+#       the small hybrid's block-AttnRes step (bench_attnres, 4 rounds, profiled) with it and without it
+#       (KVL_ATTNRES_MIX_NORM=0), interleaved, three times each.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session35.sh micro}" in
+case "${1:?usage: gpu_session35.sh micro|step}" in
 micro)
   PART_TAIL=30 part "bench_mix_norm" 240 python3 kernels/benchmarks/bench_mix_norm.py \
     --fused-set BWD_PROGRAMS_PER_SM=1 BWD_PROGRAMS_PER_SM=3 BWD_STAGES=1
+  ;;
+step)
+  PART_TAIL=6 part "AttnRes GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_attn_res_mix_norm.py tests/model/test_attn_res.py
+  for round in a b c; do
+    attnres_candidate mixnorm_$round 12 10
+    KVL_ATTNRES_MIX_NORM=0 attnres_candidate separate_$round 12 10
+  done
   ;;
 *)
   echo "unknown mode $1" >&2

@@ -2,13 +2,14 @@
 
 Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``, scores ``s_n = w . k_n``,
 ``alpha = softmax_n(s)`` in fp32 (no temperature), ``h = sum_n alpha_n x_n``. Public entry points:
-:func:`attn_res_mix`. One dispatch point: ``backend`` argument, else ``KVL_ATTNRES_BACKEND``
+:func:`attn_res_mix` and :func:`attn_res_mix_norm` (the mix, then an RMSNorm of its output). One dispatch point: ``backend`` argument, else ``KVL_ATTNRES_BACKEND``
 (``triton`` | ``torch``), else Triton on CUDA and the PyTorch autograd function on CPU.
 
 - ``naive.py``: stacked fp32/fp64 reference (the specification; tests only).
 - ``mix_torch.py``: :class:`AttnResMix`, custom autograd function, keys recomputed in backward (CPU path).
 - ``mix_triton.py``: fused forward/backward kernels and their launchers, sources read in place (GPU;
   ``TRITON_INTERPRET=1`` on CPU); ``GradSink``: in-place gradient accumulation of a source shared by several mixes.
+- ``mix_norm_triton.py``: the pointer-argument mix and the RMSNorm of its output in one kernel each way.
 - ``mix_autograd.py``: the kernels as autograd functions and the deferred block-state gradients (``DeferredBlock``).
 - ``two_phase_triton.py``: the two-phase inference kernels over one buffer of block states (decode, prefill).
 
@@ -31,7 +32,7 @@ import torch
 from kernels.attn_res.mix_torch import AttnResMix
 from kernels.attn_res.naive import attn_res_mix_naive
 
-__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "resolve_backend"]
+__all__ = ["AttnResMix", "attn_res_mix", "attn_res_mix_naive", "attn_res_mix_norm", "resolve_backend"]
 
 _WHERE = "kernels/attn_res.attn_res_mix"
 BACKENDS = ("torch", "triton")
@@ -124,12 +125,50 @@ def attn_res_mix(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: to
         return (h, alpha, None) if chain else (h, alpha)
     from kernels.attn_res.mix_autograd import AttnResMixTriton
 
+    return _apply_triton(AttnResMixTriton, sources, weight, gain, eps, sinks, u, defer, chain)
+
+
+def _apply_triton(function, sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor, eps: float,
+                  sinks: Sequence | None, u: torch.Tensor | None, defer: tuple | None, chain: bool,
+                  extra: tuple = ()) -> tuple:
+    """``function.apply(u, eps, sinks, defer, pass_on, *extra, *sources)`` on the sources flattened to ``[M, D]``
+    (cast to ``sources[0]``'s dtype, contiguous), its ``[M, D]`` output and alpha reshaped back."""
+    x0 = sources[0]
     lead, d = x0.shape[:-1], x0.shape[-1]
     flat = [s.to(x0.dtype).reshape(-1, d).contiguous() for s in sources]
     u = _query_product(weight, gain, u, d)
     pass_on = chain and sources[-1].dtype == x0.dtype and sources[-1].is_contiguous()  # flat[-1] is then a view
-    h, alpha, passed = AttnResMixTriton.apply(u, eps, None if sinks is None else tuple(sinks), defer, pass_on, *flat)
-    h, alpha = h.reshape(*lead, d), alpha.reshape(len(sources), *lead)
+    out, alpha, passed = function.apply(u, eps, None if sinks is None else tuple(sinks), defer, pass_on, *extra, *flat)
+    out, alpha = out.reshape(*lead, d), alpha.reshape(len(sources), *lead)
     if not chain:
-        return h, alpha
-    return h, alpha, None if passed is None else passed.reshape(*lead, d)
+        return out, alpha
+    return out, alpha, None if passed is None else passed.reshape(*lead, d)
+
+
+def attn_res_mix_norm(sources: Sequence[torch.Tensor], weight: torch.Tensor, gain: torch.Tensor, eps: float,
+                      norm_weight: torch.Tensor, norm_eps: float, backend: str | None = None,
+                      sinks: Sequence | None = None, u: torch.Tensor | None = None, defer: tuple | None = None,
+                      chain: bool = False) -> tuple:
+    """``kernels.norm.rms_norm(h, norm_weight, norm_eps)`` of the mix ``h`` of :func:`attn_res_mix` (same arguments,
+    the same values to rounding): the sublayer input of an AttnRes stream. On the Triton pointer-argument path with
+    at most ``mix_norm_triton.MAX_SOURCES`` sources one kernel does both each way and ``h`` is never stored (see
+    ``mix_norm_triton.py``); elsewhere the mix, then the norm.
+
+    Returns ``y [*, D]`` (the promoted dtype of ``sources[0]`` and ``norm_weight``) and ``alpha [N, *]``; with
+    ``chain`` also the passed-through last source or ``None``."""
+    from kernels.norm import rms_norm
+
+    _validate(sources, weight, gain)
+    x0 = sources[0]
+    d = x0.shape[-1]
+    if norm_weight.shape != (d,):
+        raise ValueError(f"{_WHERE}_norm: norm_weight must be [D={d}], got {tuple(norm_weight.shape)}")
+    from kernels.attn_res.mix_norm_triton import fusable
+
+    if resolve_backend(x0, backend) == "torch" or not fusable(len(sources)):
+        out = attn_res_mix(sources, weight, gain, eps, backend, sinks, u, defer, chain)
+        return (rms_norm(out[0], norm_weight, norm_eps), *out[1:])
+    from kernels.attn_res.mix_autograd import AttnResMixNormTriton
+
+    return _apply_triton(AttnResMixNormTriton, sources, weight, gain, eps, sinks, u, defer, chain,
+                         (norm_weight, norm_eps))

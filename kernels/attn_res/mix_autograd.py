@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.attn_res.mix_norm_triton import mix_norm_bwd_triton, mix_norm_fwd_triton
 from kernels.attn_res.mix_triton import (
     GradSink,
     _sink_buffers,
@@ -38,32 +39,80 @@ class AttnResMixTriton(torch.autograd.Function):
         ctx.save_for_backward(u, rstd, alpha, *sources)
         ctx.mark_non_differentiable(alpha)
         ctx.set_materialize_grads(False)  # alpha's gradient stays None instead of a zero-filled [N, M] (a launch a mix)
-        _claim_sinks(ctx, sinks, len(sources))
-        ctx.defer, ctx.defer_mask = None, 0
-        if defer is not None and ctx.sinks is not None:
-            ctx.defer = defer
-            ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
-        chain = chain and use_args(len(sources)) and (ctx.sinks is None or ctx.sinks[-1] is None)
-        return h, alpha, sources[-1].view_as(sources[-1]) if chain else None
+        return h, alpha, _setup(ctx, sinks, defer, chain, sources)
 
     @staticmethod
     def backward(ctx, dh: torch.Tensor, _dalpha: torch.Tensor | None, d_next: torch.Tensor | None):
         u, rstd, alpha, *sources = ctx.saved_tensors
         dh = _as_source(dh, sources[0])  # never None: h is the only differentiable output, so it has a gradient
-        task, sinks = torch._C._current_graph_task_id(), ctx.sinks
-        if d_next is not None:  # the next running sum's gradient: the last source's gradient is added into it
-            chained = GradSink()
-            chained.buf, chained.task = _as_source(d_next, sources[0]), task
-            sinks = [*(sinks or [None] * len(sources))[:-1], chained]
-        dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, sinks, ctx.defer_mask)
-        if ctx.defer is not None:
-            block, flush = ctx.defer
-            block.add(task, dh, u, coef)
-            if flush:
-                c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
-                flush_deferred(sources[:c], ctx.sinks[:c], block, task)
-                dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
+        task = torch._C._current_graph_task_id()
+        dxs, du, coef = mix_bwd_triton(sources, u, dh, rstd, alpha, _bwd_sinks(ctx, d_next, sources, task),
+                                       ctx.defer_mask)
+        _deferred(ctx, dh, u, coef, dxs, sources, task)
         return du if ctx.needs_input_grad[0] else None, None, None, None, None, *_source_grads(ctx, dxs, 5)
+
+
+class AttnResMixNormTriton(torch.autograd.Function):
+    """:class:`AttnResMixTriton` followed by the sublayer's input RMSNorm, in one kernel each way
+    (``mix_norm_triton.py``): ``apply(u, eps, sinks, defer, chain, norm_weight, norm_eps, *sources) -> (y, alpha,
+    passed)`` with ``y = rms_norm(h, norm_weight, norm_eps)``; ``h`` is never stored. Same sinks, deferral and chain;
+    a deferring mix's backward stores ``dh`` for its block's flush."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, eps: float, sinks, defer, chain: bool, norm_weight: torch.Tensor,
+                norm_eps: float, *sources: torch.Tensor):
+        y, hr, rstd, alpha = mix_norm_fwd_triton(list(sources), u, eps, norm_weight, norm_eps)
+        ctx.save_for_backward(u, norm_weight, hr, rstd, alpha, *sources)
+        ctx.mark_non_differentiable(alpha)
+        ctx.set_materialize_grads(False)
+        return y, alpha, _setup(ctx, sinks, defer, chain, sources)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor, _dalpha: torch.Tensor | None, d_next: torch.Tensor | None):
+        u, nw, hr, rstd, alpha, *sources = ctx.saved_tensors
+        task = torch._C._current_graph_task_id()
+        dxs, du, dw, coef, dh = mix_norm_bwd_triton(
+            sources, u, nw, dy.contiguous(), hr, rstd, alpha, _bwd_sinks(ctx, d_next, sources, task), ctx.defer_mask,
+            store_dh=ctx.defer is not None)
+        _deferred(ctx, dh, u, coef, dxs, sources, task)
+        return (du if ctx.needs_input_grad[0] else None, None, None, None, None,
+                dw if ctx.needs_input_grad[5] else None, None, *_source_grads(ctx, dxs, 7))
+
+
+def _setup(ctx, sinks, defer, chain: bool, sources) -> torch.Tensor | None:
+    """The forward's bookkeeping of both functions: the sinks claimed, the deferral recorded, and the last source
+    passed through for the chain (or ``None``)."""
+    _claim_sinks(ctx, sinks, len(sources))
+    ctx.defer, ctx.defer_mask = None, 0
+    if defer is not None and ctx.sinks is not None:
+        ctx.defer = defer
+        ctx.defer_mask = sum(1 << i for i, sink in enumerate(ctx.sinks) if sink is not None)
+    chain = chain and use_args(len(sources)) and (ctx.sinks is None or ctx.sinks[-1] is None)
+    return sources[-1].view_as(sources[-1]) if chain else None
+
+
+def _bwd_sinks(ctx, d_next: torch.Tensor | None, sources: list[torch.Tensor], task: int) -> list | None:
+    """The backward kernel's sinks: the forward's, and with ``d_next`` (the next running sum's gradient) a sink that
+    adds the last source's gradient into it."""
+    if d_next is None:
+        return ctx.sinks
+    chained = GradSink()
+    chained.buf, chained.task = _as_source(d_next, sources[0]), task
+    return [*(ctx.sinks or [None] * len(sources))[:-1], chained]
+
+
+def _deferred(ctx, dh: torch.Tensor, u: torch.Tensor, coef: torch.Tensor | None, dxs: list, sources: list,
+              task: int) -> None:
+    """A deferring mix's part of its block: its ``dh``, ``u`` and coefficients kept, and for the block's flushing mix
+    every deferred gradient formed (into ``dxs``)."""
+    if ctx.defer is None:
+        return
+    block, flush = ctx.defer
+    block.add(task, dh, u, coef)
+    if flush:
+        c = ctx.defer_mask.bit_length()  # the deferred sources are the first c (the completed block states)
+        flush_deferred(sources[:c], ctx.sinks[:c], block, task)
+        dxs[:c] = [sink.buf for sink in ctx.sinks[:c]]
 
 
 class DeferredBlock:

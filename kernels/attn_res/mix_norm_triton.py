@@ -173,12 +173,28 @@ def _mix_norm_bwd_kernel(
     _store_du(du_ptr + pid * 2 * D + D, dg, D, CH, CHUNK)
 
 
+# The stream fuses a mix with its norm only up to MAX_SOURCES sources: beyond, the fused backward spills (ptxas sm_90a:
+# 255 registers, 92 / 260 bytes of spills at N = 4 / 5) and was slower than the two kernels. H200, M = 32768, D = 768,
+# bf16, CUDA graphs (session 35 call1, bench_mix_norm.py), separate -> fused ms: forward 0.064 -> 0.040 / 0.077 ->
+# 0.061 / 0.092 -> 0.092 / 0.103 -> 0.110 at N = 2 / 3 / 4 / 5; a deferring mix's backward 0.128 -> 0.104 / 0.139 ->
+# 0.117 (one stage) / 0.152 -> 0.143 / 0.164 -> 0.188 (one stage; 0.203 at two).
+MAX_SOURCES = 4
+# the fused backward's software-pipelining stages by N (mix_triton.bwd_stages caps them by shared memory); call1:
+# one stage 0.104 / 0.117 / 0.152 ms against two 0.104 / 0.121 / 0.143 at N = 2 / 3 / 4 (deferring mixes)
+BWD_STAGES = {1: 2, 2: 2, 3: 1, 4: 2}
+
+
+def fusable(n: int) -> bool:
+    """Whether a mix over ``n`` sources takes the fused kernels (the pointer-argument path, ``n <= MAX_SOURCES``)."""
+    return n <= MAX_SOURCES and mt.use_args(n)
+
+
 _FWD = CompiledLaunch(_mix_norm_fwd_kernel)
 _BWD = CompiledLaunch(_mix_norm_bwd_kernel)
 
 
 def _check_args(n: int) -> None:
-    if not mt.use_args(n):
+    if not mt.use_args(n):  # (any N the pointer-argument path takes runs: MAX_SOURCES is the stream's choice)
         raise ValueError(f"kernels/attn_res/mix_norm_triton.py: the mix with its norm takes the pointer-argument path "
                          f"(N <= {mt.MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
 
@@ -188,19 +204,21 @@ def mix_norm_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``; the sublayer's RMSNorm gain
     ``norm_weight [D]`` (any float dtype) and epsilon.
 
-    Returns ``y = rms_norm(mix(sources)) [M, D]`` (source dtype), fp32 ``rstd(h) [M]``, the mix's fp32 ``rstd [N,
+    Returns ``y = rms_norm(mix(sources)) [M, D]`` (the promoted dtype of the sources and the gain, as
+    ``kernels.norm.rms_norm``), fp32 ``rstd(h) [M]``, the mix's fp32 ``rstd [N,
     M]`` and ``alpha [N, M]``."""
     x0 = sources[0]
     n, (m, d) = len(sources), x0.shape
     _check_args(n)
     nw = norm_weight.contiguous()
-    y = torch.empty_like(x0)
+    y = torch.empty(m, d, device=x0.device, dtype=x0.dtype if nw.dtype == x0.dtype else torch.promote_types(
+        x0.dtype, nw.dtype))  # what kernels.norm.rms_norm gives for h and this gain
     hr = torch.empty(m, device=x0.device, dtype=torch.float32)
     rstd = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     alpha = torch.empty(n, m, device=x0.device, dtype=torch.float32)
     block_t, chunk, ch = mt._row_blocks(d, x0.element_size(), mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS,
                                         mt.FWD_THREAD_ELEMS)
-    key = (x0.dtype, nw.dtype, aligned16(*sources, u, nw), n, m, d, block_t, chunk, ch, mt.FWD_PREFETCH,
+    key = (x0.dtype, nw.dtype, y.dtype, aligned16(*sources, u, nw), n, m, d, block_t, chunk, ch, mt.FWD_PREFETCH,
            mt.FWD_NUM_WARPS)
     _FWD((triton.cdiv(m, block_t),), key, *mt._slots(sources), u, nw, y, hr, rstd, alpha, n, m, d, float(eps),
          float(norm_eps), block_t, chunk, ch, mt.FWD_PREFETCH, num_warps=mt.FWD_NUM_WARPS)
@@ -212,7 +230,8 @@ def mix_norm_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, norm_weigh
                         sinks: list[GradSink | None] | None = None, defer: int = 0, store_dh: bool = False
                         ) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor, torch.Tensor | None,
                                    torch.Tensor | None]:
-    """Gradients of :func:`mix_norm_fwd_triton` from ``dy [M, D]`` (source dtype): ``(dxs, du, dw, coef, dh)`` with
+    """Gradients of :func:`mix_norm_fwd_triton` from ``dy [M, D]`` (contiguous, any float dtype): ``(dxs, du, dw,
+    coef, dh)`` with
     ``dxs``, ``du`` and ``coef`` as ``mix_triton.mix_bwd_triton`` gives them (sinks, deferred sources), ``dw`` the
     norm gain's gradient in its dtype, and ``dh [M, D]`` (the mix output's gradient) with ``store_dh``, else
     ``None``."""
@@ -229,11 +248,12 @@ def mix_norm_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, norm_weigh
     num_tiles = triton.cdiv(m, block_t)
     programs = mt._num_bwd_programs(num_tiles, x0.device)
     partial = torch.empty(programs, 2, d, device=x0.device, dtype=torch.float32)
-    key = (x0.dtype, nw.dtype, aligned16(*sources, u, nw, dy), n, m, d, num_tiles, block_t, chunk, ch, defer,
-           store_dh, mt.BWD_NUM_WARPS, mt.BWD_MAXNREG, mt.BWD_STAGES, mt.BWD_STAGE_BYTES)
+    stages = mt.bwd_stages(n, block_t, chunk, ch, x0.element_size()) if BWD_STAGES.get(n, 1) > 1 else 1
+    key = (x0.dtype, nw.dtype, dy.dtype, aligned16(*sources, u, nw, dy), n, m, d, num_tiles, block_t, chunk, ch, defer,
+           store_dh, mt.BWD_NUM_WARPS, mt.BWD_MAXNREG, stages)
     _BWD((programs,), key, *mt._slots(sources), *mt._slots(dxs), u, nw, dy, hr, x0 if dh is None else dh, rstd,
          alpha, partial, n, m, d, num_tiles, acc_mask, alpha if coef is None else coef, block_t, chunk, ch, defer,
-         mt.bwd_stages(n, block_t, chunk, ch, x0.element_size()), store_dh, num_warps=mt.BWD_NUM_WARPS,
+         stages, store_dh, num_warps=mt.BWD_NUM_WARPS,
          **mt._maxnreg())
     du, dw = column_sum(partial).unbind(0)
     return [None if (defer >> i) & 1 else dx for i, dx in enumerate(dxs)], du, dw.to(nw.dtype), coef, dh

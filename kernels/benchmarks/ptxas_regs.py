@@ -218,11 +218,13 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     """Registers and spills of an AttnRes mix kernel (``kernels/attn_res/mix_triton.py``) for bf16 sources of width
     ``d`` over ``n`` sources, with the launch's own tile constants: ``kernel`` is ``fwd`` (the pointer-argument
     forward), ``bwd`` (the pointer-argument backward; ``defer``: its mask of deferred sources) or ``flush`` (the
-    deferred gradients of ``n`` sources from ``mixes`` mixes). ``stages``: the backward loop's software-pipelining
-    stages (None: ``BWD_STAGES``).
+    deferred gradients of ``n`` sources from ``mixes`` mixes), or ``mix_norm_fwd`` / ``mix_norm_bwd`` (the mix with its
+    sublayer's RMSNorm, ``mix_norm_triton.py``; the backward stores ``dh`` when it defers). ``stages``: the backward
+    loop's software-pipelining stages (None: ``BWD_STAGES``, by ``N`` for ``mix_norm_bwd``).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import attnres_ptxas_report as r; print(r('bwd', 5))"
     """
+    from kernels.attn_res import mix_norm_triton as mn
     from kernels.attn_res import mix_triton as mt
 
     bf, f32 = "*bf16", "*fp32"
@@ -245,8 +247,21 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
         args = srcs * 3 + [f32] * (2 * mt.MAX_ARGS) + ["i32", "i32", "i32"]
         consts = dict(C=n, S=mixes, BLOCK_T=block_t, CHUNK=chunk, CH=ch, GROUP=mt.FLUSH_GROUP)
         warps = mt.FLUSH_NUM_WARPS
+    elif kernel == "mix_norm_fwd":
+        fn = mn._mix_norm_fwd_kernel
+        block_t, chunk, ch = mt._row_blocks(d, 2, mt.FWD_NUM_WARPS, mt.FWD_MAX_CHUNKS, mt.FWD_THREAD_ELEMS)
+        args = srcs + [f32, bf, bf, f32, f32, f32, "i32", "i32", "fp32", "fp32"]
+        consts, warps = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, PRE=mt.FWD_PREFETCH), mt.FWD_NUM_WARPS
+    elif kernel == "mix_norm_bwd":
+        fn = mn._mix_norm_bwd_kernel
+        block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
+        args = srcs + srcs + [f32, bf, bf, f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", f32]
+        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, STAGES=stages or mn.BWD_STAGES.get(n, 1),
+                      STORE_DH=defer != 0)
+        warps = mt.BWD_NUM_WARPS
     else:
-        raise ValueError(f"attnres_ptxas_report: kernel must be fwd, bwd or flush, got {kernel!r}")
+        raise ValueError(f"attnres_ptxas_report: kernel must be fwd, bwd, flush, mix_norm_fwd or mix_norm_bwd, got "
+                         f"{kernel!r}")
     it = iter(args)
     sig = {a: "constexpr" if a in consts else next(it) for a in fn.arg_names}
     # as a launch specialises them: 16-byte aligned pointers, M and D multiples of 16

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive
+from kernels.attn_res import AttnResMix, attn_res_mix, attn_res_mix_naive, attn_res_mix_norm
 from kernels.attn_res import resolve_backend as resolve_mix_backend
 from kernels.norm import add_rms_norm
 from kernels.norm import resolve_backend as resolve_norm_backend
@@ -42,7 +42,8 @@ from kimi_vl.modeling.norm import RMSNorm
 
 __all__ = ["AttnResMix", "AttnResStream", "BufferedTwoPhase", "ModuleResQuery", "ResProj", "ResQuery",
            "StandardStream", "alpha_stats", "chain_grads_enabled", "defer_grads_enabled", "fused_norm_enabled",
-           "grad_sinks_enabled", "mix", "mix_naive", "phase1", "phase2", "stacked_u", "two_phase_backend"]
+           "grad_sinks_enabled", "mix", "mix_naive", "mix_norm_enabled", "mix_with_norm", "phase1", "phase2",
+           "stacked_u", "two_phase_backend"]
 
 _TWO_PHASE = ("torch", "triton")
 
@@ -127,6 +128,14 @@ def mix(sources: Sequence[torch.Tensor], query: ResQuery, backend: str | None = 
     return attn_res_mix(sources, query.weight, query.gain, query.eps, backend, sinks, u, defer, chain)
 
 
+def mix_with_norm(sources: Sequence[torch.Tensor], query: ResQuery, norm: RMSNorm, sinks: Sequence | None = None,
+                  u: torch.Tensor | None = None, defer: tuple | None = None, chain: bool = False) -> tuple:
+    """``norm(h)`` for :func:`mix`'s ``h`` (same arguments and results otherwise), the mix and the norm in one Triton
+    kernel each way where ``kernels.attn_res.attn_res_mix_norm`` can (see :func:`mix_norm_enabled`)."""
+    return attn_res_mix_norm(sources, query.weight, query.gain, query.eps, norm.weight, norm.eps, None, sinks, u,
+                             defer, chain)
+
+
 def _normed(h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
     return h if norm is None else norm(h)
 
@@ -174,6 +183,16 @@ def fused_norm_enabled() -> bool:
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_FUSED_NORM must be 0 or 1, got {flag!r}")
     return flag == "1"
+
+
+def mix_norm_enabled() -> bool:
+    """``KVL_ATTNRES_MIX_NORM`` (``1`` default | ``0``), with :func:`fused_norm_enabled`: whether the training stream's
+    mixes apply their sublayer's input RMSNorm in the mix's kernels (``kernels/attn_res/mix_norm_triton.py``: ``h``
+    never stored, the norm's launches and passes gone; mixes of up to ``MAX_SOURCES`` sources)."""
+    flag = os.environ.get("KVL_ATTNRES_MIX_NORM") or "1"
+    if flag not in ("0", "1"):
+        raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_MIX_NORM must be 0 or 1, got {flag!r}")
+    return flag == "1" and fused_norm_enabled()
 
 
 def stacked_u(queries: Sequence[ResQuery]) -> torch.Tensor:
@@ -333,6 +352,7 @@ class AttnResStream:
         # (empty under FSDP2, where only the running layer's queries are gathered)
         self._deferred: dict | None = None  # block index -> DeferredBlock (KVL_ATTNRES_DEFER_GRAD, on by default)
         self._chain = impl == "fused" and torch.is_grad_enabled() and chain_grads_enabled()
+        self._mix_norm = impl == "fused" and mix_norm_enabled()
         if impl == "fused" and torch.is_grad_enabled() and grad_sinks_enabled():
             from kernels.attn_res.mix_triton import MAX_ARGS, GradSink
 
@@ -361,9 +381,12 @@ class AttnResStream:
                 # holds the other layers' queries sharded now: then () and each mix forms its own query's u
                 self._u_rows = () if queries_sharded(self.queries) else stacked_u(self.queries).unbind(0)
             u = self._u_rows[i] if self._u_rows else None
-            chain = self.partial is not None and self._chain
-            h, alpha, *passed = mix(sources, self.queries[i], sinks=sinks, u=u, defer=self._defer(i, sources),
-                                    chain=chain)
+            kw = dict(sinks=sinks, u=u, defer=self._defer(i, sources), chain=self.partial is not None and self._chain)
+            if self._mix_norm and isinstance(norm, RMSNorm) and not _is_dtensor(norm.weight):
+                h, alpha, *passed = mix_with_norm(sources, self.queries[i], norm, **kw)
+                norm = None  # h is the sublayer's input already
+            else:
+                h, alpha, *passed = mix(sources, self.queries[i], **kw)
             if passed and passed[0] is not None:  # the next running sum is built from it (see mix)
                 self.partial = passed[0]
         if self.record is not None:

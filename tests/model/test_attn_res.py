@@ -604,3 +604,44 @@ def test_deferred_source_gradients_in_the_model(monkeypatch):
     monkeypatch.setenv("KVL_ATTNRES_DEFER_GRAD", "yes")
     with pytest.raises(ValueError, match="KVL_ATTNRES_DEFER_GRAD"):
         model(ids, use_cache=False)
+
+
+@pytest.mark.parametrize("max_sources", [4, 2])
+def test_mix_with_its_norm_in_the_model(monkeypatch, max_sources):
+    """``KVL_ATTNRES_MIX_NORM=1`` (Triton kernels; interpreter on a CPU): the mixes of up to ``MAX_SOURCES`` sources
+    apply their sublayer's input RMSNorm in their kernels (every mix of the tiny config at 4, those of the later
+    blocks not at 2); the logits and every parameter's gradient equal the mix followed by the norm's module (``0``),
+    with deferral and chained running sums on; a bad flag is refused."""
+    from kernels.attn_res import mix_autograd, mix_norm_triton
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
+    monkeypatch.setattr(mix_norm_triton, "MAX_SOURCES", max_sources)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build(tiny_config(moe=False, residual_mode="attnres_block")).to(dev).train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_res_proj.weight"):
+                p.normal_()
+            elif "norm" in name and not name.endswith("_res_norm.weight"):
+                p.uniform_(0.5, 1.5)  # the sublayer norms' gains: not all ones
+    fused, forward = [], mix_autograd.AttnResMixNormTriton.forward
+
+    def spy(ctx, *args):
+        fused.append(len(args) - 7)  # the sources' count
+        return forward(ctx, *args)
+
+    monkeypatch.setattr(mix_autograd.AttnResMixNormTriton, "forward", staticmethod(spy))
+    ids = torch.randint(3, 97, (2, 12), device=dev)
+    runs = step_under_env(model, ids, monkeypatch, "KVL_ATTNRES_MIX_NORM", ("0", "1"))
+    sublayers = model.config.num_sublayers  # 8 in blocks of 3: 8 mixes (the first sublayer reads
+    # emb alone; the output has one), three of them over 2 sources, three over 3, two over 4
+    assert len(fused) == (sublayers if max_sources == 4 else 3) and max(fused) <= max_sources
+    assert_rel_rms(runs["1"][0], runs["0"][0], 1e-6, "logits")
+    assert runs["1"][1].keys() == runs["0"][1].keys()
+    for name, g in runs["0"][1].items():
+        assert_rel_rms(runs["1"][1][name], g, 1e-5, name)
+    monkeypatch.setenv("KVL_ATTNRES_MIX_NORM", "yes")
+    with pytest.raises(ValueError, match="KVL_ATTNRES_MIX_NORM"):
+        model(ids, use_cache=False)
