@@ -8,11 +8,14 @@
 #       norm in one kernel each way (KVL_ATTNRES_MIX_NORM, default 1): the AttnRes GPU tests (kernel, fused, model), then
 #       the small hybrid's block-AttnRes step (bench_attnres, 4 rounds, profiled) with it and without it
 #       (KVL_ATTNRES_MIX_NORM=0), interleaved, three times each.
+#   bash scripts/gpu_session35.sh timeline  call3: where the device-bound step's time goes with and without the fused
+#       mix and norm (step_timeline: head-start rounds, host and GPU time, the idle time between one profiled step's
+#       kernels behind a sleep).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session35.sh micro|step}" in
+case "${1:?usage: gpu_session35.sh micro|step|timeline}" in
 micro)
   PART_TAIL=30 part "bench_mix_norm" 240 python3 kernels/benchmarks/bench_mix_norm.py \
     --fused-set BWD_PROGRAMS_PER_SM=1 BWD_PROGRAMS_PER_SM=3 BWD_STAGES=1
@@ -24,6 +27,10 @@ step)
     attnres_candidate mixnorm_$round 12 10
     KVL_ATTNRES_MIX_NORM=0 attnres_candidate separate_$round 12 10
   done
+  ;;
+timeline)
+  PART_TAIL=90 part "step_timeline with gaps" 400 python3 -m kimi_vl.benchmarks.step_timeline --rounds 4 --steps 4 \
+    --head-start-ms 300 --gaps 12 --variants standard attnres_block attnres_block:KVL_ATTNRES_MIX_NORM=0
   ;;
 *)
   echo "unknown mode $1" >&2
