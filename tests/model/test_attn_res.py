@@ -525,18 +525,22 @@ def test_generate_with_triton_two_phase_matches_naive_full_forward(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shared", [0.0, 3.0])
-def test_training_stream_bf16_gradients_against_fp64_on_gpu(monkeypatch, shared):
-    """The training stream's gradients (embedding, every pseudo-query and key gain) in bf16 through the Triton kernels
-    (sinks, deferred block states, chained running sums) against the fp64 naive stream: the small flavor's width, 24
-    sublayers in blocks of 6 over 4096 tokens, the sublayer outputs sharing a component ``shared`` times their spread
-    (close sources). A bound on the bf16 path's accuracy: session 34 found a design that passed every fp32 test and
-    was 2.5x further from fp64 here (``mix_autograd.DeferredBlock``)."""
+@pytest.mark.parametrize(("shared", "norms"), [(0.0, False), (3.0, False), (0.0, True), (3.0, True)])
+def test_training_stream_bf16_gradients_against_fp64_on_gpu(monkeypatch, shared, norms):
+    """The training stream's gradients (embedding, every pseudo-query and key gain; with ``norms`` also every
+    sublayer's input RMSNorm gain, the mixes of up to 4 sources then fused with their norm) in bf16 through the Triton
+    kernels (sinks, deferred block states, chained running sums) against the fp64 naive stream: the small flavor's
+    width, 24 sublayers in blocks of 6 over 4096 tokens, the sublayer outputs sharing a component ``shared`` times
+    their spread (close sources). A bound on the bf16 path's accuracy: session 34 found a design that passed every
+    fp32 test and was 2.5x further from fp64 here (``mix_autograd.DeferredBlock``)."""
+    from kimi_vl.modeling.norm import RMSNorm
+
     monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
     gen = torch.Generator().manual_seed(5)
     d, n, tokens = 768, 24, 4096
     w0 = [0.05 * torch.randn(1, d, generator=gen) for _ in range(n + 1)]
     g0 = [1 + 0.3 * torch.randn(d, generator=gen) for _ in range(n + 1)]
+    nw0 = [1 + 0.3 * torch.randn(d, generator=gen) for _ in range(n + 1)]
     emb0 = torch.randn(1, tokens, d, generator=gen)
     common = shared * torch.randn(1, tokens, d, generator=gen)
     probe = torch.randn(1, tokens, d, generator=gen, dtype=torch.float64)
@@ -545,16 +549,20 @@ def test_training_stream_bf16_gradients_against_fp64_on_gpu(monkeypatch, shared)
         queries = [ResQuery(w.to("cuda", dtype).requires_grad_(), g.to("cuda", dtype).requires_grad_(), 1e-6)
                    for w, g in zip(w0, g0)]
         emb = emb0.to("cuda", dtype).requires_grad_()
+        mods = [RMSNorm(d, eps=1e-6).to("cuda", dtype) for _ in range(n + 1)] if norms else []
+        for m, w in zip(mods, nw0):
+            m.weight.data.copy_(w)
         stream = AttnResStream(emb, queries, 6, impl)
         for i in range(n):
-            stream.add(i, torch.tanh(stream.input(i)) + common.to("cuda", dtype))
-        loss = (stream.final().double() * probe.cuda()).sum()
-        return torch.autograd.grad(loss, [emb] + [t for q in queries[1:] for t in (q.weight, q.gain)])
+            stream.add(i, torch.tanh(stream.input(i, *mods[i:i + 1])) + common.to("cuda", dtype))
+        loss = (stream.final(*mods[-1:]).double() * probe.cuda()).sum()
+        return torch.autograd.grad(loss, [emb] + [t for q in queries[1:] for t in (q.weight, q.gain)]
+                                   + [m.weight for m in mods])
 
     ref = grads(torch.float64, "naive")
     errs = [float(rel_rms(a, r)) for a, r in zip(grads(torch.bfloat16, "fused"), ref)]
     worst = max(range(len(errs)), key=errs.__getitem__)
-    print(f"shared {shared}: embedding {errs[0]:.2e}, median {sorted(errs)[len(errs) // 2]:.2e}, "
+    print(f"shared {shared}, norms {norms}: embedding {errs[0]:.2e}, median {sorted(errs)[len(errs) // 2]:.2e}, "
           f"worst {errs[worst]:.2e} (gradient {worst})")
     # session 34 calls 5-6 (H200): embedding 7.3e-3 / 3.0e-2, worst 6.0e-2 / 5.7e-2 (independent / close sources); the
     # reverted design of call2: worst 1.6e-1
