@@ -11,11 +11,13 @@
 #   bash scripts/gpu_session35.sh timeline  call3: where the device-bound step's time goes with and without the fused
 #       mix and norm (step_timeline: head-start rounds, host and GPU time, the idle time between one profiled step's
 #       kernels behind a sleep).
+#   bash scripts/gpu_session35.sh ncu       call4: Nsight Compute on the fused and separate mix and norm kernels at 3 and 5
+#       sources (kernels/benchmarks/ncu_attnres.sh): why the backward kernels move ~60% of the copy bandwidth.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session35.sh micro|step|timeline}" in
+case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu}" in
 micro)
   PART_TAIL=30 part "bench_mix_norm" 240 python3 kernels/benchmarks/bench_mix_norm.py \
     --fused-set BWD_PROGRAMS_PER_SM=1 BWD_PROGRAMS_PER_SM=3 BWD_STAGES=1
@@ -31,6 +33,11 @@ step)
 timeline)
   PART_TAIL=90 part "step_timeline with gaps" 400 python3 -m kimi_vl.benchmarks.step_timeline --rounds 4 --steps 4 \
     --head-start-ms 300 --gaps 12 --variants standard attnres_block attnres_block:KVL_ATTNRES_MIX_NORM=0
+  ;;
+ncu)
+  for n in 3 5; do
+    OUT=$OUT/ncu$n PART_TAIL=80 part "ncu, $n sources" 200 bash kernels/benchmarks/ncu_attnres.sh $n
+  done
   ;;
 *)
   echo "unknown mode $1" >&2
