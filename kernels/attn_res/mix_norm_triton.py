@@ -13,9 +13,15 @@ norm's backward reads ``dy`` and ``h`` and writes ``dh`` for the mix's backward 
   and goes on as the mix's backward with that ``dh``. It stores ``dh`` only for a deferring mix (the block's flush
   reads it). Passes saved a mix: the norm's three and the mix's read of ``dh``, less the deferred mix's write.
 
-Rounding follows the separate kernels (``kernels/norm``): ``h`` rounded to the sources' dtype, ``h * rstd`` rounded
-to it before the gain, ``dh`` rounded to it before the mix's backward uses it; so in fp32 the fused kernels equal
-the mix and the norm run one after the other up to the order of the sums.
+Rounding: the forward follows the separate kernels (``h`` rounded to the sources' dtype before the norm, ``h * rstd``
+rounded before the gain), so ``y`` and ``rstd(h)`` equal the mix then ``kernels/norm``'s norm up to the order of the
+sums; the backward's rebuilt ``h`` stays fp32 (one rounding fewer than the norm's backward reading the stored ``h``) and
+its ``dh`` is rounded to the sources' dtype, as the norm's kernel stores it, before the mix's part uses it. In fp32 the
+fused kernels equal the two kernels run one after the other to ~1e-7 (``tests/kernels/test_attn_res_mix_norm.py``).
+
+Measured (H200, small flavor 8 x 4096, bf16; ``docs/results/gpu-2026-11-30-s35/``): per kernel see ``MAX_SOURCES``;
+in the block-AttnRes training step (18 of its 24 mixes have at most 4 sources) the sublayer norms' kernels 2.06 ->
+0.86 ms and the mixes' 3.79 -> 4.58 ms (``bench_attnres --profile``, session 35 call2, round a).
 """
 
 from __future__ import annotations
