@@ -13,11 +13,14 @@
 #       kernels behind a sleep).
 #   bash scripts/gpu_session35.sh ncu       call4: Nsight Compute on the fused and separate mix and norm kernels at 3 and 5
 #       sources (kernels/benchmarks/ncu_attnres.sh): why the backward kernels move ~60% of the copy bandwidth.
+#   bash scripts/gpu_session35.sh final     call5: the session's final code: the AttnRes GPU tests, the bf16 training
+#       stream against fp64 with and without sublayer norms (printed), the block-AttnRes step with and without the
+#       fused mix and norm, interleaved, three times each.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu}" in
+case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final}" in
 micro)
   PART_TAIL=30 part "bench_mix_norm" 240 python3 kernels/benchmarks/bench_mix_norm.py \
     --fused-set BWD_PROGRAMS_PER_SM=1 BWD_PROGRAMS_PER_SM=3 BWD_STAGES=1
@@ -37,6 +40,16 @@ timeline)
 ncu)
   for n in 3 5; do
     OUT=$OUT/ncu$n PART_TAIL=80 part "ncu, $n sources" 200 bash kernels/benchmarks/ncu_attnres.sh $n
+  done
+  ;;
+final)
+  PART_TAIL=6 part "AttnRes GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_attn_res_mix_norm.py tests/model/test_attn_res.py
+  PART_TAIL=16 part "bf16 training stream against fp64 (printed)" 120 python3 -m pytest -q -s -p no:cacheprovider \
+    tests/model/test_attn_res.py -k bf16_gradients_against_fp64
+  for round in a b c; do
+    attnres_candidate mixnorm_$round 12 10
+    KVL_ATTNRES_MIX_NORM=0 attnres_candidate separate_$round 12 10
   done
   ;;
 *)
