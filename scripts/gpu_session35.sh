@@ -16,11 +16,13 @@
 #   bash scripts/gpu_session35.sh final     call5: the session's final code: the AttnRes GPU tests, the bf16 training
 #       stream against fp64 with and without sublayer norms (printed), the block-AttnRes step with and without the
 #       fused mix and norm, interleaved, three times each.
+#   bash scripts/gpu_session35.sh host      call6: one step each of the standard and block-AttnRes hybrid under cProfile
+#       (step_timeline --cprofile): the host's own time by function.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final}" in
+case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final|host}" in
 micro)
   PART_TAIL=30 part "bench_mix_norm" 240 python3 kernels/benchmarks/bench_mix_norm.py \
     --fused-set BWD_PROGRAMS_PER_SM=1 BWD_PROGRAMS_PER_SM=3 BWD_STAGES=1
@@ -51,6 +53,10 @@ final)
     attnres_candidate mixnorm_$round 12 10
     KVL_ATTNRES_MIX_NORM=0 attnres_candidate separate_$round 12 10
   done
+  ;;
+host)
+  PART_TAIL=60 part "step_timeline --cprofile" 300 python3 -m kimi_vl.benchmarks.step_timeline --rounds 2 --steps 4 \
+    --head-start-ms 300 --cprofile 25 --variants standard attnres_block
   ;;
 *)
   echo "unknown mode $1" >&2
