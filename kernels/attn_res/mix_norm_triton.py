@@ -182,12 +182,14 @@ def _mix_norm_bwd_kernel(
 # The stream fuses a mix with its norm only up to MAX_SOURCES sources: beyond, the fused backward spills (ptxas sm_90a:
 # 255 registers, 92 / 260 bytes of spills at N = 4 / 5) and was slower than the two kernels. H200, M = 32768, D = 768,
 # bf16, CUDA graphs (session 35 call1, bench_mix_norm.py), separate -> fused ms: forward 0.064 -> 0.040 / 0.077 ->
-# 0.061 / 0.092 -> 0.092 / 0.103 -> 0.110 at N = 2 / 3 / 4 / 5; a deferring mix's backward 0.128 -> 0.104 / 0.139 ->
-# 0.117 (one stage) / 0.152 -> 0.143 / 0.164 -> 0.188 (one stage; 0.203 at two).
+# 0.061 / 0.092 -> 0.092 / 0.103 -> 0.110 at N = 2 / 3 / 4 / 5; a deferring mix's backward 0.128 -> 0.105 / 0.139 ->
+# 0.117 / 0.152 -> 0.143 / 0.164 -> 0.188 (at the stages below; 0.203 at two at N = 5); a mix writing every gradient
+# 0.140 -> 0.103 / 0.157 -> 0.129 / 0.182 -> 0.164 / 0.212 -> 0.254.
 MAX_SOURCES = 4
-# the fused backward's software-pipelining stages by N (mix_triton.bwd_stages caps them by shared memory); call1:
-# one stage 0.104 / 0.117 / 0.152 ms against two 0.104 / 0.121 / 0.143 at N = 2 / 3 / 4 (deferring mixes)
-BWD_STAGES = {1: 2, 2: 2, 3: 1, 4: 2}
+# the fused backward's software-pipelining stages by (N, deferring), else 1 (mix_triton.bwd_stages caps them by shared
+# memory). Call1, one stage against two: deferring mixes 0.105 / 0.117 / 0.152 ms against 0.104 / 0.121 / 0.143 at
+# N = 2 / 3 / 4; mixes writing every gradient 0.103 / 0.129 / 0.164 against 0.105 / 0.135 / 0.200.
+BWD_STAGES = {(4, True): 2}
 
 
 def fusable(n: int) -> bool:
@@ -254,7 +256,7 @@ def mix_norm_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, norm_weigh
     num_tiles = triton.cdiv(m, block_t)
     programs = mt._num_bwd_programs(num_tiles, x0.device)
     partial = torch.empty(programs, 2, d, device=x0.device, dtype=torch.float32)
-    stages = mt.bwd_stages(n, block_t, chunk, ch, x0.element_size()) if BWD_STAGES.get(n, 1) > 1 else 1
+    stages = mt.bwd_stages(n, block_t, chunk, ch, x0.element_size()) if BWD_STAGES.get((n, defer != 0), 1) > 1 else 1
     key = (x0.dtype, nw.dtype, dy.dtype, aligned16(*sources, u, nw, dy), n, m, d, num_tiles, block_t, chunk, ch, defer,
            store_dh, mt.BWD_NUM_WARPS, mt.BWD_MAXNREG, stages)
     _BWD((programs,), key, *mt._slots(sources), *mt._slots(dxs), u, nw, dy, hr, x0 if dh is None else dh, rstd,

@@ -220,7 +220,7 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
     forward), ``bwd`` (the pointer-argument backward; ``defer``: its mask of deferred sources) or ``flush`` (the
     deferred gradients of ``n`` sources from ``mixes`` mixes), or ``mix_norm_fwd`` / ``mix_norm_bwd`` (the mix with its
     sublayer's RMSNorm, ``mix_norm_triton.py``; the backward stores ``dh`` when it defers). ``stages``: the backward
-    loop's software-pipelining stages (None: ``BWD_STAGES``, by ``N`` for ``mix_norm_bwd``).
+    loop's software-pipelining stages (None: ``BWD_STAGES``; for ``mix_norm_bwd`` by ``N`` and deferral).
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import attnres_ptxas_report as r; print(r('bwd', 5))"
     """
@@ -256,7 +256,7 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
         fn = mn._mix_norm_bwd_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
         args = srcs + srcs + [f32, bf, bf, f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", f32]
-        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, STAGES=stages or mn.BWD_STAGES.get(n, 1),
+        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, STAGES=stages or mn.BWD_STAGES.get((n, defer != 0), 1),
                       STORE_DH=defer != 0)
         warps = mt.BWD_NUM_WARPS
     else:
