@@ -53,8 +53,8 @@ A block-level option of the backward (``kimi_vl/modeling/attn_res.py`` switches 
   22: 6 mixes into 4 states 0.421 -> 0.302 ms against one pass per state).
 
 Removed variants (measured in a small-model step, 8 x 4096): the sublayer's input RMSNorm inside these kernels
-(session 11: mix kernels +2.3 ms, norms -2.1 ms, net -0.14 / +0.12 ms all-MLA / hybrid, H100; session 32, the row
-forward alone writing y beside h: forward mixes 1.42 -> 2.09 ms, norms -0.57 ms, net +0.2 ms, H200); a block's running
+(session 11, H100: net -0.14 / +0.12 ms all-MLA / hybrid; session 32, the forward writing y beside h: net +0.2 ms,
+H200; kept in session 35 as ``mix_norm_triton.py``, y instead of h and the norm's backward inside); a block's running
 sum added inside the next mix's kernels, forward and backward (sessions 12 and 29: the 41 adds 1.40 -> 0.17 ms, the
 mixes +1.11 ms, net -0.04 ms, H200; ``kimi_vl/README.md``); the backward's pass B loading its tiles again (rows offset
 by a run-time zero, so that pass A's tiles need not stay live) and 12 elements a thread at 4 programs an SM

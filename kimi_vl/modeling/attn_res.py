@@ -177,8 +177,9 @@ def fused_norm_enabled() -> bool:
     updates the residual stream instead of a launch of its own. The standard residual's add and norm are one kernel
     (``kernels.norm.add_rms_norm``) in inference and, on the Triton norm backend, in training, where the backward
     also adds the stream's gradient inside the norm's backward kernel (no separate add either way); block AttnRes's
-    norm runs inside its two-phase kernels (inference). Equal to the separate Triton norm bit for bit in the
-    interpreter's inference (``tests/model/test_attn_res.py``); training within rounding."""
+    norm runs inside its two-phase kernels (inference) and, with :func:`mix_norm_enabled`, inside its training mixes.
+    Equal to the separate Triton norm bit for bit in the interpreter's inference (``tests/model/test_attn_res.py``);
+    training within rounding."""
     flag = os.environ.get("KVL_FUSED_NORM") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_FUSED_NORM must be 0 or 1, got {flag!r}")
