@@ -18,11 +18,13 @@
 #       fused mix and norm, interleaved, three times each.
 #   bash scripts/gpu_session35.sh host      call6: one step each of the standard and block-AttnRes hybrid under cProfile
 #       (step_timeline --cprofile): the host's own time by function.
+#   bash scripts/gpu_session35.sh steps     call7: the head-start rounds' GPU time of each step, standard and block
+#       AttnRes, with steps back to back and with a 50 ms sleep kernel between them (step_timeline --between-ms).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final|host}" in
+case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final|host|steps}" in
 micro)
   PART_TAIL=30 part "bench_mix_norm" 240 python3 kernels/benchmarks/bench_mix_norm.py \
     --fused-set BWD_PROGRAMS_PER_SM=1 BWD_PROGRAMS_PER_SM=3 BWD_STAGES=1
@@ -57,6 +59,14 @@ final)
 host)
   PART_TAIL=60 part "step_timeline --cprofile" 300 python3 -m kimi_vl.benchmarks.step_timeline --rounds 2 --steps 4 \
     --head-start-ms 300 --cprofile 25 --variants standard attnres_block
+  ;;
+steps)
+  for between in 0 50; do
+    mkdir -p "$OUT/between$between"
+    OUT=$OUT/between$between PART_TAIL=12 part "step_timeline, $between ms between steps" 200 python3 -m \
+      kimi_vl.benchmarks.step_timeline --rounds 3 --steps 4 --head-start-ms 300 --between-ms $between \
+      --variants standard attnres_block
+  done
   ;;
 *)
   echo "unknown mode $1" >&2

@@ -1,7 +1,7 @@
 """Where a training step's wall time goes beyond its kernels: stretches where the GPU waits for the host.
 
     python -m kimi_vl.benchmarks.step_timeline [--flavor small] [--seq 4096] [--batch 8] [--steps 4]
-        [--rounds 4] [--variants standard attnres_block] [--head-start-ms 300]
+        [--rounds 4] [--variants standard attnres_block] [--head-start-ms 300] [--between-ms 0]
 
 For each variant (a ``residual_mode`` of the flavor's hybrid, ``NAME[:ENV=VALUE,...]`` to add environment
 settings), rounds interleaved, bf16 on CUDA, the step as ``bench_attnres`` times it (zero_grad, forward with the
@@ -11,7 +11,10 @@ loss, backward; no synchronisation between the ``--steps`` steps of a round):
 - ``head_start_ms``: the same steps queued behind a ``torch.cuda._sleep`` of ``--head-start-ms``. The host enqueues
   while the GPU sleeps, so the device starts with work waiting and a stretch where the host is slower than the
   device costs nothing until the queue runs dry (its depth is bounded by the driver): the step's device-bound time.
-  ``step_ms - head_start_ms`` is what the host's pace costs the step;
+  ``step_ms - head_start_ms`` is what the host's pace costs the step; ``head_start_step_gpu_ms``: every head-start
+  round's GPU time of each step (events at the marks). ``--between-ms`` puts a sleep kernel between consecutive steps
+  of those rounds (left out of their times): whether a step run right after another takes longer than one that
+  follows an idle GPU;
 - per step (median over the best round's steps): host time of the forward and the backward (clock at the marks,
   no synchronisation) and their GPU time (events at the same marks);
 - ``lag_ms``: at each decoder layer's forward entry, the forward's end and the backward's end, how far the GPU ran
@@ -77,8 +80,10 @@ def _step(model, ids: torch.Tensor, marks: Marks) -> None:
     marks.mark("backward")
 
 
-def run_round(model, ids: torch.Tensor, steps: int, head_start_cycles: int, cuda: bool) -> dict:
-    """One round of ``steps`` steps (after a synchronisation); with ``head_start_cycles`` behind a sleep kernel."""
+def run_round(model, ids: torch.Tensor, steps: int, head_start_cycles: int, cuda: bool, between_cycles: int = 0
+              ) -> dict:
+    """One round of ``steps`` steps (after a synchronisation); with ``head_start_cycles`` behind a sleep kernel, and
+    with ``between_cycles`` a sleep kernel between consecutive steps (not counted in the step times)."""
     marks = Marks(cuda)
     hooks = _hook_layers(model, marks)
     try:
@@ -89,7 +94,11 @@ def run_round(model, ids: torch.Tensor, steps: int, head_start_cycles: int, cuda
         if head_start_cycles:
             torch.cuda._sleep(head_start_cycles)
         marks.mark("awake")
-        for _ in range(steps):
+        for k in range(steps):
+            if k and between_cycles:
+                marks.mark("pause")
+                torch.cuda._sleep(between_cycles)
+                marks.mark("resume")
             _step(model, ids, marks)
         marks.active = False
         if cuda:
@@ -113,7 +122,8 @@ def summarize_round(times: list[tuple[str, float, float | None]], steps: int) ->
         at.setdefault(name, (h, g))
     awake = at["awake"][clock - 1]
     end = times[-1][clock]
-    out = {"step_ms": (end - awake) / steps, "steps": []}
+    paused = sum(b[clock] - a[clock] for a, b in zip(times, times[1:]) if a[0] == "pause" and b[0] == "resume")
+    out = {"step_ms": (end - awake - paused) / steps, "steps": []}
     for marks in per_step:
         m = {n: (h, g) for n, h, g in marks}
         row = {"host_fwd_ms": m["forward"][0] - m["start"][0], "host_bwd_ms": m["backward"][0] - m["forward"][0]}
@@ -154,6 +164,7 @@ def run(args) -> dict:
     vocab = next(iter(models.values())).config.vocab_size
     ids = torch.randint(0, vocab, (args.batch, args.seq), device=device)
     cycles = int(args.head_start_ms * sleep_cycles_per_ms(device)) if cuda and args.head_start_ms > 0 else 0
+    between = int(args.between_ms * sleep_cycles_per_ms(device)) if cuda and args.between_ms > 0 else 0
     for _, mode, env in variants:  # warm-up: compile, allocate
         with_env(env, partial(run_round, models[mode], ids, 1, 0, cuda))
     rounds: dict[str, dict[str, list[dict]]] = {label: {"plain": [], "head_start": []} for label, _, _ in variants}
@@ -162,7 +173,8 @@ def run(args) -> dict:
             for kind, c in (("plain", 0), ("head_start", cycles)):
                 if kind == "head_start" and not cycles:
                     continue
-                rounds[label][kind].append(with_env(env, partial(run_round, models[mode], ids, args.steps, c, cuda)))
+                rounds[label][kind].append(with_env(env, partial(run_round, models[mode], ids, args.steps, c, cuda,
+                                                                 between if kind == "head_start" else 0)))
     out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d"), "args": vars(args), "head_start_cycles": cycles, "variants": {}}
     for label, _, _ in variants:
@@ -178,6 +190,8 @@ def run(args) -> dict:
             head = min(rounds[label]["head_start"], key=lambda r: r["step_ms"])
             row["head_start_ms"] = head["step_ms"]
             row["round_head_start_ms"] = [r["step_ms"] for r in rounds[label]["head_start"]]
+            row["head_start_step_gpu_ms"] = [[st.get("gpu_fwd_ms", float("nan")) + st.get("gpu_bwd_ms", float("nan"))
+                                              for st in r["steps"]] for r in rounds[label]["head_start"]]
         out["variants"][label] = row
     if args.gaps and cuda:
         out["gaps"] = {label: with_env(env, partial(device_gaps, models[mode], ids, cycles, args.gaps))
@@ -270,6 +284,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="residual modes, each optionally with environment settings: NAME[:ENV=VALUE,...]")
     p.add_argument("--head-start-ms", type=float, default=300.0,
                    help="the sleep kernel ahead of the head-start rounds (0: no head-start rounds)")
+    p.add_argument("--between-ms", type=float, default=0.0,
+                   help="head-start rounds: a sleep kernel of this long between consecutive steps (not timed): "
+                        "whether a step run right after another is slower than one after an idle GPU")
     p.add_argument("--gaps", type=int, default=0, metavar="TOP",
                    help="also one profiled step of each behind the head start: idle time between kernels, by the "
                         "TOP kernels that ended the waits")
@@ -284,6 +301,10 @@ def main(argv: list[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "step_timeline.json").write_text(json.dumps(results, indent=2))
     print(table(results))
+    for label, row in results["variants"].items():
+        if "head_start_step_gpu_ms" in row:
+            steps = " | ".join(" ".join(f"{t:.2f}" for t in r) for r in row["head_start_step_gpu_ms"])
+            print(f"head-start rounds, GPU ms of each step, {label}: {steps}")
     for label, g in results.get("gaps", {}).items():
         print(f"\nDevice gaps, {label}: {g['kernels']} kernels, {g['kernel_ms']:.2f} ms of kernels, window "
               f"{g['window_ms']:.2f} ms, busy {g['busy_ms']:.2f}, idle {g['idle_ms']:.2f} in {g['waits']} waits; "

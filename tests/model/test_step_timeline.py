@@ -25,6 +25,17 @@ def test_summarize_round_gives_per_step_times_and_lags():
     assert second["lag_ms"]["layer0"] == pytest.approx(32.0) and second["lag_ms"]["backward"] == pytest.approx(54.0)
 
 
+def test_summarize_round_leaves_out_the_pauses_between_steps():
+    """``--between-ms``: a sleep kernel between two steps (marks ``pause`` / ``resume``) is not part of the step time."""
+    marks = [("base", 0.0, 0.0), ("awake", 0.1, 10.0),
+             ("start", 0.2, 10.1), ("forward", 5.0, 20.0), ("backward", 8.0, 40.0),
+             ("pause", 8.1, 40.0), ("resume", 8.2, 55.0),
+             ("start", 8.5, 55.1), ("forward", 13.0, 65.0), ("backward", 16.0, 85.0)]
+    out = st.summarize_round(marks, steps=2)
+    assert out["step_ms"] == pytest.approx((85.0 - 10.0 - 15.0) / 2)
+    assert out["steps"][1]["gpu_fwd_ms"] == pytest.approx(9.9)
+
+
 def test_summarize_round_on_the_host_clock_alone():
     marks = [("base", 0.0, None), ("awake", 0.0, None), ("start", 0.0, None), ("forward", 3.0, None),
              ("backward", 7.0, None)]
