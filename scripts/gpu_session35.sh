@@ -20,11 +20,13 @@
 #       (step_timeline --cprofile): the host's own time by function.
 #   bash scripts/gpu_session35.sh steps     call7: the head-start rounds' GPU time of each step, standard and block
 #       AttnRes, with steps back to back and with a 50 ms sleep kernel between them (step_timeline --between-ms).
+#   bash scripts/gpu_session35.sh embed     call8: the token embedding's deterministic Triton backward (kernels/embedding.py):
+#       its GPU tests, then the small hybrid's profiled step with it and with PyTorch's (KVL_EMBEDDING_BACKEND=torch).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final|host|steps}" in
+case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final|host|steps|embed}" in
 micro)
   PART_TAIL=30 part "bench_mix_norm" 240 python3 kernels/benchmarks/bench_mix_norm.py \
     --fused-set BWD_PROGRAMS_PER_SM=1 BWD_PROGRAMS_PER_SM=3 BWD_STAGES=1
@@ -66,6 +68,28 @@ steps)
     OUT=$OUT/between$between PART_TAIL=12 part "step_timeline, $between ms between steps" 200 python3 -m \
       kimi_vl.benchmarks.step_timeline --rounds 3 --steps 4 --head-start-ms 300 --between-ms $between \
       --variants standard attnres_block
+  done
+  ;;
+embed)
+  PART_TAIL=4 part "embedding and model GPU tests" 90 python3 -m pytest -q -p no:cacheprovider -rf \
+    tests/kernels/test_embedding.py tests/model/test_backbone_invariants.py -k "embedding or gradient"
+  for backend in triton torch; do
+    mkdir -p "$OUT/$backend"
+    KVL_EMBEDDING_BACKEND=$backend OUT=$OUT/$backend PART_TAIL=16 part "bench_backbone --profile, embedding $backend" \
+      100 python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 \
+      --variants hybrid --profile --profile-top 40
+    python3 - "$OUT/$backend/bench_backbone.json" <<'PY' | tee -a "$LOG"
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r["train"]["hybrid"][0]
+p = r["profile"]["hybrid"]
+print(f"step {1e3 * t['step_s']:.2f} ms (MFU {t['mfu']:.1%}), device-bound {1e3 * t['step_s_device_bound']:.2f} ms "
+      f"(MFU {t['mfu_device_bound']:.1%}); kernels {p['gpu_ms']:.2f} ms")
+print({k: round(v, 3) for k, v in p["categories_ms"].items()})
+for k in p["top_kernels"]:
+    if k["category"] == "embedding":
+        print(f"  {k['ms']:.3f} ms {k['calls']} calls {k['name'][:90]}")
+PY
   done
   ;;
 *)

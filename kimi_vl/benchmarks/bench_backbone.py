@@ -99,6 +99,7 @@ CATEGORIES = (
     ("norm/act", r"^_(norm_fwd|norm_bwd|norm_bwd_rows|silu_mul_fwd|silu_mul_bwd)_kernel$"),
     ("attn_res", r"attn_res"),
     ("attention", r"flex_attention|flash|fmha|attention"),
+    ("embedding", r"^_embed_(rows|join)_kernel$|embedding|compute_grad_weight|sum_and_scatter|RadixSort"),
     ("gemm", r"nvjet|gemm|cutlass|xmma|sm90_|sm80_|cublas"),
     ("copy/cast", r"copy|Memcpy|Memset|cat_|CatArray"),
     ("reduce", r"reduce|softmax|norm|cross_entropy|nll"),

@@ -31,7 +31,7 @@ from kimi_vl.modeling.cache import CACHE_FIELD, KimiVLCache, StaticKimiVLCache, 
 from kimi_vl.modeling.kda_layer import KDALayer, kda_init_values
 from kimi_vl.modeling.masks import MaskSpec, build_mask
 from kimi_vl.modeling.moe import Experts, Router
-from kimi_vl.modeling.norm import GatedRMSNorm, RMSNorm
+from kimi_vl.modeling.norm import GatedRMSNorm, RMSNorm, TokenEmbedding
 
 
 class KimiVLPreTrainedModel(PreTrainedModel):
@@ -81,7 +81,7 @@ class KimiVLModel(KimiVLPreTrainedModel):
     def __init__(self, config: KimiVLConfig) -> None:
         super().__init__(config)
         d = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        self.embed_tokens = TokenEmbedding(config.vocab_size, d)
         self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         attnres = config.residual_mode != "standard"
         self.output_attn_res_proj = ResProj(d) if attnres else None

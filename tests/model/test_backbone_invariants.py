@@ -110,6 +110,29 @@ def test_tied_embeddings(tmp_path):
     assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
 
 
+@pytest.mark.parametrize("tie", [False, True])
+def test_embedding_gradient_through_the_triton_backward(monkeypatch, tie):
+    """``KVL_EMBEDDING_BACKEND=triton`` (the model's ``TokenEmbedding``; interpreter on a CPU): the same logits and
+    every parameter's gradient as PyTorch's embedding backward, also with the LM head tied to the embedding (its two
+    gradients summed by autograd)."""
+    from backbone_utils import step_under_env
+
+    from kernels import embedding as emb
+
+    calls, backward = [], emb.embedding_backward
+    monkeypatch.setattr(emb, "embedding_backward", lambda *a: calls.append(1) or backward(*a))
+    interpret_without_gpu(monkeypatch)
+    dev = kernel_device()
+    model = build(tiny_config(tie_word_embeddings=tie)).to(dev).train()
+    ids = torch.randint(3, 97, (2, 40), device=dev)
+    runs = step_under_env(model, ids, monkeypatch, "KVL_EMBEDDING_BACKEND", ("torch", "triton"))
+    assert len(calls) == 1  # the triton run's one backward
+    assert torch.equal(runs["triton"][0], runs["torch"][0])
+    assert runs["triton"][1].keys() == runs["torch"][1].keys()
+    for name, g in runs["torch"][1].items():
+        assert_rel_rms(runs["triton"][1][name], g, 1e-6, name)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_batch_generation_equals_one_by_one(mode):
     cfg = tiny_config(residual_mode=mode)

@@ -26,7 +26,7 @@ def test_summarize_round_gives_per_step_times_and_lags():
 
 
 def test_summarize_round_leaves_out_the_pauses_between_steps():
-    """``--between-ms``: a sleep kernel between two steps (marks ``pause`` / ``resume``) is not part of the step time."""
+    """``--between-ms``: a sleep kernel between two steps (marks ``pause`` / ``resume``) is not in the step time."""
     marks = [("base", 0.0, 0.0), ("awake", 0.1, 10.0),
              ("start", 0.2, 10.1), ("forward", 5.0, 20.0), ("backward", 8.0, 40.0),
              ("pause", 8.1, 40.0), ("resume", 8.2, 55.0),
