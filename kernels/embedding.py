@@ -1,18 +1,19 @@
-"""Token embedding with a deterministic Triton backward: ``out = weight[ids]``, ``dweight[v] = sum_{t: ids_t = v} dout_t``.
+"""Token embedding with a deterministic Triton backward: ``out = weight[ids]``, ``dweight[v] = sum_{ids_t = v} dout_t``.
 
 PyTorch's CUDA embedding backward sorts the ids too, then reduces through several generic kernels (0.46 ms a step of
 the small hybrid's 8 x 4096 tokens, H200, session 34 call7). Here, after one stable sort of the ids (``perm`` the
 token order, so every sum runs in token order and the result is bit-for-bit reproducible):
 
-- ``_embed_rows_kernel``: one program per chunk of ``CHUNK`` sorted positions sums each run of equal ids in fp32, in order.
-  A run that begins and ends inside the chunk is written to its weight row (no other program touches that row); the
-  chunk's first run, when it continues from the chunk before, and its last run, when it starts here and goes on into
-  the next chunk, go to a boundary buffer ``part [chunks, 2, D]``.
-- ``_embed_join_kernel``: one program per chunk whose last run starts there and goes on: that run's partial sum plus the
-  continuing partials of the following chunks, in order, to its row. A frequent id spanning many chunks costs its
+- ``_embed_rows_kernel``: one program per chunk of ``CHUNK`` sorted positions sums each run of equal ids in fp32, in
+  order. A run that begins and ends inside the chunk is written to its weight row (no other program touches that
+  row); the chunk's first run, when it continues from the chunk before, and its last run, when it starts here and
+  goes on into the next chunk, go to a boundary buffer ``part [chunks, 2, D]``.
+- ``_embed_join_kernel``: one program per chunk whose last run starts there and goes on: that run's partial sum plus
+  the continuing partials of the following chunks, in order, to its row. A frequent id spanning many chunks costs its
   program one ``D``-vector read per chunk, so skewed (Zipf) ids stay balanced across the first kernel's programs.
 
-Rows of ids that do not occur are zero (the gradient starts as zeros). The forward is PyTorch's gather.
+Rows of ids that do not occur are zero (the gradient starts as zeros). The forward is PyTorch's gather. Measured
+(H200, session 35 call8): the small hybrid's embedding kernels 0.448 -> 0.105 ms a step.
 ``KVL_EMBEDDING_BACKEND=torch`` (or the ``backend`` argument) keeps PyTorch's backward; it is the default off CUDA.
 """
 

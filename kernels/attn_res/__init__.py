@@ -2,8 +2,9 @@
 
 Per token, over ``N`` sources ``x_n [*, D]``: keys ``k_n = RMSNorm(x_n) * gain``, scores ``s_n = w . k_n``,
 ``alpha = softmax_n(s)`` in fp32 (no temperature), ``h = sum_n alpha_n x_n``. Public entry points:
-:func:`attn_res_mix` and :func:`attn_res_mix_norm` (the mix, then an RMSNorm of its output). One dispatch point: ``backend`` argument, else ``KVL_ATTNRES_BACKEND``
-(``triton`` | ``torch``), else Triton on CUDA and the PyTorch autograd function on CPU.
+:func:`attn_res_mix` and :func:`attn_res_mix_norm` (the mix, then an RMSNorm of its output). One dispatch point:
+``backend`` argument, else ``KVL_ATTNRES_BACKEND`` (``triton`` | ``torch``), else Triton on CUDA and the PyTorch
+autograd function on CPU.
 
 - ``naive.py``: stacked fp32/fp64 reference (the specification; tests only).
 - ``mix_torch.py``: :class:`AttnResMix`, custom autograd function, keys recomputed in backward (CPU path).
