@@ -139,6 +139,6 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, backend: str | None = Non
         raise ValueError(f"kernels/embedding.embedding: ids must be int32/int64 and weight [V, D], got ids {ids.dtype} "
                          f"and weight {tuple(weight.shape)}")
     if (resolve_backend(weight, backend) == "torch" or not (torch.is_grad_enabled() and weight.requires_grad)
-            or type(weight).__name__ == "DTensor"):
+            or type(weight).__name__ == "DTensor"):  # a still-sharded FSDP2 parameter: DTensor's own dispatch
         return torch.nn.functional.embedding(ids, weight)
     return EmbeddingFunction.apply(ids, weight)
