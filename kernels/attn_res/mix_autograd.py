@@ -1,5 +1,5 @@
 """Autograd of the fused AttnRes mix (``mix_triton.py`` holds the kernels and their launchers): the mix as a
-``torch.autograd.Function``, with in-place gradient accumulation of shared sources (``mix_triton.GradSink``) and
+``torch.autograd.Function``, with in-place gradient accumulation of shared sources (``sinks.GradSink``) and
 the deferred block-state gradients (:class:`DeferredBlock`)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import torch
 from kernels.attn_res.mix_norm_triton import mix_norm_bwd_triton, mix_norm_fwd_triton
 from kernels.attn_res.mix_triton import (
     GradSink,
-    _sink_buffers,
     flush_triton,
     mix_bwd_triton,
     mix_fwd_triton,
     use_args,
 )
+from kernels.attn_res.sinks import sink_buffers
 
 
 class AttnResMixTriton(torch.autograd.Function):
@@ -150,7 +150,7 @@ def flush_deferred(sources: list[torch.Tensor], sinks: list[GradSink], block: De
     each with a sink) into the sinks' buffers, started if need be, and empty the block."""
     entries = block.entries if block.task == task else []
     block.entries, block.task = [], -1
-    bufs, acc_mask = _sink_buffers(list(sinks), sources[0], task)
+    bufs, acc_mask = sink_buffers(list(sinks), sources[0], task)
     if entries:
         dhs, us, coefs = (list(t) for t in zip(*entries))
         flush_triton(sources, bufs, acc_mask, dhs, us, coefs)

@@ -32,19 +32,20 @@ import triton.language as tl
 
 from kernels.attn_res import mix_triton as mt
 from kernels.attn_res.mix_triton import (
-    GradSink,
     _defer_grad,
     _dots,
-    _fwd_stats,
     _load_row,
     _load_vec,
     _pick,
     _prefetch,
+    _rows_mix,
+    _store_alpha,
     _store_du,
     _to_f32,
     _write_grad,
     _zeros_row,
 )
+from kernels.attn_res.sinks import GradSink, sink_buffers
 from kernels.colsum import column_sum
 from kernels.fast_launch import CompiledLaunch, aligned16
 
@@ -56,34 +57,8 @@ def _mix_norm_fwd_kernel(
 ):
     """``mix_triton._attn_res_fwd_rows_kernel`` followed by the RMSNorm of its ``h`` (gain ``nw``): stores ``y``,
     ``rstd(h)`` and the mix's ``rstd [N, M]`` and ``alpha [N, M]``; ``h`` itself is never stored."""
-    pid = tl.program_id(0)
-    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_ok = offs_t < M
-    rows = offs_t.to(tl.int64)[:, None] * D
-    u = _load_vec(u_ptr, D, CH, CHUNK)
-    win = ()
-    for j in tl.static_range(PRE):
-        win = _prefetch(win, j, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
-    m = tl.full([BLOCK_T], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_T], dtype=tl.float32)
-    acc = _zeros_row(BLOCK_T, CH, CHUNK)
-    scores = ()
-    for n in tl.static_range(N):
-        x = win[n]
-        win = _prefetch(win, n + PRE, N, x0, x1, x2, x3, x4, x5, x6, x7, rows, t_ok, D, CH, CHUNK)
-        xs, rstd, s = _fwd_stats(x, u, D, eps, CH)
-        tl.store(rstd_ptr + n * M + offs_t, rstd, mask=t_ok)
-        scores = scores + (s,)
-        m_new = tl.maximum(m, s)
-        scale = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        acc_new = ()
-        for c in tl.static_range(CH):
-            acc_new = acc_new + (acc[c] * scale[:, None] + p[:, None] * xs[c],)
-        acc = acc_new
-        l = l * scale + p
-        m = m_new
-    inv_l = 1.0 / l
+    offs_t, t_ok, rows, acc, inv_l, m, scores = _rows_mix(x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, rstd_ptr, N, M, D,
+                                                          eps, BLOCK_T, CHUNK, CH, PRE)
     hs, ss = (), tl.zeros([BLOCK_T], dtype=tl.float32)
     for c in tl.static_range(CH):  # h rounded as the mix would store it, then the norm's sum of squares
         hc = (acc[c] * inv_l[:, None]).to(x0.dtype.element_ty).to(tl.float32)
@@ -96,8 +71,7 @@ def _mix_norm_fwd_kernel(
         nw = tl.load(nw_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
         y = nw[None, :] * (hs[c] * hr[:, None]).to(x0.dtype.element_ty).to(tl.float32)
         tl.store(y_ptr + rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=t_ok[:, None] & (cols < D)[None, :])
-    for n in tl.static_range(N):  # exp(s - m) / l: no log (see mix_triton's docstring)
-        tl.store(alpha_ptr + n * M + offs_t, tl.exp(scores[n] - m) * inv_l, mask=t_ok)
+    _store_alpha(alpha_ptr, scores, m, inv_l, offs_t, t_ok, N, M)
 
 
 @triton.jit
@@ -247,7 +221,7 @@ def mix_norm_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, norm_weigh
     n, (m, d) = len(sources), x0.shape
     _check_args(n)
     task = torch._C._current_graph_task_id() if sinks is not None else -1
-    dxs, acc_mask = mt._sink_buffers(list(sinks or [None] * n), x0, task, skip=defer)
+    dxs, acc_mask = sink_buffers(list(sinks or [None] * n), x0, task, skip=defer)
     coef = torch.empty(n, 3, m, device=x0.device, dtype=torch.float32) if defer else None
     dh = torch.empty_like(x0) if store_dh else None
     nw = norm_weight.contiguous()

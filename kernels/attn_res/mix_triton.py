@@ -86,6 +86,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attn_res.sinks import GradSink, sink_buffers
 from kernels.backend import sm_count
 from kernels.colsum import column_sum
 from kernels.fast_launch import CompiledLaunch, aligned16
@@ -368,8 +369,22 @@ def _attn_res_fwd_rows_kernel(
     ``CHUNK`` columns owned by one warp (the per-token sums are warp shuffles; ``D = 768`` is 3 x 256, no padding),
     straight-line code over the sources with the next ``PRE`` sources' tiles loaded before the current one is used.
     The scores stay in registers and ``alpha = exp(s - m) / l`` is stored once the softmax's normaliser is known."""
-    pid = tl.program_id(0)
-    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_t, t_ok, rows, acc, inv_l, m, scores = _rows_mix(x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, rstd_ptr, N, M, D,
+                                                          eps, BLOCK_T, CHUNK, CH, PRE)
+    for c in tl.static_range(CH):
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        tl.store(h_ptr + rows + cols[None, :], (acc[c] * inv_l[:, None]).to(h_ptr.dtype.element_ty),
+                 mask=t_ok[:, None] & (cols < D)[None, :])
+    _store_alpha(alpha_ptr, scores, m, inv_l, offs_t, t_ok, N, M)
+
+
+@triton.jit
+def _rows_mix(x0, x1, x2, x3, x4, x5, x6, x7, u_ptr, rstd_ptr, N: tl.constexpr, M, D, eps,
+              BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, CH: tl.constexpr, PRE: tl.constexpr):
+    """The program's tile of the pointer-argument forward up to ``h``: stores ``rstd``, returns ``(offs_t, t_ok, rows,
+    acc, inv_l, m, scores)`` with ``h = acc * inv_l`` (``CH`` fp32 chunks), for :func:`_store_alpha` after the caller's
+    output. Also ``mix_norm_triton``'s."""
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = offs_t < M
     rows = offs_t.to(tl.int64)[:, None] * D
     u = _load_vec(u_ptr, D, CH, CHUNK)
@@ -395,11 +410,11 @@ def _attn_res_fwd_rows_kernel(
         acc = acc_new
         l = l * scale + p
         m = m_new
-    inv_l = 1.0 / l
-    for c in tl.static_range(CH):
-        cols = c * CHUNK + tl.arange(0, CHUNK)
-        tl.store(h_ptr + rows + cols[None, :], (acc[c] * inv_l[:, None]).to(h_ptr.dtype.element_ty),
-                 mask=t_ok[:, None] & (cols < D)[None, :])
+    return offs_t, t_ok, rows, acc, 1.0 / l, m, scores
+
+
+@triton.jit
+def _store_alpha(alpha_ptr, scores, m, inv_l, offs_t, t_ok, N: tl.constexpr, M):
     for n in tl.static_range(N):  # exp(s - m) / l: no log (see the module docstring)
         tl.store(alpha_ptr + n * M + offs_t, tl.exp(scores[n] - m) * inv_l, mask=t_ok)
 
@@ -579,25 +594,6 @@ def _maxnreg() -> dict[str, int]:
     return {} if BWD_MAXNREG is None else {"maxnreg": BWD_MAXNREG}
 
 
-class GradSink:
-    """The gradient of one source that several mixes read (a completed block state), accumulated in place.
-
-    Autograd would take one ``dx`` tensor from every mix that reads the source and add them (write ``dx``, then
-    read two and write one per extra mix). With a sink, the backward kernels add into one buffer instead (read
-    and write it once per mix), and only the first mix in forward order, which is the last to run backward
-    (every later mix reads a sum that depends on its output), returns the buffer to autograd; the others
-    return no gradient for that source. A buffer is tied to the backward pass (autograd graph task) that
-    started it, so a pass that skipped the returning mix (gradients of a subset of inputs) leaves nothing behind
-    for the next one."""
-
-    __slots__ = ("buf", "task", "uses")
-
-    def __init__(self) -> None:
-        self.buf: torch.Tensor | None = None
-        self.task = -1  # the autograd graph task that started ``buf``: a buffer left by another pass is stale
-        self.uses = 0
-
-
 def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sources``: N contiguous ``[M, D]`` of one dtype; ``u = w * gain`` fp32 ``[D]``.
@@ -621,26 +617,6 @@ def mix_fwd_triton(sources: list[torch.Tensor], u: torch.Tensor, eps: float
     return h, rstd, alpha
 
 
-def _sink_buffers(sinks: list[GradSink | None], like: torch.Tensor, task: int, skip: int = 0
-                  ) -> tuple[list[torch.Tensor], int]:
-    """One gradient buffer per sink (``None``: a new tensor): a sink's buffer, started if it has none for this
-    backward pass (``task``), and the mask of the ones to add into. Bit ``i`` of ``skip``: entry ``i`` is only a
-    placeholder pointer (``like``, never written)."""
-    bufs, acc_mask = [], 0
-    for i, sink in enumerate(sinks):
-        if (skip >> i) & 1:
-            bufs.append(like)
-        elif sink is None:
-            bufs.append(torch.empty_like(like))
-        elif sink.buf is None or sink.task != task:
-            sink.buf, sink.task = torch.empty_like(like), task
-            bufs.append(sink.buf)
-        else:
-            bufs.append(sink.buf)
-            acc_mask |= 1 << i
-    return bufs, acc_mask
-
-
 def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tensor, rstd: torch.Tensor,
                    alpha: torch.Tensor, sinks: list[GradSink | None] | None = None, defer: int = 0
                    ) -> tuple[list[torch.Tensor | None], torch.Tensor, torch.Tensor | None]:
@@ -658,7 +634,7 @@ def mix_bwd_triton(sources: list[torch.Tensor], u: torch.Tensor, dh: torch.Tenso
         raise ValueError(f"kernels/attn_res/mix_triton.py: deferred gradients need the pointer-argument path "
                          f"(N <= {MAX_ARGS}, KVL_ATTNRES_ADDRESSING=args), got N={n}")
     task = torch._C._current_graph_task_id() if sinks is not None else -1
-    dxs, acc_mask = _sink_buffers(list(sinks or [None] * n), x0, task, skip=defer)
+    dxs, acc_mask = sink_buffers(list(sinks or [None] * n), x0, task, skip=defer)
     coef = torch.empty(n, 3, m, device=x0.device, dtype=torch.float32) if defer else None
     block_t, chunk, ch = _row_blocks(d, x0.element_size(), BWD_NUM_WARPS, BWD_MAX_CHUNKS, BWD_THREAD_ELEMS)
     num_tiles = triton.cdiv(m, block_t)

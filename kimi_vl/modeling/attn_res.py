@@ -142,7 +142,7 @@ def _normed(h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
 
 def grad_sinks_enabled() -> bool:
     """``KVL_ATTNRES_GRAD_SINK`` (``1`` default | ``0``): whether the training stream accumulates the gradients
-    of the completed block states in place (``kernels/attn_res/mix_triton.GradSink``)."""
+    of the completed block states in place (``kernels/attn_res/sinks.GradSink``)."""
     flag = os.environ.get("KVL_ATTNRES_GRAD_SINK") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"kimi_vl/modeling/attn_res.py: KVL_ATTNRES_GRAD_SINK must be 0 or 1, got {flag!r}")
