@@ -587,10 +587,9 @@ def test_buffered_two_phase_bf16_small_flavor_width_on_gpu(tokens):
     assert_rel_rms(results["two_phase"], results["naive"], 2e-2, "buffered two-phase bf16")
 
 
-def test_deferred_source_gradients_in_the_model(monkeypatch):
-    """``KVL_ATTNRES_DEFER_GRAD=1`` (Triton kernels; interpreter on a CPU): the same logits and every parameter's
-    gradient as the per-mix gradient sinks, with random pseudo-queries so that the mixes are not uniform; one
-    flush per block."""
+def _triton_attnres_model(monkeypatch) -> tuple:
+    """The tiny dense block-AttnRes model on the Triton mix kernels (interpreter on a CPU) with random pseudo-queries
+    (so that the mixes are not uniform), and its device."""
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
@@ -600,6 +599,14 @@ def test_deferred_source_gradients_in_the_model(monkeypatch):
         for name, p in model.named_parameters():
             if name.endswith("_res_proj.weight"):
                 p.normal_()
+    return model, dev
+
+
+def test_deferred_source_gradients_in_the_model(monkeypatch):
+    """``KVL_ATTNRES_DEFER_GRAD=1`` (Triton kernels; interpreter on a CPU): the same logits and every parameter's
+    gradient as the per-mix gradient sinks, with random pseudo-queries so that the mixes are not uniform; one
+    flush per block."""
+    model, dev = _triton_attnres_model(monkeypatch)
     flushes = _count_flushes(monkeypatch)
     ids = torch.randint(3, 97, (2, 12), device=dev)
     runs = step_under_env(model, ids, monkeypatch, "KVL_ATTNRES_DEFER_GRAD", ("0", "1"))
@@ -622,17 +629,11 @@ def test_mix_with_its_norm_in_the_model(monkeypatch, max_sources):
     with deferral and chained running sums on; a bad flag is refused."""
     from kernels.attn_res import mix_autograd, mix_norm_triton
 
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv("KVL_ATTNRES_BACKEND", "triton")
     monkeypatch.setattr(mix_norm_triton, "MAX_SOURCES", max_sources)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    model = build(tiny_config(moe=False, residual_mode="attnres_block")).to(dev).train()
+    model, dev = _triton_attnres_model(monkeypatch)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("_res_proj.weight"):
-                p.normal_()
-            elif "norm" in name and not name.endswith("_res_norm.weight"):
+            if "norm" in name and not name.endswith("_res_norm.weight"):
                 p.uniform_(0.5, 1.5)  # the sublayer norms' gains: not all ones
     fused, forward = [], mix_autograd.AttnResMixNormTriton.forward
 
