@@ -22,11 +22,13 @@
 #       AttnRes, with steps back to back and with a 50 ms sleep kernel between them (step_timeline --between-ms).
 #   bash scripts/gpu_session35.sh embed     call8: the token embedding's deterministic Triton backward (kernels/embedding.py):
 #       its GPU tests, then the small hybrid's profiled step with it and with PyTorch's (KVL_EMBEDDING_BACKEND=torch).
+#   bash scripts/gpu_session35.sh check     call9: the session's last code (GradSink in kernels/attn_res/sinks.py, the
+#       forward's shared mix helper): the AttnRes and embedding GPU tests.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final|host|steps|embed}" in
+case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final|host|steps|embed|check}" in
 micro)
   PART_TAIL=30 part "bench_mix_norm" 240 python3 kernels/benchmarks/bench_mix_norm.py \
     --fused-set BWD_PROGRAMS_PER_SM=1 BWD_PROGRAMS_PER_SM=3 BWD_STAGES=1
@@ -91,6 +93,11 @@ for k in p["top_kernels"]:
         print(f"  {k['ms']:.3f} ms {k['calls']} calls {k['name'][:90]}")
 PY
   done
+  ;;
+check)
+  PART_TAIL=6 part "AttnRes and embedding GPU tests" 140 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_attn_res_mix_norm.py tests/kernels/test_embedding.py \
+    tests/model/test_attn_res.py
   ;;
 *)
   echo "unknown mode $1" >&2
