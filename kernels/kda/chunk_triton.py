@@ -293,12 +293,6 @@ STATE_FILL = 0.6
 # 4x4096x32 (256) 0.298 / 0.247; at the model's 8x4096x6 (96 programs) 0.139 / 0.167; at 16 columns 3 stays (1x8192x32
 # 0.208 / 0.266, 8x4096x6 0.200 / 0.153 at fill 1 is the one exception)
 STATE_STAGES_WIDE_MANY = 2
-
-
-def state_stages(bv: int, programs: int, device: torch.device) -> int:
-    """Pipeline stages of the forward state pass at ``bv`` value columns a program and ``programs`` programs."""
-    wide_many = bv >= 64 and device.type == "cuda" and programs > sm_count(device)
-    return STATE_STAGES_WIDE_MANY if wide_many else STATE_LAUNCH[1]
 STATE_LAUNCH = (4, 3)  # num_warps, num_stages (sweep: s3 0.232 ms, s2 0.289)
 OUT_BV = 64  # value columns per program of the output kernel
 OUT_WARPS = 4
@@ -310,6 +304,12 @@ OUT_WARPS = 4
 PREP_HEADS_FIRST = True
 SCORES2_HEADS_FIRST = True
 OUT_HEADS_FIRST = True
+
+
+def state_stages(bv: int, programs: int, device: torch.device) -> int:
+    """Pipeline stages of the forward state pass at ``bv`` value columns a program and ``programs`` programs."""
+    wide_many = bv >= 64 and device.type == "cuda" and programs > sm_count(device)
+    return STATE_STAGES_WIDE_MANY if wide_many else STATE_LAUNCH[1]
 
 
 def _interpreting() -> bool:
