@@ -27,6 +27,18 @@
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
+attnres_gpu_tests() {  # the AttnRes kernel, fused mix + norm and model GPU tests
+  PART_TAIL=6 part "AttnRes GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_attn_res_triton.py tests/kernels/test_attn_res_mix_norm.py tests/model/test_attn_res.py
+}
+
+mixnorm_pairs() {  # the block-AttnRes step with and without the fused mix + norm, interleaved, three times each
+  for round in a b c; do
+    attnres_candidate mixnorm_$round 12 10
+    KVL_ATTNRES_MIX_NORM=0 attnres_candidate separate_$round 12 10
+  done
+}
+
 gpu_header
 case "${1:?usage: gpu_session35.sh micro|step|timeline|ncu|final|host|steps|embed|check}" in
 micro)
@@ -34,12 +46,8 @@ micro)
     --fused-set BWD_PROGRAMS_PER_SM=1 BWD_PROGRAMS_PER_SM=3 BWD_STAGES=1
   ;;
 step)
-  PART_TAIL=6 part "AttnRes GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_attn_res_triton.py tests/kernels/test_attn_res_mix_norm.py tests/model/test_attn_res.py
-  for round in a b c; do
-    attnres_candidate mixnorm_$round 12 10
-    KVL_ATTNRES_MIX_NORM=0 attnres_candidate separate_$round 12 10
-  done
+  attnres_gpu_tests
+  mixnorm_pairs
   ;;
 timeline)
   PART_TAIL=90 part "step_timeline with gaps" 400 python3 -m kimi_vl.benchmarks.step_timeline --rounds 4 --steps 4 \
@@ -51,14 +59,10 @@ ncu)
   done
   ;;
 final)
-  PART_TAIL=6 part "AttnRes GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_attn_res_triton.py tests/kernels/test_attn_res_mix_norm.py tests/model/test_attn_res.py
+  attnres_gpu_tests
   PART_TAIL=16 part "bf16 training stream against fp64 (printed)" 120 python3 -m pytest -q -s -p no:cacheprovider \
     tests/model/test_attn_res.py -k bf16_gradients_against_fp64
-  for round in a b c; do
-    attnres_candidate mixnorm_$round 12 10
-    KVL_ATTNRES_MIX_NORM=0 attnres_candidate separate_$round 12 10
-  done
+  mixnorm_pairs
   ;;
 host)
   PART_TAIL=60 part "step_timeline --cprofile" 300 python3 -m kimi_vl.benchmarks.step_timeline --rounds 2 --steps 4 \

@@ -256,8 +256,8 @@ def attnres_ptxas_report(kernel: str, n: int, d: int = 768, defer: int = 0, mixe
         fn = mn._mix_norm_bwd_kernel
         block_t, chunk, ch = mt._row_blocks(d, 2, mt.BWD_NUM_WARPS, mt.BWD_MAX_CHUNKS, mt.BWD_THREAD_ELEMS)
         args = srcs + srcs + [f32, bf, bf, f32, bf, f32, f32, f32, "i32", "i32", "i32", "i32", f32]
-        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer, STAGES=stages or mn.BWD_STAGES.get((n, defer != 0), 1),
-                      STORE_DH=defer != 0)
+        consts = dict(N=n, BLOCK_T=block_t, CHUNK=chunk, CH=ch, DEFER=defer,
+                      STAGES=stages or mn.BWD_STAGES.get((n, defer != 0), 1), STORE_DH=defer != 0)
         warps = mt.BWD_NUM_WARPS
     else:
         raise ValueError(f"attnres_ptxas_report: kernel must be fwd, bwd, flush, mix_norm_fwd or mix_norm_bwd, got "

@@ -85,9 +85,8 @@ def test_empty_ids_and_checks(monkeypatch):
         emb.embedding(torch.zeros(3, dtype=torch.int64, device=dev), w)
     monkeypatch.setenv("KVL_EMBEDDING_BACKEND", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-            emb.embedding(torch.zeros(3, dtype=torch.int64), torch.randn(10, 8, requires_grad=True))
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):  # a CPU weight, on any host
+        emb.embedding(torch.zeros(3, dtype=torch.int64), torch.randn(10, 8, requires_grad=True))
 
 
 @pytest.mark.gpu
