@@ -178,11 +178,14 @@ def _set_constants(pairs: list[str], attnres: bool) -> None:
 
 
 
-def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | None = None, **tiles) -> str:
+def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | None = None, fused: bool = True,
+                     **tiles) -> str:
     """Registers and spills of a backward kernel of ``chunk_triton_bwd`` (``state``, ``dy``, ``pair`` or ``inter``)
     for a bf16 run at K = V = 128 (g fp32 from the PyTorch gate; dH and dVnew / dY bf16 with ``BWD_DH_16BIT`` and
     ``BWD_DVN_16BIT``, else fp32; fp32 dA and gradients); warps, stages and ``tiles`` (BV, BK) default to the
-    launch's (``chunk_triton_bwd.BWD_LAUNCH`` and tile constants).
+    launch's (``chunk_triton_bwd.BWD_LAUNCH`` and tile constants). ``fused``: the training path's pair and inter
+    kernels with ``chunk_triton.BWD_FUSED_PREP`` (raw q, k rows of the q|k|v tensor with the forward's inverse norms;
+    the inter kernel with the softplus gate's backward and dt_bias, writing a bf16 d g_raw); else normalised q, k.
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('inter'))"
     """
@@ -199,14 +202,18 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         args = [f32, bf, bf, bf, bf, dvn, f32, f32, f32, f32] + tab + ["i32", "i32"]
         fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32")
     elif name == "pair":
-        args = [bf, bf, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]
+        args = [bf, bf, f32, f32, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]
         fn, consts = cb._bwd_intra_pair_kernel, dict(H=32, HV=32, K=128, BK=cb.BWD_PAIR_BK, C=64, S=16, PREC="tf32")
-        consts |= dict(DPREC=cb.BWD_DIAG_PREC16, UNROLL=cb.BWD_PAIR_UNROLL[0])
+        consts |= dict(DPREC=cb.BWD_DIAG_PREC16, QS=(3 if fused else 1) * 32 * 128, UNROLL=cb.BWD_PAIR_UNROLL[0],
+                       L2=fused)
     else:
-        # dq, dk, dg fp32 partial sums in; dq, dk out in bf16, dg out in fp32 (the gate's dtype); dbeta fp32
-        args = [bf, bf, f32, bf, f32, f32, bf, bf, dvn, bf, dh] + tab + [f32] * 3 + [bf, bf, f32, f32, "fp32", "i32"]
+        # dq, dk, dg fp32 partial sums in; dq, dk out in bf16, dg out in fp32 (the gate's dtype; fused: d g_raw in
+        # bf16); dbeta fp32; the gate's g_raw, A_log, dt_bias, partial sums, lower bound
+        args = [bf, bf, f32, f32, f32, bf, f32, f32, bf, bf, dvn, bf, dh] + tab + [f32] * 3
+        args += [bf, bf, bf if fused else f32, f32, bf, f32, f32, f32, f32, "fp32", "fp32", "i32"]
         fn, consts = cb._bwd_inter_kernel, dict(H=32, HV=32, K=128, V=128, BK=cb.BWD_INTER_BK, BV=cb.BWD_INTER_BV)
-        consts |= dict(C=64, FP32=False, PREC="tf32", EE_DIFF=cb.BWD_EE_FROM_G != "never")
+        consts |= dict(C=64, FP32=False, PREC="tf32", QS=(3 if fused else 1) * 32 * 128,
+                       EE_DIFF=cb.BWD_EE_FROM_G != "never", L2=fused, GATE=fused, LOWER=False, HAS_DTB=fused)
     consts |= tiles
     sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
     nw, ns = cb.BWD_LAUNCH[name]

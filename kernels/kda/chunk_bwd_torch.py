@@ -71,6 +71,8 @@ class KDAGrads(NamedTuple):
     dg: torch.Tensor  # [B, T, HV, K]
     dbeta: torch.Tensor  # [B, T, HV]
     dh0: torch.Tensor  # [N, HV, K, V]
+    dA_log: torch.Tensor | None = None  # [HV] when the gate's backward ran inside (chunk_triton_bwd.BwdPrep)
+    ddt_bias: torch.Tensor | None = None  # dt_bias's shape, likewise
 
 
 def chunk_tables(T: int, B: int, cu_seqlens: torch.Tensor | None, device: torch.device):

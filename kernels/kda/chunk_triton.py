@@ -49,13 +49,14 @@ import triton.language as tl
 
 from kernels.backend import sm_count
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
-from kernels.kda.chunk_triton_bwd import bwd_reads_g, chunk_kda_bwd_triton
+from kernels.kda.chunk_triton_bwd import BwdPrep, bwd_reads_g, chunk_kda_bwd_triton
 from kernels.kda.prep_triton import (
     _gate,
     gate_bwd,
     gate_fwd,
     l2norm_bwd,
     l2norm_fwd,
+    qk_rows,
     qkv_base,
     qkv_dv_view,
     qkv_l2_grad,
@@ -358,15 +359,8 @@ class KDAFwdState(NamedTuple):
     clen: torch.Tensor
     s0: torch.Tensor
     snc: torch.Tensor
-
-
-def _qk_rows(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """q, k ``[B, T, H, K]`` as the forward kernels read them, with their common token stride: in place when
-    :func:`token_rows` gives both the same stride (views of the KDA layer's q|k|v tensor), else contiguous."""
-    (qc, qs), (kc, ks) = token_rows(q), token_rows(k)
-    if qs != ks:
-        return q.contiguous(), k.contiguous(), q.shape[2] * q.shape[3]
-    return qc, kc, qs
+    rq: torch.Tensor | None = None  # [NC, HV, C] fp32 inverse L2 norms of q (in-kernel L2 norm only)
+    rk: torch.Tensor | None = None  # likewise of k
 
 
 def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool = True) -> KDAFwdState:
@@ -378,7 +372,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
     fp32 = q.dtype == torch.float32 or v.dtype == torch.float32
-    q, k, qs = _qk_rows(q, k)
+    q, k, qs = qk_rows(q, k)
     g, beta = g.contiguous(), beta.contiguous()
     v, vs = token_rows(v)
     nch, (cbos, clen), (s0, snc) = _tables(T, B, cu_seqlens, dev)
@@ -523,7 +517,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             HEADS_FIRST=hf,
             num_warps=OUT_WARPS,
         )
-    return KDAFwdState(o, ht, G, gl, Aqk, Tm, W, U, qg, kg, h, vn, cbos, clen, s0, snc)
+    rn = (rq, rk) if use_l2 else (None, None)
+    return KDAFwdState(o, ht, G, gl, Aqk, Tm, W, U, qg, kg, h, vn, cbos, clen, s0, snc, *rn)
 
 
 def chunk_kda_fwd_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags):
@@ -548,8 +543,14 @@ def chunk_kda_fwd_intermediates(
     return _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, (False, False, None, None, None))
 
 
-# KDAFwdState fields the backward reads (o, ht and U are not kept)
+# KDAFwdState fields the backward reads (o, ht and U are not kept; rq, rk are saved beside them)
 _SAVED = ("G", "Gl", "Aqk", "T", "W", "qg", "kg", "h", "vn", "cbos", "clen", "s0", "snc")
+# True: the training backward hands the core backward the raw q, k with the forward's inverse norms (its pair and
+# inter kernels normalise the rows as they load them; the L2 backward forms the norms again from q, k in its own
+# pass) and the gate's inputs (the inter kernel takes the gate's backward on its dg tile and writes d g_raw, with
+# per-program partial sums of dA_log and d dt_bias), instead of recomputing normalised q, k (two L2 kernels)
+# and running the gate's backward as a kernel of its own. False: the session-35 path (session 36)
+BWD_FUSED_PREP = True
 
 
 class ChunkKDAFunction(torch.autograd.Function):
@@ -566,7 +567,7 @@ class ChunkKDAFunction(torch.autograd.Function):
     def forward(ctx, qkv, q, k, v, g, beta, initial_state, A_log, dt_bias, scale, cu_seqlens, flags):
         use_l2, use_gate, lower_bound = flags
         st = _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, (use_l2, use_gate, A_log, dt_bias, lower_bound))
-        ctx.save_for_backward(qkv, q, k, v, g, beta, A_log, dt_bias, *(getattr(st, f) for f in _SAVED))
+        ctx.save_for_backward(qkv, q, k, v, g, beta, A_log, dt_bias, st.rq, st.rk, *(getattr(st, f) for f in _SAVED))
         ctx.scale, ctx.flags = scale, flags
         ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
         ctx.set_materialize_grads(False)  # an unused final state's gradient stays None (no zero-filled [N, HV, K, V])
@@ -574,20 +575,31 @@ class ChunkKDAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
-        qkv, q, k, v, g, beta, A_log, dt_bias, *saved = ctx.saved_tensors
+        qkv, q, k, v, g, beta, A_log, dt_bias, rqf, rkf, *saved = ctx.saved_tensors
         if do is None:  # only the final state reaches the loss
             do = torch.zeros_like(v)
         use_l2, use_gate, lower_bound = ctx.flags
         st = KDAFwdState(o=None, ht=None, U=None, **dict(zip(_SAVED, saved)))
-        (qn, rq), (kn, rk) = (l2norm_fwd(x) if use_l2 else (x, None) for x in (q, k))
+        fused = BWD_FUSED_PREP
+        if use_l2 and fused:  # the kernels normalise the raw rows with the forward's norms; the L2 backward
+            (qn, rq), (kn, rk) = (q, None), (k, None)  # forms them again from q, k
+        else:
+            (qn, rq), (kn, rk) = (l2norm_fwd(x) if use_l2 else (x, None) for x in (q, k))
         # the fp32 log-decay only where the core backward reads it (else its G from the forward is all it needs)
         fp32 = st.qg.dtype == torch.float32
         gn = (gate_fwd(g, A_log, dt_bias, lower_bound) if bwd_reads_g(fp32) else None) if use_gate else g
         dqkv = None if qkv is None else torch.empty_like(qkv)  # the KDA backward writes dv into its v third
         dv_out = None if qkv is None else qkv_dv_view(dqkv, v.shape[2], v.shape[3])
-        gr = chunk_kda_bwd_triton(qn, kn, v, gn, beta, ctx.scale, st, do, dht, dv_out)
+        prep = BwdPrep(*((rqf, rkf) if use_l2 and fused else (None, None)),
+                       gate=(g, A_log, dt_bias, lower_bound) if use_gate and fused else None)
+        gr = chunk_kda_bwd_triton(qn, kn, v, gn, beta, ctx.scale, st, do, dht, dv_out, prep)
         dh0 = gr.dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None
-        dg, dA, ddtb = gate_bwd(g, A_log, dt_bias, lower_bound, gr.dg) if use_gate else (gr.dg.to(g.dtype), None, None)
+        if prep.gate is not None:  # the inter kernel took the gate's backward: dg is d g_raw already
+            dg, dA, ddtb = gr.dg, gr.dA_log, gr.ddt_bias
+        elif use_gate:
+            dg, dA, ddtb = gate_bwd(g, A_log, dt_bias, lower_bound, gr.dg)
+        else:
+            dg, dA, ddtb = gr.dg.to(g.dtype), None, None
         dbeta = gr.dbeta.to(beta.dtype)
         if qkv is not None:  # L2 norm on the thirds of one q|k|v tensor: its gradient in one pass
             dqkv = qkv_l2_grad(qkv, q.shape[2], q.shape[3], (gr.dq, rq), (gr.dk, rk), None, dqkv)

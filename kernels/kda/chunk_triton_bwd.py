@@ -22,13 +22,15 @@ use ``ieee`` dots. See ``README.md`` ("Backward") for the tiling and the measure
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels.colsum import column_sum
 from kernels.kda.chunk_bwd_torch import KDAGrads
-from kernels.kda.prep_triton import token_rows
+from kernels.kda.prep_triton import _gate_args, _gate_grad, qk_rows, token_rows
 from kernels.kda.state_common import _load_state, _mm, _state_program, state_block_v
 
 # value columns per program of the reverse state pass; None: state_block_v's choice among BWD_STATE_BV_CHOICES
@@ -128,6 +130,16 @@ def _tok(ptr, bos, r, n, stride, col0, cols, cmask):
 
 
 @triton.jit
+def _tok_n(ptr, r_ptr, sc, bos, r, n, stride, col0, cols, cmask, C: tl.constexpr, L2: tl.constexpr):
+    """:func:`_tok` of raw q or k rows scaled by the forward's fp32 inverse L2 norms of chunk x value head ``sc``
+    (``r_ptr [NC, HV, C]``, every row written) when ``L2``: the normalised rows, never rounded to 16 bits."""
+    x = _tok(ptr, bos, r, n, stride, col0, cols, cmask)
+    if L2:
+        x = x * tl.load(r_ptr + sc * C + r)[:, None]
+    return x
+
+
+@triton.jit
 def _bwd_dy_kernel(
     T_ptr,
     do_ptr,
@@ -197,9 +209,9 @@ def _chunk_head(pid, cbos_ptr, clen_ptr, H: tl.constexpr, HV: tl.constexpr):
 
 
 @triton.jit
-def _pair_diag(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first, n, base, abase, rI, ck,
-               kmask, i_h, i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
-               S: tl.constexpr, UNROLL: tl.constexpr):
+def _pair_diag(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first, n, sc,
+               base, abase, rI, ck, kmask, i_h, i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+               C: tl.constexpr, S: tl.constexpr, UNROLL: tl.constexpr, L2: tl.constexpr):
     """The diagonal block's part of :func:`_bwd_intra_pair_kernel`'s four gradients, pairwise in fp32 as outer
     products (16 steps, no reductions; ``UNROLL`` of them unrolled, ``BWD_PAIR_UNROLL``), for gates too sharp to
     factor through a reference row."""
@@ -212,6 +224,9 @@ def _pair_diag(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk,
         kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
         qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
         bj = tl.load(b_ptr + t * HV + i_hv + ck * 0, mask=ok, other=0.0).to(tl.float32)  # beta_j in every lane
+        if L2:
+            kj = kj * tl.load(rk_ptr + sc * C + first + j)
+            qj = qj * tl.load(rq_ptr + sc * C + first + j)
         Gj = tl.load(G_ptr + base + (first + j) * K + ck, mask=kmask, other=0.0)
         e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
         e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
@@ -225,9 +240,9 @@ def _pair_diag(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk,
 
 
 @triton.jit
-def _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, base, abase, rI, ck, kmask, i_h,
-                 i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
-                 BK: tl.constexpr, PREC: tl.constexpr):
+def _pair_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, sc, base, abase, rI,
+                 ck, kmask, i_h, i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
+                 S: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, L2: tl.constexpr):
     """The off-diagonal part of :func:`_bwd_intra_pair_kernel`'s four gradients one 16-row sub-block J at a time:
     ``[16, 16] x [16, BK]`` dots for the J before I (through I's first row) and the J after I and inside the
     sequence (through its last row), each J's k, q, G loaded only when used. Returns the sums before the
@@ -240,8 +255,8 @@ def _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos,
     for J in tl.static_range(C // S):
         rJ = J * S + r16
         if J < I:
-            kd = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * tl.exp(G_f[None, :] - _rows16(G_ptr, base, rJ, ck,
-                                                                                                    kmask, K))
+            kd = _tok_n(k_ptr, rk_ptr, sc, bos, rJ, n, QS, i_h * K, ck, kmask, C, L2) * tl.exp(
+                G_f[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K))
             blk = abase + rI[:, None] * C + rJ[None, :]  # dA[i in I, j in J]
             daq = tl.dot(tl.load(dAq_ptr + blk), kd, daq, input_precision=PREC)
             dak = tl.dot(tl.load(dAk_ptr + blk), kd, dak, input_precision=PREC)
@@ -250,25 +265,24 @@ def _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos,
                 e = tl.exp(_rows16(G_ptr, base, rJ, ck, kmask, K) - G_l[None, :])
                 bJ = tl.load(b_ptr + (bos + rJ) * HV + i_hv, mask=rJ < n, other=0.0).to(tl.float32)
                 blk = abase + rJ[:, None] * C + rI[None, :]  # dA[i in J, j in I]
-                qa = _tok(q_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * scale
-                ka = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * bJ[:, None]
+                qa = _tok_n(q_ptr, rq_ptr, sc, bos, rJ, n, QS, i_h * K, ck, kmask, C, L2) * e * scale
+                ka = _tok_n(k_ptr, rk_ptr, sc, bos, rJ, n, QS, i_h * K, ck, kmask, C, L2) * e * bJ[:, None]
                 dkq = tl.dot(tl.trans(tl.load(dAq_ptr + blk)), qa, dkq, input_precision=PREC)
                 dkk = tl.dot(tl.trans(tl.load(dAk_ptr + blk)), ka, dkk, input_precision=PREC)
     return daq, dak, dkq, dkk
 
 
 @triton.jit
-def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok, span_max,
-                    I, i_k, sc, i_hv, i_h, bos, n, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                    BK: tl.constexpr, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr,
-                    UNROLL: tl.constexpr):
+def _pair_row_block(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale,
+                    n_tok, span_max, I, i_k, sc, i_hv, i_h, bos, n, QS: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, BK: tl.constexpr, C: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr,
+                    DPREC: tl.constexpr, UNROLL: tl.constexpr, L2: tl.constexpr):
     """:func:`_bwd_intra_pair_kernel`'s work for row block I of one chunk and block of key channels."""
     r16 = tl.arange(0, S)
     ck = i_k * BK + tl.arange(0, BK)
     kmask = ck < K
     base = sc * (C * K)
     abase = sc * (C * C)
-    QS = H * K
     GS = HV * K
     first = I * S
     last = I * S + S - 1
@@ -277,13 +291,13 @@ def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr
     # rows of I
     rI = first + r16
     GI = _rows16(G_ptr, base, rI, ck, kmask, K)
-    qI = _tok(q_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
-    kI = _tok(k_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
+    qI = _tok_n(q_ptr, rq_ptr, sc, bos, rI, n, QS, i_h * K, ck, kmask, C, L2)
+    kI = _tok_n(k_ptr, rk_ptr, sc, bos, rI, n, QS, i_h * K, ck, kmask, C, L2)
     bI = tl.load(b_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)
     e_f = tl.exp(GI - G_f[None, :])
     e_l = tl.exp(G_l[None, :] - GI)
-    daq, dak, dkq, dkk = _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, base, abase, rI,
-                                      ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, BK, PREC)
+    daq, dak, dkq, dkk = _pair_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n,
+                                      sc, base, abase, rI, ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, BK, PREC, L2)
     daq, dak, dkq, dkk = daq * e_f, dak * e_f, dkq * e_l, dkk * e_l
     # diagonal block: through I's first / last row as fp32 16 x 16 dots when |G_i - G_f| <= span_max inside I
     # (every exponent then within +-span_max, far inside fp32's range), else pairwise
@@ -297,8 +311,9 @@ def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr
         dkq += tl.dot(tl.trans(tl.load(dAq_ptr + d_off)), qI * el * scale, input_precision=DPREC) * e_l
         dkk += tl.dot(tl.trans(tl.load(dAk_ptr + d_off)), kI * el * bI[:, None], input_precision=DPREC) * e_l
     else:
-        daq, dak, dkq, dkk = _pair_diag(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first,
-                                        n, base, abase, rI, ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, UNROLL)
+        daq, dak, dkq, dkk = _pair_diag(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk,
+                                        GI, bos, first, n, sc, base, abase, rI, ck, kmask, i_h, i_hv, scale, QS, HV, K,
+                                        C, S, UNROLL, L2)
     m = (rI < n)[:, None] & kmask[None, :]
     off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
     tl.store(dq_ptr + off, scale * daq, mask=m)
@@ -311,6 +326,8 @@ def _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr
 def _bwd_intra_pair_kernel(
     q_ptr,
     k_ptr,
+    rq_ptr,
+    rk_ptr,
     b_ptr,
     G_ptr,
     dAq_ptr,
@@ -332,7 +349,9 @@ def _bwd_intra_pair_kernel(
     S: tl.constexpr,
     PREC: tl.constexpr,
     DPREC: tl.constexpr,
+    QS: tl.constexpr,
     UNROLL: tl.constexpr = 1,
+    L2: tl.constexpr = False,
 ):
     """Per (block of key channels, row block I of S = 16 rows, chunk x value head): the gradients of ``Aqk = scale
     q_i.k_j e^{G_i - G_j}`` and ``Akk = beta_i k_i.k_j e^{G_i - G_j}`` for the rows of I, given dAqk (lower) and
@@ -347,18 +366,22 @@ def _bwd_intra_pair_kernel(
     sharper gates it is pairwise in fp32 as outer products (:func:`_pair_diag`, 16 steps, no reductions).
     Writes the intra-chunk
     parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
-    (slot ``i_k``)."""
+    (slot ``i_k``). q, k rows are ``QS`` elements apart; with ``L2`` they are the raw rows and the forward's inverse
+    norms ``rq, rk [NC, HV, C]`` normalise them as they are loaded."""
     I = tl.program_id(1)
     sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(2), cbos_ptr, clen_ptr, H, HV)
     if I * S < n:  # (a block of padded rows: nothing to write)
-        _pair_row_block(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr, scale, n_tok,
-                        span_max, I, tl.program_id(0), sc, i_hv, i_h, bos, n, H, HV, K, BK, C, S, PREC, DPREC, UNROLL)
+        _pair_row_block(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, dq_ptr, dk_ptr, dg_ptr, db_ptr,
+                        scale, n_tok, span_max, I, tl.program_id(0), sc, i_hv, i_h, bos, n, QS, HV, K,
+                        BK, C, S, PREC, DPREC, UNROLL, L2)
 
 
 @triton.jit
 def _bwd_inter_kernel(
     q_ptr,
     k_ptr,
+    rq_ptr,
+    rk_ptr,
     g_ptr,
     b_ptr,
     G_ptr,
@@ -377,6 +400,12 @@ def _bwd_inter_kernel(
     dk_out,
     dg_out,
     db_ptr,
+    x_ptr,
+    alog_ptr,
+    dtb_ptr,
+    pa_ptr,
+    pb_ptr,
+    lb,
     scale,
     n_tok,
     H: tl.constexpr,
@@ -388,7 +417,12 @@ def _bwd_inter_kernel(
     C: tl.constexpr,
     FP32: tl.constexpr,
     PREC: tl.constexpr,
+    QS: tl.constexpr,
     EE_DIFF: tl.constexpr = False,
+    L2: tl.constexpr = False,
+    GATE: tl.constexpr = False,
+    LOWER: tl.constexpr = False,
+    HAS_DTB: tl.constexpr = False,
 ):
     """Per (block of key channels, chunk x value head), after ``_bwd_intra_pair_kernel``: the reductions over V as
     whole-chunk dots (``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dX = -dY h^T``, ``[C, BK]``) and ``dGl = e^Gl sum_v
@@ -396,14 +430,17 @@ def _bwd_inter_kernel(
     g_t``) and ``X = beta k e^G`` added to the intra-chunk parts in dq, dk, dG (fp32, read); the in-chunk
     reverse cumulative sum of dG plus dGl on every row gives dg. The totals go to ``dq_out``, ``dk_out``,
     ``dg_out`` (the fp32 inputs themselves, or tensors in the gradients' dtypes). dbeta's part ``sum_k k e^G dX``
-    goes to slot ``i_k`` of ``db_ptr`` (the caller offsets it past the pairwise kernel's slots)."""
+    goes to slot ``i_k`` of ``db_ptr`` (the caller offsets it past the pairwise kernel's slots). q, k rows are ``QS``
+    elements apart; ``L2``: raw rows, normalised by the forward's inverse norms ``rq, rk [NC, HV, C]``. ``GATE``: dg
+    goes on through the gate's backward (``prep_triton._gate_grad`` at ``x = g_raw + dt_bias``), so ``dg_out`` gets
+    d g_raw, ``pa [K / BK, NC x HV]`` this program's sum of dA_log and ``pb [NC x HV, K]`` its column sums of
+    d dt_bias."""
     i_k = tl.program_id(0)
     sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(1), cbos_ptr, clen_ptr, H, HV)
     rows = tl.arange(0, C)
     rmask = rows < n
     ck = i_k * BK + tl.arange(0, BK)
     kmask = ck < K
-    QS = H * K
     GS = HV * K
     dqg = tl.zeros([C, BK], dtype=tl.float32)
     dkg = tl.zeros([C, BK], dtype=tl.float32)
@@ -438,6 +475,10 @@ def _bwd_inter_kernel(
     qk_off = (bos + rows)[:, None] * QS + i_h * K + ck[None, :]
     off = (bos + rows)[:, None] * GS + i_hv * K + ck[None, :]
     kk = tl.load(k_ptr + qk_off, mask=m, other=0.0).to(tl.float32)
+    qq = tl.load(q_ptr + qk_off, mask=m, other=0.0).to(tl.float32)
+    if L2:
+        kk = kk * tl.load(rk_ptr + sc * C + rows)[:, None]
+        qq = qq * tl.load(rq_ptr + sc * C + rows)[:, None]
     Gt = tl.load(G_ptr + sc * (C * K) + rows[:, None] * K + ck[None, :], mask=kmask[None, :], other=0.0)
     eG = tl.exp(Gt)
     gl = tl.load(gl_ptr + sc * K + ck, mask=kmask, other=0.0)
@@ -447,7 +488,7 @@ def _bwd_inter_kernel(
         gg = tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32)
         eE = tl.exp(tl.cumsum(gg, 0, reverse=True) - gg)
     bb = tl.load(b_ptr + (bos + rows) * HV + i_hv, mask=rmask, other=0.0).to(tl.float32)
-    qe = scale * tl.load(q_ptr + qk_off, mask=m, other=0.0).to(tl.float32) * eG  # d qg / d G
+    qe = scale * qq * eG  # d qg / d G
     kE = kk * eE
     X = bb[:, None] * kk * eG
     dq = tl.load(dq_ptr + off, mask=m, other=0.0) + scale * eG * dqg
@@ -456,7 +497,16 @@ def _bwd_inter_kernel(
     dgl = dgl * tl.exp(gl) + tl.sum(kE * dkg, 0)
     tl.store(dq_out + off, dq.to(dq_out.dtype.element_ty), mask=m)
     tl.store(dk_out + off, dk.to(dk_out.dtype.element_ty), mask=m)
-    tl.store(dg_out + off, (tl.cumsum(dG, 0, reverse=True) + dgl[None, :]).to(dg_out.dtype.element_ty), mask=m)
+    dG = tl.cumsum(dG, 0, reverse=True) + dgl[None, :]
+    if GATE:
+        x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+        if HAS_DTB:
+            x += tl.load(dtb_ptr + i_hv * K + ck, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        dG, da = _gate_grad(x, dG, tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32)), lb, LOWER)
+        dG = tl.where(m, dG, 0.0)
+        tl.store(pa_ptr + i_k * tl.num_programs(1) + sc, tl.sum(tl.sum(tl.where(m, da, 0.0), 1), 0))
+        tl.store(pb_ptr + sc * K + ck, tl.sum(dG, 0), mask=kmask)
+    tl.store(dg_out + off, dG.to(dg_out.dtype.element_ty), mask=m)
     tl.store(db_ptr + i_k * n_tok + (bos + rows) * HV + i_hv, tl.sum(kk * eG * dX, 1), mask=rmask)
 
 
@@ -545,8 +595,19 @@ def bwd_reads_g(fp32: bool) -> bool:
     return not (BWD_EE_FROM_G == "always" or (BWD_EE_FROM_G == "16bit" and not fp32))
 
 
-def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, ...]:
+class BwdPrep(NamedTuple):
+    """What the training path hands the core backward so that it also takes the L2 norm's and the gate's parts:
+    ``rq, rk`` the forward's fp32 inverse norms ``[NC, HV, C]`` (q, k are then the raw rows; the kernels normalise
+    them as they load them, so no normalised copy is made) or None; ``gate`` = ``(g_raw, A_log, dt_bias,
+    lower_bound)`` (dg then comes back as d g_raw, with dA_log and d dt_bias) or None."""
+
+    rq: torch.Tensor | None = None
+    rk: torch.Tensor | None = None
+    gate: tuple | None = None
+
+
+def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: torch.Tensor | None = None,
+                     prep: BwdPrep | None = None) -> tuple:
     """Chunk-local backward after the reverse state pass: ``_bwd_dy_kernel``, ``_bwd_intra_pair_kernel``, then
     ``_bwd_inter_kernel``.
 
@@ -558,7 +619,9 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     dg ``[B, T, HV, K]`` in the dtypes of q, k, v, g (written so by the kernels: no cast passes; with grouped heads
     HV > H, dq and dk are summed over a head's value heads in fp32 first), and dbeta ``[B, T, HV]`` in fp32.
     ``dv_out``: where dv goes (``[B, T, HV, V]`` in v's dtype, each token's ``HV x V`` block contiguous and one token
-    stride, e.g. the v third of the q|k|v gradient), else a new tensor.
+    stride, e.g. the v third of the q|k|v gradient), else a new tensor. ``prep`` (:class:`BwdPrep`): the raw q, k
+    with their inverse norms, and the gate's backward inside the inter kernel; then dg is d g_raw (g_raw's dtype)
+    and the last item ``(dA_log, d dt_bias or None)``, else None.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -568,7 +631,10 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     prec = "ieee" if fp32 else "tf32"
     if g is None and bwd_reads_g(fp32):
         raise ValueError("kernels/kda/chunk_triton_bwd.py: g is None but the inter kernel reads it (BWD_EE_FROM_G)")
-    q, k, beta, do = (x.contiguous() for x in (q, k, beta, do))
+    prep = prep or BwdPrep()
+    l2 = prep.rq is not None
+    q, k, qs = qk_rows(q, k)
+    beta, do = beta.contiguous(), do.contiguous()
     g = g.contiguous() if g is not None else None
     v, vs = token_rows(v)
     bk_pair = min(BWD_PAIR_BK, max(16, triton.next_power_of_2(K)))
@@ -608,9 +674,12 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
         num_stages=BWD_LAUNCH["dy"][1],
     )
     S = 16
+    rq, rk = (prep.rq, prep.rk) if l2 else (st.G, st.G)  # (never read without L2)
     _bwd_intra_pair_kernel[(nkt_pair, C // S, NC * HV)](
         q,
         k,
+        rq,
+        rk,
         beta,
         st.G,
         dAq,
@@ -632,7 +701,9 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
         S=S,
         PREC=prec,
         DPREC="ieee" if fp32 else BWD_DIAG_PREC16,
+        QS=qs,
         UNROLL=BWD_PAIR_UNROLL[beta.dtype == torch.float32],
+        L2=l2,
         num_warps=BWD_LAUNCH["pair"][0],
         num_stages=BWD_LAUNCH["pair"][1],
     )
@@ -642,27 +713,56 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     grouped = HV != H
     dq_out = dqv if grouped or q.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_out = dkv if grouped or k.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
-    dg_out = dg if g is None or g.dtype == torch.float32 else torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
+    gate = _inter_gate(prep.gate, nkt_inter, NC * HV, K, st.G)
+    if prep.gate is not None:
+        dg_out = torch.empty(B, T, HV, K, dtype=prep.gate[0].dtype, device=dev)  # d g_raw
+    elif g is not None and g.dtype != torch.float32:
+        dg_out = torch.empty(B, T, HV, K, dtype=g.dtype, device=dev)
+    else:
+        dg_out = dg
     # (without g, EE_DIFF: the kernel never reads its pointer, which G stands in for)
     _bwd_inter_kernel[(nkt_inter, NC * HV)](
-        q, k, g if g is not None else st.G, beta, st.G, st.Gl, do, st.vn, dvn, st.h, dH, st.cbos, st.clen,
-        dqv, dkv, dg, dq_out, dk_out, dg_out, db[nkt_pair:], scale, n_tok,
-        H=H, HV=HV, K=K, V=V, BK=bk_inter, BV=BV, C=C, FP32=fp32, PREC=prec, EE_DIFF=not bwd_reads_g(fp32),
-        num_warps=BWD_LAUNCH["inter"][0], num_stages=BWD_LAUNCH["inter"][1],
+        q, k, rq, rk, g if g is not None else st.G, beta, st.G, st.Gl, do, st.vn, dvn, st.h, dH, st.cbos, st.clen,
+        dqv, dkv, dg, dq_out, dk_out, dg_out, db[nkt_pair:], *gate["args"], scale, n_tok,
+        H=H, HV=HV, K=K, V=V, BK=bk_inter, BV=BV, C=C, FP32=fp32, PREC=prec, QS=qs, EE_DIFF=not bwd_reads_g(fp32),
+        L2=l2, **gate["flags"], num_warps=BWD_LAUNCH["inter"][0], num_stages=BWD_LAUNCH["inter"][1],
     )
     if grouped:
         dq_out, dk_out = (x.view(B, T, H, HV // H, K).sum(3).to(y.dtype) for x, y in ((dqv, q), (dkv, k)))
-    return dq_out, dk_out, dv, dg_out, column_sum(db)
+    return dq_out, dk_out, dv, dg_out, column_sum(db), gate["grads"]()
+
+
+def _inter_gate(gate: tuple | None, nk: int, nch: int, K: int, dummy: torch.Tensor) -> dict:
+    """The inter kernel's gate arguments for ``BwdPrep.gate`` (``args``: g_raw, A_log, dt_bias, the two partial-sum
+    buffers, lower bound; ``flags``: its constants; ``grads()``: ``(dA_log, d dt_bias or None)`` reduced from the
+    partial sums once the kernel is queued, deterministic), or inert ones (``dummy`` for the pointers, never read;
+    ``grads()`` None)."""
+    if gate is None:
+        return {"args": (dummy,) * 5 + (0.0,), "flags": {}, "grads": lambda: None}
+    x, A_log, dt_bias, lower_bound = gate
+    xc, a_log, dtb, lb, _, _, kw = _gate_args(x, A_log, dt_bias, lower_bound)
+    alloc = torch.empty if nch else torch.zeros  # every program writes its entries; no programs: zeros
+    pa = alloc(max(nk, 1), max(nch, 1), dtype=torch.float32, device=x.device)
+    pb = alloc(max(nch, 1), K, dtype=torch.float32, device=x.device)
+    HV = kw["HV"]
+
+    def grads():
+        dA = column_sum(pa.view(-1, HV), A_log.dtype).reshape(A_log.shape)
+        return dA, None if dt_bias is None else column_sum(pb.view(-1, HV * K), dt_bias.dtype).reshape(dt_bias.shape)
+
+    return {"args": (xc, a_log, dtb, pa, pb, lb),
+            "flags": dict(GATE=True, LOWER=kw["LOWER"], HAS_DTB=kw["HAS_DTB"]), "grads": grads}
 
 
 def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None,
-                         dv_out: torch.Tensor | None = None) -> KDAGrads:
+                         dv_out: torch.Tensor | None = None, prep: BwdPrep | None = None) -> KDAGrads:
     """Backward of the core op (q, k normalised ``[B, T, H, K]``, g the log-decay ``[B, T, HV, K]``) from the forward
     intermediates ``st`` (``KDAFwdState`` of ``chunk_kda_fwd_intermediates``). do ``[B, T, HV, V]``; dht
     ``[N, HV, K, V]`` or None; ``dv_out``: where dv goes (see :func:`bwd_intra_triton`). Returns :class:`KDAGrads`:
     dq, dk, dv, dg in the inputs' dtypes, dbeta and dh0 in fp32. Four kernels, no per-chunk copies of the inputs."""
     dvn, dH, dh0 = bwd_state_pass_triton(st, do, dht)
-    return KDAGrads(*bwd_intra_triton(q, k, v, g, beta, scale, st, do, dvn, dH, dv_out), dh0)
+    *grads, gate = bwd_intra_triton(q, k, v, g, beta, scale, st, do, dvn, dH, dv_out, prep)
+    return KDAGrads(*grads, dh0, *(gate or ()))
 
 
 def _dv_rows(dv_out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, dev: torch.device

@@ -51,6 +51,18 @@ def _gate(x, a_log, lb, LOWER: tl.constexpr):
 
 
 @triton.jit
+def _gate_grad(x, dg, a, lb, LOWER: tl.constexpr):
+    """``(d x, d A_log)`` elementwise (fp32) of :func:`_gate` at ``x = g_raw + dt_bias``, ``a = exp(A_log)``, for the
+    upstream gradient ``dg`` of the log-decay."""
+    if LOWER:
+        s = tl.sigmoid(a * x)
+        ds = dg * (lb * s * (1.0 - s))  # dG / d(a x)
+        return ds * a, ds * a * x
+    sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    return dg * (-a) * tl.where(x > 20.0, 1.0, tl.sigmoid(x)), dg * (-a) * sp  # dG / dA_log = G
+
+
+@triton.jit
 def _l2_fwd_kernel(x_ptr, y_ptr, r_ptr, M, XS, HX, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, eps):
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     cols = tl.arange(0, BD)
@@ -64,15 +76,19 @@ def _l2_fwd_kernel(x_ptr, y_ptr, r_ptr, M, XS, HX, D: tl.constexpr, BD: tl.const
 
 
 @triton.jit
-def _l2_bwd_kernel(x_ptr, r_ptr, dy_ptr, dx_ptr, M, XS, HX, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                   DX_AS_X: tl.constexpr):
+def _l2_bwd_kernel(x_ptr, r_ptr, dy_ptr, dx_ptr, M, XS, HX, eps, D: tl.constexpr, BD: tl.constexpr,
+                   BM: tl.constexpr, DX_AS_X: tl.constexpr, R_FROM_X: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     cols = tl.arange(0, BD)
     m = (rows < M)[:, None] & (cols < D)[None, :]
     off = rows[:, None] * D + cols[None, :]
     x_off = ((rows // HX) * XS + (rows % HX) * D)[:, None] + cols[None, :]
-    r = tl.load(r_ptr + rows, mask=rows < M, other=0.0)
-    y = tl.load(x_ptr + x_off, mask=m, other=0.0).to(tl.float32) * r[:, None]
+    x = tl.load(x_ptr + x_off, mask=m, other=0.0).to(tl.float32)
+    if R_FROM_X:  # the inverse norms from the row itself (no saved r; the forward's formula)
+        r = 1.0 / tl.sqrt(tl.sum(x * x, 1) + eps)
+    else:
+        r = tl.load(r_ptr + rows, mask=rows < M, other=0.0)
+    y = x * r[:, None]
     dy = tl.load(dy_ptr + off, mask=m, other=0.0).to(tl.float32)
     dx = r[:, None] * (dy - y * tl.sum(dy * y, 1)[:, None])
     tl.store(dx_ptr + (x_off if DX_AS_X else off), dx.to(dx_ptr.dtype.element_ty), mask=m)
@@ -86,6 +102,15 @@ def token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     if x.stride(-1) == 1 and x.stride(-2) == D and (x.shape[0] == 1 or x.stride(0) == x.shape[1] * x.stride(1)):
         return x, x.stride(1)
     return x.contiguous(), H * D
+
+
+def qk_rows(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """q, k ``[B, T, H, K]`` as the KDA kernels read them, with their common token stride: in place when
+    :func:`token_rows` gives both the same stride (views of the KDA layer's q|k|v tensor), else contiguous."""
+    (qc, qs), (kc, ks) = token_rows(q), token_rows(k)
+    if qs != ks:
+        return q.contiguous(), k.contiguous(), q.shape[2] * q.shape[3]
+    return qc, kc, qs
 
 
 def _rows(D: int) -> tuple[int, int]:
@@ -106,15 +131,16 @@ def _l2_fwd(x: torch.Tensor, shape: tuple[int, ...], xs: int, hx: int) -> tuple[
     return y, r
 
 
-def _l2_bwd(x: torch.Tensor, r: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, xs: int, hx: int, D: int,
+def _l2_bwd(x: torch.Tensor, r: torch.Tensor | None, dy: torch.Tensor, dx: torch.Tensor, xs: int, hx: int, D: int,
             dx_as_x: bool) -> None:
     """``dx = r (dy - y sum(dy y))`` for the rows of ``x`` laid out as in :func:`_l2_fwd` (y recomputed from x and
-    r); dx written at x's offsets (``dx_as_x``, into a tensor shaped like x's storage) or contiguously."""
-    M = r.numel()
+    r; ``r`` None: r too, from x, as the forward forms it); dx written at x's offsets (``dx_as_x``, into a tensor
+    shaped like x's storage) or contiguously. The rows are dy's (``[..., D]``, one per row of x)."""
+    M = dy.numel() // max(D, 1)
     BD, BM = _rows(D)
     if M:
-        _l2_bwd_kernel[(triton.cdiv(M, BM),)](x, r, dy.contiguous(), dx, M, xs, hx, D=D, BD=BD, BM=BM,
-                                              DX_AS_X=dx_as_x, num_warps=4)
+        _l2_bwd_kernel[(triton.cdiv(M, BM),)](x, x if r is None else r, dy.contiguous(), dx, M, xs, hx, EPS, D=D,
+                                              BD=BD, BM=BM, DX_AS_X=dx_as_x, R_FROM_X=r is None, num_warps=4)
 
 
 def l2_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -132,8 +158,9 @@ def l2norm_fwd(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _l2_fwd(xc, x.shape, xs, hx)
 
 
-def l2norm_bwd(x: torch.Tensor, r: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """dx of :func:`l2norm_fwd` for the upstream gradient dy (contiguous, x's shape and dtype)."""
+def l2norm_bwd(x: torch.Tensor, r: torch.Tensor | None, dy: torch.Tensor) -> torch.Tensor:
+    """dx of :func:`l2norm_fwd` for the upstream gradient dy (contiguous, x's shape and dtype); ``r`` None: the
+    inverse norms are formed again from x in the same pass."""
     xc, xs, hx = l2_rows(x)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _l2_bwd(xc, r, dy, dx, xs, hx, x.shape[-1], False)
@@ -184,7 +211,7 @@ def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Ten
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """d(qkv) ``[B, T, 3 H D]`` (``out``, else a new tensor), for q, k, v the thirds of ``qkv`` (:func:`qkv_base`)
     with q and k L2-normalised: each of ``q_part``, ``k_part`` is ``(dy, r)`` (upstream gradient, the fp32 inverse
-    norms of :func:`l2norm_fwd`), its L2 backward written at that third's offsets; ``dv`` copied into the v third
+    norms of :func:`l2norm_fwd` or None to form them from x again), its L2 backward written at that third's offsets; ``dv`` copied into the v third
     (``None``: already there, written by the KDA backward through :func:`qkv_dv_view`). Separate gradients of the
     ``chunk(3)`` views would leave autograd to concatenate them, a pass over the whole tensor (~0.3 ms a KDA layer
     at 98k tokens x 2304 channels on an H100, session 13's trace)."""
@@ -264,16 +291,7 @@ def _gate_bwd_kernel(
     if HAS_DTB:
         x += tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)[None, :]
     dg = tl.load(dg_ptr + off, mask=m, other=0.0).to(tl.float32)
-    a = tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32))
-    if LOWER:
-        s = tl.sigmoid(a * x)
-        ds = dg * (lb * s * (1.0 - s))  # dG / d(a x)
-        dx = ds * a
-        da = ds * a * x
-    else:
-        sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-        dx = dg * (-a) * tl.where(x > 20.0, 1.0, tl.sigmoid(x))
-        da = dg * (-a) * sp  # dG / dA_log = G
+    dx, da = _gate_grad(x, dg, tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32)), lb, LOWER)
     dx = tl.where(m, dx, 0.0)
     da = tl.where(m, da, 0.0)
     tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=m)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Session 36's GPU calls (results: docs/results/gpu-2026-12-07-s36/):
+#   bash scripts/gpu_session36.sh prep    the KDA training backward with the L2 norm's and the gate's parts inside the
+#       core kernels (kernels/kda/chunk_triton.py BWD_FUSED_PREP, default True): the KDA GPU tests; ab_kda.py against
+#       BWD_FUSED_PREP=False with fla-core in the same run at the issue's five shapes and the small hybrid's 8x4096x6;
+#       the small hybrid's profiled training step (issue 5's MFU) with it and without it (a copy of the tree with the
+#       constant flipped), interleaved twice.
+set -u
+source "$(dirname "$0")/gpu_parts.sh"
+
+backbone_run() {  # name dir: bench_backbone --profile of the small hybrid from the code in dir, JSON in $OUT/name
+  local name=$1 dir=$2
+  mkdir -p "$OUT/$name"
+  (cd "$dir" && OUT=$OUT/$name PYTHONPATH=$dir:/tmp/site PART_TAIL=6 part "bench_backbone --profile, $name" 120 \
+    python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid \
+    --profile --profile-top 60)
+  python3 - "$OUT/$name/bench_backbone.json" <<'PY' | tee -a "$LOG"
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r["train"]["hybrid"][0]
+p = r["profile"]["hybrid"]
+print(f"step {1e3 * t['step_s']:.2f} ms (MFU {t['mfu']:.1%}), device-bound {1e3 * t['step_s_device_bound']:.2f} ms "
+      f"(MFU {t['mfu_device_bound']:.1%}); kernels {p['gpu_ms']:.2f} ms; peak {t['peak_mem_gib']:.2f} GiB")
+print({k: round(v, 3) for k, v in p["categories_ms"].items()})
+print({k["name"][:24]: (round(k["ms"], 3), k["calls"]) for k in p["top_kernels"] if k["category"] == "kda"})
+PY
+}
+
+gpu_header
+case "${1:?usage: gpu_session36.sh prep}" in
+prep)
+  install_fla
+  kda_tests 240 tests/kernels/test_kda_bwd_fused_prep.py tests/kernels/test_kda_prep.py
+  PART_TAIL=14 part "ab_kda: BWD_FUSED_PREP=False against the default" 330 python3 kernels/benchmarks/ab_kda.py \
+    --set BWD_FUSED_PREP=False --rounds 2 --shapes 1x8192x32 4x4096x32 8x2048x16 2x16384x16 1x32768x16 8x4096x6
+  flipped_tree kernels/kda/chunk_triton.py 's/^BWD_FUSED_PREP = True/BWD_FUSED_PREP = False/'
+  for round in a b; do
+    backbone_run fused_$round "$PWD"
+    backbone_run unfused_$round /tmp/flip
+  done
+  ;;
+*)
+  echo "unknown mode $1" >&2
+  exit 2
+  ;;
+esac
