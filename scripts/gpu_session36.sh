@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Session 36's GPU calls (results: docs/results/gpu-2026-12-07-s36/):
-#   bash scripts/gpu_session36.sh prep    the KDA training backward with the L2 norm's and the gate's parts inside the
-#       core kernels (kernels/kda/chunk_triton.py BWD_FUSED_PREP, default True): the KDA GPU tests; ab_kda.py against
-#       BWD_FUSED_PREP=False with fla-core in the same run at the issue's five shapes and the small hybrid's 8x4096x6;
-#       the small hybrid's profiled training step (issue 5's MFU) with it and without it (a copy of the tree with the
-#       constant flipped), interleaved twice.
+#   bash scripts/gpu_session36.sh prep    call1 (3e77561, where one constant BWD_FUSED_PREP held both of today's
+#       BWD_FUSED_L2 and BWD_FUSED_GATE): the KDA training backward with the L2 norm's and the gate's parts inside the
+#       core kernels: the KDA GPU tests; ab_kda.py against both off, with fla-core in the same run, at the issue's five
+#       shapes and the small hybrid's 8x4096x6; the small hybrid's profiled training step (issue 5's MFU) with them and
+#       without them (a copy of the tree with the constants flipped), interleaved twice.
+#   bash scripts/gpu_session36.sh split   call2: the same with the dY kernel scaling dA by the norms (the pair kernel's
+#       sums then need none): the KDA GPU tests; ab_kda.py of BWD_FUSED_L2 off, BWD_FUSED_GATE off and both off against
+#       the default at 1x8192x32, 2x16384x16 and the hybrid's 8x4096x6 (no fla); the small hybrid's profiled step with
+#       each of the four settings.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -27,16 +31,38 @@ PY
 }
 
 gpu_header
-case "${1:?usage: gpu_session36.sh prep}" in
+flip_to() {  # l2 gate: a copy of the tree at /tmp/flip with BWD_FUSED_L2 and BWD_FUSED_GATE set so
+  flipped_tree kernels/kda/chunk_triton.py "s/^BWD_FUSED_L2 = True/BWD_FUSED_L2 = $1/" \
+    kernels/kda/chunk_triton.py "s/^BWD_FUSED_GATE = True/BWD_FUSED_GATE = $2/"
+}
+
+case "${1:?usage: gpu_session36.sh prep|split}" in
 prep)
   install_fla
   kda_tests 240 tests/kernels/test_kda_bwd_fused_prep.py tests/kernels/test_kda_prep.py
-  PART_TAIL=14 part "ab_kda: BWD_FUSED_PREP=False against the default" 330 python3 kernels/benchmarks/ab_kda.py \
-    --set BWD_FUSED_PREP=False --rounds 2 --shapes 1x8192x32 4x4096x32 8x2048x16 2x16384x16 1x32768x16 8x4096x6
-  flipped_tree kernels/kda/chunk_triton.py 's/^BWD_FUSED_PREP = True/BWD_FUSED_PREP = False/'
+  PART_TAIL=14 part "ab_kda: the fused L2 and gate off against the default" 330 python3 kernels/benchmarks/ab_kda.py \
+    --set BWD_FUSED_L2=False BWD_FUSED_GATE=False --rounds 2 --shapes 1x8192x32 4x4096x32 8x2048x16 2x16384x16 \
+    1x32768x16 8x4096x6
+  flip_to False False
   for round in a b; do
     backbone_run fused_$round "$PWD"
     backbone_run unfused_$round /tmp/flip
+  done
+  ;;
+split)
+  kda_tests 240 tests/kernels/test_kda_bwd_fused_prep.py tests/kernels/test_kda_prep.py
+  for setting in BWD_FUSED_L2=False BWD_FUSED_GATE=False "BWD_FUSED_L2=False BWD_FUSED_GATE=False"; do
+    name=${setting// /_}
+    mkdir -p "$OUT/ab_$name"
+    # shellcheck disable=SC2086 # the setting's words are separate --set values
+    OUT=$OUT/ab_$name PART_TAIL=8 part "ab_kda: $setting against the default" 120 python3 kernels/benchmarks/ab_kda.py \
+      --set $setting --rounds 2 --no-fla --shapes 1x8192x32 2x16384x16 8x4096x6
+  done
+  backbone_run both "$PWD"
+  for pair in "False True" "True False" "False False"; do
+    # shellcheck disable=SC2086 # two words: l2 gate
+    flip_to $pair
+    backbone_run "l2_${pair% *}_gate_${pair#* }" /tmp/flip
   done
   ;;
 *)

@@ -183,9 +183,10 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
     """Registers and spills of a backward kernel of ``chunk_triton_bwd`` (``state``, ``dy``, ``pair`` or ``inter``)
     for a bf16 run at K = V = 128 (g fp32 from the PyTorch gate; dH and dVnew / dY bf16 with ``BWD_DH_16BIT`` and
     ``BWD_DVN_16BIT``, else fp32; fp32 dA and gradients); warps, stages and ``tiles`` (BV, BK) default to the
-    launch's (``chunk_triton_bwd.BWD_LAUNCH`` and tile constants). ``fused``: the training path's pair and inter
-    kernels with ``chunk_triton.BWD_FUSED_PREP`` (raw q, k rows of the q|k|v tensor with the forward's inverse norms;
-    the inter kernel with the softplus gate's backward and dt_bias, writing a bf16 d g_raw); else normalised q, k.
+    launch's (``chunk_triton_bwd.BWD_LAUNCH`` and tile constants). ``fused``: the training path's dY, pair and inter
+    kernels with ``chunk_triton.BWD_FUSED_L2`` and ``BWD_FUSED_GATE`` (raw q, k rows of the q|k|v tensor with the
+    forward's inverse norms; the inter kernel with the softplus gate's backward and dt_bias, writing a bf16 d g_raw);
+    else normalised q, k.
 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('inter'))"
     """
@@ -199,8 +200,8 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         fn, consts = cb._bwd_state_kernel, dict(HV=32, K=128, V=128, BK=128, BV=cb.BWD_STATE_BV or 32, C=64)
         consts |= dict(HAS_DHT=True, FP32=False)
     elif name == "dy":
-        args = [f32, bf, bf, bf, bf, dvn, f32, f32, f32, f32] + tab + ["i32", "i32"]
-        fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32")
+        args = [f32, bf, bf, bf, bf, dvn, f32, f32, f32, f32] + tab + [f32, f32, "i32", "i32"]
+        fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32", L2=fused)
     elif name == "pair":
         args = [bf, bf, f32, f32, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]
         fn, consts = cb._bwd_intra_pair_kernel, dict(H=32, HV=32, K=128, BK=cb.BWD_PAIR_BK, C=64, S=16, PREC="tf32")

@@ -545,12 +545,15 @@ def chunk_kda_fwd_intermediates(
 
 # KDAFwdState fields the backward reads (o, ht and U are not kept; rq, rk are saved beside them)
 _SAVED = ("G", "Gl", "Aqk", "T", "W", "qg", "kg", "h", "vn", "cbos", "clen", "s0", "snc")
-# True: the training backward hands the core backward the raw q, k with the forward's inverse norms (its pair and
-# inter kernels normalise the rows as they load them; the L2 backward forms the norms again from q, k in its own
-# pass) and the gate's inputs (the inter kernel takes the gate's backward on its dg tile and writes d g_raw, with
-# per-program partial sums of dA_log and d dt_bias), instead of recomputing normalised q, k (two L2 kernels)
-# and running the gate's backward as a kernel of its own. False: the session-35 path (session 36)
-BWD_FUSED_PREP = True
+# The training backward's L2 norm and gate inside the core backward's kernels (session 36; False: session 35's path).
+# BWD_FUSED_L2: the core backward reads the raw q, k rows (in place) with the forward's inverse norms instead of
+# normalised copies made by two L2 kernels: the dY kernel scales dAqk, dAkk by the norms, so the pair kernel's sums
+# need none and divide dq, dk by them once; the inter kernel scales its q, k tiles; the L2 backward forms the norms
+# again from q, k in its own pass.
+# BWD_FUSED_GATE: the inter kernel takes the gate's backward on its dg tile and writes d g_raw, with per-program
+# partial sums of dA_log and d dt_bias (reduced by column_sum), instead of a gate-backward kernel of its own.
+BWD_FUSED_L2 = True
+BWD_FUSED_GATE = True
 
 
 class ChunkKDAFunction(torch.autograd.Function):
@@ -580,9 +583,8 @@ class ChunkKDAFunction(torch.autograd.Function):
             do = torch.zeros_like(v)
         use_l2, use_gate, lower_bound = ctx.flags
         st = KDAFwdState(o=None, ht=None, U=None, **dict(zip(_SAVED, saved)))
-        fused = BWD_FUSED_PREP
-        if use_l2 and fused:  # the kernels normalise the raw rows with the forward's norms; the L2 backward
-            (qn, rq), (kn, rk) = (q, None), (k, None)  # forms them again from q, k
+        if use_l2 and BWD_FUSED_L2:  # raw rows and the forward's norms; the L2 backward forms them again from q, k
+            (qn, rq), (kn, rk) = (q, None), (k, None)
         else:
             (qn, rq), (kn, rk) = (l2norm_fwd(x) if use_l2 else (x, None) for x in (q, k))
         # the fp32 log-decay only where the core backward reads it (else its G from the forward is all it needs)
@@ -590,8 +592,8 @@ class ChunkKDAFunction(torch.autograd.Function):
         gn = (gate_fwd(g, A_log, dt_bias, lower_bound) if bwd_reads_g(fp32) else None) if use_gate else g
         dqkv = None if qkv is None else torch.empty_like(qkv)  # the KDA backward writes dv into its v third
         dv_out = None if qkv is None else qkv_dv_view(dqkv, v.shape[2], v.shape[3])
-        prep = BwdPrep(*((rqf, rkf) if use_l2 and fused else (None, None)),
-                       gate=(g, A_log, dt_bias, lower_bound) if use_gate and fused else None)
+        prep = BwdPrep(*((rqf, rkf) if use_l2 and BWD_FUSED_L2 else (None, None)),
+                       gate=(g, A_log, dt_bias, lower_bound) if use_gate and BWD_FUSED_GATE else None)
         gr = chunk_kda_bwd_triton(qn, kn, v, gn, beta, ctx.scale, st, do, dht, dv_out, prep)
         dh0 = gr.dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None
         if prep.gate is not None:  # the inter kernel took the gate's backward: dg is d g_raw already

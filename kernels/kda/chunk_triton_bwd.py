@@ -130,16 +130,6 @@ def _tok(ptr, bos, r, n, stride, col0, cols, cmask):
 
 
 @triton.jit
-def _tok_n(ptr, r_ptr, sc, bos, r, n, stride, col0, cols, cmask, C: tl.constexpr, L2: tl.constexpr):
-    """:func:`_tok` of raw q or k rows scaled by the forward's fp32 inverse L2 norms of chunk x value head ``sc``
-    (``r_ptr [NC, HV, C]``, every row written) when ``L2``: the normalised rows, never rounded to 16 bits."""
-    x = _tok(ptr, bos, r, n, stride, col0, cols, cmask)
-    if L2:
-        x = x * tl.load(r_ptr + sc * C + r)[:, None]
-    return x
-
-
-@triton.jit
 def _bwd_dy_kernel(
     T_ptr,
     do_ptr,
@@ -153,6 +143,8 @@ def _bwd_dy_kernel(
     dAk_ptr,
     cbos_ptr,
     clen_ptr,
+    rq_ptr,
+    rk_ptr,
     VS,
     DVS,
     HV: tl.constexpr,
@@ -161,10 +153,13 @@ def _bwd_dy_kernel(
     C: tl.constexpr,
     FP32: tl.constexpr,
     PREC: tl.constexpr,
+    L2: tl.constexpr = False,
 ):
     """Per (chunk, value head), looping over blocks of V: ``dY = T^T dVnew`` (overwrites dVnew in ``dy_ptr``),
     ``dv = beta dY`` and dbeta's V part ``sum_v v dY`` (token layout; v and dv at token strides ``VS``, ``DVS``),
-    ``dAqk = lower(dO Vnew^T)`` and ``dAkk = strict_lower(-dY Vnew^T)`` (``[C, C]`` fp32)."""
+    ``dAqk = lower(dO Vnew^T)`` and ``dAkk = strict_lower(-dY Vnew^T)`` (``[C, C]`` fp32; with ``L2`` scaled by the
+    forward's inverse norms ``rq, rk [NC, HV, C]`` as ``dAqk[i, j] rq_i rk_j``, ``dAkk[i, j] rk_i rk_j``, for the pair
+    kernel's raw q, k rows)."""
     sc = tl.program_id(0).to(tl.int64)
     c = tl.program_id(0) // HV
     i_hv = tl.program_id(0) % HV
@@ -194,6 +189,10 @@ def _bwd_dy_kernel(
         daq += _mm(do, tl.trans(vn), FP32)
         dak -= _fdot(dy, tl.trans(vn), PREC)
     tl.store(db_ptr + (bos + rows) * HV + i_hv, dbv, mask=rmask)
+    if L2:
+        rk = tl.load(rk_ptr + sc * C + rows)
+        daq *= tl.load(rq_ptr + sc * C + rows)[:, None] * rk[None, :]
+        dak *= rk[:, None] * rk[None, :]
     aoff = sc * (C * C) + rows[:, None] * C + rows[None, :]
     tl.store(dAq_ptr + aoff, tl.where(rows[:, None] >= rows[None, :], daq, 0.0))
     tl.store(dAk_ptr + aoff, tl.where(rows[:, None] > rows[None, :], dak, 0.0))
@@ -209,9 +208,9 @@ def _chunk_head(pid, cbos_ptr, clen_ptr, H: tl.constexpr, HV: tl.constexpr):
 
 
 @triton.jit
-def _pair_diag(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first, n, sc,
-               base, abase, rI, ck, kmask, i_h, i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-               C: tl.constexpr, S: tl.constexpr, UNROLL: tl.constexpr, L2: tl.constexpr):
+def _pair_diag(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first, n, base, abase, rI, ck,
+               kmask, i_h, i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
+               S: tl.constexpr, UNROLL: tl.constexpr):
     """The diagonal block's part of :func:`_bwd_intra_pair_kernel`'s four gradients, pairwise in fp32 as outer
     products (16 steps, no reductions; ``UNROLL`` of them unrolled, ``BWD_PAIR_UNROLL``), for gates too sharp to
     factor through a reference row."""
@@ -224,9 +223,6 @@ def _pair_diag(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq
         kj = tl.load(k_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
         qj = tl.load(q_ptr + t * QS + i_h * K + ck, mask=ok, other=0.0).to(tl.float32)
         bj = tl.load(b_ptr + t * HV + i_hv + ck * 0, mask=ok, other=0.0).to(tl.float32)  # beta_j in every lane
-        if L2:
-            kj = kj * tl.load(rk_ptr + sc * C + first + j)
-            qj = qj * tl.load(rq_ptr + sc * C + first + j)
         Gj = tl.load(G_ptr + base + (first + j) * K + ck, mask=kmask, other=0.0)
         e_lo = tl.exp(tl.where(r16[:, None] >= j, GI - Gj[None, :], 0.0))
         e_up = tl.exp(tl.where(r16[:, None] <= j, Gj[None, :] - GI, 0.0))
@@ -240,9 +236,9 @@ def _pair_diag(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq
 
 
 @triton.jit
-def _pair_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, sc, base, abase, rI,
-                 ck, kmask, i_h, i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
-                 S: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, L2: tl.constexpr):
+def _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, base, abase, rI, ck, kmask, i_h,
+                 i_hv, scale, QS: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
+                 BK: tl.constexpr, PREC: tl.constexpr):
     """The off-diagonal part of :func:`_bwd_intra_pair_kernel`'s four gradients one 16-row sub-block J at a time:
     ``[16, 16] x [16, BK]`` dots for the J before I (through I's first row) and the J after I and inside the
     sequence (through its last row), each J's k, q, G loaded only when used. Returns the sums before the
@@ -255,8 +251,8 @@ def _pair_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G
     for J in tl.static_range(C // S):
         rJ = J * S + r16
         if J < I:
-            kd = _tok_n(k_ptr, rk_ptr, sc, bos, rJ, n, QS, i_h * K, ck, kmask, C, L2) * tl.exp(
-                G_f[None, :] - _rows16(G_ptr, base, rJ, ck, kmask, K))
+            kd = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * tl.exp(G_f[None, :] - _rows16(G_ptr, base, rJ, ck,
+                                                                                                    kmask, K))
             blk = abase + rI[:, None] * C + rJ[None, :]  # dA[i in I, j in J]
             daq = tl.dot(tl.load(dAq_ptr + blk), kd, daq, input_precision=PREC)
             dak = tl.dot(tl.load(dAk_ptr + blk), kd, dak, input_precision=PREC)
@@ -265,8 +261,8 @@ def _pair_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G
                 e = tl.exp(_rows16(G_ptr, base, rJ, ck, kmask, K) - G_l[None, :])
                 bJ = tl.load(b_ptr + (bos + rJ) * HV + i_hv, mask=rJ < n, other=0.0).to(tl.float32)
                 blk = abase + rJ[:, None] * C + rI[None, :]  # dA[i in J, j in I]
-                qa = _tok_n(q_ptr, rq_ptr, sc, bos, rJ, n, QS, i_h * K, ck, kmask, C, L2) * e * scale
-                ka = _tok_n(k_ptr, rk_ptr, sc, bos, rJ, n, QS, i_h * K, ck, kmask, C, L2) * e * bJ[:, None]
+                qa = _tok(q_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * scale
+                ka = _tok(k_ptr, bos, rJ, n, QS, i_h * K, ck, kmask) * e * bJ[:, None]
                 dkq = tl.dot(tl.trans(tl.load(dAq_ptr + blk)), qa, dkq, input_precision=PREC)
                 dkk = tl.dot(tl.trans(tl.load(dAk_ptr + blk)), ka, dkk, input_precision=PREC)
     return daq, dak, dkq, dkk
@@ -291,13 +287,13 @@ def _pair_row_block(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr
     # rows of I
     rI = first + r16
     GI = _rows16(G_ptr, base, rI, ck, kmask, K)
-    qI = _tok_n(q_ptr, rq_ptr, sc, bos, rI, n, QS, i_h * K, ck, kmask, C, L2)
-    kI = _tok_n(k_ptr, rk_ptr, sc, bos, rI, n, QS, i_h * K, ck, kmask, C, L2)
+    qI = _tok(q_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
+    kI = _tok(k_ptr, bos, rI, n, QS, i_h * K, ck, kmask)
     bI = tl.load(b_ptr + (bos + rI) * HV + i_hv, mask=rI < n, other=0.0).to(tl.float32)
     e_f = tl.exp(GI - G_f[None, :])
     e_l = tl.exp(G_l[None, :] - GI)
-    daq, dak, dkq, dkk = _pair_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n,
-                                      sc, base, abase, rI, ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, BK, PREC, L2)
+    daq, dak, dkq, dkk = _pair_blocks(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, G_f, G_l, I, bos, n, base, abase, rI,
+                                      ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, BK, PREC)
     daq, dak, dkq, dkk = daq * e_f, dak * e_f, dkq * e_l, dkk * e_l
     # diagonal block: through I's first / last row as fp32 16 x 16 dots when |G_i - G_f| <= span_max inside I
     # (every exponent then within +-span_max, far inside fp32's range), else pairwise
@@ -311,13 +307,17 @@ def _pair_row_block(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr
         dkq += tl.dot(tl.trans(tl.load(dAq_ptr + d_off)), qI * el * scale, input_precision=DPREC) * e_l
         dkk += tl.dot(tl.trans(tl.load(dAk_ptr + d_off)), kI * el * bI[:, None], input_precision=DPREC) * e_l
     else:
-        daq, dak, dkq, dkk = _pair_diag(q_ptr, k_ptr, rq_ptr, rk_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk,
-                                        GI, bos, first, n, sc, base, abase, rI, ck, kmask, i_h, i_hv, scale, QS, HV, K,
-                                        C, S, UNROLL, L2)
+        daq, dak, dkq, dkk = _pair_diag(q_ptr, k_ptr, b_ptr, G_ptr, dAq_ptr, dAk_ptr, daq, dak, dkq, dkk, GI, bos, first,
+                                        n, base, abase, rI, ck, kmask, i_h, i_hv, scale, QS, HV, K, C, S, UNROLL)
     m = (rI < n)[:, None] & kmask[None, :]
     off = (bos + rI)[:, None] * GS + i_hv * K + ck[None, :]
-    tl.store(dq_ptr + off, scale * daq, mask=m)
-    tl.store(dk_ptr + off, dkq + dkk + bI[:, None] * dak, mask=m)
+    dq = scale * daq
+    dk = dkq + dkk + bI[:, None] * dak
+    if L2:  # raw rows and dA scaled by the norms (the dY kernel): the sums are row i's norm times the gradients
+        dq = dq / tl.load(rq_ptr + sc * C + rI)[:, None]  # of the normalised rows; dG and dbeta need no change
+        dk = dk / tl.load(rk_ptr + sc * C + rI)[:, None]
+    tl.store(dq_ptr + off, dq, mask=m)
+    tl.store(dk_ptr + off, dk, mask=m)
     tl.store(dg_ptr + off, scale * qI * daq - kI * dkq + bI[:, None] * kI * dak - kI * dkk, mask=m)
     tl.store(db_ptr + i_k * n_tok + (bos + rI) * HV + i_hv, tl.sum(kI * dak, 1), mask=rI < n)
 
@@ -366,8 +366,10 @@ def _bwd_intra_pair_kernel(
     sharper gates it is pairwise in fp32 as outer products (:func:`_pair_diag`, 16 steps, no reductions).
     Writes the intra-chunk
     parts in token layout: dq, dk, dG (not yet cumulated; ``_bwd_inter_kernel`` adds the rest) and dbeta's K part
-    (slot ``i_k``). q, k rows are ``QS`` elements apart; with ``L2`` they are the raw rows and the forward's inverse
-    norms ``rq, rk [NC, HV, C]`` normalise them as they are loaded."""
+    (slot ``i_k``). q, k rows are ``QS`` elements apart. With ``L2`` they are the raw rows and dAqk, dAkk come scaled
+    by the forward's inverse norms (``dAqk[i, j] rq_i rk_j``, ``dAkk[i, j] rk_i rk_j``, :func:`_bwd_dy_kernel`), so
+    every sum is the normalised rows' one times row i's norm: dG and dbeta's part come out as they are, and dq, dk
+    are divided by ``rq_i``, ``rk_i`` (``[NC, HV, C]``) once, as they are stored."""
     I = tl.program_id(1)
     sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(2), cbos_ptr, clen_ptr, H, HV)
     if I * S < n:  # (a block of padded rows: nothing to write)
@@ -649,6 +651,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     dAq = torch.empty(NC, HV, C, C, **f32)
     dAk = torch.empty_like(dAq)
     dqv, dkv, dg = (torch.empty(B, T, HV, K, **f32) for _ in range(3))  # fp32 partial sums (pair -> inter)
+    rq, rk = (prep.rq, prep.rk) if l2 else (st.G, st.G)  # (never read without L2)
     _bwd_dy_kernel[(NC * HV,)](
         st.T,
         do,
@@ -662,6 +665,8 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
         dAk,
         st.cbos,
         st.clen,
+        rq,
+        rk,
         vs,
         dvs,
         HV=HV,
@@ -670,11 +675,11 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
         C=C,
         FP32=fp32,
         PREC=prec,
+        L2=l2,
         num_warps=BWD_LAUNCH["dy"][0],
         num_stages=BWD_LAUNCH["dy"][1],
     )
     S = 16
-    rq, rk = (prep.rq, prep.rk) if l2 else (st.G, st.G)  # (never read without L2)
     _bwd_intra_pair_kernel[(nkt_pair, C // S, NC * HV)](
         q,
         k,

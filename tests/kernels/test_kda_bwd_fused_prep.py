@@ -1,7 +1,8 @@
 """The KDA training backward with the L2 norm's and the gate's parts inside the core kernels
-(``chunk_triton.BWD_FUSED_PREP``): the pair and inter kernels normalise the raw q, k rows with the forward's inverse
-norms, the inter kernel takes the gate's backward (d g_raw, dA_log and d dt_bias partial sums), and the L2 backward
-forms the norms again from q, k. Against the PyTorch path and the unfused Triton path (interpreter on a CPU)."""
+(``chunk_triton.BWD_FUSED_L2``: the core kernels read the raw q, k rows with the forward's inverse norms, the dY kernel
+scaling dA by them, and the L2 backward forms the norms again from q, k; ``BWD_FUSED_GATE``: the inter kernel takes the
+gate's backward, writing d g_raw with dA_log and d dt_bias partial sums). Against the PyTorch path and the unfused
+Triton path (interpreter on a CPU)."""
 
 from __future__ import annotations
 
@@ -64,14 +65,16 @@ def test_fused_prep_backward_matches_torch_and_the_unfused_path(monkeypatch, B, 
     leaves = _leaves(B, T, H, HV, K, V, torch.float32, qkv, dtb, N=None if cu is None else len(cu) - 1)
     ref = _grads(leaves, H, K, "torch", lower_bound, cu_t)
     got = {}
-    for fused in (True, False):
-        monkeypatch.setattr(chunk_triton, "BWD_FUSED_PREP", fused)
-        got[fused] = _grads(leaves, H, K, "triton", lower_bound, cu_t)
+    for l2, gate in ((True, True), (True, False), (False, True), (False, False)):
+        monkeypatch.setattr(chunk_triton, "BWD_FUSED_L2", l2)
+        monkeypatch.setattr(chunk_triton, "BWD_FUSED_GATE", gate)
+        got[l2, gate] = _grads(leaves, H, K, "triton", lower_bound, cu_t)
     names = (("dqkv",) if qkv else NAMES[:3]) + NAMES[3:]
-    for name, a, b, c in zip(names, got[True], got[False], ref):
-        tol = 5e-5 if name == "dA_log" else 1e-5
-        assert_rel_rms(a, c, tol, f"{name} fused vs torch")
-        assert_rel_rms(a, b, tol, f"{name} fused vs unfused")
+    for setting, grads in got.items():
+        for name, a, b, c in zip(names, grads, got[False, False], ref):
+            tol = 5e-5 if name == "dA_log" else 1e-5
+            assert_rel_rms(a, c, tol, f"{name} {setting} vs torch")
+            assert_rel_rms(a, b, tol, f"{name} {setting} vs unfused")
 
 
 def test_fused_prep_backward_fp16(monkeypatch):
@@ -86,10 +89,10 @@ def test_fused_prep_backward_fp16(monkeypatch):
         assert_rel_rms(a.float(), b, 2e-2, name)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_fused_prep_backward_skips_the_l2_recompute_and_the_gate_kernel(monkeypatch, fused):
-    """With ``BWD_FUSED_PREP`` the backward neither recomputes normalised q, k (``l2norm_fwd``) nor runs the gate's
-    backward as its own kernel (``gate_bwd``); without it, it does both (two and one calls)."""
+@pytest.mark.parametrize("l2,gate", [(True, True), (True, False), (False, True), (False, False)])
+def test_fused_prep_backward_skips_the_l2_recompute_and_the_gate_kernel(monkeypatch, l2, gate):
+    """With ``BWD_FUSED_L2`` the backward does not recompute normalised q, k (``l2norm_fwd``, else two calls); with
+    ``BWD_FUSED_GATE`` it runs no gate backward of its own (``gate_bwd``, else one call)."""
     interpret_without_gpu(monkeypatch)
     from kernels.kda import chunk_triton
 
@@ -97,7 +100,8 @@ def test_fused_prep_backward_skips_the_l2_recompute_and_the_gate_kernel(monkeypa
     for name in ("l2norm_fwd", "gate_bwd"):
         real = getattr(chunk_triton, name)
         monkeypatch.setattr(chunk_triton, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
-    monkeypatch.setattr(chunk_triton, "BWD_FUSED_PREP", fused)
+    monkeypatch.setattr(chunk_triton, "BWD_FUSED_L2", l2)
+    monkeypatch.setattr(chunk_triton, "BWD_FUSED_GATE", gate)
     leaves = _leaves(1, 20, 1, 1, 16, 16, torch.float32, True, True)
     _grads(leaves, 1, 16, "triton", None, None)
-    assert sorted(calls) == ([] if fused else ["gate_bwd", "l2norm_fwd", "l2norm_fwd"])
+    assert sorted(calls) == ([] if gate else ["gate_bwd"]) + ([] if l2 else ["l2norm_fwd", "l2norm_fwd"])
