@@ -8,7 +8,11 @@
 #   bash scripts/gpu_session36.sh split   call2: the same with the dY kernel scaling dA by the norms (the pair kernel's
 #       sums then need none): the KDA GPU tests; ab_kda.py of BWD_FUSED_L2 off, BWD_FUSED_GATE off and both off against
 #       the default at 1x8192x32, 2x16384x16 and the hybrid's 8x4096x6 (no fla); the small hybrid's profiled step with
-#       each of the four settings.
+#       each of the four settings. (Call2's ab_kda JSON folders were named with '=' and did not come back; their tables
+#       are in its all.log.)
+#   bash scripts/gpu_session36.sh final   call3: the session's last code on the issues' GPU: the KDA GPU tests; bench_kda.py
+#       ours vs fla-core at the five shapes with CUDA-graph forwards (issue 4's table); the small hybrid's profiled step
+#       twice (issue 5's MFU); the block-AttnRes step overhead three times (issue 6, bench_attnres, 4 rounds each).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -36,7 +40,7 @@ flip_to() {  # l2 gate: a copy of the tree at /tmp/flip with BWD_FUSED_L2 and BW
     kernels/kda/chunk_triton.py "s/^BWD_FUSED_GATE = True/BWD_FUSED_GATE = $2/"
 }
 
-case "${1:?usage: gpu_session36.sh prep|split}" in
+case "${1:?usage: gpu_session36.sh prep|split|final}" in
 prep)
   install_fla
   kda_tests 240 tests/kernels/test_kda_bwd_fused_prep.py tests/kernels/test_kda_prep.py
@@ -52,7 +56,8 @@ prep)
 split)
   kda_tests 240 tests/kernels/test_kda_bwd_fused_prep.py tests/kernels/test_kda_prep.py
   for setting in BWD_FUSED_L2=False BWD_FUSED_GATE=False "BWD_FUSED_L2=False BWD_FUSED_GATE=False"; do
-    name=${setting// /_}
+    name=${setting//=/_}
+    name=${name// /_}
     mkdir -p "$OUT/ab_$name"
     # shellcheck disable=SC2086 # the setting's words are separate --set values
     OUT=$OUT/ab_$name PART_TAIL=8 part "ab_kda: $setting against the default" 120 python3 kernels/benchmarks/ab_kda.py \
@@ -63,6 +68,17 @@ split)
     # shellcheck disable=SC2086 # two words: l2 gate
     flip_to $pair
     backbone_run "l2_${pair% *}_gate_${pair#* }" /tmp/flip
+  done
+  ;;
+final)
+  install_fla
+  kda_tests 240 tests/kernels/test_kda_bwd_fused_prep.py tests/kernels/test_kda_prep.py
+  bench_five 330
+  for round in a b; do
+    backbone_run final_$round "$PWD"
+  done
+  for round in a b c; do
+    attnres_candidate attnres_$round 12 10
   done
   ;;
 *)
