@@ -191,6 +191,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         .venv/bin/python -c "from kernels.benchmarks.ptxas_regs import bwd_ptxas_report as r; print(r('inter'))"
     """
     from kernels.kda import chunk_triton_bwd as cb
+    from kernels.kda.pair_triton_bwd import _bwd_intra_pair_kernel
 
     bf, f32, i32 = "*bf16", "*fp32", "*i32"
     tab = [i32, i32]
@@ -204,7 +205,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         fn, consts = cb._bwd_dy_kernel, dict(HV=32, V=128, BV=cb.BWD_DY_BV, C=64, FP32=False, PREC="tf32", L2=fused)
     elif name == "pair":
         args = [bf, bf, f32, f32, bf, f32, f32, f32] + tab + [f32] * 4 + ["fp32", "i32", "fp32"]
-        fn, consts = cb._bwd_intra_pair_kernel, dict(H=32, HV=32, K=128, BK=cb.BWD_PAIR_BK, C=64, S=16, PREC="tf32")
+        fn, consts = _bwd_intra_pair_kernel, dict(H=32, HV=32, K=128, BK=cb.BWD_PAIR_BK, C=64, S=16, PREC="tf32")
         consts |= dict(DPREC=cb.BWD_DIAG_PREC16, QS=(3 if fused else 1) * 32 * 128, UNROLL=cb.BWD_PAIR_UNROLL[0],
                        L2=fused)
     else:

@@ -31,9 +31,10 @@ fp32. All varlen bookkeeping is a host-side table of chunks (token start, length
 can exceed 2^31 are int64.
 
 Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the forward runs the same kernels, L2 norm
-and gate inside the prep kernel, and keeps the per-chunk intermediates and the raw q, k, g; the backward recomputes
-the normalised q, k and the log-decay (``prep_triton.py``), runs ``chunk_triton_bwd.chunk_kda_bwd_triton`` (Triton
-reverse state pass; see that file for what else is Triton) and chains the L2 norm's and the gate's backward.
+and gate inside the prep kernel, and keeps the per-chunk intermediates, the inverse norms of q, k and the raw q, k,
+g; the backward runs ``chunk_triton_bwd.chunk_kda_bwd_triton`` on the raw q, k with those norms and takes the gate's
+backward inside its inter kernel (``BWD_FUSED_L2``, ``BWD_FUSED_GATE``; else it recomputes normalised q, k and runs
+the gate's backward with ``prep_triton.py``'s kernels), then the L2 norm's backward.
 """
 
 from __future__ import annotations
@@ -560,11 +561,13 @@ class ChunkKDAFunction(torch.autograd.Function):
     """The op with its L2 norm and gate inside the forward's prep kernel (the forward-only path's kernels), keeping
     the per-chunk intermediates (about 11 [B, T, HV, 128]-sized bf16 tensors' worth at K = V = 128) and the raw
     q, k, g: the forward never writes normalised q, k or the fp32 log-decay (two passes over q|k and one over g
-    fewer than normalising and gating first), and its q, k reach the scores unrounded. The backward recomputes them
-    (:func:`l2norm_fwd`, :func:`gate_fwd`: bf16 q, k as the core backward reads them; the log-decay only where the
-    core backward reads it, :func:`bwd_reads_g`: not for 16-bit inputs since session 33), runs the core backward
-    ``chunk_kda_bwd_triton`` and chains the L2 norm's and the gate's backward. With ``qkv`` (q, k, v the thirds of
-    one ``[B, T, 3 H K]`` tensor, :func:`qkv_base`) d(qkv) is one tensor written in place (q, k, v get None)."""
+    fewer than normalising and gating first), and its q, k reach the scores unrounded; it also keeps the prep
+    kernel's fp32 inverse norms of q, k (8 B a token and head). The backward runs the core backward
+    ``chunk_kda_bwd_triton`` on the raw q, k with those norms (``BWD_FUSED_L2``; else on bf16 normalised copies from
+    :func:`l2norm_fwd`) and with the gate's backward inside it (``BWD_FUSED_GATE``; else :func:`gate_bwd` after it),
+    recomputing the log-decay only where the core backward reads it (:func:`bwd_reads_g`: not for 16-bit inputs
+    since session 33), then the L2 norm's backward. With ``qkv`` (q, k, v the thirds of one ``[B, T, 3 H K]``
+    tensor, :func:`qkv_base`) d(qkv) is one tensor written in place (q, k, v get None)."""
 
     @staticmethod
     def forward(ctx, qkv, q, k, v, g, beta, initial_state, A_log, dt_bias, scale, cu_seqlens, flags):

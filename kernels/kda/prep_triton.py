@@ -16,8 +16,10 @@ and one backward:
   (``[NB, HV]``, ``[NB, HV, K]`` fp32) reduced afterwards by ``torch.sum`` (deterministic, no atomics).
 
 The KDA op's training path (``chunk_triton.ChunkKDAFunction``) normalises and gates inside its forward's prep
-kernel and uses these kernels only in its backward, without autograd (:func:`l2norm_fwd` / :func:`l2norm_bwd`,
-:func:`qkv_l2_grad`, :func:`gate_fwd` / :func:`gate_bwd`); the autograd functions here are the same maths as
+kernel and uses these kernels only in its backward, without autograd: :func:`qkv_l2_grad` / :func:`l2norm_bwd`
+(with ``r`` None: the inverse norms formed again from x in the same pass), and, with ``BWD_FUSED_L2`` /
+``BWD_FUSED_GATE`` off, :func:`l2norm_fwd`, :func:`gate_fwd` / :func:`gate_bwd` (on, the core backward's inter
+kernel takes the gate's backward through :func:`_gate_grad`); the autograd functions here are the same maths as
 standalone differentiable ops.
 
 Fixed configurations (no autotune), so all four run under ``TRITON_INTERPRET=1`` on a CPU.
