@@ -215,8 +215,7 @@ def bwd_ptxas_report(name: str, num_warps: int | None = None, num_stages: int | 
         args += [bf, bf, bf if fused else f32, f32, bf, f32, f32, f32, f32, "fp32", "fp32", "i32"]
         fn, consts = cb._bwd_inter_kernel, dict(H=32, HV=32, K=128, V=128, BK=cb.BWD_INTER_BK, BV=cb.BWD_INTER_BV)
         consts |= dict(C=64, FP32=False, PREC="tf32", QS=(3 if fused else 1) * 32 * 128,
-                       EE_DIFF=cb.BWD_EE_FROM_G != "never", L2=fused, GATE=fused, LOWER=False, HAS_DTB=fused,
-                       GATE_JOIN=fused and cb.BWD_GATE_JOIN)
+                       EE_DIFF=cb.BWD_EE_FROM_G != "never", L2=fused, GATE=fused, LOWER=False, HAS_DTB=fused)
     consts |= tiles
     sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
     nw, ns = cb.BWD_LAUNCH[name]

@@ -237,7 +237,6 @@ def _bwd_inter_kernel(
     GATE: tl.constexpr = False,
     LOWER: tl.constexpr = False,
     HAS_DTB: tl.constexpr = False,
-    GATE_JOIN: tl.constexpr = False,
 ):
     """Per (block of key channels, chunk x value head), after ``_bwd_intra_pair_kernel``: the reductions over V as
     whole-chunk dots (``dqg = dO h^T``, ``dkg = Vnew dH^T``, ``dX = -dY h^T``, ``[C, BK]``) and ``dGl = e^Gl sum_v
@@ -249,8 +248,7 @@ def _bwd_inter_kernel(
     elements apart; ``L2``: raw rows, normalised by the forward's inverse norms ``rq, rk [NC, HV, C]``. ``GATE``: dg
     goes on through the gate's backward (``prep_triton._gate_grad`` at ``x = g_raw + dt_bias``), so ``dg_out`` gets
     d g_raw, ``pa [K / BK, NC x HV]`` this program's sum of dA_log and ``pb [NC x HV, K]`` its column sums of
-    d dt_bias (``GATE_JOIN``: ``pa [NC x HV, K]`` column sums too, both from one reduction, and the gate's sigmoid
-    from its softplus's exponential, ``BWD_GATE_JOIN``)."""
+    d dt_bias."""
     i_k = tl.program_id(0)
     sc, i_hv, i_h, bos, n = _chunk_head(tl.program_id(1), cbos_ptr, clen_ptr, H, HV)
     rows = tl.arange(0, C)
@@ -318,15 +316,10 @@ def _bwd_inter_kernel(
         x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
         if HAS_DTB:
             x += tl.load(dtb_ptr + i_hv * K + ck, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        dG, da = _gate_grad(x, dG, tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32)), lb, LOWER, GATE_JOIN)
+        dG, da = _gate_grad(x, dG, tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32)), lb, LOWER)
         dG = tl.where(m, dG, 0.0)
-        if GATE_JOIN:  # both partial sums from one reduction over the rows: column sums of d g_raw and dA_log's terms
-            cdx, cda = tl.split(tl.sum(tl.join(dG, tl.where(m, da, 0.0)), 0))
-            tl.store(pa_ptr + sc * K + ck, cda, mask=kmask)
-            tl.store(pb_ptr + sc * K + ck, cdx, mask=kmask)
-        else:
-            tl.store(pa_ptr + i_k * tl.num_programs(1) + sc, tl.sum(tl.sum(tl.where(m, da, 0.0), 1), 0))
-            tl.store(pb_ptr + sc * K + ck, tl.sum(dG, 0), mask=kmask)
+        tl.store(pa_ptr + i_k * tl.num_programs(1) + sc, tl.sum(tl.sum(tl.where(m, da, 0.0), 1), 0))
+        tl.store(pb_ptr + sc * K + ck, tl.sum(dG, 0), mask=kmask)
     tl.store(dg_out + off, dG.to(dg_out.dtype.element_ty), mask=m)
     tl.store(db_ptr + i_k * n_tok + (bos + rows) * HV + i_hv, tl.sum(kk * eG * dX, 1), mask=rmask)
 
@@ -398,9 +391,6 @@ BWD_INTER_BV = 64  # value columns per loop step of the inter-chunk kernel
 # s25 call1, backward at 1x8192x32: 3.368 / 3.372 ms "never", 3.202 "16bit" (sweep setting "inter ee scan")
 BWD_EE_FROM_G = "16bit"
 BWD_DY_BV = 32  # value columns per loop step of the dY kernel
-# True: the inter kernel's gate epilogue (BwdPrep.gate) forms its two partial sums (d dt_bias's and dA_log's, per
-# column) in one reduction over the rows and the softplus gate's sigmoid from the softplus's exponential
-BWD_GATE_JOIN = True
 # (num_warps, num_stages) of each backward launch; ptxas (sm_90a, bf16, K = V = 128, ptxas_regs.py): no spills but
 # the pair kernel's at 64 channels / 2 warps (session 32, Triton 3.9: 255 registers, 316 bytes; faster regardless).
 # The pair kernel: until session 25 2 warps, whole-chunk [C, BK] tiles and the pairwise diagonal path's 16 steps
@@ -569,20 +559,16 @@ def _inter_gate(gate: tuple | None, nk: int, nch: int, K: int, dummy: torch.Tens
     x, A_log, dt_bias, lower_bound = gate
     xc, a_log, dtb, lb, _, _, kw = _gate_args(x, A_log, dt_bias, lower_bound)
     alloc = torch.empty if nch else torch.zeros  # every program writes its entries; no programs: zeros
-    join = BWD_GATE_JOIN
-    pa = alloc(*((max(nch, 1), K) if join else (max(nk, 1), max(nch, 1))), dtype=torch.float32, device=x.device)
+    pa = alloc(max(nk, 1), max(nch, 1), dtype=torch.float32, device=x.device)
     pb = alloc(max(nch, 1), K, dtype=torch.float32, device=x.device)
     HV = kw["HV"]
 
     def grads():
-        if join:  # per (value head, column) first, then over the columns
-            dA = column_sum(pa.view(-1, HV * K)).view(HV, K).sum(1).to(A_log.dtype).reshape(A_log.shape)
-        else:
-            dA = column_sum(pa.view(-1, HV), A_log.dtype).reshape(A_log.shape)
+        dA = column_sum(pa.view(-1, HV), A_log.dtype).reshape(A_log.shape)
         return dA, None if dt_bias is None else column_sum(pb.view(-1, HV * K), dt_bias.dtype).reshape(dt_bias.shape)
 
     return {"args": (xc, a_log, dtb, pa, pb, lb),
-            "flags": dict(GATE=True, LOWER=kw["LOWER"], HAS_DTB=kw["HAS_DTB"], GATE_JOIN=join), "grads": grads}
+            "flags": dict(GATE=True, LOWER=kw["LOWER"], HAS_DTB=kw["HAS_DTB"]), "grads": grads}
 
 
 def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None,

@@ -53,22 +53,15 @@ def _gate(x, a_log, lb, LOWER: tl.constexpr):
 
 
 @triton.jit
-def _gate_grad(x, dg, a, lb, LOWER: tl.constexpr, ONE_EXP: tl.constexpr = False):
+def _gate_grad(x, dg, a, lb, LOWER: tl.constexpr):
     """``(d x, d A_log)`` elementwise (fp32) of :func:`_gate` at ``x = g_raw + dt_bias``, ``a = exp(A_log)``, for the
-    upstream gradient ``dg`` of the log-decay. ``ONE_EXP``: the softplus gate's sigmoid as ``e / (1 + e)`` from the
-    softplus's own ``e = exp(x)`` (three special-function ops an element instead of four)."""
+    upstream gradient ``dg`` of the log-decay."""
     if LOWER:
         s = tl.sigmoid(a * x)
         ds = dg * (lb * s * (1.0 - s))  # dG / d(a x)
-        dx = ds * a
-        da = dx * x
-    else:
-        e = tl.exp(tl.minimum(x, 20.0))
-        sp = tl.where(x > 20.0, x, tl.log(1.0 + e))
-        sig = tl.where(x > 20.0, 1.0, e / (1.0 + e) if ONE_EXP else tl.sigmoid(x))
-        dx = dg * (-a) * sig
-        da = dg * (-a) * sp  # dG / dA_log = G
-    return dx, da
+        return ds * a, ds * a * x
+    sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    return dg * (-a) * tl.where(x > 20.0, 1.0, tl.sigmoid(x)), dg * (-a) * sp  # dG / dA_log = G
 
 
 @triton.jit
