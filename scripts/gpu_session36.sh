@@ -13,6 +13,10 @@
 #   bash scripts/gpu_session36.sh final   call3: the session's last code on the issues' GPU: the KDA GPU tests; bench_kda.py
 #       ours vs fla-core at the five shapes with CUDA-graph forwards (issue 4's table); the small hybrid's profiled step
 #       twice (issue 5's MFU); the block-AttnRes step overhead three times (issue 6, bench_attnres, 4 rounds each).
+#   bash scripts/gpu_session36.sh join    call4 (cb66540, where BWD_GATE_JOIN existed; reverted in 8dfc360): the inter
+#       kernel's gate epilogue with its two partial sums from one reduction and the sigmoid from the softplus's
+#       exponential: the KDA backward GPU tests; ab_kda.py of BWD_GATE_JOIN=False against it (three shapes, no fla);
+#       the hybrid's profiled step with it and without it, interleaved twice.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -40,7 +44,7 @@ flip_to() {  # l2 gate: a copy of the tree at /tmp/flip with BWD_FUSED_L2 and BW
     kernels/kda/chunk_triton.py "s/^BWD_FUSED_GATE = True/BWD_FUSED_GATE = $2/"
 }
 
-case "${1:?usage: gpu_session36.sh prep|split|final}" in
+case "${1:?usage: gpu_session36.sh prep|split|final|join}" in
 prep)
   install_fla
   kda_tests 240 tests/kernels/test_kda_bwd_fused_prep.py tests/kernels/test_kda_prep.py
@@ -79,6 +83,18 @@ final)
   done
   for round in a b c; do
     attnres_candidate attnres_$round 12 10
+  done
+  ;;
+join)
+  PART_TAIL=6 part "KDA backward GPU tests" 150 python3 -m pytest -q -n 14 -p no:cacheprovider -rf \
+    tests/kernels/test_kda_bwd.py tests/kernels/test_kda_bwd_fused_prep.py tests/kernels/test_kda_prep.py
+  mkdir -p "$OUT/ab_join"
+  OUT=$OUT/ab_join PART_TAIL=8 part "ab_kda: BWD_GATE_JOIN=False against the default" 150 python3 \
+    kernels/benchmarks/ab_kda.py --set BWD_GATE_JOIN=False --rounds 3 --no-fla --shapes 1x8192x32 2x16384x16 8x4096x6
+  flipped_tree kernels/kda/chunk_triton_bwd.py 's/^BWD_GATE_JOIN = True/BWD_GATE_JOIN = False/'
+  for round in a b; do
+    backbone_run join_$round "$PWD"
+    backbone_run nojoin_$round /tmp/flip
   done
   ;;
 *)
