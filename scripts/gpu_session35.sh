@@ -84,18 +84,7 @@ embed)
     KVL_EMBEDDING_BACKEND=$backend OUT=$OUT/$backend PART_TAIL=16 part "bench_backbone --profile, embedding $backend" \
       100 python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 \
       --variants hybrid --profile --profile-top 40
-    python3 - "$OUT/$backend/bench_backbone.json" <<'PY' | tee -a "$LOG"
-import json, sys
-r = json.load(open(sys.argv[1]))
-t = r["train"]["hybrid"][0]
-p = r["profile"]["hybrid"]
-print(f"step {1e3 * t['step_s']:.2f} ms (MFU {t['mfu']:.1%}), device-bound {1e3 * t['step_s_device_bound']:.2f} ms "
-      f"(MFU {t['mfu_device_bound']:.1%}); kernels {p['gpu_ms']:.2f} ms")
-print({k: round(v, 3) for k, v in p["categories_ms"].items()})
-for k in p["top_kernels"]:
-    if k["category"] == "embedding":
-        print(f"  {k['ms']:.3f} ms {k['calls']} calls {k['name'][:90]}")
-PY
+    python3 scripts/backbone_summary.py "$OUT/$backend/bench_backbone.json" embedding | tee -a "$LOG"
   done
   ;;
 check)

@@ -26,16 +26,7 @@ backbone_run() {  # name dir: bench_backbone --profile of the small hybrid from 
   (cd "$dir" && OUT=$OUT/$name PYTHONPATH=$dir:/tmp/site PART_TAIL=6 part "bench_backbone --profile, $name" 120 \
     python3 -m kimi_vl.benchmarks.bench_backbone --train-seqs 4096 --decode-contexts --iters 10 --variants hybrid \
     --profile --profile-top 60)
-  python3 - "$OUT/$name/bench_backbone.json" <<'PY' | tee -a "$LOG"
-import json, sys
-r = json.load(open(sys.argv[1]))
-t = r["train"]["hybrid"][0]
-p = r["profile"]["hybrid"]
-print(f"step {1e3 * t['step_s']:.2f} ms (MFU {t['mfu']:.1%}), device-bound {1e3 * t['step_s_device_bound']:.2f} ms "
-      f"(MFU {t['mfu_device_bound']:.1%}); kernels {p['gpu_ms']:.2f} ms; peak {t['peak_mem_gib']:.2f} GiB")
-print({k: round(v, 3) for k, v in p["categories_ms"].items()})
-print({k["name"][:24]: (round(k["ms"], 3), k["calls"]) for k in p["top_kernels"] if k["category"] == "kda"})
-PY
+  python3 scripts/backbone_summary.py "$OUT/$name/bench_backbone.json" kda | tee -a "$LOG"
 }
 
 gpu_header

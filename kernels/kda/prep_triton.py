@@ -8,7 +8,8 @@ chains of PyTorch fp32 elementwise ops (about ten passes over ``[B, T, H, K]``);
 and one backward:
 
 - ``_l2_fwd_kernel`` / ``_l2_bwd_kernel``, rows of ``[M, D]``: y = x r with r = 1 / sqrt(sum x^2 + eps) saved
-  (fp32 ``[M]``); ``dx = r (dy - y sum(dy y))`` with y recomputed in fp32 from x and r. x is read in place with
+  (fp32 ``[M]``); ``dx = r (dy - y sum(dy y))`` with y recomputed in fp32 from x and r (or r formed again from x,
+  ``R_FROM_X``: the KDA training backward, whose saved norms are in the chunk layout). x is read in place with
   a token stride (:func:`token_rows`: q and k are views of the layer's q|k|v tensor), y and dx are contiguous
   (:func:`qkv_l2_grad`: dq, dk written into one q|k|v gradient at the views' offsets).
 - ``_gate_fwd_kernel`` / ``_gate_bwd_kernel``, per (block of BT tokens, value head): the gate, and its backward
@@ -213,8 +214,8 @@ def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Ten
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """d(qkv) ``[B, T, 3 H D]`` (``out``, else a new tensor), for q, k, v the thirds of ``qkv`` (:func:`qkv_base`)
     with q and k L2-normalised: each of ``q_part``, ``k_part`` is ``(dy, r)`` (upstream gradient, the fp32 inverse
-    norms of :func:`l2norm_fwd` or None to form them from x again), its L2 backward written at that third's offsets; ``dv`` copied into the v third
-    (``None``: already there, written by the KDA backward through :func:`qkv_dv_view`). Separate gradients of the
+    norms of :func:`l2norm_fwd` or None to form them from x again), its L2 backward written at that third's offsets;
+    ``dv`` copied into the v third (``None``: already there, written by the KDA backward through :func:`qkv_dv_view`). Separate gradients of the
     ``chunk(3)`` views would leave autograd to concatenate them, a pass over the whole tensor (~0.3 ms a KDA layer
     at 98k tokens x 2304 channels on an H100, session 13's trace)."""
     B, T, _ = qkv.shape
