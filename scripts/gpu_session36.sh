@@ -17,9 +17,6 @@
 #       kernel's gate epilogue with its two partial sums from one reduction and the sigmoid from the softplus's
 #       exponential: the KDA backward GPU tests; ab_kda.py of BWD_GATE_JOIN=False against it (three shapes, no fla);
 #       the hybrid's profiled step with it and without it, interleaved twice.
-#   bash scripts/gpu_session36.sh prelude call5: bench_kda.py's prelude on the H100 with the session's code (the GPU's
-#       copy and matmul ceilings, errors against fp64 of ours and fla-core, the decode step at batch 64, H = 32) and
-#       1x8192x32 once more, ours vs fla.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -38,7 +35,7 @@ flip_to() {  # l2 gate: a copy of the tree at /tmp/flip with BWD_FUSED_L2 and BW
     kernels/kda/chunk_triton.py "s/^BWD_FUSED_GATE = True/BWD_FUSED_GATE = $2/"
 }
 
-case "${1:?usage: gpu_session36.sh prep|split|final|join|prelude}" in
+case "${1:?usage: gpu_session36.sh prep|split|final|join}" in
 prep)
   install_fla
   kda_tests 240 tests/kernels/test_kda_bwd_fused_prep.py tests/kernels/test_kda_prep.py
@@ -90,11 +87,6 @@ join)
     backbone_run join_$round "$PWD"
     backbone_run nojoin_$round /tmp/flip
   done
-  ;;
-prelude)
-  install_fla
-  PART_TAIL=30 part "bench_kda with its prelude, ours vs fla, 1x8192x32" 240 python3 kernels/benchmarks/bench_kda.py \
-    --graph --impls ours,fla --deadline 200 --shapes 1x8192x32 --out "$OUT/bench_kda.json"
   ;;
 *)
   echo "unknown mode $1" >&2
