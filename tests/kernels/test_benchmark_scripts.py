@@ -5,6 +5,7 @@ parser and its constants' save and restore."""
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 import runpy
 from pathlib import Path
@@ -120,3 +121,22 @@ def test_gpu_clocks_summary(tmp_path):
     assert s["busy_samples"] == 2 and s["power.draw"]["median"] == pytest.approx(670.25)
     assert s["clocks.sm"]["min"] == 1755 and s["power.limit"] == 700 and s["clocks.max.sm"] == 1980
     assert s["reason_share"]["sw_power_cap"] == 0.5 and s["reason_share"]["gpu_idle"] == 0.0
+
+
+def test_backbone_summary(tmp_path):
+    """``scripts/backbone_summary.py``: the step and MFU lines, the categories, and only the asked category's kernels
+    of a ``bench_backbone --profile`` JSON."""
+    summary = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "backbone_summary.py"))["summary"]
+    kernels = [{"name": "_bwd_inter_kernel", "ms": 5.833, "calls": 9, "category": "kda"},
+               {"name": "nvjet_x", "ms": 9.4, "calls": 49, "category": "gemm"}]
+    run = {"train": {"hybrid": [{"step_s": 0.08, "mfu": 0.318, "step_s_device_bound": 0.0795,
+                                 "mfu_device_bound": 0.321, "peak_mem_gib": 20.63}]},
+           "profile": {"hybrid": {"gpu_ms": 78.8, "categories_ms": {"gemm": 31.5, "kda": 24.1},
+                                  "top_kernels": kernels}}}
+    path = tmp_path / "bench_backbone.json"
+    path.write_text(json.dumps(run))
+    lines = summary(str(path), "kda").splitlines()
+    assert lines[0] == ("step 80.00 ms (MFU 31.8%), device-bound 79.50 ms (MFU 32.1%); kernels 78.80 ms; "
+                        "peak 20.63 GiB")
+    assert lines[1] == "{'gemm': 31.5, 'kda': 24.1}"
+    assert lines[2:] == ["  5.833 ms 9 calls _bwd_inter_kernel"]
