@@ -9,9 +9,12 @@ rows), every 64th target ``ignore_index``, mean reduction (the model's loss). Fo
 - max abs error of the per-row loss and of the bf16 gradient against an fp32 reference (``F.cross_entropy`` on an
   fp32 leaf copy of the same logits, its fp32 gradient), for ours and for the PyTorch path.
 ``triton_inplace`` is ours with ``inplace_backward=True`` (the gradient overwrites the logits).
-Writes ``$OUT/bench_cross_entropy.json`` (or ``--out``) and prints a table.
+``--linear``: instead, the ``small`` model's LM head and loss (x ``[32768, 768]``, weight ``[32768, 768]`` bf16, mean
+loss): ``kernels.cross_entropy.linear_cross_entropy`` (one node, the logits' gradient written in its forward) against
+``F.linear`` then ``cross_entropy`` (Triton), forward+backward time and peak memory, and the relative RMS difference of
+the loss, dx and dw between the two. Writes ``$OUT/bench_cross_entropy.json`` (or ``--out``) and prints a table.
 
-    python kernels/benchmarks/bench_cross_entropy.py
+    python kernels/benchmarks/bench_cross_entropy.py [--linear]
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels.cross_entropy import cross_entropy  # noqa: E402
+from kernels.cross_entropy import cross_entropy, linear_cross_entropy  # noqa: E402
 
 V = 32768
 ROWS = (8192, 32768)
@@ -102,12 +105,48 @@ def timings(path: str, logits: torch.Tensor, target: torch.Tensor) -> dict:
     return res
 
 
+def linear_head(N: int = 32768, D: int = 768) -> dict:
+    """The LM head + loss as one node against ``F.linear`` + ``cross_entropy``: times, peaks, differences."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(N, D, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(V, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, V, (N,), device="cuda", generator=g)
+    t[::64] = IGN
+    paths = {"fused": lambda: linear_cross_entropy(x, w, t, IGN, backend="triton"),
+             "separate": lambda: cross_entropy(F.linear(x, w), t, IGN, backend="triton")}
+    res: dict = {"N": N, "D": D, "V": V}
+    outs = {}
+    for name, fn in paths.items():
+        step = lambda fn=fn: torch.autograd.grad(fn(), [x, w])  # noqa: E731
+        loss = fn()
+        outs[name] = (loss.detach(), *torch.autograd.grad(loss, [x, w]))
+        res[name] = {"fwd_bwd_ms": round(float(triton.testing.do_bench(step, warmup=5, rep=100,
+                                                                     return_mode="median")), 4),
+                     "peak_fwd_bwd_GB": round(peak_bytes(step) / 1e9, 3)}
+        torch.cuda.empty_cache()
+    for i, name in enumerate(("loss", "dx", "dw")):
+        a, b = (outs[p][i].float() for p in ("fused", "separate"))
+        res[f"{name}_rel_rms_diff"] = float((a - b).norm() / b.norm())
+    res["speedup"] = round(res["separate"]["fwd_bwd_ms"] / res["fused"]["fwd_bwd_ms"], 3)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_cross_entropy.json"))
+    ap.add_argument("--linear", action="store_true", help="the LM head and loss as one node against two")
     args = ap.parse_args()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                  "date": datetime.date.today().isoformat(), "V": V, "dtype": "bfloat16", "ignore_every": 64}
+    if args.linear:
+        res["linear_head"] = r = linear_head()
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+        for name in ("fused", "separate"):
+            print(f"{name:>9}: fwd+bwd {r[name]['fwd_bwd_ms']:.3f} ms, peak {r[name]['peak_fwd_bwd_GB']:.3f} GB")
+        print(f"speedup {r['speedup']}x; rel RMS diff loss {r['loss_rel_rms_diff']:.2e}, dx {r['dx_rel_rms_diff']:.2e},"
+              f" dw {r['dw_rel_rms_diff']:.2e}; wrote {args.out}")
+        return
 
     def save():
         with open(args.out, "w") as f:

@@ -8,6 +8,9 @@ streams each row once and saves only the fp32 log-sum-exp, a backward that recom
 gradient in the logits' dtype). The ``backend`` argument, else ``KVL_CE_BACKEND=triton|torch``, else Triton on
 CUDA and PyTorch elsewhere; ``KVL_CE_BACKEND=triton TRITON_INTERPRET=1`` runs the Triton kernels on a CPU.
 
+``linear_cross_entropy(x, weight, target)`` (``linear_ce.py``) is the LM head and this loss as one node that never
+returns the logits (one read of them and one logits-sized buffer fewer on the Triton path).
+
 Shapes: logits ``[N, V]`` or ``[B, T, V]`` (unit stride along V, any row strides: ``logits_BLV[:, :-1]`` is
 read in place by the Triton path); target ``[N]`` / ``[B, T]``; the ``"none"`` loss has the target's shape.
 
@@ -27,9 +30,10 @@ from __future__ import annotations
 import torch
 
 from kernels.cross_entropy.api import check_inputs, resolve_backend
+from kernels.cross_entropy.linear_ce import linear_cross_entropy
 from kernels.cross_entropy.naive import cross_entropy_torch
 
-__all__ = ["cross_entropy", "cross_entropy_torch"]
+__all__ = ["cross_entropy", "cross_entropy_torch", "linear_cross_entropy"]
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",

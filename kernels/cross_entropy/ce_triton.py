@@ -17,6 +17,9 @@ Kernels (fixed configurations, so they run under ``TRITON_INTERPRET=1``; no auto
   checked on the host (that would synchronise); its load is masked and its loss is NaN.
 - ``_ce_bwd_kernel``, grid (N,): one program recomputes its row's softmax chunk by chunk from ``lse`` and writes
   ``dx``; ignored rows get zeros without reading the logits.
+- ``_ce_fwd_grad_kernel``, grid (N,): the forward, then the row's gradient for an upstream gradient of 1 written
+  over the row (``linear_ce.py``: the LM head's loss when nothing reads the logits, the upstream gradient applied
+  to the head's small operands in its backward).
 
 Layout: logits ``[N, V]`` or ``[B, T, V]`` with a unit stride along V and any row strides (a view such as
 ``logits_BLV[:, :-1]`` is read in place, no copy); rows are flattened as ``n = b * T + t``. A non-unit stride
@@ -94,6 +97,53 @@ def _ce_bwd_kernel(x_ptr, tgt_ptr, lse_ptr, g_ptr, dx_ptr, V, T, stride_b, strid
             x = tl.load(row + c, mask=c < V, other=0.0).to(tl.float32)
             d = g * (tl.exp(x - lse) - (c == tgt).to(tl.float32))
             tl.store(drow + c, d.to(dx_ptr.dtype.element_ty), mask=c < V)
+
+
+@triton.jit
+def _ce_fwd_grad_kernel(x_ptr, tgt_ptr, loss_ptr, V, stride_n, ignore_index, BLOCK_V: tl.constexpr):
+    """``_ce_fwd_kernel``'s loss, then the row's gradient for an upstream gradient of 1, ``softmax - onehot``,
+    written over the row itself in a second pass (the row read again right after the first, while it is likely
+    still in L2); ignored rows get zeros. Rows ``stride_n`` apart, unit stride along V."""
+    n = tl.program_id(0).to(tl.int64)
+    row = x_ptr + n * stride_n
+    tgt = tl.load(tgt_ptr + n).to(tl.int64)
+    cols = tl.arange(0, BLOCK_V)
+    if tgt == ignore_index:
+        tl.store(loss_ptr + n, 0.0)
+        zero = tl.zeros([BLOCK_V], dtype=x_ptr.dtype.element_ty)
+        for start in range(0, V, BLOCK_V):
+            c = start + cols
+            tl.store(row + c, zero, mask=c < V)
+    else:
+        m = tl.full([], FP32_LOWEST, tl.float32)
+        s = tl.zeros([], tl.float32)
+        for start in range(0, V, BLOCK_V):
+            c = start + cols
+            x = tl.load(row + c, mask=c < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, 0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+            m = m_new
+        lse = m + tl.log(s)
+        ok = (tgt >= 0) & (tgt < V)
+        x_t = tl.load(row + tgt, mask=ok, other=float("nan")).to(tl.float32)
+        tl.store(loss_ptr + n, lse - x_t)
+        for start in range(0, V, BLOCK_V):
+            c = start + cols
+            x = tl.load(row + c, mask=c < V, other=0.0).to(tl.float32)
+            d = tl.exp(x - lse) - (c == tgt).to(tl.float32)
+            tl.store(row + c, d.to(x_ptr.dtype.element_ty), mask=c < V)
+
+
+def ce_forward_grad_(logits_NV: torch.Tensor, target_N: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Per-row loss ``[N]`` fp32 of contiguous-row logits ``[N, V]``, which are overwritten with the gradient of
+    each row's loss (``softmax - onehot(target)``, zeros on ignored rows) in their own dtype."""
+    N, V = logits_NV.shape
+    loss = torch.empty(N, dtype=torch.float32, device=logits_NV.device)
+    if N:
+        block, warps = _config(V)
+        _ce_fwd_grad_kernel[(N,)](logits_NV, target_N, loss, V, logits_NV.stride(0), ignore_index, BLOCK_V=block,
+                                  num_warps=warps)
+    return loss
 
 
 def _layout(x: torch.Tensor) -> tuple[int, int, int]:

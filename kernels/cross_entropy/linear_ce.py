@@ -1,0 +1,69 @@
+"""The LM head and its cross entropy as one autograd node, for training steps that never read the logits.
+
+``losses_N = cross_entropy(x_ND @ w_VD^T, target_N)`` per row. With separate ops the loss reads the bf16 logits in
+its forward and again in its backward, which also writes their gradient into a second logits-sized buffer (2.1 GB
+each at the ``small`` model's 32768 rows x 32768 classes). Here the forward writes each row's gradient for an
+upstream gradient of 1, ``softmax - onehot``, over the logits as soon as the row's loss is known
+(``ce_triton._ce_fwd_grad_kernel``, the row read twice in a row); the backward applies the rows' upstream
+gradients ``g_N`` to the head's small operands instead of the logits: ``dx = g (D w)`` and ``dw = D^T (g x)`` with
+``D`` the stored gradient. One read of the logits and one logits-sized buffer fewer; the logits are not returned.
+
+GPU timing against ``F.linear`` + :func:`kernels.cross_entropy.cross_entropy` is ``bench_cross_entropy.py
+--linear`` (not yet run on a GPU: session 36 had no device time left); the model does not use this yet.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.cross_entropy.api import REDUCTIONS, fail, resolve_backend
+from kernels.cross_entropy.naive import cross_entropy_torch
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    """Per-row loss ``[N]`` fp32 of ``x_ND @ w_VD^T`` against ``target_N``; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, x_ND: torch.Tensor, w_VD: torch.Tensor, target_N: torch.Tensor, ignore_index: int):
+        from kernels.cross_entropy.ce_triton import ce_forward_grad_
+
+        logits_NV = x_ND @ w_VD.t()
+        loss_N = ce_forward_grad_(logits_NV, target_N, ignore_index)  # logits_NV now holds softmax - onehot
+        ctx.save_for_backward(x_ND, w_VD, logits_NV)
+        return loss_N
+
+    @staticmethod
+    def backward(ctx, g_N: torch.Tensor):
+        x_ND, w_VD, d_NV = ctx.saved_tensors
+        g = g_N.float().unsqueeze(1)
+        dx = (d_NV @ w_VD).float().mul_(g).to(x_ND.dtype) if ctx.needs_input_grad[0] else None
+        dw = d_NV.t() @ (x_ND.float() * g).to(x_ND.dtype) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                         reduction: str = "mean", backend: str | None = None) -> torch.Tensor:
+    """``cross_entropy(F.linear(x, weight), target)`` without returning the logits: x ``[..., D]`` (fp32 / bf16 /
+    fp16), weight ``[V, D]`` of x's dtype, target ``x.shape[:-1]`` (class ids or ``ignore_index``). fp32 result:
+    per row (``"none"``), sum or mean over the non-ignored rows. Differentiable in x and weight. Backend as
+    :func:`kernels.cross_entropy.cross_entropy` (the PyTorch path is ``F.linear`` then ``cross_entropy_torch``)."""
+    fn = "linear_cross_entropy"
+    if x.dim() < 2 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        fail(fn, f"x must be [..., D] and weight [V, D], got x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+        fail(fn, f"x and weight must share a dtype among float32, bfloat16, float16, got {x.dtype} and {weight.dtype}")
+    if tuple(target.shape) != tuple(x.shape[:-1]) or target.is_floating_point() or target.dtype == torch.bool:
+        fail(fn, f"target must be an integer tensor of shape x.shape[:-1] = {tuple(x.shape[:-1])}, got "
+             f"{target.dtype} {tuple(target.shape)}")
+    if reduction not in REDUCTIONS:
+        fail(fn, f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if resolve_backend(backend, x.device, fn) != "triton":
+        return cross_entropy_torch(F.linear(x, weight), target, ignore_index, reduction)
+    target_N = target.reshape(-1).contiguous()
+    loss_N = LinearCrossEntropyFunction.apply(x.reshape(-1, x.shape[-1]), weight, target_N, ignore_index)
+    if reduction == "none":
+        return loss_N.view(target.shape)
+    if reduction == "sum":
+        return loss_N.sum()
+    return loss_N.sum() / (target_N != ignore_index).sum()

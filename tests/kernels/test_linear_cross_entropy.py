@@ -1,0 +1,88 @@
+"""``kernels.cross_entropy.linear_cross_entropy``: the LM head and its loss as one node whose forward writes the
+logits' gradient over them (``ce_triton._ce_fwd_grad_kernel``) and whose backward applies the rows' upstream
+gradients to the head's operands. Against ``F.linear`` then the PyTorch cross entropy (the interpreter on a CPU,
+compiled kernels on a GPU; bf16 only on a GPU, where the conversions round as compiled code does)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kvl_testing import assert_rel_rms, interpret_without_gpu, kernel_device
+
+from kernels.cross_entropy import cross_entropy_torch, linear_cross_entropy
+
+IGN = -100
+
+
+def _inputs(lead: tuple[int, ...], D: int, V: int, dtype: torch.dtype, seed: int = 0):
+    """x ``lead + (D,)``, weight ``[V, D]`` (leaves), targets with every fifth row ignored, upstream gradient."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, D, generator=g)
+    w = torch.randn(V, D, generator=g) / D ** 0.5
+    t = torch.randint(0, V, lead, generator=g)
+    t.view(-1)[::5] = IGN
+    up = torch.rand(lead, generator=g) + 0.5
+    dev = kernel_device()
+    return (x.to(dev, dtype).requires_grad_(), w.to(dev, dtype).requires_grad_(), t.to(dev), up.to(dev))
+
+
+def _grads(x, w, t, up, reduction: str, backend: str):
+    loss = linear_cross_entropy(x, w, t, IGN, reduction, backend=backend)
+    out = (loss * up).sum() if reduction == "none" else loss
+    return (loss.detach(), *torch.autograd.grad(out, [x, w]))
+
+
+@pytest.mark.parametrize("lead,D,V", [((2, 7), 16, 37), ((11,), 8, 4099)])  # one chunk; two with a 3-wide tail
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_matches_linear_then_cross_entropy_fp32(monkeypatch, lead, D, V, reduction):
+    """Losses, dx and dw within 1e-5 (relative RMS) of ``F.linear`` + ``cross_entropy_torch`` (per-row upstream
+    gradients for ``"none"``; ignored rows contribute nothing)."""
+    interpret_without_gpu(monkeypatch)
+    x, w, t, up = _inputs(lead, D, V, torch.float32)
+    got = _grads(x, w, t, up, reduction, "triton")
+    ref = _grads(x, w, t, up, reduction, "torch")
+    for name, a, b in zip(("loss", "dx", "dw"), got, ref):
+        assert_rel_rms(a, b, 1e-5, f"{name} ({reduction})")
+    assert got[0].dtype == torch.float32 and got[1].dtype == x.dtype and got[2].dtype == w.dtype
+
+
+def test_torch_path_is_linear_then_cross_entropy():
+    """The PyTorch path is exactly ``cross_entropy_torch(F.linear(x, w), t)``."""
+    x, w, t, _ = (a.cpu() for a in _inputs((3, 5), 8, 19, torch.float32))
+    assert torch.equal(linear_cross_entropy(x, w, t, backend="torch"), cross_entropy_torch(F.linear(x, w), t))
+
+
+def test_inputs_untouched(monkeypatch):
+    """The logits are overwritten with their gradient, but x and the weight are not."""
+    interpret_without_gpu(monkeypatch)
+    x, w, t, up = _inputs((6,), 8, 33, torch.float32)
+    x0, w0 = x.detach().clone(), w.detach().clone()
+    _grads(x, w, t, up, "none", "triton")
+    assert torch.equal(x.detach(), x0) and torch.equal(w.detach(), w0)
+
+
+def test_bad_inputs_name_the_shapes():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"weight \[V, D\].*\(5, 7\)"):
+        linear_cross_entropy(x, torch.randn(5, 7), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"x.shape\[:-1\] = \(4,\)"):
+        linear_cross_entropy(x, torch.randn(5, 8), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="share a dtype"):
+        linear_cross_entropy(x, torch.randn(5, 8, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="reduction"):
+        linear_cross_entropy(x, torch.randn(5, 8), torch.zeros(4, dtype=torch.long), reduction="avg")
+
+
+@pytest.mark.gpu
+def test_bf16_at_the_small_models_head_on_gpu():
+    """bf16 at the ``small`` model's head (D = 768, V = 32768; 2048 rows): loss, dx, dw against the fp32 reference
+    on the same bf16 values within 1e-2 relative RMS, and as close as the separate bf16 ops are."""
+    x, w, t, up = _inputs((2048,), 768, 32768, torch.bfloat16)
+    got = _grads(x, w, t, up, "none", "triton")
+    sep = _grads(x, w, t, up, "none", "torch")
+    ref = _grads(*(a.detach().float().requires_grad_() for a in (x, w)), t, up, "none", "torch")
+    for name, a, b, c in zip(("loss", "dx", "dw"), got, ref, sep):
+        err = ((a.float() - b).norm() / b.norm()).item()
+        err_sep = ((c.float() - b).norm() / b.norm()).item()
+        assert err <= max(1e-2, 2 * err_sep), (name, err, err_sep)
