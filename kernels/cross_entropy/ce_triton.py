@@ -51,6 +51,22 @@ def _row_start(ptr, n, T, stride_b, stride_t):
 
 
 @triton.jit
+def _row_lse(row, V, BLOCK_V: tl.constexpr):
+    """log sum exp of a row of V logits (unit stride) in fp32: a running max ``m`` and ``s = sum exp(x - m)``
+    rescaled when the max grows, over chunks of ``BLOCK_V`` (one exp per element)."""
+    cols = tl.arange(0, BLOCK_V)
+    m = tl.full([], FP32_LOWEST, tl.float32)
+    s = tl.zeros([], tl.float32)
+    for start in range(0, V, BLOCK_V):
+        c = start + cols
+        x = tl.load(row + c, mask=c < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+        m = m_new
+    return m + tl.log(s)
+
+
+@triton.jit
 def _ce_fwd_kernel(x_ptr, tgt_ptr, loss_ptr, lse_ptr, V, T, stride_b, stride_t, ignore_index,
                 BLOCK_V: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
@@ -60,16 +76,7 @@ def _ce_fwd_kernel(x_ptr, tgt_ptr, loss_ptr, lse_ptr, V, T, stride_b, stride_t, 
         tl.store(loss_ptr + n, 0.0)
         tl.store(lse_ptr + n, 0.0)
     else:
-        cols = tl.arange(0, BLOCK_V)
-        m = tl.full([], FP32_LOWEST, tl.float32)
-        s = tl.zeros([], tl.float32)
-        for start in range(0, V, BLOCK_V):
-            c = start + cols
-            x = tl.load(row + c, mask=c < V, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, 0))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
-            m = m_new
-        lse = m + tl.log(s)
+        lse = _row_lse(row, V, BLOCK_V)
         ok = (tgt >= 0) & (tgt < V)
         x_t = tl.load(row + tgt, mask=ok, other=float("nan")).to(tl.float32)
         tl.store(loss_ptr + n, lse - x_t)
@@ -115,15 +122,7 @@ def _ce_fwd_grad_kernel(x_ptr, tgt_ptr, loss_ptr, V, stride_n, ignore_index, BLO
             c = start + cols
             tl.store(row + c, zero, mask=c < V)
     else:
-        m = tl.full([], FP32_LOWEST, tl.float32)
-        s = tl.zeros([], tl.float32)
-        for start in range(0, V, BLOCK_V):
-            c = start + cols
-            x = tl.load(row + c, mask=c < V, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, 0))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
-            m = m_new
-        lse = m + tl.log(s)
+        lse = _row_lse(row, V, BLOCK_V)
         ok = (tgt >= 0) & (tgt < V)
         x_t = tl.load(row + tgt, mask=ok, other=float("nan")).to(tl.float32)
         tl.store(loss_ptr + n, lse - x_t)
