@@ -56,6 +56,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     if tuple(target.shape) != tuple(x.shape[:-1]) or target.is_floating_point() or target.dtype == torch.bool:
         fail(fn, f"target must be an integer tensor of shape x.shape[:-1] = {tuple(x.shape[:-1])}, got "
              f"{target.dtype} {tuple(target.shape)}")
+    if target.device != x.device or weight.device != x.device:
+        fail(fn, f"x, weight and target must be on one device, got {x.device}, {weight.device}, {target.device}")
     if reduction not in REDUCTIONS:
         fail(fn, f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if resolve_backend(backend, x.device, fn) != "triton":

@@ -70,6 +70,8 @@ def test_bad_inputs_name_the_shapes():
         linear_cross_entropy(x, torch.randn(5, 8), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="share a dtype"):
         linear_cross_entropy(x, torch.randn(5, 8, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="one device"):
+        linear_cross_entropy(x, torch.randn(5, 8), torch.zeros(4, dtype=torch.long, device="meta"))
     with pytest.raises(ValueError, match="reduction"):
         linear_cross_entropy(x, torch.randn(5, 8), torch.zeros(4, dtype=torch.long), reduction="avg")
 
