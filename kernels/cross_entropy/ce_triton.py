@@ -205,8 +205,14 @@ def cross_entropy_triton(logits: torch.Tensor, target: torch.Tensor, ignore_inde
         logits = logits.contiguous()
     target_N = target.reshape(-1).contiguous()
     loss_N = CrossEntropyFunction.apply(logits, target_N, ignore_index, inplace_backward)
+    return reduce_rows(loss_N, target, ignore_index, reduction)
+
+
+def reduce_rows(loss_N: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+    """The per-row losses ``[N]`` in the target's shape (``"none"``), their sum, or their mean over the rows whose
+    target is not ``ignore_index``."""
     if reduction == "none":
         return loss_N.view(target.shape)
     if reduction == "sum":
         return loss_N.sum()
-    return loss_N.sum() / (target_N != ignore_index).sum()
+    return loss_N.sum() / (target.reshape(-1) != ignore_index).sum()

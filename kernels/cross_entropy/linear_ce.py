@@ -62,10 +62,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         fail(fn, f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if resolve_backend(backend, x.device, fn) != "triton":
         return cross_entropy_torch(F.linear(x, weight), target, ignore_index, reduction)
+    from kernels.cross_entropy.ce_triton import reduce_rows
+
     target_N = target.reshape(-1).contiguous()
     loss_N = LinearCrossEntropyFunction.apply(x.reshape(-1, x.shape[-1]), weight, target_N, ignore_index)
-    if reduction == "none":
-        return loss_N.view(target.shape)
-    if reduction == "sum":
-        return loss_N.sum()
-    return loss_N.sum() / (target_N != ignore_index).sum()
+    return reduce_rows(loss_N, target, ignore_index, reduction)

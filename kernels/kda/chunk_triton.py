@@ -586,16 +586,14 @@ class ChunkKDAFunction(torch.autograd.Function):
             do = torch.zeros_like(v)
         use_l2, use_gate, lower_bound = ctx.flags
         st = KDAFwdState(o=None, ht=None, U=None, **dict(zip(_SAVED, saved)))
-        if use_l2 and BWD_FUSED_L2:  # raw rows and the forward's norms; the L2 backward forms them again from q, k
-            (qn, rq), (kn, rk) = (q, None), (k, None)
-        else:
-            (qn, rq), (kn, rk) = (l2norm_fwd(x) if use_l2 else (x, None) for x in (q, k))
+        fused_l2 = use_l2 and BWD_FUSED_L2  # raw rows and the forward's norms; the L2 backward forms them again
+        (qn, rq), (kn, rk) = (l2norm_fwd(x) if use_l2 and not fused_l2 else (x, None) for x in (q, k))
         # the fp32 log-decay only where the core backward reads it (else its G from the forward is all it needs)
         fp32 = st.qg.dtype == torch.float32
         gn = (gate_fwd(g, A_log, dt_bias, lower_bound) if bwd_reads_g(fp32) else None) if use_gate else g
         dqkv = None if qkv is None else torch.empty_like(qkv)  # the KDA backward writes dv into its v third
         dv_out = None if qkv is None else qkv_dv_view(dqkv, v.shape[2], v.shape[3])
-        prep = BwdPrep(*((rqf, rkf) if use_l2 and BWD_FUSED_L2 else (None, None)),
+        prep = BwdPrep(*((rqf, rkf) if fused_l2 else (None, None)),
                        gate=(g, A_log, dt_bias, lower_bound) if use_gate and BWD_FUSED_GATE else None)
         gr = chunk_kda_bwd_triton(qn, kn, v, gn, beta, ctx.scale, st, do, dht, dv_out, prep)
         dh0 = gr.dh0.to(ctx.h0_dtype) if ctx.h0_dtype is not None else None

@@ -36,7 +36,7 @@ import triton.language as tl
 from kernels.colsum import column_sum
 from kernels.kda.chunk_bwd_torch import KDAGrads
 from kernels.kda.pair_triton_bwd import _bwd_intra_pair_kernel, _chunk_head
-from kernels.kda.prep_triton import _gate_args, _gate_grad, qk_rows, token_rows
+from kernels.kda.prep_triton import _gate_args, _gate_grad, gate_param_grads, qk_rows, token_rows
 from kernels.kda.state_common import _load_state, _mm, _state_program, state_block_v
 
 # value columns per program of the reverse state pass; None: state_block_v's choice among BWD_STATE_BV_CHOICES
@@ -530,7 +530,7 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     grouped = HV != H
     dq_out = dqv if grouped or q.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=q.dtype, device=dev)
     dk_out = dkv if grouped or k.dtype == torch.float32 else torch.empty(B, T, H, K, dtype=k.dtype, device=dev)
-    gate = _inter_gate(prep.gate, nkt_inter, NC * HV, K, st.G)
+    gate_args, gate_flags = _inter_gate(prep.gate, nkt_inter, NC * HV, K, st.G)
     if prep.gate is not None:
         dg_out = torch.empty(B, T, HV, K, dtype=prep.gate[0].dtype, device=dev)  # d g_raw
     elif g is not None and g.dtype != torch.float32:
@@ -540,35 +540,31 @@ def bwd_intra_triton(q, k, v, g, beta, scale: float, st, do, dvn, dH, dv_out: to
     # (without g, EE_DIFF: the kernel never reads its pointer, which G stands in for)
     _bwd_inter_kernel[(nkt_inter, NC * HV)](
         q, k, rq, rk, g if g is not None else st.G, beta, st.G, st.Gl, do, st.vn, dvn, st.h, dH, st.cbos, st.clen,
-        dqv, dkv, dg, dq_out, dk_out, dg_out, db[nkt_pair:], *gate["args"], scale, n_tok,
+        dqv, dkv, dg, dq_out, dk_out, dg_out, db[nkt_pair:], *gate_args, scale, n_tok,
         H=H, HV=HV, K=K, V=V, BK=bk_inter, BV=BV, C=C, FP32=fp32, PREC=prec, QS=qs, EE_DIFF=not bwd_reads_g(fp32),
-        L2=l2, **gate["flags"], num_warps=BWD_LAUNCH["inter"][0], num_stages=BWD_LAUNCH["inter"][1],
+        L2=l2, **gate_flags, num_warps=BWD_LAUNCH["inter"][0], num_stages=BWD_LAUNCH["inter"][1],
     )
     if grouped:
         dq_out, dk_out = (x.view(B, T, H, HV // H, K).sum(3).to(y.dtype) for x, y in ((dqv, q), (dkv, k)))
-    return dq_out, dk_out, dv, dg_out, column_sum(db), gate["grads"]()
+    gate_grads = None
+    if prep.gate is not None:  # the partial sums [K / BK x NC, HV] and [NC, HV, K], as the gate kernel's
+        _, A_log, dt_bias, _ = prep.gate
+        gate_grads = gate_param_grads(gate_args[3].view(-1, HV), gate_args[4].view(-1, HV, K), A_log, dt_bias)
+    return dq_out, dk_out, dv, dg_out, column_sum(db), gate_grads
 
 
-def _inter_gate(gate: tuple | None, nk: int, nch: int, K: int, dummy: torch.Tensor) -> dict:
-    """The inter kernel's gate arguments for ``BwdPrep.gate`` (``args``: g_raw, A_log, dt_bias, the two partial-sum
-    buffers, lower bound; ``flags``: its constants; ``grads()``: ``(dA_log, d dt_bias or None)`` reduced from the
-    partial sums once the kernel is queued, deterministic), or inert ones (``dummy`` for the pointers, never read;
-    ``grads()`` None)."""
+def _inter_gate(gate: tuple | None, nk: int, nch: int, K: int, dummy: torch.Tensor) -> tuple[tuple, dict]:
+    """The inter kernel's gate arguments for ``BwdPrep.gate``: ``(g_raw, A_log, dt_bias, pa, pb, lower bound)`` with
+    ``pa [nk, nch]``, ``pb [nch, K]`` its fp32 partial-sum buffers, and its constants; or inert ones (``dummy`` for
+    the pointers, never read)."""
     if gate is None:
-        return {"args": (dummy,) * 5 + (0.0,), "flags": {}, "grads": lambda: None}
+        return (dummy,) * 5 + (0.0,), {}
     x, A_log, dt_bias, lower_bound = gate
     xc, a_log, dtb, lb, _, _, kw = _gate_args(x, A_log, dt_bias, lower_bound)
-    alloc = torch.empty if nch else torch.zeros  # every program writes its entries; no programs: zeros
-    pa = alloc(max(nk, 1), max(nch, 1), dtype=torch.float32, device=x.device)
-    pb = alloc(max(nch, 1), K, dtype=torch.float32, device=x.device)
-    HV = kw["HV"]
-
-    def grads():
-        dA = column_sum(pa.view(-1, HV), A_log.dtype).reshape(A_log.shape)
-        return dA, None if dt_bias is None else column_sum(pb.view(-1, HV * K), dt_bias.dtype).reshape(dt_bias.shape)
-
-    return {"args": (xc, a_log, dtb, pa, pb, lb),
-            "flags": dict(GATE=True, LOWER=kw["LOWER"], HAS_DTB=kw["HAS_DTB"]), "grads": grads}
+    # every program writes its entries, empty chunks included (the forward keeps at least one chunk a head)
+    pa = torch.empty(nk, nch, dtype=torch.float32, device=x.device)
+    pb = torch.empty(nch, K, dtype=torch.float32, device=x.device)
+    return (xc, a_log, dtb, pa, pb, lb), dict(GATE=True, LOWER=kw["LOWER"], HAS_DTB=kw["HAS_DTB"])
 
 
 def chunk_kda_bwd_triton(q, k, v, g, beta, scale: float, st, do: torch.Tensor, dht: torch.Tensor | None,

@@ -342,9 +342,15 @@ def gate_bwd(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
     pb = alloc(max(nb, 1), HV, K, dtype=torch.float32, device=xc.device)
     if M:
         _gate_bwd_kernel[grid](xc, a_log, dtb, dg.contiguous(), dx, pa, pb, lb, M, **kw)
+    return (dx, *gate_param_grads(pa, pb, A_log, dt_bias))
+
+
+def gate_param_grads(pa: torch.Tensor, pb: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(d A_log, d dt_bias or None)`` from the gate backward's fp32 per-program partial sums ``pa [P, HV]`` and
+    ``pb [P, HV, K]`` (deterministic: ``kernels.colsum.column_sum``), in the parameters' dtypes and shapes."""
     dA = column_sum(pa, A_log.dtype).reshape(A_log.shape)
-    ddtb = column_sum(pb, dt_bias.dtype).reshape(dt_bias.shape) if dt_bias is not None else None
-    return dx, dA, ddtb
+    return dA, column_sum(pb, dt_bias.dtype).reshape(dt_bias.shape) if dt_bias is not None else None
 
 
 class KDAGateFunction(torch.autograd.Function):

@@ -105,3 +105,19 @@ def test_fused_prep_backward_skips_the_l2_recompute_and_the_gate_kernel(monkeypa
     leaves = _leaves(1, 20, 1, 1, 16, 16, torch.float32, True, True)
     _grads(leaves, 1, 16, "triton", None, None)
     assert sorted(calls) == ([] if gate else ["gate_bwd"]) + ([] if l2 else ["l2norm_fwd", "l2norm_fwd"])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fused_prep_backward_of_an_empty_sequence(monkeypatch, fused):
+    """T = 0 (no chunks, no programs): the gradients equal the PyTorch path's: zero for every input but h0, which
+    gets the final state's upstream gradient."""
+    interpret_without_gpu(monkeypatch)
+    from kernels.kda import chunk_triton
+
+    monkeypatch.setattr(chunk_triton, "BWD_FUSED_L2", fused)
+    monkeypatch.setattr(chunk_triton, "BWD_FUSED_GATE", fused)
+    leaves = _leaves(1, 0, 2, 2, 16, 16, torch.float32, True, True)
+    got, ref = (_grads(leaves, 2, 16, backend, None, None) for backend in ("triton", "torch"))
+    for i, (leaf, a, b) in enumerate(zip(leaves, got, ref)):
+        assert a.shape == leaf.shape and torch.allclose(a, b, atol=1e-6), i
+        assert (i == 3) == bool(a.any()), i  # (leaves: q|k|v, g_raw, beta, h0, A_log, dt_bias)
