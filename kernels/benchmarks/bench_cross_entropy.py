@@ -11,7 +11,7 @@ rows), every 64th target ``ignore_index``, mean reduction (the model's loss). Fo
 ``triton_inplace`` is ours with ``inplace_backward=True`` (the gradient overwrites the logits).
 ``--linear``: instead, the ``small`` model's LM head and loss (x ``[32768, 768]``, weight ``[32768, 768]`` bf16, mean
 loss): ``kernels.cross_entropy.linear_cross_entropy`` (one node, the logits' gradient written in its forward) against
-``F.linear`` then ``cross_entropy`` (Triton), forward+backward time and peak memory, and the relative RMS difference of
+``F.linear`` then ``cross_entropy`` (Triton; and with ``inplace_backward``), forward+backward time and peak memory, and the relative RMS difference of
 the loss, dx and dw between the two. Writes ``$OUT/bench_cross_entropy.json`` (or ``--out``) and prints a table.
 
     python kernels/benchmarks/bench_cross_entropy.py [--linear]
@@ -113,7 +113,9 @@ def linear_head(N: int = 32768, D: int = 768) -> dict:
     t = torch.randint(0, V, (N,), device="cuda", generator=g)
     t[::64] = IGN
     paths = {"fused": lambda: linear_cross_entropy(x, w, t, IGN, backend="triton"),
-             "separate": lambda: cross_entropy(F.linear(x, w), t, IGN, backend="triton")}
+             "separate": lambda: cross_entropy(F.linear(x, w), t, IGN, backend="triton"),
+             "separate_inplace": lambda: cross_entropy(F.linear(x, w), t, IGN, backend="triton",
+                                                       inplace_backward=True)}
     res: dict = {"N": N, "D": D, "V": V}
     outs = {}
     for name, fn in paths.items():
@@ -127,6 +129,7 @@ def linear_head(N: int = 32768, D: int = 768) -> dict:
     for i, name in enumerate(("loss", "dx", "dw")):
         a, b = (outs[p][i].float() for p in ("fused", "separate"))
         res[f"{name}_rel_rms_diff"] = float((a - b).norm() / b.norm())
+        res[f"{name}_rel_rms_diff_inplace"] = float((outs["separate_inplace"][i].float() - b).norm() / b.norm())
     res["speedup"] = round(res["separate"]["fwd_bwd_ms"] / res["fused"]["fwd_bwd_ms"], 3)
     return res
 
@@ -142,7 +145,7 @@ def main() -> None:
         res["linear_head"] = r = linear_head()
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
-        for name in ("fused", "separate"):
+        for name in ("fused", "separate", "separate_inplace"):
             print(f"{name:>9}: fwd+bwd {r[name]['fwd_bwd_ms']:.3f} ms, peak {r[name]['peak_fwd_bwd_GB']:.3f} GB")
         print(f"speedup {r['speedup']}x; rel RMS diff loss {r['loss_rel_rms_diff']:.2e}, dx {r['dx_rel_rms_diff']:.2e},"
               f" dw {r['dw_rel_rms_diff']:.2e}; wrote {args.out}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.cross_entropy.api import REDUCTIONS, fail, resolve_backend
+from kernels.cross_entropy.api import DTYPES, REDUCTIONS, fail, resolve_backend
 from kernels.cross_entropy.naive import cross_entropy_torch
 
 
@@ -45,14 +45,15 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                          reduction: str = "mean", backend: str | None = None) -> torch.Tensor:
     """``cross_entropy(F.linear(x, weight), target)`` without returning the logits: x ``[..., D]`` (fp32 / bf16 /
-    fp16), weight ``[V, D]`` of x's dtype, target ``x.shape[:-1]`` (class ids or ``ignore_index``). fp32 result:
+    fp16; fp64 always takes the PyTorch path, like ``cross_entropy``'s), weight ``[V, D]`` of x's dtype, target ``x.shape[:-1]`` (class ids or ``ignore_index``). fp32 result:
     per row (``"none"``), sum or mean over the non-ignored rows. Differentiable in x and weight. Backend as
     :func:`kernels.cross_entropy.cross_entropy` (the PyTorch path is ``F.linear`` then ``cross_entropy_torch``)."""
     fn = "linear_cross_entropy"
     if x.dim() < 2 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         fail(fn, f"x must be [..., D] and weight [V, D], got x {tuple(x.shape)} and weight {tuple(weight.shape)}")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
-        fail(fn, f"x and weight must share a dtype among float32, bfloat16, float16, got {x.dtype} and {weight.dtype}")
+    if x.dtype not in DTYPES or weight.dtype != x.dtype:
+        fail(fn, f"x and weight must share a dtype among float32, bfloat16, float16, float64, got {x.dtype} and "
+             f"{weight.dtype}")
     if tuple(target.shape) != tuple(x.shape[:-1]) or target.is_floating_point() or target.dtype == torch.bool:
         fail(fn, f"target must be an integer tensor of shape x.shape[:-1] = {tuple(x.shape[:-1])}, got "
              f"{target.dtype} {tuple(target.shape)}")
@@ -60,7 +61,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         fail(fn, f"x, weight and target must be on one device, got {x.device}, {weight.device}, {target.device}")
     if reduction not in REDUCTIONS:
         fail(fn, f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if resolve_backend(backend, x.device, fn) != "triton":
+    if resolve_backend(backend, x.device, fn) != "triton" or x.dtype == torch.float64:  # fp64: the PyTorch path
         return cross_entropy_torch(F.linear(x, weight), target, ignore_index, reduction)
     from kernels.cross_entropy.ce_triton import reduce_rows
 

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,6 +35,8 @@ from kimi_vl import KimiVLConfig, KimiVLForCausalLM
 from kimi_vl.benchmarks.attnres_common import sleep_cycles_per_ms
 from kimi_vl.modeling.cache import output_cache
 from kimi_vl.modeling.flops import lm_flops_per_token
+
+HEADS = ("fused", "logits")
 
 
 def variant_config(flavor: str, variant: str) -> KimiVLConfig:
@@ -67,15 +70,26 @@ def _time_cuda(fn, warmup: int, iters: int, sleep_cycles: int = 0) -> tuple[floa
     return sum(each) / iters, each
 
 
-def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int, sleep_cycles: int = 0) -> dict:
+def train_step(model, ids: torch.Tensor, head: str = "fused") -> Callable[[], None]:
+    """One forward + backward of the next-token loss on ``ids`` (no optimizer step). ``head``: ``fused`` (the
+    training app's default: the head's fused linear + cross entropy, ``return_logits=False``) or ``logits``."""
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, got {head!r}")
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids, use_cache=False, return_logits=head == "logits").loss.backward()
+
+    return step
+
+
+def bench_train(model, cfg, seq: int, batch: int, peak: float, iters: int, sleep_cycles: int = 0,
+                head: str = "fused") -> dict:
     """Training step time, tokens/s, MFU and peak memory; with ``sleep_cycles`` also the device-bound step
     (``_time_cuda``) and its MFU."""
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
     model.train()
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(ids, labels=ids, use_cache=False).loss.backward()
+    step = train_step(model, ids, head)
 
     torch.cuda.reset_peak_memory_stats()
     sec, each = _time_cuda(step, warmup=2, iters=iters)
@@ -95,7 +109,7 @@ CATEGORIES = (
     ("kda", r"^_(prep|scores2|state|output|gate_fwd|gate_bwd|l2_fwd|l2_bwd|bwd_dy|bwd_inter|bwd_intra_pair|bwd_state)"
             r"_kernel$"),
     ("short_conv", r"^_(fwd|dpre|dx|conv_bwd_stream|final_state|dstate|update)_kernel$"),
-    ("loss", r"^_ce_(fwd|bwd)_kernel$|SoftMax|nll_loss|cross_entropy"),
+    ("loss", r"^_ce_(fwd|bwd|fwd_grad)_kernel$|SoftMax|nll_loss|cross_entropy"),
     ("norm/act", r"^_(norm_fwd|norm_bwd|norm_bwd_rows|silu_mul_fwd|silu_mul_bwd)_kernel$"),
     ("attn_res", r"attn_res"),
     ("attention", r"flex_attention|flash|fmha|attention"),
@@ -111,15 +125,11 @@ def categorise(name: str) -> str:
     return next((cat for cat, pat in CATEGORIES if re.search(pat, name)), "other")
 
 
-def profile_train(model, cfg, seq: int, batch: int, top: int = 30) -> dict:
+def profile_train(model, cfg, seq: int, batch: int, top: int = 30, head: str = "fused") -> dict:
     """GPU time of one training step (after warm-up) by kernel, and by :data:`CATEGORIES`, in ms."""
     from torch.profiler import ProfilerActivity, profile
 
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(ids, labels=ids, use_cache=False).loss.backward()
+    step = train_step(model, torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"), head)
 
     step()
     torch.cuda.synchronize()
@@ -220,22 +230,26 @@ def main() -> None:
                    help="also profile one training step per variant at the first --train-seqs length: GPU time by "
                         "kernel category and the top kernels (torch.profiler)")
     p.add_argument("--profile-top", type=int, default=30, help="with --profile: kernels listed by time (JSON, table)")
+    p.add_argument("--head", choices=HEADS, default="fused",
+                   help="the training steps' LM head + loss: fused (return_logits=False, the training app's default) "
+                        "or logits (logits, then the loss)")
     args = p.parse_args()
     if args.quick:
         args.train_seqs, args.decode_contexts, args.decode_steps, args.iters = [1024], [4096], 8, 2
     torch.manual_seed(0)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "flavor": args.flavor,
-               "date": time.strftime("%Y-%m-%d"), "train": {}, "decode": {}}
+               "date": time.strftime("%Y-%m-%d"), "head": args.head, "train": {}, "decode": {}}
     cycles = int(args.head_start_ms * sleep_cycles_per_ms(torch.device("cuda"))) if args.head_start_ms > 0 else 0
     for variant in args.variants:
         cfg = variant_config(args.flavor, variant)
         model = KimiVLForCausalLM(cfg).to("cuda", torch.bfloat16)
         results["train"][variant] = [bench_train(model, cfg, s, max(1, args.train_tokens // s), args.peak_tflops,
-                                                 args.iters, cycles) for s in args.train_seqs]
+                                                 args.iters, cycles, args.head) for s in args.train_seqs]
         if args.profile and args.train_seqs:
             seq = args.train_seqs[0]
             batch = max(1, args.train_tokens // seq)
-            results.setdefault("profile", {})[variant] = profile_train(model, cfg, seq, batch, args.profile_top)
+            results.setdefault("profile", {})[variant] = profile_train(model, cfg, seq, batch, args.profile_top,
+                                                                       args.head)
         model.zero_grad(set_to_none=True)
         results["decode"][variant] = [bench_decode(model, cfg, c, args.decode_batch, args.decode_steps)
                                       for c in args.decode_contexts]

@@ -15,6 +15,8 @@ AttnRes stream uses the two-phase inference form.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -28,6 +30,7 @@ from kimi_vl.modeling.attention import MLAttention
 from kimi_vl.modeling.attn_res import AttnResStream, ModuleResQuery, ResProj, StandardStream, queries_sharded
 from kimi_vl.modeling.block import DecoderLayer, LayerInputs
 from kimi_vl.modeling.cache import CACHE_FIELD, KimiVLCache, StaticKimiVLCache, output_cache, pick_cache
+from kimi_vl.modeling.head import IGNORE, LMHead, causal_targets
 from kimi_vl.modeling.kda_layer import KDALayer, kda_init_values
 from kimi_vl.modeling.masks import MaskSpec, build_mask
 from kimi_vl.modeling.moe import Experts, Router
@@ -186,12 +189,20 @@ def _check_packed(cu_seqlens: torch.Tensor, total: int, cache, use_cache: bool |
         raise ValueError("KimiVLModel.forward: cu_seqlens (packed documents) cannot be combined with past_key_values")
 
 
+@dataclass
+class KimiVLCausalLMOutput(CausalLMOutputWithPast):
+    """transformers' causal-LM output plus ``row_losses [B, L]`` fp32: with ``return_logits=False`` (and labels)
+    row t's cross entropy against its target (``labels[:, t + 1]``; 0 where ignored), and no logits."""
+
+    row_losses: torch.FloatTensor | None = None
+
+
 class LMHeadMixin:
     """What every kimi_vl language-model head shares (``self.model`` a :class:`KimiVLModel`, ``self.lm_head``):
     embedding accessors, logits (with ``logits_to_keep``) + loss, and the MoE balancing step."""
 
     model: KimiVLModel
-    lm_head: nn.Linear
+    lm_head: LMHead
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
@@ -206,15 +217,32 @@ class LMHeadMixin:
         self.lm_head = value
 
     def _head(self, out: BaseModelOutputWithPast, labels: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-              logits_to_keep: int | torch.Tensor) -> CausalLMOutputWithPast:
+              logits_to_keep: int | torch.Tensor, return_logits: bool = True) -> KimiVLCausalLMOutput:
         hidden = out.last_hidden_state
+        if not return_logits:
+            return self._row_loss_head(hidden, labels, cu_seqlens, logits_to_keep, output_cache(out))
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, torch.Tensor):
             hidden = hidden[:, logits_to_keep]
         logits = self.lm_head(hidden)
         loss = None if labels is None else causal_lm_loss(logits, labels, cu_seqlens)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: output_cache(out)})
+        return KimiVLCausalLMOutput(loss=loss, logits=logits, **{CACHE_FIELD: output_cache(out)})
+
+    def _row_loss_head(self, hidden_BLD: torch.Tensor, labels: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+                       logits_to_keep: int | torch.Tensor, cache) -> KimiVLCausalLMOutput:
+        """``return_logits=False``: the loss and per-row losses from the head's fused linear + cross entropy."""
+        if labels is None or not isinstance(logits_to_keep, int) or logits_to_keep != 0:
+            raise ValueError(f"{type(self).__name__}.forward: return_logits=False computes the loss without the "
+                             f"logits, so it needs labels and logits_to_keep=0, got labels="
+                             f"{None if labels is None else tuple(labels.shape)}, logits_to_keep={logits_to_keep!r}")
+        targets_BL = causal_targets(labels, cu_seqlens)
+        if isinstance(self.lm_head, LMHead):
+            rows_BL = self.lm_head(hidden_BLD, targets_BL)
+        else:  # a plain head set through set_output_embeddings
+            rows_BL = cross_entropy(self.lm_head(hidden_BLD), targets_BL, ignore_index=IGNORE, reduction="none")
+        loss = rows_BL.sum() / (targets_BL != IGNORE).sum().clamp(min=1)
+        return KimiVLCausalLMOutput(loss=loss, row_losses=rows_BL, **{CACHE_FIELD: cache})
 
     def update_moe_bias(self, rate: float | None = None) -> dict[str, float]:
         """Aux-loss-free balancing step for every MoE layer (call after ``optimizer.step()``); returns stats to log."""
@@ -235,7 +263,7 @@ class KimiVLForCausalLM(LMHeadMixin, KimiVLPreTrainedModel, GenerationMixin):
     def __init__(self, config: KimiVLConfig) -> None:
         super().__init__(config)
         self.model = KimiVLModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -243,11 +271,11 @@ class KimiVLForCausalLM(LMHeadMixin, KimiVLPreTrainedModel, GenerationMixin):
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
                 logits_to_keep: int | torch.Tensor = 0, cache: KimiVLCache | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                return_logits: bool = True, **kwargs) -> KimiVLCausalLMOutput:
         out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                          cu_seqlens=cu_seqlens, position_ids=position_ids,
                          past_key_values=pick_cache(past_key_values, cache), use_cache=use_cache)
-        return self._head(out, labels, cu_seqlens, logits_to_keep)
+        return self._head(out, labels, cu_seqlens, logits_to_keep, return_logits)
 
 
 def causal_lm_loss(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
@@ -255,13 +283,6 @@ def causal_lm_loss(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, cu_seqlens
 
     Row t of ``logits_BLV`` is scored against ``labels_BL[:, t + 1]`` (the last row of each sequence is ignored),
     so the logits are used unsliced and the gradient is written into one logits-shaped buffer."""
-    targets = torch.full_like(labels_BL, -100)
-    targets[:, :-1] = labels_BL[:, 1:]
-    if cu_seqlens is not None:
-        flat = targets.reshape(-1)
-        starts = cu_seqlens[1:-1].to(torch.long)
-        flat[starts - 1] = -100
-        targets = flat.view_as(labels_BL)
     # kernels.cross_entropy: on CUDA a fused kernel that reads the bf16 logits directly (no fp32 copy); on CPU
     # F.cross_entropy on logits.float(), bit-identical to the formula used before
-    return cross_entropy(logits_BLV, targets, ignore_index=-100)
+    return cross_entropy(logits_BLV, causal_targets(labels_BL, cu_seqlens), ignore_index=IGNORE)

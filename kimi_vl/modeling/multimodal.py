@@ -25,11 +25,11 @@ import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers import initialization as init
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.modeling.cache import pick_cache
-from kimi_vl.modeling.model import KimiVLModel, KimiVLPreTrainedModel, LMHeadMixin
+from kimi_vl.modeling.head import LMHead
+from kimi_vl.modeling.model import KimiVLCausalLMOutput, KimiVLModel, KimiVLPreTrainedModel, LMHeadMixin
 from vision_encoder.config import MoonViTConfig, moonvit_config
 from vision_encoder.model import MoonViT, MoonViTPositionEmbedding, sincos_time_table
 from vision_encoder.rope_2d import rope_inv_freq
@@ -73,7 +73,7 @@ class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, Generat
         vision_cfg, self.image_token_id, self.video_token_id = parse_vision_config(config)
         self.vision_tower = MoonViT(vision_cfg)
         self.model = KimiVLModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     @torch.no_grad()
@@ -144,7 +144,8 @@ class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, Generat
                 cu_seqlens: torch.Tensor | None = None, position_ids: torch.LongTensor | None = None,
                 past_key_values=None, inputs_embeds: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, use_cache: bool | None = None,
-                logits_to_keep: int | torch.Tensor = 0, cache=None, **kwargs) -> CausalLMOutputWithPast:
+                logits_to_keep: int | torch.Tensor = 0, cache=None, return_logits: bool = True,
+                **kwargs) -> KimiVLCausalLMOutput:
         past_key_values = pick_cache(past_key_values, cache)
         if inputs_embeds is None:
             if input_ids is None:
@@ -158,7 +159,7 @@ class KimiVLForConditionalGeneration(LMHeadMixin, KimiVLPreTrainedModel, Generat
                                                       video_grid_thw)
         out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
                          position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache)
-        return self._head(out, labels, cu_seqlens, logits_to_keep)
+        return self._head(out, labels, cu_seqlens, logits_to_keep, return_logits)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs) -> dict:
         """Media enter only on the prefill step; later steps feed one new token against the cache."""

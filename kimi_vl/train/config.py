@@ -58,6 +58,10 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16", "bf16_params"] = "auto"
     keep_fp32_params: list[str] = field(default_factory=lambda: ["A_log", "dt_bias"])  # bf16_params: name suffixes
     activation_checkpointing: bool = False
+    # the LM head and its cross entropy as one step that never returns the logits (the model's return_logits=False:
+    # kernels.cross_entropy.linear_cross_entropy); the same losses and gradients, one read of the logits and one
+    # logits-sized buffer fewer on CUDA. false: logits, then the loss.
+    fused_head_loss: bool = True
     compile: bool = False
     # torch.compile of each MoonViT block alone (dynamic shapes: one graph for every packed patch count); the
     # tower is launch-bound in eager mode. Needs a vision tower; not with compile (the whole model) or FSDP2.

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 import torch
 
 from kernels.cross_entropy import cross_entropy
+from kimi_vl.modeling.head import IGNORE, causal_targets
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = IGNORE
 
 
 def token_losses(logits_BLV: torch.Tensor, labels_BL: torch.Tensor,
@@ -30,12 +31,17 @@ def token_losses(logits_BLV: torch.Tensor, labels_BL: torch.Tensor,
     than slicing ``logits[:, :-1]``: the fused kernel then writes the logits' gradient as one buffer, with no
     slice backward (a zero-filled copy the size of the logits). Per-row values are those of the sliced form.
     """
-    B, L, _ = logits_BLV.shape
+    rows_BL = cross_entropy(logits_BLV, causal_targets(labels_BL), ignore_index=IGNORE_INDEX, reduction="none")
+    return align_row_losses(rows_BL, labels_BL, position_ids_BL)
+
+
+def align_row_losses(rows_BL: torch.Tensor, labels_BL: torch.Tensor,
+                     position_ids_BL: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_losses` from per-row losses ``rows_BL [B, L]`` fp32 (row t's loss against ``labels[:, t + 1]``,
+    as the model returns them with ``return_logits=False``), without the logits."""
+    B = labels_BL.shape[0]
     target_BL = labels_BL[:, 1:]
-    next_BL = torch.full_like(labels_BL, IGNORE_INDEX)
-    next_BL[:, :-1] = target_BL
-    loss = cross_entropy(logits_BLV, next_BL, ignore_index=IGNORE_INDEX, reduction="none")  # [B, L] fp32
-    loss_BL = torch.cat([loss.new_zeros(B, 1), loss[:, :-1]], dim=1)
+    loss_BL = torch.cat([rows_BL.new_zeros(B, 1), rows_BL[:, :-1]], dim=1)
     mask_BL = torch.cat([labels_BL.new_zeros(B, 1, dtype=torch.bool), target_BL != IGNORE_INDEX], dim=1)
     if position_ids_BL is not None:
         mask_BL = mask_BL & (position_ids_BL != 0)

@@ -62,6 +62,17 @@ def test_inputs_untouched(monkeypatch):
     assert torch.equal(x.detach(), x0) and torch.equal(w.detach(), w0)
 
 
+def test_fp64_takes_the_pytorch_path(monkeypatch):
+    """fp64 (the tests' fp64 models) on the Triton backend: ``F.linear`` in fp64, the loss like the reference's."""
+    interpret_without_gpu(monkeypatch)
+    x, w, t, up = _inputs((3, 4), 8, 19, torch.float64)
+    got = _grads(x, w, t, up, "none", "triton")
+    want = _grads(x, w, t, up, "none", "torch")
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert got[1].dtype == torch.float64
+
+
 def test_bad_inputs_name_the_shapes():
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match=r"weight \[V, D\].*\(5, 7\)"):
@@ -70,6 +81,8 @@ def test_bad_inputs_name_the_shapes():
         linear_cross_entropy(x, torch.randn(5, 8), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="share a dtype"):
         linear_cross_entropy(x, torch.randn(5, 8, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="share a dtype"):
+        linear_cross_entropy(x.int(), torch.randn(5, 8).int(), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="one device"):
         linear_cross_entropy(x, torch.randn(5, 8), torch.zeros(4, dtype=torch.long, device="meta"))
     with pytest.raises(ValueError, match="reduction"):
