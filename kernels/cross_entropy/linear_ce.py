@@ -8,8 +8,8 @@ upstream gradient of 1, ``softmax - onehot``, over the logits as soon as the row
 gradients ``g_N`` to the head's small operands instead of the logits: ``dx = g (D w)`` and ``dw = D^T (g x)`` with
 ``D`` the stored gradient. One read of the logits and one logits-sized buffer fewer; the logits are not returned.
 
-GPU timing against ``F.linear`` + :func:`kernels.cross_entropy.cross_entropy` is ``bench_cross_entropy.py
---linear`` (not yet run on a GPU: session 36 had no device time left); the model does not use this yet.
+Used by the model's head in training (``kimi_vl.modeling.head.LMHead``, the models' ``return_logits=False``). GPU
+timing against ``F.linear`` + :func:`kernels.cross_entropy.cross_entropy`: ``bench_cross_entropy.py --linear``.
 """
 
 from __future__ import annotations

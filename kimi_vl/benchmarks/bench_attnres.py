@@ -65,6 +65,7 @@ from kimi_vl.benchmarks.attnres_common import (
     with_env,
 )
 from kimi_vl.benchmarks.attnres_decode import bench_decode_variants, bench_graph_decode, bench_stream_cost, decode_lines
+from kimi_vl.benchmarks.bench_backbone import HEADS, train_step
 
 
 def _triton_table(xs: list[torch.Tensor], w: torch.Tensor, g: torch.Tensor):
@@ -296,13 +297,6 @@ def _build(cfg: KimiVLConfig, device: torch.device, dtype: torch.dtype) -> KimiV
     return KimiVLForCausalLM(cfg).to(device, dtype).train()
 
 
-def _step_fn(model: KimiVLForCausalLM, ids: torch.Tensor) -> Callable[[], None]:
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        model(ids, labels=ids, use_cache=False).loss.backward()
-    return step
-
-
 def _step_peak_gib(step: Callable[[], None], device: torch.device) -> float:
     """Peak memory of one step above what was allocated before it (weights; gradients are freed first)."""
     if device.type != "cuda":
@@ -407,7 +401,7 @@ def bench_train_group(flavor: str, layers: str, args, device: torch.device, dtyp
     behind = {v: [] for v in variants}  # the same steps queued behind a sleep kernel: device-bound
     cycles = int(args.head_start_ms * sleep_cycles_per_ms(device)) if device.type == "cuda" else 0
     peak = {}
-    steps = {v: _step_fn(models[res], ids) for v, (res, _) in variants.items()}
+    steps = {v: train_step(models[res], ids, args.head) for v, (res, _) in variants.items()}
     for v, (_, env) in variants.items():
         peak[v] = with_env(env, partial(_step_peak_gib, steps[v], device))
         with_env(env, partial(time_per_iter, steps[v], 1, 1, device))
@@ -481,6 +475,8 @@ def main() -> None:
     p.add_argument("--head-start-ms", type=float, default=300.0,
                    help="training step: each round also timed queued behind a sleep kernel this long (device-bound "
                         "rounds: the host enqueues ahead; see step_timeline.py), 0: not")
+    p.add_argument("--head", choices=HEADS, default="fused",
+                   help="the training steps' LM head + loss (bench_backbone's --head; fused: the app's default)")
     p.add_argument("--decode-context", type=int, default=4096)
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--no-hybrid", action="store_true")
