@@ -37,8 +37,14 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, g_N: torch.Tensor):
         x_ND, w_VD, d_NV = ctx.saved_tensors
         g = g_N.float().unsqueeze(1)
-        dx = (d_NV @ w_VD).float().mul_(g).to(x_ND.dtype) if ctx.needs_input_grad[0] else None
-        dw = d_NV.t() @ (x_ND.float() * g).to(x_ND.dtype) if ctx.needs_input_grad[1] else None
+        # each scaling is one kernel: products in fp32 (type promotion), rounded once into a tensor of x's dtype
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = d_NV @ w_VD
+            torch.mul(dx, g, out=dx)
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = d_NV.t() @ torch.mul(x_ND, g, out=torch.empty_like(x_ND))
         return dx, dw, None, None
 
 
