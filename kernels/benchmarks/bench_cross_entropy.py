@@ -134,14 +134,60 @@ def linear_head(N: int = 32768, D: int = 768) -> dict:
     return res
 
 
+FWD_GRAD_SETTINGS = {  # name -> ce_triton constants
+    "chunks": {"FWD_GRAD_MODE": "chunks"},
+    **{f"persistent_{k}": {"FWD_GRAD_MODE": "persistent", "FWD_GRAD_PROGRAMS_PER_SM": k} for k in (1, 2, 4, 8)},
+    **{f"row_{w}w": {"FWD_GRAD_MODE": "row", "FWD_GRAD_ROW_WARPS": w} for w in (8, 16, 32)},
+}
+
+
+def fwd_grad_sweep(N: int = 32768) -> dict:
+    """``ce_forward_grad_`` (the linear CE's loss + gradient kernel) under each of :data:`FWD_GRAD_SETTINGS` at
+    ``[N, V]`` bf16, against the separate forward and backward kernels and a copy of the logits (one read, one
+    write: the floor of the one-pass forms); each setting's loss and gradient against the separate kernels'."""
+    from kernels.benchmarks.constants import overridden
+    from kernels.cross_entropy import ce_triton
+
+    logits, target = make(N)
+    nbytes = logits.numel() * logits.element_size()
+    work = logits.clone()
+    bench = lambda fn: float(triton.testing.do_bench(fn, warmup=5, rep=50, return_mode="median"))  # noqa: E731
+    lse_loss = ce_triton.ce_forward(logits, target, IGN)
+    ref_loss, lse = lse_loss
+    ones = torch.ones(N, device="cuda")
+    ref_grad = ce_triton.ce_backward(logits, target, lse, ones, IGN, False)
+    res: dict = {"N": N, "V": V, "copy_ms": bench(lambda: work.copy_(logits)),
+                 "separate_fwd_ms": bench(lambda: ce_triton.ce_forward(logits, target, IGN)),
+                 "separate_bwd_ms": bench(lambda: ce_triton.ce_backward(logits, target, lse, ones, IGN, False))}
+    res["copy_GBps"] = 2 * nbytes / res["copy_ms"] / 1e6
+    for name, consts in FWD_GRAD_SETTINGS.items():
+        with overridden([(ce_triton, k, v) for k, v in consts.items()]):
+            work.copy_(logits)
+            loss = ce_triton.ce_forward_grad_(work, target, IGN)
+            err = {"loss_max_abs_diff": float((loss - ref_loss).abs().max()),
+                   "grad_max_abs_diff": float((work.float() - ref_grad.float()).abs().max())}
+            ms = bench(lambda: ce_triton.ce_forward_grad_(work, target, IGN))  # (values change; the work does not)
+        res[name] = {"ms": ms, "GBps": 2 * nbytes / ms / 1e6, **err}
+        print(f"{name:>14}: {ms:.3f} ms ({res[name]['GBps']:.0f} GB/s one read + one write), loss diff "
+              f"{err['loss_max_abs_diff']:.1e}, grad diff {err['grad_max_abs_diff']:.1e}")
+    print(f"separate fwd {res['separate_fwd_ms']:.3f} + bwd {res['separate_bwd_ms']:.3f} ms; copy {res['copy_ms']:.3f} ms "
+          f"({res['copy_GBps']:.0f} GB/s)")
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_cross_entropy.json"))
     ap.add_argument("--linear", action="store_true", help="the LM head and loss as one node against two")
+    ap.add_argument("--fwd-grad-sweep", action="store_true",
+                    help="with --linear: first the loss + gradient kernel's forms (ce_triton.FWD_GRAD_MODE) alone")
     args = ap.parse_args()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                  "date": datetime.date.today().isoformat(), "V": V, "dtype": "bfloat16", "ignore_every": 64}
     if args.linear:
+        if args.fwd_grad_sweep:
+            res["fwd_grad_sweep"] = fwd_grad_sweep()
+            torch.cuda.empty_cache()
         res["linear_head"] = r = linear_head()
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -107,11 +107,9 @@ def _ce_bwd_kernel(x_ptr, tgt_ptr, lse_ptr, g_ptr, dx_ptr, V, T, stride_b, strid
 
 
 @triton.jit
-def _ce_fwd_grad_kernel(x_ptr, tgt_ptr, loss_ptr, V, stride_n, ignore_index, BLOCK_V: tl.constexpr):
-    """``_ce_fwd_kernel``'s loss, then the row's gradient for an upstream gradient of 1, ``softmax - onehot``,
-    written over the row itself in a second pass (the row read again right after the first, while it is likely
-    still in L2); ignored rows get zeros. Rows ``stride_n`` apart, unit stride along V."""
-    n = tl.program_id(0).to(tl.int64)
+def _fwd_grad_chunks(x_ptr, tgt_ptr, loss_ptr, n, V, stride_n, ignore_index, BLOCK_V: tl.constexpr):
+    """Row n: ``_ce_fwd_kernel``'s loss, then the row's gradient for an upstream gradient of 1, ``softmax -
+    onehot``, written over the row itself in a second pass over its chunks; ignored rows get zeros."""
     row = x_ptr + n * stride_n
     tgt = tl.load(tgt_ptr + n).to(tl.int64)
     cols = tl.arange(0, BLOCK_V)
@@ -133,15 +131,76 @@ def _ce_fwd_grad_kernel(x_ptr, tgt_ptr, loss_ptr, V, stride_n, ignore_index, BLO
             tl.store(row + c, d.to(x_ptr.dtype.element_ty), mask=c < V)
 
 
+@triton.jit
+def _ce_fwd_grad_kernel(x_ptr, tgt_ptr, loss_ptr, N, V, stride_n, ignore_index, BLOCK_V: tl.constexpr,
+                        PERSISTENT: tl.constexpr):
+    """:func:`_fwd_grad_chunks` for row ``program_id`` (one program a row), or with ``PERSISTENT`` for rows
+    ``program_id, program_id + num_programs, ...`` (a grid sized so that the rows in flight fit in L2 and each
+    row's second pass finds it there). Rows ``stride_n`` apart, unit stride along V."""
+    if PERSISTENT:
+        for n in range(tl.program_id(0), N, tl.num_programs(0)):
+            _fwd_grad_chunks(x_ptr, tgt_ptr, loss_ptr, n + tl.zeros([], tl.int64), V, stride_n, ignore_index, BLOCK_V)
+    else:
+        _fwd_grad_chunks(x_ptr, tgt_ptr, loss_ptr, tl.program_id(0).to(tl.int64), V, stride_n, ignore_index, BLOCK_V)
+
+
+@triton.jit
+def _ce_fwd_grad_row_kernel(x_ptr, tgt_ptr, loss_ptr, V, stride_n, ignore_index, BLOCK_V: tl.constexpr):
+    """The same as :func:`_ce_fwd_grad_kernel` with the whole row in registers (``BLOCK_V >= V``): one read of the
+    logits and one write of their gradient."""
+    n = tl.program_id(0).to(tl.int64)
+    row = x_ptr + n * stride_n
+    tgt = tl.load(tgt_ptr + n).to(tl.int64)
+    cols = tl.arange(0, BLOCK_V)
+    cm = cols < V
+    if tgt == ignore_index:
+        tl.store(loss_ptr + n, 0.0)
+        tl.store(row + cols, tl.zeros([BLOCK_V], dtype=x_ptr.dtype.element_ty), mask=cm)
+    else:
+        x = tl.load(row + cols, mask=cm, other=float("-inf")).to(tl.float32)
+        m = tl.max(x, 0)
+        e = tl.exp(x - m)
+        s = tl.sum(e, 0)
+        ok = (tgt >= 0) & (tgt < V)
+        x_t = tl.load(row + tgt, mask=ok, other=float("nan")).to(tl.float32)  # (before the row is overwritten)
+        tl.store(loss_ptr + n, m + tl.log(s) - x_t)
+        d = e * (1.0 / s) - (cols == tgt).to(tl.float32)
+        tl.store(row + cols, d.to(x_ptr.dtype.element_ty), mask=cm)
+
+
+# The forward-with-gradient kernel's form: "row" (the whole row in registers, V <= FWD_GRAD_ROW_MAX_V, else
+# "chunks"), "chunks" (two passes over BLOCK_V chunks, one program a row) or "persistent" (the same with
+# FWD_GRAD_PROGRAMS_PER_SM programs an SM looping over the rows). Session 37 (H100, call1): "chunks" took 2.11 ms at
+# the small model's 32768 x 32768 bf16 logits, the time of the separate forward and backward kernels (0.68 + 1.44):
+# the second pass missed L2 (up to 8 programs an SM x 64 KB rows in flight).
+FWD_GRAD_MODE = "row"
+FWD_GRAD_ROW_MAX_V = 32768
+FWD_GRAD_ROW_WARPS = 32
+FWD_GRAD_PROGRAMS_PER_SM = 2
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 def ce_forward_grad_(logits_NV: torch.Tensor, target_N: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """Per-row loss ``[N]`` fp32 of contiguous-row logits ``[N, V]``, which are overwritten with the gradient of
-    each row's loss (``softmax - onehot(target)``, zeros on ignored rows) in their own dtype."""
+    each row's loss (``softmax - onehot(target)``, zeros on ignored rows) in their own dtype (``FWD_GRAD_MODE``)."""
     N, V = logits_NV.shape
     loss = torch.empty(N, dtype=torch.float32, device=logits_NV.device)
-    if N:
-        block, warps = _config(V)
-        _ce_fwd_grad_kernel[(N,)](logits_NV, target_N, loss, V, logits_NV.stride(0), ignore_index, BLOCK_V=block,
-                                  num_warps=warps)
+    if not N:
+        return loss
+    args = (logits_NV, target_N, loss)
+    if FWD_GRAD_MODE == "row" and V <= FWD_GRAD_ROW_MAX_V:
+        block = triton.next_power_of_2(V)
+        _ce_fwd_grad_row_kernel[(N,)](*args, V, logits_NV.stride(0), ignore_index, BLOCK_V=block,
+                                      num_warps=max(1, min(FWD_GRAD_ROW_WARPS, block // 256)))
+        return loss
+    block, warps = _config(V)
+    persistent = FWD_GRAD_MODE == "persistent"
+    grid = min(N, FWD_GRAD_PROGRAMS_PER_SM * _sm_count(logits_NV.device)) if persistent else N
+    _ce_fwd_grad_kernel[(grid,)](*args, N, V, logits_NV.stride(0), ignore_index, BLOCK_V=block,
+                                 PERSISTENT=persistent, num_warps=warps)
     return loss
 
 

@@ -47,6 +47,24 @@ def test_matches_linear_then_cross_entropy_fp32(monkeypatch, lead, D, V, reducti
     assert got[0].dtype == torch.float32 and got[1].dtype == x.dtype and got[2].dtype == w.dtype
 
 
+@pytest.mark.parametrize("mode", ["row", "chunks", "persistent"])
+def test_forward_grad_kernel_forms(monkeypatch, mode):
+    """Every form of the forward-with-gradient kernel (``ce_triton.FWD_GRAD_MODE``) gives the PyTorch path's losses
+    and gradients: a one-chunk row, a two-chunk row (the whole-row form above its ``FWD_GRAD_ROW_MAX_V`` falls back
+    to chunks), and a persistent grid of fewer programs than rows."""
+    from kernels.cross_entropy import ce_triton
+
+    interpret_without_gpu(monkeypatch)
+    monkeypatch.setattr(ce_triton, "FWD_GRAD_MODE", mode)
+    monkeypatch.setattr(ce_triton, "FWD_GRAD_PROGRAMS_PER_SM", 1)  # 4 "SMs" on a CPU: 4 programs for 9 rows
+    for V, row_max in ((37, 64), (4099, 8192), (4099, 4096)):
+        monkeypatch.setattr(ce_triton, "FWD_GRAD_ROW_MAX_V", row_max)
+        x, w, t, up = _inputs((9,), 8, V, torch.float32, seed=V)
+        for name, a, b in zip(("loss", "dx", "dw"), _grads(x, w, t, up, "none", "triton"),
+                              _grads(x, w, t, up, "none", "torch")):
+            assert_rel_rms(a, b, 1e-5, f"{name} ({mode}, V={V}, row max {row_max})")
+
+
 def test_torch_path_is_linear_then_cross_entropy():
     """The PyTorch path is exactly ``cross_entropy_torch(F.linear(x, w), t)``."""
     x, w, t, _ = (a.cpu() for a in _inputs((3, 5), 8, 19, torch.float32))
