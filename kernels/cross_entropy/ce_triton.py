@@ -204,6 +204,31 @@ def ce_forward_grad_(logits_NV: torch.Tensor, target_N: torch.Tensor, ignore_ind
     return loss
 
 
+@triton.jit
+def _scale_rows_kernel(x_ptr, g_ptr, out_ptr, N, D, BR: tl.constexpr, BD: tl.constexpr):
+    """``out[n] = x[n] * g[n]`` for BR rows of D (contiguous) a program: fp32 products rounded once to out's dtype."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    m = (rows < N)[:, None] & (cols < D)[None, :]
+    off = rows[:, None] * D + cols[None, :]
+    g = tl.load(g_ptr + rows, mask=rows < N, other=0.0)
+    x = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + off, (x * g[:, None]).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def scale_rows(x_ND: torch.Tensor, g_N: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x_ND * g_N[:, None]`` (contiguous ``x``, fp32 ``g``) in x's dtype, into ``out`` (may be ``x``) or a new
+    tensor: one vectorised pass (PyTorch's mixed-dtype multiply into a 16-bit tensor is not vectorised: 0.10 ms for
+    the small model's 32768 x 768 on an H100, session 37 call1)."""
+    N, D = x_ND.shape
+    out = torch.empty_like(x_ND) if out is None else out
+    BD = triton.next_power_of_2(max(D, 1))
+    BR = max(1, min(16, 4096 // BD))
+    if N:
+        _scale_rows_kernel[(triton.cdiv(N, BR),)](x_ND, g_N, out, N, D, BR=BR, BD=BD, num_warps=4)
+    return out
+
+
 def _layout(x: torch.Tensor) -> tuple[int, int, int]:
     """(T, stride_b, stride_t) of a [N, V] (as B = 1) or [B, T, V] tensor with unit stride along V."""
     if x.dim() == 2:

@@ -35,16 +35,16 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_N: torch.Tensor):
+        from kernels.cross_entropy.ce_triton import scale_rows
+
         x_ND, w_VD, d_NV = ctx.saved_tensors
-        g = g_N.float().unsqueeze(1)
-        # each scaling is one kernel: products in fp32 (type promotion), rounded once into a tensor of x's dtype
+        g = g_N.float().contiguous()
+        # the rows' scalings: fp32 products rounded once to x's dtype, one pass each
         dx = None
         if ctx.needs_input_grad[0]:
             dx = d_NV @ w_VD
-            torch.mul(dx, g, out=dx)
-        dw = None
-        if ctx.needs_input_grad[1]:
-            dw = d_NV.t() @ torch.mul(x_ND, g, out=torch.empty_like(x_ND))
+            scale_rows(dx, g, out=dx)
+        dw = d_NV.t() @ scale_rows(x_ND.contiguous(), g) if ctx.needs_input_grad[1] else None
         return dx, dw, None, None
 
 
