@@ -7,8 +7,8 @@
 #       profiled training step with --head fused and --head logits, interleaved twice (issue 5's MFU).
 #   bash scripts/gpu_session37.sh fwdgrad   call2: the loss + gradient kernel's forms (ce_triton.FWD_GRAD_MODE: the
 #       whole row in registers, the two-pass chunks one program a row, a persistent grid): their GPU tests;
-#       bench_cross_entropy.py --linear --fwd-grad-sweep; the hybrid's profiled step with the fused head (default form
-#       and the persistent one) against the logits head, interleaved (issue 5); block AttnRes's step overhead twice
+#       bench_cross_entropy.py --linear --fwd-grad-sweep; the hybrid's profiled step with the fused head against the
+#       logits head, interleaved (issue 5); block AttnRes's step overhead twice
 #       with the fused head, the training app's (issue 6).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
@@ -40,10 +40,8 @@ fwdgrad)
     tests/kernels/test_linear_cross_entropy.py tests/kernels/test_cross_entropy.py tests/model/test_fused_head.py
   PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 180 python3 kernels/benchmarks/bench_cross_entropy.py \
     --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"
-  flipped_tree kernels/cross_entropy/ce_triton.py 's/^FWD_GRAD_MODE = "row"/FWD_GRAD_MODE = "persistent"/'
   backbone_run fused_a "$PWD" --head fused
   backbone_run logits_a "$PWD" --head logits
-  backbone_run persistent_a /tmp/flip --head fused
   backbone_run fused_b "$PWD" --head fused
   backbone_run logits_b "$PWD" --head logits
   for round in a b; do
