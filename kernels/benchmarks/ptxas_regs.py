@@ -128,6 +128,26 @@ def conv_bwd_stream_ptxas_report(w: int = 4, bd: int = 128, warps: int = 1, rows
     return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": stages})
 
 
+def ce_ptxas_report(kernel: str, V: int = 32768) -> str:
+    """``kernels.cross_entropy``'s loss + gradient kernels (``row``: whole rows of V bf16 logits at
+    ``FWD_GRAD_ROW_WARPS``; ``chunks`` / ``persistent``: the two-pass form) or ``scale_rows`` (D = 768), as
+    ``ce_forward_grad_`` / ``scale_rows`` launch them."""
+    from kernels.cross_entropy import ce_triton as ce
+
+    bf, i32 = "*bf16", "i32"
+    if kernel == "row":
+        fn, block = ce._ce_fwd_grad_row_kernel, triton.next_power_of_2(V)
+        args, consts, warps = [bf, "*i64", "*fp32", i32, i32, i32], dict(BLOCK_V=block), max(1, min(
+            ce.FWD_GRAD_ROW_WARPS, block // 256))
+    elif kernel in ("chunks", "persistent"):
+        fn, (block, warps) = ce._ce_fwd_grad_kernel, ce._config(V)
+        args, consts = [bf, "*i64", "*fp32", i32, i32, i32, i32], dict(BLOCK_V=block, PERSISTENT=kernel == "persistent")
+    else:
+        fn, args, consts, warps = ce._scale_rows_kernel, [bf, "*fp32", bf, i32, i32], dict(BR=4, BD=1024), 4
+    sig = dict(zip(fn.arg_names, args + ["constexpr"] * len(consts)))
+    return compile_report(fn, sig, consts, {"num_warps": warps, "num_stages": 1})
+
+
 def mla_expand_ptxas_report(kernel: str) -> str:
     """``kernels.mla_expand``'s ``fwd`` or ``bwd`` kernel for bf16 at the small flavor's head dims (128 / 64 / 128)."""
     from kernels import mla_expand as me
