@@ -8,7 +8,7 @@
 #   bash scripts/gpu_session37.sh fwdgrad   call2: the loss + gradient kernel's forms (ce_triton.FWD_GRAD_MODE: the
 #       whole row in registers, the two-pass chunks one program a row, a persistent grid): their GPU tests;
 #       bench_cross_entropy.py --linear --fwd-grad-sweep; the hybrid's profiled step with the fused head against the
-#       logits head, interleaved (issue 5); block AttnRes's step overhead twice
+#       logits head, interleaved (issue 5); block AttnRes's step overhead once
 #       with the fused head, the training app's (issue 6).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
@@ -44,9 +44,7 @@ fwdgrad)
   backbone_run logits_a "$PWD" --head logits
   backbone_run fused_b "$PWD" --head fused
   backbone_run logits_b "$PWD" --head logits
-  for round in a b; do
-    attnres_candidate attnres_$round 12 10
-  done
+  attnres_candidate attnres_a 12 10
   ;;
 *)
   echo "unknown mode $1" >&2
