@@ -35,13 +35,13 @@ head)
     backbone_run logits_$round "$PWD" --head logits
   done
   ;;
-fwdgrad)
-  PART_TAIL=8 part "cross entropy and fused head GPU tests" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_linear_cross_entropy.py tests/kernels/test_cross_entropy.py tests/model/test_fused_head.py
+fwdgrad)  # (the most telling parts first: the call may end at the session's last device time)
   PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 180 python3 kernels/benchmarks/bench_cross_entropy.py \
     --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"
   backbone_run fused_a "$PWD" --head fused
   backbone_run logits_a "$PWD" --head logits
+  PART_TAIL=8 part "cross entropy and fused head GPU tests" 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
+    tests/kernels/test_linear_cross_entropy.py tests/kernels/test_cross_entropy.py tests/model/test_fused_head.py
   backbone_run fused_b "$PWD" --head fused
   backbone_run logits_b "$PWD" --head logits
   attnres_candidate attnres_a 12 10
