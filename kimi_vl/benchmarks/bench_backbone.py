@@ -109,7 +109,7 @@ CATEGORIES = (
     ("kda", r"^_(prep|scores2|state|output|gate_fwd|gate_bwd|l2_fwd|l2_bwd|bwd_dy|bwd_inter|bwd_intra_pair|bwd_state)"
             r"_kernel$"),
     ("short_conv", r"^_(fwd|dpre|dx|conv_bwd_stream|final_state|dstate|update)_kernel$"),
-    ("loss", r"^_ce_(fwd|bwd|fwd_grad)_kernel$|SoftMax|nll_loss|cross_entropy"),
+    ("loss", r"^_ce_(fwd|bwd|fwd_grad|fwd_grad_row)_kernel$|^_scale_rows_kernel$|SoftMax|nll_loss|cross_entropy"),
     ("norm/act", r"^_(norm_fwd|norm_bwd|norm_bwd_rows|silu_mul_fwd|silu_mul_bwd)_kernel$"),
     ("attn_res", r"attn_res"),
     ("attention", r"flex_attention|flash|fmha|attention"),

@@ -17,3 +17,12 @@ def test_table_shows_device_bound_mfu_where_measured():
     assert "| hybrid | 32768 | 431,251 | 33.6% |  | 20.6 |" in lines
     assert "steps (ms): hybrid 4096: 79.5 75.0; hybrid 32768: 79.5 75.0" in lines
     assert "device-bound steps (ms): hybrid 4096: 74.8 75.3" in lines
+
+
+def test_every_loss_kernel_is_in_the_loss_category():
+    """The cross entropy's kernels, separate or fused with the LM head (each form), count as the step's loss."""
+    from kimi_vl.benchmarks.bench_backbone import categorise
+
+    names = ("_ce_fwd_kernel", "_ce_bwd_kernel", "_ce_fwd_grad_kernel", "_ce_fwd_grad_row_kernel", "_scale_rows_kernel")
+    assert [categorise(n) for n in names] == ["loss"] * len(names)
+    assert categorise("_norm_fwd_kernel") == "norm/act"
