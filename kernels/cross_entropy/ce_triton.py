@@ -120,9 +120,11 @@ def _fwd_grad_chunks(x_ptr, tgt_ptr, loss_ptr, n, V, stride_n, ignore_index, BLO
             c = start + cols
             tl.store(row + c, zero, mask=c < V)
     else:
-        lse = _row_lse(row, V, BLOCK_V)
+        # x_t before the row's reductions: their barriers keep every warp's read of it ahead of any warp's
+        # gradient store over the row (read after them, a warp could see another's gradient there)
         ok = (tgt >= 0) & (tgt < V)
         x_t = tl.load(row + tgt, mask=ok, other=float("nan")).to(tl.float32)
+        lse = _row_lse(row, V, BLOCK_V)
         tl.store(loss_ptr + n, lse - x_t)
         for start in range(0, V, BLOCK_V):
             c = start + cols
@@ -157,12 +159,12 @@ def _ce_fwd_grad_row_kernel(x_ptr, tgt_ptr, loss_ptr, V, stride_n, ignore_index,
         tl.store(loss_ptr + n, 0.0)
         tl.store(row + cols, tl.zeros([BLOCK_V], dtype=x_ptr.dtype.element_ty), mask=cm)
     else:
-        x = tl.load(row + cols, mask=cm, other=float("-inf")).to(tl.float32)
+        ok = (tgt >= 0) & (tgt < V)
+        x_t = tl.load(row + tgt, mask=ok, other=float("nan")).to(tl.float32)  # before the reductions' barriers
+        x = tl.load(row + cols, mask=cm, other=float("-inf")).to(tl.float32)  # (see _fwd_grad_chunks)
         m = tl.max(x, 0)
         e = tl.exp(x - m)
         s = tl.sum(e, 0)
-        ok = (tgt >= 0) & (tgt < V)
-        x_t = tl.load(row + tgt, mask=ok, other=float("nan")).to(tl.float32)  # (before the row is overwritten)
         tl.store(loss_ptr + n, m + tl.log(s) - x_t)
         d = e * (1.0 / s) - (cols == tgt).to(tl.float32)
         tl.store(row + cols, d.to(x_ptr.dtype.element_ty), mask=cm)

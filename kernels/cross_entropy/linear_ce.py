@@ -6,7 +6,8 @@ each at the ``small`` model's 32768 rows x 32768 classes). Here the forward writ
 upstream gradient of 1, ``softmax - onehot``, over the logits as soon as the row's loss is known
 (``ce_triton._ce_fwd_grad_kernel``, the row read twice in a row); the backward applies the rows' upstream
 gradients ``g_N`` to the head's small operands instead of the logits: ``dx = g (D w)`` and ``dw = D^T (g x)`` with
-``D`` the stored gradient. One read of the logits and one logits-sized buffer fewer; the logits are not returned.
+``D`` the stored gradient. One logits-sized buffer fewer, and one read of the logits fewer where the kernel holds
+a whole row in registers (``ce_triton.FWD_GRAD_MODE``, up to 32768 classes); the logits are not returned.
 
 Used by the model's head in training (``kimi_vl.modeling.head.LMHead``, the models' ``return_logits=False``). GPU
 timing against ``F.linear`` + :func:`kernels.cross_entropy.cross_entropy`: ``bench_cross_entropy.py --linear``.
@@ -51,8 +52,8 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                          reduction: str = "mean", backend: str | None = None) -> torch.Tensor:
     """``cross_entropy(F.linear(x, weight), target)`` without returning the logits: x ``[..., D]`` (fp32 / bf16 /
-    fp16; fp64 always takes the PyTorch path, like ``cross_entropy``'s), weight ``[V, D]`` of x's dtype, target ``x.shape[:-1]`` (class ids or ``ignore_index``). fp32 result:
-    per row (``"none"``), sum or mean over the non-ignored rows. Differentiable in x and weight. Backend as
+    fp16; fp64 always takes the PyTorch path), weight ``[V, D]`` of x's dtype, target ``x.shape[:-1]`` (class ids or
+    ``ignore_index``). fp32 result: per row (``"none"``), sum or mean over the non-ignored rows. Differentiable in x and weight. Backend as
     :func:`kernels.cross_entropy.cross_entropy` (the PyTorch path is ``F.linear`` then ``cross_entropy_torch``)."""
     fn = "linear_cross_entropy"
     if x.dim() < 2 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
