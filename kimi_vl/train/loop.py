@@ -79,11 +79,11 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, Any], device: torch.de
     ``fused_head``: the model returns per-row losses from its head's fused linear + cross entropy instead of the
     logits (``return_logits=False``; the same values and gradients, one read of the logits fewer on CUDA).
     """
-    labels = batch["labels"].to(device, non_blocking=True)
-    position_ids = batch["position_ids"].to(device, non_blocking=True)
+    inputs = model_inputs(batch, device, multimodal)
+    labels, position_ids = batch["labels"].to(device, non_blocking=True), inputs["position_ids"]
     head = {"labels": labels, "return_logits": False} if fused_head else {}
     with autocast:
-        out = model(**model_inputs(batch, device, multimodal), use_cache=False, **head)
+        out = model(**inputs, use_cache=False, **head)
     if fused_head:
         loss_BL, mask_BL = align_row_losses(out.row_losses, labels, position_ids)
     else:

@@ -70,6 +70,23 @@ def test_row_loss_head_through_the_triton_kernels(monkeypatch):
         torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_plain_linear_head_takes_the_same_path():
+    """A head set through ``set_output_embeddings`` as a plain ``nn.Linear`` (no targets argument): the row losses
+    come from its logits, equal to ``LMHead``'s."""
+    model = build(tiny_config(moe=False)).train()
+    ids = torch.randint(3, 97, (2, 9))
+    labels = _labels(ids)
+    ref, ref_grads = _loss_and_grads(model, ids, labels, return_logits=False)
+    plain = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False)
+    with torch.no_grad():
+        plain.weight.copy_(model.lm_head.weight)
+    model.set_output_embeddings(plain)
+    out, grads = _loss_and_grads(model, ids, labels, return_logits=False)
+    assert type(model.lm_head) is torch.nn.Linear and out.logits is None
+    torch.testing.assert_close(out.row_losses, ref.row_losses, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grads["lm_head.weight"], ref_grads["lm_head.weight"], rtol=1e-5, atol=1e-6)
+
+
 def test_head_under_autocast_computes_in_the_autocast_dtype():
     head = LMHead(16, 37, bias=False)
     x = torch.randn(3, 5, 16)
