@@ -11,10 +11,12 @@ rows), every 64th target ``ignore_index``, mean reduction (the model's loss). Fo
 ``triton_inplace`` is ours with ``inplace_backward=True`` (the gradient overwrites the logits).
 ``--linear``: instead, the ``small`` model's LM head and loss (x ``[32768, 768]``, weight ``[32768, 768]`` bf16, mean
 loss): ``kernels.cross_entropy.linear_cross_entropy`` (one node, the logits' gradient written in its forward) against
-``F.linear`` then ``cross_entropy`` (Triton; and with ``inplace_backward``), forward+backward time and peak memory, and the relative RMS difference of
-the loss, dx and dw between the two. Writes ``$OUT/bench_cross_entropy.json`` (or ``--out``) and prints a table.
+``F.linear`` then ``cross_entropy`` (Triton; and with ``inplace_backward``), forward+backward time and peak memory,
+and the relative RMS difference of the loss, dx and dw between them; with ``--fwd-grad-sweep`` first the loss +
+gradient kernel alone in each of its forms (:data:`FWD_GRAD_SETTINGS`). Writes ``$OUT/bench_cross_entropy.json``
+(or ``--out``) and prints a table.
 
-    python kernels/benchmarks/bench_cross_entropy.py [--linear]
+    python kernels/benchmarks/bench_cross_entropy.py [--linear [--fwd-grad-sweep]]
 """
 
 from __future__ import annotations
@@ -152,8 +154,7 @@ def fwd_grad_sweep(N: int = 32768) -> dict:
     nbytes = logits.numel() * logits.element_size()
     work = logits.clone()
     bench = lambda fn: float(triton.testing.do_bench(fn, warmup=5, rep=50, return_mode="median"))  # noqa: E731
-    lse_loss = ce_triton.ce_forward(logits, target, IGN)
-    ref_loss, lse = lse_loss
+    ref_loss, lse = ce_triton.ce_forward(logits, target, IGN)
     ones = torch.ones(N, device="cuda")
     ref_grad = ce_triton.ce_backward(logits, target, lse, ones, IGN, False)
     res: dict = {"N": N, "V": V, "copy_ms": bench(lambda: work.copy_(logits)),

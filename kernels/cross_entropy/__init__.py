@@ -9,7 +9,8 @@ gradient in the logits' dtype). The ``backend`` argument, else ``KVL_CE_BACKEND=
 CUDA and PyTorch elsewhere; ``KVL_CE_BACKEND=triton TRITON_INTERPRET=1`` runs the Triton kernels on a CPU.
 
 ``linear_cross_entropy(x, weight, target)`` (``linear_ce.py``) is the LM head and this loss as one node that never
-returns the logits (one read of them and one logits-sized buffer fewer on the Triton path).
+returns the logits (on the Triton path one logits-sized buffer fewer, and one read of them fewer up to 32768
+classes, where its kernel holds a whole row in registers).
 
 Shapes: logits ``[N, V]`` or ``[B, T, V]`` (unit stride along V, any row strides: ``logits_BLV[:, :-1]`` is
 read in place by the Triton path); target ``[N]`` / ``[B, T]``; the ``"none"`` loss has the target's shape.

@@ -215,8 +215,8 @@ def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Ten
     """d(qkv) ``[B, T, 3 H D]`` (``out``, else a new tensor), for q, k, v the thirds of ``qkv`` (:func:`qkv_base`)
     with q and k L2-normalised: each of ``q_part``, ``k_part`` is ``(dy, r)`` (upstream gradient, the fp32 inverse
     norms of :func:`l2norm_fwd` or None to form them from x again), its L2 backward written at that third's offsets;
-    ``dv`` copied into the v third (``None``: already there, written by the KDA backward through :func:`qkv_dv_view`). Separate gradients of the
-    ``chunk(3)`` views would leave autograd to concatenate them, a pass over the whole tensor (~0.3 ms a KDA layer
+    ``dv`` copied into the v third (``None``: already there, written by the KDA backward through
+    :func:`qkv_dv_view`). Separate gradients of the ``chunk(3)`` views would leave autograd to concatenate them, a pass over the whole tensor (~0.3 ms a KDA layer
     at 98k tokens x 2304 channels on an H100, session 13's trace)."""
     B, T, _ = qkv.shape
     HD = H * D
