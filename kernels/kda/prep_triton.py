@@ -216,8 +216,8 @@ def qkv_l2_grad(qkv: torch.Tensor, H: int, D: int, q_part, k_part, dv: torch.Ten
     with q and k L2-normalised: each of ``q_part``, ``k_part`` is ``(dy, r)`` (upstream gradient, the fp32 inverse
     norms of :func:`l2norm_fwd` or None to form them from x again), its L2 backward written at that third's offsets;
     ``dv`` copied into the v third (``None``: already there, written by the KDA backward through
-    :func:`qkv_dv_view`). Separate gradients of the ``chunk(3)`` views would leave autograd to concatenate them, a pass over the whole tensor (~0.3 ms a KDA layer
-    at 98k tokens x 2304 channels on an H100, session 13's trace)."""
+    :func:`qkv_dv_view`). Separate gradients of the ``chunk(3)`` views would leave autograd to concatenate them, a
+    pass over the whole tensor (~0.3 ms a KDA layer at 98k tokens x 2304 channels on an H100, session 13's trace)."""
     B, T, _ = qkv.shape
     HD = H * D
     dqkv = torch.empty_like(qkv) if out is None else out
