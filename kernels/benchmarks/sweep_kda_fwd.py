@@ -81,6 +81,11 @@ SETTINGS = [
     ("state bv16 s2", {"STATE_BV": 16, "STATE_LAUNCH": (4, 2)}),
     ("state bv16 s1", {"STATE_BV": 16, "STATE_LAUNCH": (4, 1)}),
     ("state bv64 s1", {"STATE_BV": 64, "STATE_LAUNCH": (4, 1)}),
+    ("norms prep", {"SCORES2_NORMS": 0}),
+    ("norms first pass", {"SCORES2_NORMS": 2}),
+    ("norms loop nreg192", {"SCORES2_NORMS": 1, "SCORES2_MAXNREG": 192}),
+    ("norms first pass nreg192", {"SCORES2_NORMS": 2, "SCORES2_MAXNREG": 192}),
+    ("norms prep again", {"SCORES2_NORMS": 0}),
 ]
 
 

@@ -281,6 +281,10 @@ INTRA_SPAN_MAX = 60.0
 # call5: scores kernel 0.642 -> 0.562 ms at 1 x 8192 x 32, 1.259 -> 1.108 at 2 x 16384 x 16; the identity in their
 # place (a timing probe, call4) 0.496 against 0.608
 SCORES2_DIAG_INV = 1
+# where the q, k rows' inverse L2 norms come from: 0 a first pass over q, k in the prep kernel; 1 the scores kernel's K
+# loop (raw rows accumulated, the scores scaled after it); 2 a first pass in the scores kernel. 1 and 2 leave the prep
+# kernel only g to read.
+SCORES2_NORMS = 1
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -406,6 +410,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         )
         bkp = min(BK, PREP_BK)
         suffix = fp32 and FP32_KG_SUFFIX
+        norms_in_scores = SCORES2_NORMS if use_l2 else 0
         grid, hf = chunk_head_grid(nch, HV, PREP_HEADS_FIRST)
         _prep_kernel[grid](
             q,
@@ -426,7 +431,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             GATE=use_gate,
             LOWER=lower_bound is not None,
             HAS_DTB=dt_bias is not None,
-            L2=use_l2,
+            L2=use_l2 and not norms_in_scores,
             SUFFIX=suffix,
             HEADS_FIRST=hf,
             num_warps=PREP_LAUNCH[0],
@@ -469,6 +474,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             span_max=INTRA_SPAN_MAX,
             HEADS_FIRST=hf,
             DINV=SCORES2_DIAG_INV,
+            NORMS=norms_in_scores,
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),

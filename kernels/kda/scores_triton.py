@@ -94,6 +94,22 @@ def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constex
 
 
 @triton.jit
+def _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_base, rb, rows, n, QS: tl.constexpr, K: tl.constexpr,
+               BK: tl.constexpr):
+    """Store the inverse L2 norms (eps 1e-6 under the root) of the chunk's q and k rows, BK columns a step."""
+    sq = tl.zeros([rows.shape[0]], dtype=tl.float32)
+    sk = tl.zeros([rows.shape[0]], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        ck = k0 + tl.arange(0, BK)
+        x = _load_tile(q_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rq_ptr, rb, False)
+        sq += tl.sum(x * x, 1)
+        x = _load_tile(k_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rk_ptr, rb, False)
+        sk += tl.sum(x * x, 1)
+    tl.store(rq_ptr + rb + rows, 1.0 / tl.sqrt(sq + 1e-6))
+    tl.store(rk_ptr + rb + rows, 1.0 / tl.sqrt(sk + 1e-6))
+
+
+@triton.jit
 def _scores_program(cbos_ptr, clen_ptr, QS: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                     C: tl.constexpr, S: tl.constexpr, HEADS_FIRST: tl.constexpr):
     """A (chunk, value head) program's set-up: ``(i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb)``: the
@@ -205,6 +221,7 @@ def _scores2_kernel(
     SUFFIX: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
     DINV: tl.constexpr = 1,
+    NORMS: tl.constexpr = 0,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -222,7 +239,15 @@ def _scores2_kernel(
     ``ieee`` for fp32) where the tile's largest ``|G_i - G_f|`` inside a block is <= ``span_max`` (so both factors
     stay far inside fp32's range), else pairwise (step j: key row ``16 (i // 16) + j`` for every row i, ``where``
     before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
-    lower blocks of Akk (zero on and above the diagonal)."""
+    lower blocks of Akk (zero on and above the diagonal).
+
+    ``NORMS`` (with ``L2``; 0: the prep kernel stored them): the inverse L2 norms of the q, k rows come from this
+    program. 1: from the score loop (sums of squares of the raw tiles it loads): every score is bilinear in its two
+    rows, so the accumulators take the raw rows and are scaled by ``rq_i rk_j`` / ``rk_i rk_j`` after the loop. 2:
+    from a first pass over q, k (whose rows the score loop then reads from L2), stored before a barrier and applied
+    as the tiles load. Either way the norms are stored for the W / U part (after a barrier) and the backward. Raw rows cannot overflow the fast diagonal path where it matters: a
+    kept entry's terms are ``q_i k_j e^(G_i - G_j)`` with ``G_i <= G_j``, at most ``|q| |k|``; only the discarded
+    entries above the diagonal carry ``e^span``, and ``where`` drops them whatever they hold."""
     i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, QS, H, HV, K, C, S,
                                                                               HEADS_FIRST)
     blk = rows // S
@@ -231,10 +256,19 @@ def _scores2_kernel(
     aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
+    TILE_L2: tl.constexpr = L2 and NORMS != 1  # tiles scaled by stored norms as they load
+    sq = tl.zeros([C], dtype=tl.float32)
+    sk = tl.zeros([C], dtype=tl.float32)
+    if NORMS == 2:
+        _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_base, rb, rows, n, QS, K, BKW)
+        tl.debug_barrier()
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
-                                             n, QS, K, L2)
+                                             n, QS, K, TILE_L2)
+        if NORMS == 1:
+            sq += tl.sum(qf * qf, 1)
+            sk += tl.sum(kf * kf, 1)
         # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
         ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :],
                       mask=(ck < K)[None, :], other=0.0)
@@ -243,11 +277,21 @@ def _scores2_kernel(
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
         fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max  # a reduction across warps: see _diag_step
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
-                              loc, ck, n, fast, QS, K, C, S, BKS, L2, DPREC)
+                              loc, ck, n, fast, QS, K, C, S, BKS, TILE_L2, DPREC)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     akk = tl.reshape(akk3, (C, C))
     aqk = tl.reshape(aqk3, (C, C))
+    if NORMS == 1:
+        rq = 1.0 / tl.sqrt(sq + 1e-6)
+        rk = 1.0 / tl.sqrt(sk + 1e-6)
+        tl.store(rq_ptr + rb + rows, rq)
+        tl.store(rk_ptr + rb + rows, rk)
+        akk = akk * (rk[:, None] * rk[None, :])
+        aqk = aqk * (rq[:, None] * rk[None, :])
+        rk3 = tl.reshape(rk, (NB, S))
+        dkk = dkk * (rk3[:, :, None] * rk3[:, None, :])
+        dqk = dqk * (tl.reshape(rq, (NB, S))[:, :, None] * rk3[:, None, :])
     before = blk[None, :] < blk[:, None]  # column's sub-block before the row's
     tl.store(Akk_ptr + a_off + rows[None, :], akk * b, mask=before)
     outside = blk[None, :] != blk[:, None]

@@ -286,11 +286,13 @@ def test_triton_l2_gate_several_k_tiles():
 
 @pytest.mark.parametrize("consts", [dict(PREP_BK=16, WU_B=16), dict(INTRA_SPAN_MAX=-1.0, SCORES2_BK=32),
                                     dict(PREP_BK=64), dict(STATE_BV=16), dict(SCORES2_DIAG_INV=0),
-                                    dict(PREP_HEADS_FIRST=False, SCORES2_HEADS_FIRST=False, OUT_HEADS_FIRST=False)])
+                                    dict(PREP_HEADS_FIRST=False, SCORES2_HEADS_FIRST=False, OUT_HEADS_FIRST=False),
+                                    dict(SCORES2_NORMS=0), dict(SCORES2_NORMS=2)])
 def test_tile_constants_agree(monkeypatch, consts):
     """Other prep / W-U tile widths (qg and kg are written K tile by K tile in the W / U loop), the prep kernel's work
     in one tile, the pairwise diagonal blocks with 32-column score tiles, the solve's diagonal inverses by substitution
-    (the default: products of powers), two programs per head in the state pass (V = 24 in 16-column blocks) and the
+    (the default: products of powers), the q, k norms from the prep kernel or a first pass of the scores kernel (default: its score loop), two
+    programs per head in the state pass (V = 24 in 16-column blocks) and the
     per-(chunk, head) kernels' grids chunks first, against the PyTorch path (varlen, K = 48 over several tiles,
     HV = 2H, L2 norm and gate with dt_bias, a slow and a fast head, fp32)."""
     from kernels.kda import chunk_triton
@@ -309,6 +311,23 @@ def test_tile_constants_agree(monkeypatch, consts):
     o, S = chunk_kda(*x[:5], **kw)
     assert_rel_rms(o, o0, 1e-5, "o")
     assert_rel_rms(S, S0, 1e-5, "S")
+
+
+def test_large_raw_rows_with_sharp_gates_stay_finite():
+    """The scores kernel accumulates raw (not yet normalised) q, k rows and scales by the norms after its loop
+    (``SCORES2_NORMS``): entries of 1e12 in tiles whose gates span 55.5 inside a sub-block (the diagonal blocks'
+    fast path, whose discarded entries reach |k|^2 e^55.5, overflowing fp32) still give the oracle on normalised
+    rows."""
+    q, k, v, _, beta, s0 = make_inputs(1, 40, 1, 1, 16, 16, h0=True)
+    g = torch.full((1, 40, 1, 16), -3.7, dtype=torch.float64)  # 15 steps: a span of 55.5 <= 60 inside a sub-block
+    q, k = q * 1e12, k * 1e12
+    qn, kn = F.normalize(q, dim=-1, eps=0.0), F.normalize(k, dim=-1, eps=0.0)
+    o_ref, S_ref = naive_recurrent_kda(qn, kn, v, g, beta, initial_state=s0, output_final_state=True)
+    x = _to([q, k, v, g, beta, s0])
+    o, S = chunk_kda(*x[:5], initial_state=x[5], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    assert_rel_rms(o, o_ref, 1e-5, "o")
+    assert_rel_rms(S, S_ref, 1e-5, "state")
 
 
 @pytest.mark.parametrize("diag_inv", [0, 1])
