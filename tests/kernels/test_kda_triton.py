@@ -291,10 +291,10 @@ def test_triton_l2_gate_several_k_tiles():
 def test_tile_constants_agree(monkeypatch, consts):
     """Other prep / W-U tile widths (qg and kg are written K tile by K tile in the W / U loop), the prep kernel's work
     in one tile, the pairwise diagonal blocks with 32-column score tiles, the solve's diagonal inverses by substitution
-    (the default: products of powers), the q, k norms from the prep kernel or a first pass of the scores kernel (default: its score loop), two
-    programs per head in the state pass (V = 24 in 16-column blocks) and the
-    per-(chunk, head) kernels' grids chunks first, against the PyTorch path (varlen, K = 48 over several tiles,
-    HV = 2H, L2 norm and gate with dt_bias, a slow and a fast head, fp32)."""
+    (the default: products of powers), two programs per head in the state pass (V = 24 in 16-column blocks), the
+    per-(chunk, head) kernels' grids chunks first, and the q, k norms from the prep kernel or a first pass of the
+    scores kernel (default: its score loop), against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2
+    norm and gate with dt_bias, a slow and a fast head, fp32)."""
     from kernels.kda import chunk_triton
 
     cu = torch.tensor([0, 5, 70, 150], dtype=torch.int32)
