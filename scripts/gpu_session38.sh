@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # Session 38's GPU calls (results: docs/results/gpu-2026-12-07-s38/):
-#   bash scripts/gpu_session38.sh norms   call1: the KDA forward's q, k inverse L2 norms from the scores kernel
-#       (chunk_triton.SCORES2_NORMS: 0 the prep kernel's first pass, as before; 1 the score loop's raw tiles, the
-#       scores scaled after it; 2 a first pass inside the scores kernel): sweep_kda_fwd.py of the settings at
+#   bash scripts/gpu_session38.sh norms   call1: the KDA forward's q, k inverse L2 norms and gate from the scores
+#       kernel (chunk_triton.SCORES2_NORMS: 0 the prep kernel's first pass, as before; 1 the score loop's raw tiles,
+#       the scores scaled after it; 2 a first pass inside the scores kernel; SCORES2_GATE: 0 the prep kernel, 1 the
+#       score loop, 2 a first pass; with both inside, no prep kernel): sweep_kda_fwd.py of the settings at
 #       1x8192x32, 2x16384x16 and the small hybrid's 8x4096x6 (per-kernel times); the KDA forward GPU tests; the
 #       cross entropy kernels' GPU tests and --fwd-grad-sweep (session 37's target-logit read before the reductions,
 #       not yet run on a GPU).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
-NORMS="default,norms prep,norms first pass,norms loop nreg192,norms first pass nreg192,norms prep again"
+NORMS="default,norms prep,gate prep,gate prep s2,gate first pass,norms gate first pass,norms gate loop nreg192"
+NORMS="$NORMS,norms first pass gate prep,norms prep again"
 
 gpu_header
 case "${1:?usage: gpu_session38.sh norms}" in
 norms)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
-  fwd_sweep 1x8192x32 100 "$NORMS"
-  fwd_sweep 2x16384x16 100 "$NORMS"
-  fwd_sweep 8x4096x6 100 "$NORMS" init
+  fwd_sweep 1x8192x32 130 "$NORMS"
+  fwd_sweep 2x16384x16 130 "$NORMS"
+  fwd_sweep 8x4096x6 130 "$NORMS" init
   kda_tests 150 tests/kernels/test_kda_prep.py
   PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 150 python3 kernels/benchmarks/bench_cross_entropy.py \
     --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"

@@ -61,6 +61,9 @@ def _signature(name: str) -> tuple:
         extra = dict(QS=32 * 128, H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
                      DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False, HEADS_FIRST=ct.SCORES2_HEADS_FIRST,
                      DINV=ct.SCORES2_DIAG_INV, NORMS=ct.SCORES2_NORMS)
+        if ct.SCORES2_GATE and ct.SCORES2_NORMS:  # the gate from the score loop, no prep kernel
+            args += [("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32"), ("gl", f32)]
+            extra |= dict(GATE_HERE=ct.SCORES2_GATE, GATE=True, LOWER=False, HAS_DTB=True)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]
@@ -69,7 +72,14 @@ def _signature(name: str) -> tuple:
         args = [(n, bf) for n in "qg h Aqk vn o".split()] + tab
         fn, extra = ct._output_kernel, dict(BV=ct.OUT_BV, FP32=False, HEADS_FIRST=ct.OUT_HEADS_FIRST)
     consts = {k: v for k, v in SHAPE.items() if k in fn.arg_names} | extra
-    sig = dict(zip(fn.arg_names, [t for _, t in args] + ["constexpr"] * len(consts)))
+    types = [t for _, t in args]  # the pointer and scalar arguments in order, constexprs by name; the rest None
+    sig = {}
+    for a in fn.arg_names:
+        if a not in consts and types:
+            sig[a] = types.pop(0)
+        else:
+            sig[a] = "constexpr"
+            consts.setdefault(a, None)
     return fn, sig, consts
 
 

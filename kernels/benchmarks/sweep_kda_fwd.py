@@ -81,10 +81,13 @@ SETTINGS = [
     ("state bv16 s2", {"STATE_BV": 16, "STATE_LAUNCH": (4, 2)}),
     ("state bv16 s1", {"STATE_BV": 16, "STATE_LAUNCH": (4, 1)}),
     ("state bv64 s1", {"STATE_BV": 64, "STATE_LAUNCH": (4, 1)}),
-    ("norms prep", {"SCORES2_NORMS": 0}),
-    ("norms first pass", {"SCORES2_NORMS": 2}),
-    ("norms loop nreg192", {"SCORES2_NORMS": 1, "SCORES2_MAXNREG": 192}),
-    ("norms first pass nreg192", {"SCORES2_NORMS": 2, "SCORES2_MAXNREG": 192}),
+    ("norms prep", {"SCORES2_NORMS": 0}),  # session 38: where the q, k norms and the gate come from
+    ("gate prep", {"SCORES2_GATE": 0}),
+    ("gate prep s2", {"SCORES2_GATE": 0, "SCORES2_LAUNCH": (4, 2)}),
+    ("gate first pass", {"SCORES2_GATE": 2}),
+    ("norms gate first pass", {"SCORES2_NORMS": 2, "SCORES2_GATE": 2}),
+    ("norms gate loop nreg192", {"SCORES2_MAXNREG": 192}),
+    ("norms first pass gate prep", {"SCORES2_NORMS": 2, "SCORES2_GATE": 0}),
     ("norms prep again", {"SCORES2_NORMS": 0}),
 ]
 

@@ -52,7 +52,7 @@ from kernels.backend import sm_count
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import BwdPrep, bwd_reads_g, chunk_kda_bwd_triton
 from kernels.kda.prep_triton import (
-    _gate,
+    _gate_cumsum_tile,
     gate_bwd,
     gate_fwd,
     l2norm_bwd,
@@ -85,34 +85,6 @@ def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS: tl.con
         sk += tl.sum(x * x, 1)
     tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
     tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
-
-
-@triton.jit
-def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
-                    HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
-                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
-    """One key-column tile ``ck`` of the chunk: the gate of raw g (or g as given), G = cumsum(g) and G_last stored;
-    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``. G_last is G's last row, stored by the
-    threads that hold it (rows past a short chunk's end hold g = 0, so the last row is the chunk's total). Until
-    session 24 it was a column sum of g: the cross-warp reduction took the kernel from 56 to 72 registers and
-    from 0.117 to 0.156 ms at 1 x 8192 x 32 (H200, call2)."""
-    cm = ck < K
-    m = rm[:, None] & cm[None, :]
-    g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
-    g = g.to(tl.float32)
-    if GATE:
-        a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
-        dtb = tl.zeros([ck.shape[0]], dtype=tl.float32)
-        if HAS_DTB:
-            dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
-        g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
-    G = tl.cumsum(g, 0)
-    last = (rows == C - 1)[:, None] & cm[None, :]
-    tl.store(gl_ptr + sc * K + (rows * 0)[:, None] + ck[None, :], G, mask=last)
-    off = sc * (C * K) + rows[:, None] * K + ck[None, :]
-    tl.store(G_ptr + off, G, mask=cm[None, :])
-    if SUFFIX:
-        tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
 
 
 @triton.jit
@@ -166,7 +138,7 @@ def _prep_kernel(
     if L2:
         _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
     for k0 in range(0, K, BKP):
-        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
+        _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
                         k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
 
 
@@ -285,6 +257,10 @@ SCORES2_DIAG_INV = 1
 # loop (raw rows accumulated, the scores scaled after it); 2 a first pass in the scores kernel. 1 and 2 leave the prep
 # kernel only g to read.
 SCORES2_NORMS = 1
+# 16-bit inputs whose norms do not come from the prep kernel (SCORES2_NORMS 1 or 2, or no L2 norm): the gate and
+# G = cumsum(g) from the scores kernel too, and no prep kernel: 1 in its score loop, 2 in a first pass; 0 from the
+# prep kernel (fp32 inputs always: it also writes kg's exponent as a suffix sum)
+SCORES2_GATE = 1
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -411,32 +387,33 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         bkp = min(BK, PREP_BK)
         suffix = fp32 and FP32_KG_SUFFIX
         norms_in_scores = SCORES2_NORMS if use_l2 else 0
+        gate_flags = dict(GATE=use_gate, LOWER=lower_bound is not None, HAS_DTB=dt_bias is not None)
+        gate_here = SCORES2_GATE if not suffix and (norms_in_scores or not use_l2) else 0  # then no prep kernel
         grid, hf = chunk_head_grid(nch, HV, PREP_HEADS_FIRST)
-        _prep_kernel[grid](
-            q,
-            k,
-            **gate_args,
-            **cbc,
-            G_ptr=G,
-            gl_ptr=gl,
-            rq_ptr=rq,
-            rk_ptr=rk,
-            E_ptr=kg,
-            QS=qs,
-            H=H,
-            HV=HV,
-            K=K,
-            C=CHUNK,
-            BKP=bkp,
-            GATE=use_gate,
-            LOWER=lower_bound is not None,
-            HAS_DTB=dt_bias is not None,
-            L2=use_l2 and not norms_in_scores,
-            SUFFIX=suffix,
-            HEADS_FIRST=hf,
-            num_warps=PREP_LAUNCH[0],
-            num_stages=PREP_LAUNCH[1],
-        )
+        if not gate_here:
+            _prep_kernel[grid](
+                q,
+                k,
+                **gate_args,
+                **cbc,
+                G_ptr=G,
+                gl_ptr=gl,
+                rq_ptr=rq,
+                rk_ptr=rk,
+                E_ptr=kg,
+                QS=qs,
+                H=H,
+                HV=HV,
+                K=K,
+                C=CHUNK,
+                BKP=bkp,
+                **gate_flags,
+                L2=use_l2 and not norms_in_scores,
+                SUFFIX=suffix,
+                HEADS_FIRST=hf,
+                num_warps=PREP_LAUNCH[0],
+                num_stages=PREP_LAUNCH[1],
+            )
         prec = "ieee" if fp32 else INTRA_PREC16
         grid, hf = chunk_head_grid(nch, HV, SCORES2_HEADS_FIRST)
         _scores2_kernel[grid](
@@ -475,6 +452,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             HEADS_FIRST=hf,
             DINV=SCORES2_DIAG_INV,
             NORMS=norms_in_scores,
+            **(dict(gate_args, gl_ptr=gl, GATE_HERE=gate_here, **gate_flags) if gate_here else {}),
             num_warps=SCORES2_LAUNCH[0],
             num_stages=SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),

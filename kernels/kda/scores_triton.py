@@ -23,6 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.kda.prep_triton import _gate_cumsum_tile
 from kernels.kda.state_common import _chunk_head_ids
 
 
@@ -127,14 +128,15 @@ def _scores_program(cbos_ptr, clen_ptr, QS: tl.constexpr, H: tl.constexpr, HV: t
 
 
 @triton.jit
-def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, QS: tl.constexpr,
+def _chunk_tile(q_ptr, k_ptr, G_ptr, Gf, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, QS: tl.constexpr,
                 K: tl.constexpr, L2: tl.constexpr):
-    """One K tile of a chunk for the scores: k, q (fp32, normalised when ``L2``), G, ``Gd = G - G_first`` (G less
-    its sub-block's first row) and ``k e^Gd``, ``q e^Gd``."""
+    """One K tile of a chunk for the scores: k, q (fp32, normalised when ``L2``), G (``Gf``, or from ``G_ptr`` when
+    None), ``Gd = G - G_first`` (G less its sub-block's first row) and ``k e^Gd``, ``q e^Gd``."""
     kf = _load_tile(k_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rk_ptr, rb, L2)
     qf = _load_tile(q_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rq_ptr, rb, L2)
     cm = (ck < K)[None, :]
-    Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
+    if Gf is None:
+        Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
     Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
     e = tl.exp(Gd)
     return kf, qf, Gf, Gd, kf * e, qf * e
@@ -222,6 +224,15 @@ def _scores2_kernel(
     HEADS_FIRST: tl.constexpr = False,
     DINV: tl.constexpr = 1,
     NORMS: tl.constexpr = 0,
+    g_ptr=None,
+    alog_ptr=None,
+    dtb_ptr=None,
+    lb=0.0,
+    gl_ptr=None,
+    GATE_HERE: tl.constexpr = 0,
+    GATE: tl.constexpr = False,
+    LOWER: tl.constexpr = False,
+    HAS_DTB: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -247,7 +258,13 @@ def _scores2_kernel(
     from a first pass over q, k (whose rows the score loop then reads from L2), stored before a barrier and applied
     as the tiles load. Either way the norms are stored for the W / U part (after a barrier) and the backward. Raw rows cannot overflow the fast diagonal path where it matters: a
     kept entry's terms are ``q_i k_j e^(G_i - G_j)`` with ``G_i <= G_j``, at most ``|q| |k|``; only the discarded
-    entries above the diagonal carry ``e^span``, and ``where`` drops them whatever they hold."""
+    entries above the diagonal carry ``e^span``, and ``where`` drops them whatever they hold.
+
+    ``GATE_HERE`` (16-bit inputs whose norms do not come from the prep kernel, which is then not launched at all):
+    the gate (``GATE``, ``LOWER``, ``HAS_DTB`` as the prep kernel's) of raw g and ``G = cumsum(g)``
+    (:func:`prep_triton._gate_cumsum_tile`: G and G_last stored for the later kernels and the backward) 1: each K
+    tile's from the score loop, the sub-blocks' first rows read back after a barrier; 2: from a first pass over g
+    (the score loop then reads G back as it does from the prep kernel)."""
     i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, QS, H, HV, K, C, S,
                                                                               HEADS_FIRST)
     blk = rows // S
@@ -261,11 +278,21 @@ def _scores2_kernel(
     sk = tl.zeros([C], dtype=tl.float32)
     if NORMS == 2:
         _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_base, rb, rows, n, QS, K, BKW)
+    if GATE_HERE == 2:
+        for k0 in range(0, K, BKW):
+            _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, G_ptr, bos, rows, rows < n, sc, i_hv,
+                              k0 + tl.arange(0, BKW), HV, K, C, GATE, LOWER, HAS_DTB, False)
+    if NORMS == 2 or GATE_HERE == 2:
         tl.debug_barrier()
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
-        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
-                                             n, QS, K, TILE_L2)
+        Gt = None
+        if GATE_HERE == 1:
+            Gt = _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, G_ptr, bos, rows, rows < n, sc, i_hv,
+                                   ck, HV, K, C, GATE, LOWER, HAS_DTB, False)
+            tl.debug_barrier()  # the sub-blocks' first rows are read back below
+        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, Gt, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first,
+                                             ck, n, QS, K, TILE_L2)
         if NORMS == 1:
             sq += tl.sum(qf * qf, 1)
             sk += tl.sum(kf * kf, 1)

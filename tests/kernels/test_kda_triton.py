@@ -287,13 +287,19 @@ def test_triton_l2_gate_several_k_tiles():
 @pytest.mark.parametrize("consts", [dict(PREP_BK=16, WU_B=16), dict(INTRA_SPAN_MAX=-1.0, SCORES2_BK=32),
                                     dict(PREP_BK=64), dict(STATE_BV=16), dict(SCORES2_DIAG_INV=0),
                                     dict(PREP_HEADS_FIRST=False, SCORES2_HEADS_FIRST=False, OUT_HEADS_FIRST=False),
-                                    dict(SCORES2_NORMS=0), dict(SCORES2_NORMS=2)])
+                                    dict(SCORES2_NORMS=0), dict(SCORES2_NORMS=2), dict(FP32_KG_SUFFIX=False),
+                                    dict(FP32_KG_SUFFIX=False, SCORES2_NORMS=2),
+                                    dict(FP32_KG_SUFFIX=False, SCORES2_GATE=0),
+                                    dict(FP32_KG_SUFFIX=False, SCORES2_GATE=2),
+                                    dict(FP32_KG_SUFFIX=False, SCORES2_GATE=2, SCORES2_NORMS=2)])
 def test_tile_constants_agree(monkeypatch, consts):
     """Other prep / W-U tile widths (qg and kg are written K tile by K tile in the W / U loop), the prep kernel's work
     in one tile, the pairwise diagonal blocks with 32-column score tiles, the solve's diagonal inverses by substitution
     (the default: products of powers), two programs per head in the state pass (V = 24 in 16-column blocks), the
-    per-(chunk, head) kernels' grids chunks first, and the q, k norms from the prep kernel or a first pass of the
-    scores kernel (default: its score loop), against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2
+    per-(chunk, head) kernels' grids chunks first, the q, k norms from the prep kernel or a first pass of the
+    scores kernel (default: its score loop), and, with kg's exponent as 16-bit inputs take it (a difference of
+    prefix sums), the gate inside the scores kernel's loop (no prep kernel; the default for 16-bit inputs), in a first pass of it, or
+    in the prep kernel, against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2
     norm and gate with dt_bias, a slow and a fast head, fp32)."""
     from kernels.kda import chunk_triton
 
