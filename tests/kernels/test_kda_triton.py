@@ -298,8 +298,8 @@ def test_tile_constants_agree(monkeypatch, consts):
     (the default: products of powers), two programs per head in the state pass (V = 24 in 16-column blocks), the
     per-(chunk, head) kernels' grids chunks first, the q, k norms from the prep kernel or a first pass of the
     scores kernel (default: its score loop), and, with kg's exponent as 16-bit inputs take it (a difference of
-    prefix sums), the gate inside the scores kernel's loop (no prep kernel; the default for 16-bit inputs), in a first pass of it, or
-    in the prep kernel, against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2
+    prefix sums), the gate inside the scores kernel's loop (no prep kernel; the default for 16-bit inputs), in a
+    first pass of it, or in the prep kernel, against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2
     norm and gate with dt_bias, a slow and a fast head, fp32)."""
     from kernels.kda import chunk_triton
 
