@@ -3,14 +3,15 @@
 #   bash scripts/gpu_session38.sh norms   call1: the KDA forward's q, k inverse L2 norms and gate from the scores
 #       kernel (chunk_triton.SCORES2_NORMS: 0 the prep kernel's first pass, as before; 1 the score loop's raw tiles,
 #       the scores scaled after it; 2 a first pass inside the scores kernel; SCORES2_GATE: 0 the prep kernel, 1 the
-#       score loop, 2 a first pass; with both inside, no prep kernel): sweep_kda_fwd.py of the settings at
+#       score loop, 2 a first pass, 3 the score loop without reading G back; with both inside, no prep kernel): sweep_kda_fwd.py of the settings at
 #       1x8192x32, 2x16384x16 and the small hybrid's 8x4096x6 (per-kernel times); the KDA forward GPU tests; the
 #       cross entropy kernels' GPU tests and --fwd-grad-sweep (session 37's target-logit read before the reductions,
 #       not yet run on a GPU).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
-NORMS="default,norms prep,gate prep,gate prep s2,gate first pass,norms gate first pass,norms gate loop nreg192"
+NORMS="default,norms prep,gate prep,gate prep s2,gate first pass,gate loop regs,gate loop regs s2"
+NORMS="$NORMS,norms gate first pass,norms gate loop nreg192"
 NORMS="$NORMS,norms first pass gate prep,norms prep again"
 
 gpu_header

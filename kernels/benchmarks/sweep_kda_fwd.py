@@ -85,6 +85,8 @@ SETTINGS = [
     ("gate prep", {"SCORES2_GATE": 0}),
     ("gate prep s2", {"SCORES2_GATE": 0, "SCORES2_LAUNCH": (4, 2)}),
     ("gate first pass", {"SCORES2_GATE": 2}),
+    ("gate loop regs", {"SCORES2_GATE": 3}),
+    ("gate loop regs s2", {"SCORES2_GATE": 3, "SCORES2_LAUNCH": (4, 2)}),
     ("norms gate first pass", {"SCORES2_NORMS": 2, "SCORES2_GATE": 2}),
     ("norms gate loop nreg192", {"SCORES2_MAXNREG": 192}),
     ("norms first pass gate prep", {"SCORES2_NORMS": 2, "SCORES2_GATE": 0}),

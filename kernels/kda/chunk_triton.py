@@ -258,7 +258,8 @@ SCORES2_DIAG_INV = 1
 # kernel only g to read.
 SCORES2_NORMS = 1
 # 16-bit inputs whose norms do not come from the prep kernel (SCORES2_NORMS 1 or 2, or no L2 norm): the gate and
-# G = cumsum(g) from the scores kernel too, and no prep kernel: 1 in its score loop, 2 in a first pass; 0 from the
+# G = cumsum(g) from the scores kernel too, and no prep kernel: 1 in its score loop (the sub-blocks' first rows read
+# back after a barrier), 3 the same from registers, 2 in a first pass; 0 from the
 # prep kernel (fp32 inputs always: it also writes kg's exponent as a suffix sum)
 SCORES2_GATE = 1
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel

@@ -128,24 +128,43 @@ def _scores_program(cbos_ptr, clen_ptr, QS: tl.constexpr, H: tl.constexpr, HV: t
 
 
 @triton.jit
-def _chunk_tile(q_ptr, k_ptr, G_ptr, Gf, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, QS: tl.constexpr,
+def _chunk_tile(q_ptr, k_ptr, G_ptr, Gf, Gd, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, QS: tl.constexpr,
                 K: tl.constexpr, L2: tl.constexpr):
     """One K tile of a chunk for the scores: k, q (fp32, normalised when ``L2``), G (``Gf``, or from ``G_ptr`` when
-    None), ``Gd = G - G_first`` (G less its sub-block's first row) and ``k e^Gd``, ``q e^Gd``."""
+    None), ``Gd = G - G_first`` (G less its sub-block's first row; given or from ``G_ptr``) and ``k e^Gd``, ``q e^Gd``."""
     kf = _load_tile(k_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rk_ptr, rb, L2)
     qf = _load_tile(q_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rq_ptr, rb, L2)
     cm = (ck < K)[None, :]
     if Gf is None:
         Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
-    Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
+    if Gd is None:
+        Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
     e = tl.exp(Gd)
     return kf, qf, Gf, Gd, kf * e, qf * e
 
 
 @triton.jit
+def _gate_tile_segments(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, bos, rows, n, sc, i_hv, ck, HV: tl.constexpr,
+                        K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
+                        HAS_DTB: tl.constexpr):
+    """One K tile's gate and ``G = cumsum(g)`` (stored, with G_last, by :func:`prep_triton._gate_cumsum_tile`) and,
+    from registers, ``Gd = G - G_first`` as a cumulative sum inside each sub-block from its second row and the
+    sub-blocks' first rows ``ref [C // S, BKS]``: ``(G, Gd, ref)``."""
+    NB: tl.constexpr = C // S
+    G = _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, G_ptr, bos, rows, rows < n, sc, i_hv, ck, HV, K,
+                          C, GATE, LOWER, HAS_DTB, False)
+    BKS: tl.constexpr = ck.shape[0]
+    g3 = tl.reshape(G, (NB, S, BKS))
+    head = (tl.arange(0, S) == 0)[None, :, None]
+    ref = tl.sum(tl.where(head, g3, 0.0), 1)
+    Gd = tl.reshape(g3 - ref[:, None, :], (C, BKS))
+    return G, Gd, ref
+
+
+@triton.jit
 def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, fast,
                QS: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
-               L2: tl.constexpr, DPREC: tl.constexpr):
+               L2: tl.constexpr, DPREC: tl.constexpr, SYNC: tl.constexpr = False):
     """One K tile's share of the four diagonal 16 x 16 blocks ``dkk``, ``dqk`` ([4, 16, 16] fp32): one batched dot
     through each block's first row where the tile's gates allow (``fast``: ``|Gd| <= span_max``), else pairwise.
     The check, a reduction of the tile across warps, costs: without it (a timing probe, wrong where a tile needs the
@@ -162,6 +181,8 @@ def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, 
         dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
         dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
     else:  # pairwise, column j of every diagonal block at once
+        if SYNC:  # G was stored by this program's loop: its rows must reach the other threads (fast is CTA-uniform)
+            tl.debug_barrier()
         cm = (ck < K)[None, :]
         for j in range(0, S):
             src = first + j
@@ -287,24 +308,31 @@ def _scores2_kernel(
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
         Gt = None
+        Gdt = None
         if GATE_HERE == 1:
             Gt = _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, G_ptr, bos, rows, rows < n, sc, i_hv,
                                    ck, HV, K, C, GATE, LOWER, HAS_DTB, False)
             tl.debug_barrier()  # the sub-blocks' first rows are read back below
-        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, Gt, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first,
-                                             ck, n, QS, K, TILE_L2)
+        if GATE_HERE == 3:
+            Gt, Gdt, ref3 = _gate_tile_segments(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, bos, rows, n, sc, i_hv,
+                                                ck, HV, K, C, S, GATE, LOWER, HAS_DTB)
+        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, Gt, Gdt, rq_ptr, rk_ptr, qk_base, g_base, rb, rows,
+                                             first, ck, n, QS, K, TILE_L2)
         if NORMS == 1:
             sq += tl.sum(qf * qf, 1)
             sk += tl.sum(kf * kf, 1)
         # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
-        ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :],
-                      mask=(ck < K)[None, :], other=0.0)
+        if GATE_HERE == 3:
+            ref = ref3
+        else:
+            ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :],
+                          mask=(ck < K)[None, :], other=0.0)
         R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
         akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
         fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max  # a reduction across warps: see _diag_step
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
-                              loc, ck, n, fast, QS, K, C, S, BKS, TILE_L2, DPREC)
+                              loc, ck, n, fast, QS, K, C, S, BKS, TILE_L2, DPREC, GATE_HERE == 3)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     akk = tl.reshape(akk3, (C, C))

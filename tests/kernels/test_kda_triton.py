@@ -291,7 +291,8 @@ def test_triton_l2_gate_several_k_tiles():
                                     dict(FP32_KG_SUFFIX=False, SCORES2_NORMS=2),
                                     dict(FP32_KG_SUFFIX=False, SCORES2_GATE=0),
                                     dict(FP32_KG_SUFFIX=False, SCORES2_GATE=2),
-                                    dict(FP32_KG_SUFFIX=False, SCORES2_GATE=2, SCORES2_NORMS=2)])
+                                    dict(FP32_KG_SUFFIX=False, SCORES2_GATE=2, SCORES2_NORMS=2),
+                                    dict(FP32_KG_SUFFIX=False, SCORES2_GATE=3)])
 def test_tile_constants_agree(monkeypatch, consts):
     """Other prep / W-U tile widths (qg and kg are written K tile by K tile in the W / U loop), the prep kernel's work
     in one tile, the pairwise diagonal blocks with 32-column score tiles, the solve's diagonal inverses by substitution
