@@ -4,9 +4,9 @@
 #       kernel (chunk_triton.SCORES2_NORMS: 0 the prep kernel's first pass, as before; 1 the score loop's raw tiles,
 #       the scores scaled after it; 2 a first pass inside the scores kernel; SCORES2_GATE: 0 the prep kernel, 1 the
 #       score loop, 2 a first pass, 3 the score loop without reading G back; with both inside, no prep kernel): sweep_kda_fwd.py of the settings at
-#       1x8192x32, 2x16384x16 and the small hybrid's 8x4096x6 (per-kernel times); the KDA forward GPU tests; the
-#       cross entropy kernels' GPU tests and --fwd-grad-sweep (session 37's target-logit read before the reductions,
-#       not yet run on a GPU).
+#       1x8192x32 and five of them at the small hybrid's 8x4096x6 (per-kernel times); the KDA GPU tests;
+#       bench_cross_entropy.py --fwd-grad-sweep (session 37's target-logit read before the reductions, not yet run
+#       on a GPU).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
@@ -18,14 +18,11 @@ gpu_header
 case "${1:?usage: gpu_session38.sh norms}" in
 norms)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
-  fwd_sweep 1x8192x32 130 "$NORMS"
-  fwd_sweep 2x16384x16 130 "$NORMS"
-  fwd_sweep 8x4096x6 130 "$NORMS" init
+  fwd_sweep 1x8192x32 210 "$NORMS"
+  fwd_sweep 8x4096x6 100 "default,norms prep,gate prep s2,gate loop regs,norms prep again" init
   kda_tests 150 tests/kernels/test_kda_prep.py
-  PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 150 python3 kernels/benchmarks/bench_cross_entropy.py \
+  PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 100 python3 kernels/benchmarks/bench_cross_entropy.py \
     --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"
-  PART_TAIL=8 part "cross entropy and fused head GPU tests" 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rf \
-    tests/kernels/test_linear_cross_entropy.py tests/kernels/test_cross_entropy.py tests/model/test_fused_head.py
   ;;
 *)
   echo "unknown mode $1" >&2
