@@ -4,25 +4,22 @@
 #       kernel (chunk_triton.SCORES2_NORMS: 0 the prep kernel's first pass, as before; 1 the score loop's raw tiles,
 #       the scores scaled after it; 2 a first pass inside the scores kernel; SCORES2_GATE: 0 the prep kernel, 1 the
 #       score loop, 2 a first pass, 3 the score loop without reading G back; with both inside, no prep kernel): sweep_kda_fwd.py of the settings at
-#       1x8192x32 and five of them at the small hybrid's 8x4096x6 (per-kernel times); the KDA GPU tests;
+#       1x8192x32 and four at the small hybrid's 8x4096x6 (per-kernel times, o against fp64 for each);
 #       bench_cross_entropy.py --fwd-grad-sweep (session 37's target-logit read before the reductions, not yet run
-#       on a GPU).
+#       on a GPU); the KDA forward GPU tests.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
-
-NORMS="default,norms prep,gate prep,gate prep s2,gate first pass,gate loop regs,gate loop regs s2"
-NORMS="$NORMS,norms gate first pass,norms gate loop nreg192"
-NORMS="$NORMS,norms first pass gate prep,norms prep again"
 
 gpu_header
 case "${1:?usage: gpu_session38.sh norms}" in
 norms)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
-  fwd_sweep 1x8192x32 210 "$NORMS"
-  fwd_sweep 8x4096x6 100 "default,norms prep,gate prep s2,gate loop regs,norms prep again" init
-  kda_tests 150 tests/kernels/test_kda_prep.py
-  PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 100 python3 kernels/benchmarks/bench_cross_entropy.py \
+  fwd_sweep 1x8192x32 150 "default,norms prep,gate prep s2,gate loop regs,gate first pass,gate loop regs s2,norms prep again"
+  fwd_sweep 8x4096x6 80 "default,norms prep,gate loop regs,norms prep again" init
+  PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 80 python3 kernels/benchmarks/bench_cross_entropy.py \
     --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"
+  PART_TAIL=8 part "KDA forward tests on the GPU" 120 python3 -m pytest -q -n 14 -p no:cacheprovider -rf \
+    tests/kernels/test_kda_triton.py
   ;;
 *)
   echo "unknown mode $1" >&2
