@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 38's GPU calls (results: docs/results/gpu-2026-12-07-s38/):
 #   bash scripts/gpu_session38.sh norms   call1: the KDA forward's q, k inverse L2 norms and gate from the scores
-#       kernel (chunk_triton.SCORES2_NORMS: 0 the prep kernel's first pass, as before; 1 the score loop's raw tiles,
+#       kernel (chunk_triton.SCORES2_NORMS: 0 the prep kernel's first pass, as before and the default; 1 the score loop's raw tiles,
 #       the scores scaled after it; 2 a first pass inside the scores kernel; SCORES2_GATE: 0 the prep kernel, 1 the
 #       score loop, 2 a first pass, 3 the score loop without reading G back; with both inside, no prep kernel): sweep_kda_fwd.py of the settings at
 #       1x8192x32 and four at the small hybrid's 8x4096x6 (per-kernel times, o against fp64 for each);
@@ -14,8 +14,8 @@ gpu_header
 case "${1:?usage: gpu_session38.sh norms}" in
 norms)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
-  fwd_sweep 1x8192x32 150 "default,norms prep,gate prep s2,gate loop regs,gate first pass,gate loop regs s2,norms prep again"
-  fwd_sweep 8x4096x6 80 "default,norms prep,gate loop regs,norms prep again" init
+  fwd_sweep 1x8192x32 150 "default,scores norms gate,scores norms gate regs,scores norms gate regs s2,scores norms s2,scores norms gate first pass,default again"
+  fwd_sweep 8x4096x6 80 "default,scores norms gate,scores norms gate regs,default again" init
   PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 80 python3 kernels/benchmarks/bench_cross_entropy.py \
     --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"
   PART_TAIL=8 part "KDA forward tests on the GPU" 120 python3 -m pytest -q -n 14 -p no:cacheprovider -rf \

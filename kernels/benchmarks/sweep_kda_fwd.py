@@ -81,16 +81,13 @@ SETTINGS = [
     ("state bv16 s2", {"STATE_BV": 16, "STATE_LAUNCH": (4, 2)}),
     ("state bv16 s1", {"STATE_BV": 16, "STATE_LAUNCH": (4, 1)}),
     ("state bv64 s1", {"STATE_BV": 64, "STATE_LAUNCH": (4, 1)}),
-    ("norms prep", {"SCORES2_NORMS": 0}),  # session 38: where the q, k norms and the gate come from
-    ("gate prep", {"SCORES2_GATE": 0}),
-    ("gate prep s2", {"SCORES2_GATE": 0, "SCORES2_LAUNCH": (4, 2)}),
-    ("gate first pass", {"SCORES2_GATE": 2}),
-    ("gate loop regs", {"SCORES2_GATE": 3}),
-    ("gate loop regs s2", {"SCORES2_GATE": 3, "SCORES2_LAUNCH": (4, 2)}),
-    ("norms gate first pass", {"SCORES2_NORMS": 2, "SCORES2_GATE": 2}),
-    ("norms gate loop nreg192", {"SCORES2_MAXNREG": 192}),
-    ("norms first pass gate prep", {"SCORES2_NORMS": 2, "SCORES2_GATE": 0}),
-    ("norms prep again", {"SCORES2_NORMS": 0}),
+    # session 38: the q, k norms and the gate from the scores kernel (no prep kernel), against the prep kernel
+    ("scores norms gate", {"SCORES2_NORMS": 1, "SCORES2_GATE": 1}),
+    ("scores norms gate regs", {"SCORES2_NORMS": 1, "SCORES2_GATE": 3}),
+    ("scores norms gate regs s2", {"SCORES2_NORMS": 1, "SCORES2_GATE": 3, "SCORES2_LAUNCH": (4, 2)}),
+    ("scores norms gate first pass", {"SCORES2_NORMS": 1, "SCORES2_GATE": 2}),
+    ("scores norms s2", {"SCORES2_NORMS": 1, "SCORES2_GATE": 0, "SCORES2_LAUNCH": (4, 2)}),
+    ("scores first passes", {"SCORES2_NORMS": 2, "SCORES2_GATE": 2}),
 ]
 
 

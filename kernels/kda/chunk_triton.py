@@ -256,7 +256,7 @@ SCORES2_DIAG_INV = 1
 # where the q, k rows' inverse L2 norms come from: 0 a first pass over q, k in the prep kernel; 1 the scores kernel's K
 # loop (raw rows accumulated, the scores scaled after it); 2 a first pass in the scores kernel. 1 and 2 leave the prep
 # kernel only g to read.
-SCORES2_NORMS = 1
+SCORES2_NORMS = 0
 # 16-bit inputs whose norms do not come from the prep kernel (SCORES2_NORMS 1 or 2, or no L2 norm): the gate and
 # G = cumsum(g) from the scores kernel too, and no prep kernel: 1 in its score loop (the sub-blocks' first rows read
 # back after a barrier), 3 the same from registers, 2 in a first pass; 0 from the
