@@ -63,28 +63,10 @@ from kernels.kda.prep_triton import (
     qkv_l2_grad,
     token_rows,
 )
-from kernels.kda.scores_triton import _scores2_kernel
+from kernels.kda.scores_triton import _row_norms, _scores2_kernel
 from kernels.kda.state_common import _chunk_head_ids, _load_state, _mm, _state_program, chunk_head_grid, state_block_v
 
 SUB = 16
-
-
-@triton.jit
-def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS: tl.constexpr, K: tl.constexpr,
-                C: tl.constexpr, BKP: tl.constexpr):
-    """Store the inverse L2 norms of the chunk's q and k rows (fp32, eps 1e-6 under the root), K tile by K tile."""
-    qk_off = (bos + rows)[:, None] * QS + i_h * K
-    sq = tl.zeros([C], dtype=tl.float32)
-    sk = tl.zeros([C], dtype=tl.float32)
-    for k0 in range(0, K, BKP):
-        ck = k0 + tl.arange(0, BKP)
-        m = rm[:, None] & (ck < K)[None, :]
-        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        sq += tl.sum(x * x, 1)
-        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
-        sk += tl.sum(x * x, 1)
-    tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
-    tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
 
 
 @triton.jit
@@ -136,7 +118,7 @@ def _prep_kernel(
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
     if L2:
-        _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
+        _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos * QS + i_h * K, sc * C, rows, n, QS, K, BKP)
     for k0 in range(0, K, BKP):
         _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
                         k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)

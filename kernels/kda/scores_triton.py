@@ -131,7 +131,8 @@ def _scores_program(cbos_ptr, clen_ptr, QS: tl.constexpr, H: tl.constexpr, HV: t
 def _chunk_tile(q_ptr, k_ptr, G_ptr, Gf, Gd, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, QS: tl.constexpr,
                 K: tl.constexpr, L2: tl.constexpr):
     """One K tile of a chunk for the scores: k, q (fp32, normalised when ``L2``), G (``Gf``, or from ``G_ptr`` when
-    None), ``Gd = G - G_first`` (G less its sub-block's first row; given or from ``G_ptr``) and ``k e^Gd``, ``q e^Gd``."""
+    None), ``Gd = G - G_first`` (G less its sub-block's first row; given, or from ``G_ptr`` when None) and
+    ``k e^Gd``, ``q e^Gd``."""
     kf = _load_tile(k_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rk_ptr, rb, L2)
     qf = _load_tile(q_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rq_ptr, rb, L2)
     cm = (ck < K)[None, :]
@@ -148,8 +149,8 @@ def _gate_tile_segments(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, bos, rows, 
                         K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
                         HAS_DTB: tl.constexpr):
     """One K tile's gate and ``G = cumsum(g)`` (stored, with G_last, by :func:`prep_triton._gate_cumsum_tile`) and,
-    from registers, ``Gd = G - G_first`` as a cumulative sum inside each sub-block from its second row and the
-    sub-blocks' first rows ``ref [C // S, BKS]``: ``(G, Gd, ref)``."""
+    from registers (a masked sum over each sub-block's rows instead of reading G back), the sub-blocks' first rows
+    ``ref [C // S, BKS]`` and ``Gd = G - G_first``: ``(G, Gd, ref)``."""
     NB: tl.constexpr = C // S
     G = _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, G_ptr, bos, rows, rows < n, sc, i_hv, ck, HV, K,
                           C, GATE, LOWER, HAS_DTB, False)
@@ -277,15 +278,18 @@ def _scores2_kernel(
     program. 1: from the score loop (sums of squares of the raw tiles it loads): every score is bilinear in its two
     rows, so the accumulators take the raw rows and are scaled by ``rq_i rk_j`` / ``rk_i rk_j`` after the loop. 2:
     from a first pass over q, k (whose rows the score loop then reads from L2), stored before a barrier and applied
-    as the tiles load. Either way the norms are stored for the W / U part (after a barrier) and the backward. Raw rows cannot overflow the fast diagonal path where it matters: a
-    kept entry's terms are ``q_i k_j e^(G_i - G_j)`` with ``G_i <= G_j``, at most ``|q| |k|``; only the discarded
-    entries above the diagonal carry ``e^span``, and ``where`` drops them whatever they hold.
+    as the tiles load. Either way the norms are stored for the W / U part (after a barrier) and the backward. Raw
+    rows cannot overflow the fast diagonal path where it matters: a kept entry's terms are ``q_i k_j e^(G_i - G_j)``
+    with ``G_i <= G_j``, at most ``|q| |k|``; only the discarded entries above the diagonal carry ``e^span``, and
+    ``where`` drops them whatever they hold.
 
     ``GATE_HERE`` (16-bit inputs whose norms do not come from the prep kernel, which is then not launched at all):
     the gate (``GATE``, ``LOWER``, ``HAS_DTB`` as the prep kernel's) of raw g and ``G = cumsum(g)``
     (:func:`prep_triton._gate_cumsum_tile`: G and G_last stored for the later kernels and the backward) 1: each K
-    tile's from the score loop, the sub-blocks' first rows read back after a barrier; 2: from a first pass over g
-    (the score loop then reads G back as it does from the prep kernel)."""
+    tile's from the score loop, the sub-blocks' first rows read back after a barrier; 3: the same with those rows
+    from registers (:func:`_gate_tile_segments`; a barrier only before a pairwise tile, which reads G's rows); 2:
+    from a first pass over g (the score loop then reads G back as it does from the prep kernel). Session 20 measured
+    a form like 1 (with the earlier scores kernel) at 1.26 ms against 0.58 + the prep kernel's 0.17."""
     i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, QS, H, HV, K, C, S,
                                                                               HEADS_FIRST)
     blk = rows // S
