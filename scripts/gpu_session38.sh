@@ -7,11 +7,12 @@
 #       1x8192x32 and four at the small hybrid's 8x4096x6 (per-kernel times, o against fp64 for each);
 #       bench_cross_entropy.py --fwd-grad-sweep (session 37's target-logit read before the reductions, not yet run
 #       on a GPU); the KDA forward GPU tests.
+#   bash scripts/gpu_session38.sh short   the same sweeps with fewer settings and the cross entropy sweep, no tests.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session38.sh norms}" in
+case "${1:?usage: gpu_session38.sh norms|short}" in
 norms)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
   fwd_sweep 1x8192x32 150 "default,scores norms gate,scores norms gate regs,scores norms gate regs s2,scores norms s2,scores norms gate first pass,default again"
@@ -20,6 +21,13 @@ norms)  # (the most telling parts first: the call may end at the session's last 
     --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"
   PART_TAIL=8 part "KDA forward tests on the GPU" 120 python3 -m pytest -q -n 14 -p no:cacheprovider -rf \
     tests/kernels/test_kda_triton.py
+  ;;
+short)  # the same, fewer settings, for the session's last device time
+  install_fla
+  fwd_sweep 1x8192x32 120 "default,scores norms gate regs,scores norms s2,scores norms gate,default again"
+  fwd_sweep 8x4096x6 60 "default,scores norms gate regs,scores norms s2,default again" init
+  PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 60 python3 kernels/benchmarks/bench_cross_entropy.py \
+    --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"
   ;;
 *)
   echo "unknown mode $1" >&2
