@@ -7,12 +7,14 @@
 #       1x8192x32 and four at the small hybrid's 8x4096x6 (per-kernel times, o against fp64 for each);
 #       bench_cross_entropy.py --fwd-grad-sweep (session 37's target-logit read before the reductions, not yet run
 #       on a GPU); the KDA forward GPU tests.
-#   bash scripts/gpu_session38.sh short   the same sweeps with fewer settings and the cross entropy sweep, no tests.
+#   bash scripts/gpu_session38.sh short   call1: the same sweeps with fewer settings and the cross entropy sweep.
+#   bash scripts/gpu_session38.sh final   call2: the norms in the score loop at 2 stages against the default at the
+#       hybrid's 8x4096x6; bench_kda.py --graph with it against fla at 1x8192x32 and 4x4096x32.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session38.sh norms|short}" in
+case "${1:?usage: gpu_session38.sh norms|short|final}" in
 norms)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
   fwd_sweep 1x8192x32 150 "default,scores norms gate,scores norms gate regs,scores norms gate regs s2,scores norms s2,scores norms gate first pass,default again"
@@ -28,6 +30,14 @@ short)  # the same, fewer settings, for the session's last device time
   fwd_sweep 8x4096x6 60 "default,scores norms gate regs,scores norms s2,default again" init
   PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 60 python3 kernels/benchmarks/bench_cross_entropy.py \
     --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"
+  ;;
+final)  # call2: the one form call1 found faster, at the hybrid's shape and against fla with CUDA-graph forwards
+  install_fla
+  printf 'SCORES2_NORMS=1\nSCORES2_LAUNCH=(4, 2)\n' >"$OUT/set.txt"
+  fwd_sweep 8x4096x6 70 "default,scores norms s2" init
+  PART_TAIL=30 part "bench_kda ours (norms in the score loop, 2 stages) vs fla" 110 python3 \
+    kernels/benchmarks/bench_kda.py --no-prelude --graph --impls ours,fla --deadline 90 --shapes 1x8192x32,4x4096x32 \
+    --set-file "$OUT/set.txt" --out "$OUT/bench_kda.json"
   ;;
 *)
   echo "unknown mode $1" >&2
