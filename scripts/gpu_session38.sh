@@ -31,6 +31,13 @@ short)  # the same, fewer settings, for the session's last device time
   PART_TAIL=16 part "bench_cross_entropy --linear --fwd-grad-sweep" 60 python3 kernels/benchmarks/bench_cross_entropy.py \
     --linear --fwd-grad-sweep --out "$OUT/bench_linear_ce.json"
   ;;
+bench)  # call3: bench_kda.py alone with the set-file call2 should have had (call2's lacked SCORES2_GATE=0)
+  install_fla
+  printf 'SCORES2_NORMS=1\nSCORES2_GATE=0\nSCORES2_LAUNCH=(4, 2)\n' >"$OUT/set.txt"
+  PART_TAIL=30 part "bench_kda ours (norms in the score loop, gate in prep, 2 stages) vs fla" 80 python3 \
+    kernels/benchmarks/bench_kda.py --no-prelude --graph --impls ours,fla --deadline 60 --shapes 1x8192x32,4x4096x32 \
+    --set-file "$OUT/set.txt" --out "$OUT/bench_kda.json"
+  ;;
 final)  # call2: the one form call1 found faster, at the hybrid's shape and against fla with CUDA-graph forwards
   install_fla
   printf 'SCORES2_NORMS=1\nSCORES2_LAUNCH=(4, 2)\n' >"$OUT/set.txt"

@@ -35,7 +35,8 @@ SHAPE = dict(HV=32, K=128, V=128, BK=128, C=64)
 def _launch() -> tuple[dict, dict, dict]:
     """``(warps, stages, maxnreg)`` per forward kernel, as ``chunk_triton._fwd`` launches them now."""
     warps = dict(prep=ct.PREP_LAUNCH[0], scores2=ct.SCORES2_LAUNCH[0], state=ct.STATE_LAUNCH[0], output=ct.OUT_WARPS)
-    stages = dict(prep=ct.PREP_LAUNCH[1], scores2=ct.SCORES2_LAUNCH[1], state=ct.STATE_LAUNCH[1], output=3)
+    s2 = ct.SCORES2_NORMS_STAGES if ct.SCORES2_NORMS == 1 else ct.SCORES2_LAUNCH[1]
+    stages = dict(prep=ct.PREP_LAUNCH[1], scores2=s2, state=ct.STATE_LAUNCH[1], output=3)
     return warps, stages, {"scores2": ct.SCORES2_MAXNREG}
 
 

@@ -237,13 +237,18 @@ INTRA_SPAN_MAX = 60.0
 SCORES2_DIAG_INV = 1
 # where the q, k rows' inverse L2 norms come from: 0 a first pass over q, k in the prep kernel; 1 the scores kernel's K
 # loop (raw rows accumulated, the scores scaled after it); 2 a first pass in the scores kernel. 1 and 2 leave the prep
-# kernel only g to read.
-SCORES2_NORMS = 0
+# kernel only g to read. H100, session 38 (sweep_kda_fwd, training-path forward, call1 1x8192x32 / call2 8x4096x6):
+# 1 at 2 stages 1.011 / 0.743 ms against 0 at 3 stages 1.067 / 0.778 (prep 0.144 -> 0.085 / 0.111 -> 0.065, scores
+# 0.563 -> 0.557 / 0.399 -> 0.410)
+SCORES2_NORMS = 1
+SCORES2_NORMS_STAGES = 2  # num_stages of the scores kernel with SCORES2_NORMS = 1 (3 stages: 144 B of spills, 2: none)
 # 16-bit inputs whose norms do not come from the prep kernel (SCORES2_NORMS 1 or 2, or no L2 norm): the gate and
 # G = cumsum(g) from the scores kernel too, and no prep kernel: 1 in its score loop (the sub-blocks' first rows read
-# back after a barrier), 3 the same from registers, 2 in a first pass; 0 from the
-# prep kernel (fp32 inputs always: it also writes kg's exponent as a suffix sum)
-SCORES2_GATE = 1
+# back after a barrier), 3 the same from registers, 2 in a first pass; 0 from the prep kernel (fp32 inputs always: it
+# also writes kg's exponent as a suffix sum). H100, session 38 call1 at 1x8192x32: forward 1.376 ms with 1 (scores
+# kernel 1.032), 1.370 with 3 (1.003), against 1.011 with 0: the gate's scan in the score loop costs more than the
+# prep kernel's whole pass (as session 20 found with the earlier scores kernel)
+SCORES2_GATE = 0
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -437,7 +442,7 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             NORMS=norms_in_scores,
             **(dict(gate_args, gl_ptr=gl, GATE_HERE=gate_here, **gate_flags) if gate_here else {}),
             num_warps=SCORES2_LAUNCH[0],
-            num_stages=SCORES2_LAUNCH[1],
+            num_stages=SCORES2_NORMS_STAGES if norms_in_scores == 1 else SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy
