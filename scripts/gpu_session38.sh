@@ -9,12 +9,15 @@
 #       on a GPU); the KDA forward GPU tests.
 #   bash scripts/gpu_session38.sh short   call1: the same sweeps with fewer settings and the cross entropy sweep.
 #   bash scripts/gpu_session38.sh final   call2: the norms in the score loop at 2 stages against the default at the
-#       hybrid's 8x4096x6; bench_kda.py --graph with it against fla at 1x8192x32 and 4x4096x32.
+#       hybrid's 8x4096x6; bench_kda.py --graph with it against fla at 1x8192x32 and 4x4096x32 (its set-file lacked
+#       SCORES2_GATE=0, the default then being 1: it timed the gate in the score loop).
+#   bash scripts/gpu_session38.sh bench   call3: that bench_kda.py run with SCORES2_GATE=0.
+# (Calls 1-3 ran before SCORES2_NORMS_STAGES existed: SCORES2_LAUNCH's stages applied to every form.)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session38.sh norms|short|final}" in
+case "${1:?usage: gpu_session38.sh norms|short|final|bench}" in
 norms)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
   fwd_sweep 1x8192x32 150 "default,scores norms gate,scores norms gate regs,scores norms gate regs s2,scores norms s2,scores norms gate first pass,default again"
