@@ -3,12 +3,13 @@
 Kernels (all fixed-configuration, so they run under ``TRITON_INTERPRET=1`` on a CPU), chunk C = 64 split
 into four 16-token sub-blocks; each kernel works through K (or V) in tiles so that its registers stay small:
 
-1. ``_prep_kernel``, per (chunk, value head): optional inverse L2 norms of the q, k rows (stored, applied
-   by every later consumer, so normalised q, k are never rounded to 16 bits); the gate (softplus
-   "unbounded" or sigmoid lower bound) and the chunk-local cumulative sum G (fp32, stored), G_last.
+1. ``_prep_kernel``, per (chunk, value head): the gate (softplus "unbounded" or sigmoid lower bound) and the
+   chunk-local cumulative sum G (fp32, stored), G_last; with ``SCORES2_NORMS = 0`` also the inverse L2 norms of
+   the q, k rows (stored, applied by every later consumer, so normalised q, k are never rounded to 16 bits).
 2. ``_scores2_kernel`` (``scores_triton.py``), per (chunk, value head): ``Akk`` / ``Aqk`` over K tiles of 16
    (the off-diagonal blocks as one batched tensor-core dot a tile, the diagonal blocks in fp32 through each block's
-   first row), then in the same program:
+   first row; by default from the raw q, k rows, whose inverse norms the same loop forms and stores, the scores
+   scaled by them after it: ``SCORES2_NORMS``), then in the same program:
 3. ``T = (I + Akk)^-1`` in place by blocked forward substitution, and
 4. ``W = T (beta K Gamma)``, ``U = T (beta V)``, and with them ``qg = scale Q Gamma`` and ``kg = K exp(G_last - G)``
    (for 16-bit inputs the exponent is a difference of the stored fp32 prefix sums; for fp32 inputs the prep kernel
@@ -31,7 +32,7 @@ fp32. All varlen bookkeeping is a host-side table of chunks (token start, length
 can exceed 2^31 are int64.
 
 Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the forward runs the same kernels, L2 norm
-and gate inside the prep kernel, and keeps the per-chunk intermediates, the inverse norms of q, k and the raw q, k,
+and gate inside them (the scores and prep kernels), and keeps the per-chunk intermediates, the inverse norms of q, k and the raw q, k,
 g; the backward runs ``chunk_triton_bwd.chunk_kda_bwd_triton`` on the raw q, k with those norms and takes the gate's
 backward inside its inter kernel (``BWD_FUSED_L2``, ``BWD_FUSED_GATE``; else it recomputes normalised q, k and runs
 the gate's backward with ``prep_triton.py``'s kernels), then the L2 norm's backward.
