@@ -52,8 +52,8 @@ def _signature(name: str) -> tuple:
         args = [("q", bf), ("k", bf), ("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32")] + tab
         args += [("G", f32), ("gl", f32), ("rq", f32), ("rk", f32), ("E", bf)]
         fn = ct._prep_kernel
-        extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True, L2=not ct.SCORES2_NORMS, SUFFIX=False,
-                     HEADS_FIRST=ct.PREP_HEADS_FIRST)
+        extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True,
+                     L2=not ct.SCORES2_NORMS, SUFFIX=False, HEADS_FIRST=ct.PREP_HEADS_FIRST)
     elif name == "scores2":  # scores, solve and W / U in one program
         args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
         args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf), ("qg", bf), ("kg", bf)]

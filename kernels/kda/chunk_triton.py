@@ -32,10 +32,11 @@ fp32. All varlen bookkeeping is a host-side table of chunks (token start, length
 can exceed 2^31 are int64.
 
 Backward (:class:`ChunkKDAFunction`, used when a gradient is needed): the forward runs the same kernels, L2 norm
-and gate inside them (the scores and prep kernels), and keeps the per-chunk intermediates, the inverse norms of q, k and the raw q, k,
-g; the backward runs ``chunk_triton_bwd.chunk_kda_bwd_triton`` on the raw q, k with those norms and takes the gate's
-backward inside its inter kernel (``BWD_FUSED_L2``, ``BWD_FUSED_GATE``; else it recomputes normalised q, k and runs
-the gate's backward with ``prep_triton.py``'s kernels), then the L2 norm's backward.
+and gate inside them (the scores and prep kernels), and keeps the per-chunk intermediates, the inverse norms of q,
+k and the raw q, k, g; the backward runs ``chunk_triton_bwd.chunk_kda_bwd_triton`` on the raw q, k with those
+norms and takes the gate's backward inside its inter kernel (``BWD_FUSED_L2``, ``BWD_FUSED_GATE``; else it
+recomputes normalised q, k and runs the gate's backward with ``prep_triton.py``'s kernels), then the L2 norm's
+backward.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def _prep_kernel(
         _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos * QS + i_h * K, sc * C, rows, n, QS, K, BKP)
     for k0 in range(0, K, BKP):
         _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
-                        k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+                          k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
 
 
 @triton.jit

@@ -16,9 +16,10 @@ and one backward:
   ``d g_raw = dg dG/dx``; ``dA_log`` and ``d dt_bias`` are per-program partial sums over the block's tokens
   (``[NB, HV]``, ``[NB, HV, K]`` fp32) reduced afterwards by ``torch.sum`` (deterministic, no atomics).
 
-The KDA op's training path (``chunk_triton.ChunkKDAFunction``) normalises and gates inside its forward's prep
-kernel and uses these kernels only in its backward, without autograd: :func:`qkv_l2_grad` / :func:`l2norm_bwd`
-(with ``r`` None: the inverse norms formed again from x in the same pass), and, with ``BWD_FUSED_L2`` /
+The KDA op's training path (``chunk_triton.ChunkKDAFunction``) normalises and gates inside its forward's kernels
+(:func:`_gate_cumsum_tile` here is the prep kernel's gate and scan, also callable from the scores kernel) and uses
+these kernels only in its backward, without autograd: :func:`qkv_l2_grad` / :func:`l2norm_bwd` (with ``r`` None:
+the inverse norms formed again from x in the same pass), and, with ``BWD_FUSED_L2`` /
 ``BWD_FUSED_GATE`` off, :func:`l2norm_fwd`, :func:`gate_fwd` / :func:`gate_bwd` (on, the core backward's inter
 kernel takes the gate's backward through :func:`_gate_grad`); the autograd functions here are the same maths as
 standalone differentiable ops.
@@ -55,8 +56,8 @@ def _gate(x, a_log, lb, LOWER: tl.constexpr):
 
 @triton.jit
 def _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
-                    HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
-                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
+                      HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
+                      HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
     """One key-column tile ``ck`` of a KDA chunk (its rows ``bos + rows``, ``rm`` the valid ones; its scratch slab
     ``sc``): the gate of raw g (or g as given), G = cumsum(g) and G_last stored, G returned;
     with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``. G_last is G's last row, stored by the
