@@ -279,10 +279,13 @@ class KimiVLForCausalLM(LMHeadMixin, KimiVLPreTrainedModel, GenerationMixin):
 
 
 def causal_lm_loss(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
-    """Mean next-token cross entropy (fp32) over targets != -100; packed documents do not predict each other.
+    """Mean next-token cross entropy (fp32) over targets != -100; packed documents do not predict each other; 0 (with
+    zero gradients, not NaN) when no target counts, as the row-loss head's path (``return_logits=False``).
 
     Row t of ``logits_BLV`` is scored against ``labels_BL[:, t + 1]`` (the last row of each sequence is ignored),
     so the logits are used unsliced and the gradient is written into one logits-shaped buffer."""
     # kernels.cross_entropy: on CUDA a fused kernel that reads the bf16 logits directly (no fp32 copy); on CPU
-    # F.cross_entropy on logits.float(), bit-identical to the formula used before
-    return cross_entropy(logits_BLV, causal_targets(labels_BL, cu_seqlens), ignore_index=IGNORE)
+    # F.cross_entropy on logits.float(); its sum over the count equals its mean bit for bit where a target counts
+    targets_BL = causal_targets(labels_BL, cu_seqlens)
+    total = cross_entropy(logits_BLV, targets_BL, ignore_index=IGNORE, reduction="sum")
+    return total / (targets_BL != IGNORE).sum().clamp(min=1)

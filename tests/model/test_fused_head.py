@@ -98,6 +98,16 @@ def test_head_under_autocast_computes_in_the_autocast_dtype():
     torch.testing.assert_close(rows, cross_entropy(logits, targets, reduction="none"), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("return_logits", [True, False])
+def test_no_counted_target_gives_zero_loss_and_gradients(return_logits):
+    """Labels that are all ignored (a prompt-only batch) give loss 0 and zero gradients on both paths, not NaN."""
+    model = build(tiny_config(moe=False)).train()
+    ids = torch.randint(3, 97, (2, 12))
+    out, grads = _loss_and_grads(model, ids, torch.full_like(ids, IGNORE), return_logits=return_logits)
+    assert out.loss.item() == 0.0
+    assert grads and all(torch.equal(g, torch.zeros_like(g)) for g in grads.values())
+
+
 def test_return_logits_false_needs_labels_and_all_rows():
     model = build(tiny_config(moe=False))
     ids = torch.randint(3, 97, (1, 8))
