@@ -12,7 +12,8 @@
 #       hybrid's 8x4096x6; bench_kda.py --graph with it against fla at 1x8192x32 and 4x4096x32 (its set-file lacked
 #       SCORES2_GATE=0, the default then being 1: it timed the gate in the score loop).
 #   bash scripts/gpu_session38.sh bench   call3: that bench_kda.py run with SCORES2_GATE=0.
-# (Calls 1-3 ran before SCORES2_NORMS_STAGES existed: SCORES2_LAUNCH's stages applied to every form.)
+# (Calls 1-3 ran the code of eb9a8eb: SCORES2_LAUNCH's stages applied to every form, and the SCORES2_GATE forms and
+# SCORES2_NORMS = 2 existed; the review removed those after the session: check out eb9a8eb to rerun these modes.)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 

@@ -35,7 +35,7 @@ SHAPE = dict(HV=32, K=128, V=128, BK=128, C=64)
 def _launch() -> tuple[dict, dict, dict]:
     """``(warps, stages, maxnreg)`` per forward kernel, as ``chunk_triton._fwd`` launches them now."""
     warps = dict(prep=ct.PREP_LAUNCH[0], scores2=ct.SCORES2_LAUNCH[0], state=ct.STATE_LAUNCH[0], output=ct.OUT_WARPS)
-    s2 = ct.SCORES2_NORMS_STAGES if ct.SCORES2_NORMS == 1 else ct.SCORES2_LAUNCH[1]
+    s2 = ct.SCORES2_NORMS_STAGES if ct.SCORES2_NORMS else ct.SCORES2_LAUNCH[1]
     stages = dict(prep=ct.PREP_LAUNCH[1], scores2=s2, state=ct.STATE_LAUNCH[1], output=3)
     return warps, stages, {"scores2": ct.SCORES2_MAXNREG}
 
@@ -62,9 +62,6 @@ def _signature(name: str) -> tuple:
         extra = dict(QS=32 * 128, H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
                      DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False, HEADS_FIRST=ct.SCORES2_HEADS_FIRST,
                      DINV=ct.SCORES2_DIAG_INV, NORMS=ct.SCORES2_NORMS)
-        if ct.SCORES2_GATE and ct.SCORES2_NORMS:  # the gate from the score loop, no prep kernel
-            args += [("g", bf), ("alog", f32), ("dtb", f32), ("lb", "fp32"), ("gl", f32)]
-            extra |= dict(GATE_HERE=ct.SCORES2_GATE, GATE=True, LOWER=False, HAS_DTB=True)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]
@@ -73,14 +70,7 @@ def _signature(name: str) -> tuple:
         args = [(n, bf) for n in "qg h Aqk vn o".split()] + tab
         fn, extra = ct._output_kernel, dict(BV=ct.OUT_BV, FP32=False, HEADS_FIRST=ct.OUT_HEADS_FIRST)
     consts = {k: v for k, v in SHAPE.items() if k in fn.arg_names} | extra
-    types = [t for _, t in args]  # the pointer and scalar arguments in order, constexprs by name; the rest None
-    sig = {}
-    for a in fn.arg_names:
-        if a not in consts and types:
-            sig[a] = types.pop(0)
-        else:
-            sig[a] = "constexpr"
-            consts.setdefault(a, None)
+    sig = dict(zip(fn.arg_names, [t for _, t in args] + ["constexpr"] * len(consts)))
     return fn, sig, consts
 
 

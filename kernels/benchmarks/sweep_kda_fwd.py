@@ -81,16 +81,9 @@ SETTINGS = [
     ("state bv16 s2", {"STATE_BV": 16, "STATE_LAUNCH": (4, 2)}),
     ("state bv16 s1", {"STATE_BV": 16, "STATE_LAUNCH": (4, 1)}),
     ("state bv64 s1", {"STATE_BV": 64, "STATE_LAUNCH": (4, 1)}),
-    # session 38: the q, k norms and the gate from the scores kernel (no prep kernel) or the prep kernel; call1 ran
-    # these names when the default was SCORES2_NORMS = 0 (its "default"); the values here are the ones it ran
-    ("norms prep", {"SCORES2_NORMS": 0}),
-    ("scores norms gate", {"SCORES2_NORMS": 1, "SCORES2_GATE": 1, "SCORES2_NORMS_STAGES": 3}),
-    ("scores norms gate regs", {"SCORES2_NORMS": 1, "SCORES2_GATE": 3, "SCORES2_NORMS_STAGES": 3}),
-    ("scores norms gate regs s2", {"SCORES2_NORMS": 1, "SCORES2_GATE": 3, "SCORES2_NORMS_STAGES": 2}),
-    ("scores norms gate first pass", {"SCORES2_NORMS": 1, "SCORES2_GATE": 2, "SCORES2_NORMS_STAGES": 3}),
-    ("scores norms s2", {"SCORES2_NORMS": 1, "SCORES2_GATE": 0, "SCORES2_NORMS_STAGES": 2}),
-    ("scores norms s3", {"SCORES2_NORMS": 1, "SCORES2_GATE": 0, "SCORES2_NORMS_STAGES": 3}),
-    ("scores first passes", {"SCORES2_NORMS": 2, "SCORES2_GATE": 2}),
+    # session 38 (the norms in the scores kernel's loop, now the default): the prep kernel's norms; and 3 stages
+    ("norms prep", {"SCORES2_NORMS": False}),
+    ("scores norms s3", {"SCORES2_NORMS_STAGES": 3}),
 ]
 
 

@@ -53,8 +53,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
                          reduction: str = "mean", backend: str | None = None) -> torch.Tensor:
     """``cross_entropy(F.linear(x, weight), target)`` without returning the logits: x ``[..., D]`` (fp32 / bf16 /
     fp16; fp64 always takes the PyTorch path), weight ``[V, D]`` of x's dtype, target ``x.shape[:-1]`` (class ids or
-    ``ignore_index``). fp32 result: per row (``"none"``), sum or mean over the non-ignored rows. Differentiable in x and weight. Backend as
-    :func:`kernels.cross_entropy.cross_entropy` (the PyTorch path is ``F.linear`` then ``cross_entropy_torch``)."""
+    ``ignore_index``). fp32 result: per row (``"none"``), sum or mean over the non-ignored rows. Differentiable in x
+    and weight. Backend as :func:`kernels.cross_entropy.cross_entropy` (the PyTorch path is ``F.linear`` then
+    ``cross_entropy_torch``)."""
     fn = "linear_cross_entropy"
     if x.dim() < 2 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         fail(fn, f"x must be [..., D] and weight [V, D], got x {tuple(x.shape)} and weight {tuple(weight.shape)}")

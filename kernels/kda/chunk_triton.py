@@ -4,7 +4,7 @@ Kernels (all fixed-configuration, so they run under ``TRITON_INTERPRET=1`` on a 
 into four 16-token sub-blocks; each kernel works through K (or V) in tiles so that its registers stay small:
 
 1. ``_prep_kernel``, per (chunk, value head): the gate (softplus "unbounded" or sigmoid lower bound) and the
-   chunk-local cumulative sum G (fp32, stored), G_last; with ``SCORES2_NORMS = 0`` also the inverse L2 norms of
+   chunk-local cumulative sum G (fp32, stored), G_last; with ``SCORES2_NORMS`` off also the inverse L2 norms of
    the q, k rows (stored, applied by every later consumer, so normalised q, k are never rounded to 16 bits).
 2. ``_scores2_kernel`` (``scores_triton.py``), per (chunk, value head): ``Akk`` / ``Aqk`` over K tiles of 16
    (the off-diagonal blocks as one batched tensor-core dot a tile, the diagonal blocks in fp32 through each block's
@@ -54,7 +54,7 @@ from kernels.backend import sm_count
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import BwdPrep, bwd_reads_g, chunk_kda_bwd_triton
 from kernels.kda.prep_triton import (
-    _gate_cumsum_tile,
+    _gate,
     gate_bwd,
     gate_fwd,
     l2norm_bwd,
@@ -65,10 +65,56 @@ from kernels.kda.prep_triton import (
     qkv_l2_grad,
     token_rows,
 )
-from kernels.kda.scores_triton import _row_norms, _scores2_kernel
+from kernels.kda.scores_triton import _scores2_kernel
 from kernels.kda.state_common import _chunk_head_ids, _load_state, _mm, _state_program, chunk_head_grid, state_block_v
 
 SUB = 16
+
+
+@triton.jit
+def _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS: tl.constexpr, K: tl.constexpr,
+                C: tl.constexpr, BKP: tl.constexpr):
+    """Store the inverse L2 norms of the chunk's q and k rows (fp32, eps 1e-6 under the root), K tile by K tile."""
+    qk_off = (bos + rows)[:, None] * QS + i_h * K
+    sq = tl.zeros([C], dtype=tl.float32)
+    sk = tl.zeros([C], dtype=tl.float32)
+    for k0 in range(0, K, BKP):
+        ck = k0 + tl.arange(0, BKP)
+        m = rm[:, None] & (ck < K)[None, :]
+        x = tl.load(q_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        sq += tl.sum(x * x, 1)
+        x = tl.load(k_ptr + qk_off + ck[None, :], mask=m, other=0.0).to(tl.float32)
+        sk += tl.sum(x * x, 1)
+    tl.store(rq_ptr + sc * C + rows, 1.0 / tl.sqrt(sq + 1e-6))
+    tl.store(rk_ptr + sc * C + rows, 1.0 / tl.sqrt(sk + 1e-6))
+
+
+@triton.jit
+def _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
+                    HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
+                    HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
+    """One key-column tile ``ck`` of the chunk: the gate of raw g (or g as given), G = cumsum(g) and G_last stored;
+    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``. G_last is G's last row, stored by the
+    threads that hold it (rows past a short chunk's end hold g = 0, so the last row is the chunk's total). Until
+    session 24 it was a column sum of g: the cross-warp reduction took the kernel from 56 to 72 registers and
+    from 0.117 to 0.156 ms at 1 x 8192 x 32 (H200, call2)."""
+    cm = ck < K
+    m = rm[:, None] & cm[None, :]
+    g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
+    g = g.to(tl.float32)
+    if GATE:
+        a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
+        dtb = tl.zeros([ck.shape[0]], dtype=tl.float32)
+        if HAS_DTB:
+            dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
+        g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
+    G = tl.cumsum(g, 0)
+    last = (rows == C - 1)[:, None] & cm[None, :]
+    tl.store(gl_ptr + sc * K + (rows * 0)[:, None] + ck[None, :], G, mask=last)
+    off = sc * (C * K) + rows[:, None] * K + ck[None, :]
+    tl.store(G_ptr + off, G, mask=cm[None, :])
+    if SUFFIX:
+        tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
 
 
 @triton.jit
@@ -120,10 +166,10 @@ def _prep_kernel(
     rm = rows < n
     sc = i_c.to(tl.int64) * HV + i_hv
     if L2:
-        _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos * QS + i_h * K, sc * C, rows, n, QS, K, BKP)
+        _prep_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, bos, rows, rm, sc, i_h, QS, K, C, BKP)
     for k0 in range(0, K, BKP):
-        _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
-                          k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
+        _prep_gate_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv,
+                        k0 + tl.arange(0, BKP), HV, K, C, GATE, LOWER, HAS_DTB, SUFFIX)
 
 
 @triton.jit
@@ -237,20 +283,12 @@ INTRA_SPAN_MAX = 60.0
 # call5: scores kernel 0.642 -> 0.562 ms at 1 x 8192 x 32, 1.259 -> 1.108 at 2 x 16384 x 16; the identity in their
 # place (a timing probe, call4) 0.496 against 0.608
 SCORES2_DIAG_INV = 1
-# where the q, k rows' inverse L2 norms come from: 0 a first pass over q, k in the prep kernel; 1 the scores kernel's K
-# loop (raw rows accumulated, the scores scaled after it); 2 a first pass in the scores kernel. 1 and 2 leave the prep
-# kernel only g to read. H100, session 38 (sweep_kda_fwd, training-path forward, call1 1x8192x32 / call2 8x4096x6):
-# 1 at 2 stages 1.011 / 0.743 ms against 0 at 3 stages 1.067 / 0.778 (prep 0.144 -> 0.085 / 0.111 -> 0.065, scores
-# 0.563 -> 0.557 / 0.399 -> 0.410)
-SCORES2_NORMS = 1
-SCORES2_NORMS_STAGES = 2  # num_stages of the scores kernel with SCORES2_NORMS = 1 (3 stages: 144 B of spills, 2: none)
-# 16-bit inputs whose norms do not come from the prep kernel (SCORES2_NORMS 1 or 2, or no L2 norm): the gate and
-# G = cumsum(g) from the scores kernel too, and no prep kernel: 1 in its score loop (the sub-blocks' first rows read
-# back after a barrier), 3 the same from registers, 2 in a first pass; 0 from the prep kernel (fp32 inputs always: it
-# also writes kg's exponent as a suffix sum). H100, session 38 call1 at 1x8192x32: forward 1.376 ms with 1 (scores
-# kernel 1.032), 1.370 with 3 (1.003), against 1.011 with 0: the gate's scan in the score loop costs more than the
-# prep kernel's whole pass (as session 20 found with the earlier scores kernel)
-SCORES2_GATE = 0
+# the q, k rows' inverse L2 norms from the scores kernel's K loop (raw rows accumulated, the scores scaled after it)
+# rather than a first pass over q, k in the prep kernel, which then reads only g. H100, session 38 (sweep_kda_fwd,
+# training-path forward, call1 1x8192x32 / call2 8x4096x6): 1.011 / 0.743 ms against 1.067 / 0.778 (prep 0.144 ->
+# 0.085 / 0.111 -> 0.065, scores 0.563 -> 0.557 / 0.399 -> 0.410)
+SCORES2_NORMS = True
+SCORES2_NORMS_STAGES = 2  # num_stages of the scores kernel with SCORES2_NORMS (3 stages: 144 B of spills, 2: none)
 WU_B = 32  # key / value columns per step of the W / U part of the scores kernel
 # value columns per program of the sequential state pass; None: by the number of (sequence, head) pairs
 # (state_common.state_block_v; a fixed 16 before session 22)
@@ -376,34 +414,33 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         )
         bkp = min(BK, PREP_BK)
         suffix = fp32 and FP32_KG_SUFFIX
-        norms_in_scores = SCORES2_NORMS if use_l2 else 0
-        gate_flags = dict(GATE=use_gate, LOWER=lower_bound is not None, HAS_DTB=dt_bias is not None)
-        gate_here = SCORES2_GATE if not suffix and (norms_in_scores or not use_l2) else 0  # then no prep kernel
+        norms_in_scores = use_l2 and SCORES2_NORMS
         grid, hf = chunk_head_grid(nch, HV, PREP_HEADS_FIRST)
-        if not gate_here:
-            _prep_kernel[grid](
-                q,
-                k,
-                **gate_args,
-                **cbc,
-                G_ptr=G,
-                gl_ptr=gl,
-                rq_ptr=rq,
-                rk_ptr=rk,
-                E_ptr=kg,
-                QS=qs,
-                H=H,
-                HV=HV,
-                K=K,
-                C=CHUNK,
-                BKP=bkp,
-                **gate_flags,
-                L2=use_l2 and not norms_in_scores,
-                SUFFIX=suffix,
-                HEADS_FIRST=hf,
-                num_warps=PREP_LAUNCH[0],
-                num_stages=PREP_LAUNCH[1],
-            )
+        _prep_kernel[grid](
+            q,
+            k,
+            **gate_args,
+            **cbc,
+            G_ptr=G,
+            gl_ptr=gl,
+            rq_ptr=rq,
+            rk_ptr=rk,
+            E_ptr=kg,
+            QS=qs,
+            H=H,
+            HV=HV,
+            K=K,
+            C=CHUNK,
+            BKP=bkp,
+            GATE=use_gate,
+            LOWER=lower_bound is not None,
+            HAS_DTB=dt_bias is not None,
+            L2=use_l2 and not norms_in_scores,
+            SUFFIX=suffix,
+            HEADS_FIRST=hf,
+            num_warps=PREP_LAUNCH[0],
+            num_stages=PREP_LAUNCH[1],
+        )
         prec = "ieee" if fp32 else INTRA_PREC16
         grid, hf = chunk_head_grid(nch, HV, SCORES2_HEADS_FIRST)
         _scores2_kernel[grid](
@@ -442,9 +479,8 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
             HEADS_FIRST=hf,
             DINV=SCORES2_DIAG_INV,
             NORMS=norms_in_scores,
-            **(dict(gate_args, gl_ptr=gl, GATE_HERE=gate_here, **gate_flags) if gate_here else {}),
             num_warps=SCORES2_LAUNCH[0],
-            num_stages=SCORES2_NORMS_STAGES if norms_in_scores == 1 else SCORES2_LAUNCH[1],
+            num_stages=SCORES2_NORMS_STAGES if norms_in_scores else SCORES2_LAUNCH[1],
             **_maxnreg(SCORES2_MAXNREG),
         )
     h0 = initial_state.contiguous() if initial_state is not None else dummy

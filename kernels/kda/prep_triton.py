@@ -16,10 +16,9 @@ and one backward:
   ``d g_raw = dg dG/dx``; ``dA_log`` and ``d dt_bias`` are per-program partial sums over the block's tokens
   (``[NB, HV]``, ``[NB, HV, K]`` fp32) reduced afterwards by ``torch.sum`` (deterministic, no atomics).
 
-The KDA op's training path (``chunk_triton.ChunkKDAFunction``) normalises and gates inside its forward's kernels
-(:func:`_gate_cumsum_tile` here is the prep kernel's gate and scan, also callable from the scores kernel) and uses
-these kernels only in its backward, without autograd: :func:`qkv_l2_grad` / :func:`l2norm_bwd` (with ``r`` None:
-the inverse norms formed again from x in the same pass), and, with ``BWD_FUSED_L2`` /
+The KDA op's training path (``chunk_triton.ChunkKDAFunction``) normalises and gates inside its forward's prep
+kernel and uses these kernels only in its backward, without autograd: :func:`qkv_l2_grad` / :func:`l2norm_bwd`
+(with ``r`` None: the inverse norms formed again from x in the same pass), and, with ``BWD_FUSED_L2`` /
 ``BWD_FUSED_GATE`` off, :func:`l2norm_fwd`, :func:`gate_fwd` / :func:`gate_bwd` (on, the core backward's inter
 kernel takes the gate's backward through :func:`_gate_grad`); the autograd functions here are the same maths as
 standalone differentiable ops.
@@ -52,36 +51,6 @@ def _gate(x, a_log, lb, LOWER: tl.constexpr):
         return lb * tl.sigmoid(a * x)
     sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
     return -a * sp
-
-
-@triton.jit
-def _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, E_ptr, bos, rows, rm, sc, i_hv, ck,
-                      HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
-                      HAS_DTB: tl.constexpr, SUFFIX: tl.constexpr):
-    """One key-column tile ``ck`` of a KDA chunk (its rows ``bos + rows``, ``rm`` the valid ones; its scratch slab
-    ``sc``): the gate of raw g (or g as given), G = cumsum(g) and G_last stored, G returned;
-    with ``SUFFIX`` also ``G_last - G`` as a suffix sum into ``E_ptr``. G_last is G's last row, stored by the
-    threads that hold it (rows past a short chunk's end hold g = 0, so the last row is the chunk's total). Until
-    session 24 it was a column sum of g: the cross-warp reduction took the kernel from 56 to 72 registers and
-    from 0.117 to 0.156 ms at 1 x 8192 x 32 (H200, call2)."""
-    cm = ck < K
-    m = rm[:, None] & cm[None, :]
-    g = tl.load(g_ptr + (bos + rows)[:, None] * (HV * K) + i_hv * K + ck[None, :], mask=m, other=0.0)
-    g = g.to(tl.float32)
-    if GATE:
-        a_log = tl.load(alog_ptr + i_hv).to(tl.float32)
-        dtb = tl.zeros([ck.shape[0]], dtype=tl.float32)
-        if HAS_DTB:
-            dtb = tl.load(dtb_ptr + i_hv * K + ck, mask=cm, other=0.0).to(tl.float32)
-        g = tl.where(m, _gate(g + dtb[None, :], a_log, lb, LOWER), 0.0)
-    G = tl.cumsum(g, 0)
-    last = (rows == C - 1)[:, None] & cm[None, :]
-    tl.store(gl_ptr + sc * K + (rows * 0)[:, None] + ck[None, :], G, mask=last)
-    off = sc * (C * K) + rows[:, None] * K + ck[None, :]
-    tl.store(G_ptr + off, G, mask=cm[None, :])
-    if SUFFIX:
-        tl.store(E_ptr + off, tl.cumsum(g, 0, reverse=True) - g, mask=cm[None, :])
-    return G
 
 
 @triton.jit

@@ -23,7 +23,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.kda.prep_triton import _gate_cumsum_tile
 from kernels.kda.state_common import _chunk_head_ids
 
 
@@ -95,22 +94,6 @@ def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constex
 
 
 @triton.jit
-def _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_base, rb, rows, n, QS: tl.constexpr, K: tl.constexpr,
-               BK: tl.constexpr):
-    """Store the inverse L2 norms (eps 1e-6 under the root) of the chunk's q and k rows, BK columns a step."""
-    sq = tl.zeros([rows.shape[0]], dtype=tl.float32)
-    sk = tl.zeros([rows.shape[0]], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        ck = k0 + tl.arange(0, BK)
-        x = _load_tile(q_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rq_ptr, rb, False)
-        sq += tl.sum(x * x, 1)
-        x = _load_tile(k_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rk_ptr, rb, False)
-        sk += tl.sum(x * x, 1)
-    tl.store(rq_ptr + rb + rows, 1.0 / tl.sqrt(sq + 1e-6))
-    tl.store(rk_ptr + rb + rows, 1.0 / tl.sqrt(sk + 1e-6))
-
-
-@triton.jit
 def _scores_program(cbos_ptr, clen_ptr, QS: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                     C: tl.constexpr, S: tl.constexpr, HEADS_FIRST: tl.constexpr):
     """A (chunk, value head) program's set-up: ``(i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb)``: the
@@ -128,44 +111,23 @@ def _scores_program(cbos_ptr, clen_ptr, QS: tl.constexpr, H: tl.constexpr, HV: t
 
 
 @triton.jit
-def _chunk_tile(q_ptr, k_ptr, G_ptr, Gf, Gd, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, QS: tl.constexpr,
+def _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck, n, QS: tl.constexpr,
                 K: tl.constexpr, L2: tl.constexpr):
-    """One K tile of a chunk for the scores: k, q (fp32, normalised when ``L2``), G (``Gf``, or from ``G_ptr`` when
-    None), ``Gd = G - G_first`` (G less its sub-block's first row; given, or from ``G_ptr`` when None) and
-    ``k e^Gd``, ``q e^Gd``."""
+    """One K tile of a chunk for the scores: k, q (fp32, normalised when ``L2``), G, ``Gd = G - G_first`` (G less
+    its sub-block's first row) and ``k e^Gd``, ``q e^Gd``."""
     kf = _load_tile(k_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rk_ptr, rb, L2)
     qf = _load_tile(q_ptr, qk_base + rows[:, None] * QS, rows, ck, n, K, rq_ptr, rb, L2)
     cm = (ck < K)[None, :]
-    if Gf is None:
-        Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
-    if Gd is None:
-        Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
+    Gf = tl.load(G_ptr + g_base + rows[:, None] * K + ck[None, :], mask=cm, other=0.0)
+    Gd = Gf - tl.load(G_ptr + g_base + first[:, None] * K + ck[None, :], mask=cm, other=0.0)
     e = tl.exp(Gd)
     return kf, qf, Gf, Gd, kf * e, qf * e
 
 
 @triton.jit
-def _gate_tile_segments(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, bos, rows, n, sc, i_hv, ck, HV: tl.constexpr,
-                        K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, GATE: tl.constexpr, LOWER: tl.constexpr,
-                        HAS_DTB: tl.constexpr):
-    """One K tile's gate and ``G = cumsum(g)`` (stored, with G_last, by :func:`prep_triton._gate_cumsum_tile`) and,
-    from registers (a masked sum over each sub-block's rows instead of reading G back), the sub-blocks' first rows
-    ``ref [C // S, BKS]`` and ``Gd = G - G_first``: ``(G, Gd, ref)``."""
-    NB: tl.constexpr = C // S
-    G = _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, G_ptr, bos, rows, rows < n, sc, i_hv, ck, HV, K,
-                          C, GATE, LOWER, HAS_DTB, False)
-    BKS: tl.constexpr = ck.shape[0]
-    g3 = tl.reshape(G, (NB, S, BKS))
-    head = (tl.arange(0, S) == 0)[None, :, None]
-    ref = tl.sum(tl.where(head, g3, 0.0), 1)
-    Gd = tl.reshape(g3 - ref[:, None, :], (C, BKS))
-    return G, Gd, ref
-
-
-@triton.jit
 def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first, loc, ck, n, fast,
                QS: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BKS: tl.constexpr,
-               L2: tl.constexpr, DPREC: tl.constexpr, SYNC: tl.constexpr = False):
+               L2: tl.constexpr, DPREC: tl.constexpr):
     """One K tile's share of the four diagonal 16 x 16 blocks ``dkk``, ``dqk`` ([4, 16, 16] fp32): one batched dot
     through each block's first row where the tile's gates allow (``fast``: ``|Gd| <= span_max``), else pairwise.
     The check, a reduction of the tile across warps, costs: without it (a timing probe, wrong where a tile needs the
@@ -182,8 +144,6 @@ def _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, 
         dkk = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, dkk, input_precision=DPREC)
         dqk = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, dqk, input_precision=DPREC)
     else:  # pairwise, column j of every diagonal block at once
-        if SYNC:  # G was stored by this program's loop: its rows must reach the other threads (fast is CTA-uniform)
-            tl.debug_barrier()
         cm = (ck < K)[None, :]
         for j in range(0, S):
             src = first + j
@@ -245,16 +205,7 @@ def _scores2_kernel(
     SUFFIX: tl.constexpr = False,
     HEADS_FIRST: tl.constexpr = False,
     DINV: tl.constexpr = 1,
-    NORMS: tl.constexpr = 0,
-    g_ptr=None,
-    alog_ptr=None,
-    dtb_ptr=None,
-    lb=0.0,
-    gl_ptr=None,
-    GATE_HERE: tl.constexpr = 0,
-    GATE: tl.constexpr = False,
-    LOWER: tl.constexpr = False,
-    HAS_DTB: tl.constexpr = False,
+    NORMS: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -274,22 +225,14 @@ def _scores2_kernel(
     before ``exp``), into [4, 16, 16] accumulators. Writes every block of Aqk (zero above the diagonal) and the
     lower blocks of Akk (zero on and above the diagonal).
 
-    ``NORMS`` (with ``L2``; 0: the prep kernel stored them): the inverse L2 norms of the q, k rows come from this
-    program. 1: from the score loop (sums of squares of the raw tiles it loads): every score is bilinear in its two
-    rows, so the accumulators take the raw rows and are scaled by ``rq_i rk_j`` / ``rk_i rk_j`` after the loop. 2:
-    from a first pass over q, k (whose rows the score loop then reads from L2), stored before a barrier and applied
-    as the tiles load. Either way the norms are stored for the W / U part (after a barrier) and the backward. Raw
-    rows cannot overflow the fast diagonal path where it matters: a kept entry's terms are ``q_i k_j e^(G_i - G_j)``
-    with ``G_i <= G_j``, at most ``|q| |k|``; only the discarded entries above the diagonal carry ``e^span``, and
-    ``where`` drops them whatever they hold.
-
-    ``GATE_HERE`` (16-bit inputs whose norms do not come from the prep kernel, which is then not launched at all):
-    the gate (``GATE``, ``LOWER``, ``HAS_DTB`` as the prep kernel's) of raw g and ``G = cumsum(g)``
-    (:func:`prep_triton._gate_cumsum_tile`: G and G_last stored for the later kernels and the backward) 1: each K
-    tile's from the score loop, the sub-blocks' first rows read back after a barrier; 3: the same with those rows
-    from registers (:func:`_gate_tile_segments`; a barrier only before a pairwise tile, which reads G's rows); 2:
-    from a first pass over g (the score loop then reads G back as it does from the prep kernel). Session 20 measured
-    a form like 1 (with the earlier scores kernel) at 1.26 ms against 0.58 + the prep kernel's 0.17."""
+    ``NORMS`` (with ``L2``; else the prep kernel stored them): the inverse L2 norms of the q, k rows come from the
+    score loop (sums of squares of the raw tiles it loads): every score is bilinear in its two rows, so the
+    accumulators take the raw rows and are scaled by ``rq_i rk_j`` / ``rk_i rk_j`` after the loop; the norms are
+    stored for the W / U part (after a barrier) and the backward. Raw rows cannot overflow the fast diagonal path
+    where it matters: a kept entry's terms are ``q_i k_j e^(G_i - G_j)`` with ``G_i <= G_j``, at most ``|q| |k|``;
+    only the discarded entries above the diagonal carry ``e^span``, and ``where`` drops them whatever they hold.
+    (Session 38 also built the gate and G in the score loop, with no prep kernel: 1.37 against 1.01 ms at
+    1 x 8192 x 32 on an H100; removed, ``kernels/kda/README.md``.)"""
     i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, QS, H, HV, K, C, S,
                                                                               HEADS_FIRST)
     blk = rows // S
@@ -298,50 +241,31 @@ def _scores2_kernel(
     aqk3 = tl.zeros([NB, S, C], dtype=tl.float32)
     dkk = tl.zeros([NB, S, S], dtype=tl.float32)  # the diagonal blocks, batched: [block, row, column]
     dqk = tl.zeros([NB, S, S], dtype=tl.float32)
-    TILE_L2: tl.constexpr = L2 and NORMS != 1  # tiles scaled by stored norms as they load
-    sq = tl.zeros([C], dtype=tl.float32)
-    sk = tl.zeros([C], dtype=tl.float32)
-    if NORMS == 2:
-        _row_norms(q_ptr, k_ptr, rq_ptr, rk_ptr, qk_base, rb, rows, n, QS, K, BKW)
-    if GATE_HERE == 2:
-        for k0 in range(0, K, BKW):
-            _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, G_ptr, bos, rows, rows < n, sc, i_hv,
-                              k0 + tl.arange(0, BKW), HV, K, C, GATE, LOWER, HAS_DTB, False)
-    if NORMS == 2 or GATE_HERE == 2:
-        tl.debug_barrier()
+    TILE_L2: tl.constexpr = L2 and not NORMS  # tiles scaled by stored norms as they load
+    if NORMS:
+        sq = tl.zeros([C], dtype=tl.float32)
+        sk = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, K, BKS):
         ck = k0 + tl.arange(0, BKS)
-        Gt = None
-        Gdt = None
-        if GATE_HERE == 1:
-            Gt = _gate_cumsum_tile(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, G_ptr, bos, rows, rows < n, sc, i_hv,
-                                   ck, HV, K, C, GATE, LOWER, HAS_DTB, False)
-            tl.debug_barrier()  # the sub-blocks' first rows are read back below
-        if GATE_HERE == 3:
-            Gt, Gdt, ref3 = _gate_tile_segments(g_ptr, alog_ptr, dtb_ptr, lb, G_ptr, gl_ptr, bos, rows, n, sc, i_hv,
-                                                ck, HV, K, C, S, GATE, LOWER, HAS_DTB)
-        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, Gt, Gdt, rq_ptr, rk_ptr, qk_base, g_base, rb, rows,
-                                             first, ck, n, QS, K, TILE_L2)
-        if NORMS == 1:
+        kf, qf, Gf, Gd, kl, ql = _chunk_tile(q_ptr, k_ptr, G_ptr, rq_ptr, rk_ptr, qk_base, g_base, rb, rows, first, ck,
+                                             n, QS, K, TILE_L2)
+        if NORMS:
             sq += tl.sum(qf * qf, 1)
             sk += tl.sum(kf * kf, 1)
         # each sub-block's rows against its own reference's right operand (block 0's rows are discarded)
-        if GATE_HERE == 3:
-            ref = ref3
-        else:
-            ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :],
-                          mask=(ck < K)[None, :], other=0.0)
+        ref = tl.load(G_ptr + g_base + (tl.arange(0, NB) * S)[:, None] * K + ck[None, :],
+                      mask=(ck < K)[None, :], other=0.0)
         R3 = tl.permute(kf[None, :, :] * tl.exp(tl.minimum(ref[:, None, :] - Gf[None, :, :], 0.0)), (0, 2, 1))
         akk3 = tl.dot(tl.reshape(kl, (NB, S, BKS)), R3, akk3, input_precision=PREC)
         aqk3 = tl.dot(tl.reshape(ql, (NB, S, BKS)), R3, aqk3, input_precision=PREC)
         fast = tl.max(tl.max(tl.abs(Gd), 1), 0) <= span_max  # a reduction across warps: see _diag_step
         dkk, dqk = _diag_step(kf, qf, kl, ql, Gf, Gd, dkk, dqk, k_ptr, G_ptr, rk_ptr, qk_base, g_base, rb, first,
-                              loc, ck, n, fast, QS, K, C, S, BKS, TILE_L2, DPREC, GATE_HERE == 3)
+                              loc, ck, n, fast, QS, K, C, S, BKS, TILE_L2, DPREC)
     a_off = sc * (C * C) + rows[:, None] * C
     b = tl.load(beta_ptr + (bos + rows) * HV + i_hv, mask=rows < n, other=0.0).to(tl.float32)[:, None]
     akk = tl.reshape(akk3, (C, C))
     aqk = tl.reshape(aqk3, (C, C))
-    if NORMS == 1:
+    if NORMS:
         rq = 1.0 / tl.sqrt(sq + 1e-6)
         rk = 1.0 / tl.sqrt(sk + 1e-6)
         tl.store(rq_ptr + rb + rows, rq)
