@@ -293,8 +293,8 @@ def test_tile_constants_agree(monkeypatch, consts):
     in one tile, the pairwise diagonal blocks with 32-column score tiles, the solve's diagonal inverses by substitution
     (the default: products of powers), two programs per head in the state pass (V = 24 in 16-column blocks), the
     per-(chunk, head) kernels' grids chunks first and the q, k norms from the prep kernel (default: the scores
-    kernel's loop), against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2
-    norm and gate with dt_bias, a slow and a fast head, fp32)."""
+    kernel's loop), against the PyTorch path (varlen, K = 48 over several tiles, HV = 2H, L2 norm and gate with
+    dt_bias, a slow and a fast head, fp32)."""
     from kernels.kda import chunk_triton
 
     cu = torch.tensor([0, 5, 70, 150], dtype=torch.int32)
@@ -318,8 +318,7 @@ def test_large_raw_rows_with_sharp_gates_stay_finite(monkeypatch, norms):
     """With ``SCORES2_NORMS`` (the default) the scores kernel accumulates raw (not yet normalised) q, k rows and
     scales by the norms after its loop: entries of 1e12 in tiles whose gates span 55.5 inside a sub-block (the
     diagonal blocks' fast path, whose discarded entries reach |k|^2 e^55.5, overflowing fp32) still give the oracle
-    on normalised
-    rows."""
+    on normalised rows, as with the prep kernel's norms."""
     from kernels.kda import chunk_triton
 
     monkeypatch.setattr(chunk_triton, "SCORES2_NORMS", norms)
