@@ -55,7 +55,7 @@ def _signature(name: str) -> tuple:
         extra = dict(QS=32 * 128, H=32, BKP=ct.PREP_BK, GATE=True, LOWER=False, HAS_DTB=True,
                      L2=not ct.SCORES2_NORMS, SUFFIX=False, HEADS_FIRST=ct.PREP_HEADS_FIRST)
     elif name == "scores2":  # scores, solve and W / U in one program
-        args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab
+        args = [("q", bf), ("k", bf), ("beta", bf), ("G", f32), ("rq", f32), ("rk", f32)] + tab + [("cidx", i32)]
         args += [("Aqk", bf), ("Akk", f32), ("T", f32), ("v", bf), ("W", bf), ("U", bf), ("qg", bf), ("kg", bf)]
         args += [("scale", "fp32"), ("span_max", "fp32"), ("VS", "i32")]
         fn = ct._scores2_kernel
@@ -67,7 +67,7 @@ def _signature(name: str) -> tuple:
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]
         fn, extra = ct._state_kernel, dict(BV=ct.STATE_BV or 16, HAS_H0=True, FP32=False)  # None: 16 here
     else:
-        args = [(n, bf) for n in "qg h Aqk vn o".split()] + tab
+        args = [(n, bf) for n in "qg h Aqk vn o".split()] + tab + [("cidx", i32)]
         fn, extra = ct._output_kernel, dict(BV=ct.OUT_BV, FP32=False, HEADS_FIRST=ct.OUT_HEADS_FIRST)
     consts = {k: v for k, v in SHAPE.items() if k in fn.arg_names} | extra
     sig = dict(zip(fn.arg_names, [t for _, t in args] + ["constexpr"] * len(consts)))

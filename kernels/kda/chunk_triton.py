@@ -53,6 +53,7 @@ import triton.language as tl
 from kernels.backend import sm_count
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import BwdPrep, bwd_reads_g, chunk_kda_bwd_triton
+from kernels.kda.pieces import fwd_pieces, piece_tables, run_pieces
 from kernels.kda.prep_triton import (
     _gate,
     gate_bwd,
@@ -219,6 +220,7 @@ def _output_kernel(
     o_ptr,
     cbos_ptr,
     clen_ptr,
+    cidx_ptr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -227,9 +229,12 @@ def _output_kernel(
     C: tl.constexpr,
     FP32: tl.constexpr,
     HEADS_FIRST: tl.constexpr = False,
+    HAS_CIDX: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_c, i_hv = _chunk_head_ids(1, HEADS_FIRST)
+    if HAS_CIDX:  # a subset of the chunks (pieces.py)
+        i_c = tl.load(cidx_ptr + i_c)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
     sc = i_c.to(tl.int64) * HV + i_hv
@@ -403,130 +408,59 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     rq, rk = (torch.empty(nc1, HV, CHUNK, dtype=torch.float32, device=dev) if use_l2 else dummy for _ in range(2))
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
+    norms_in_scores = use_l2 and SCORES2_NORMS
     if nch:
-        cbc = dict(cbos_ptr=cbos, clen_ptr=clen)
-        dprec = "ieee" if fp32 else INTRA_DIAG_PREC16
-        gate_args = dict(
-            g_ptr=g,
-            alog_ptr=A_log if use_gate else dummy,
-            dtb_ptr=dt_bias if (use_gate and dt_bias is not None) else dummy,
-            lb=float(lower_bound) if lower_bound is not None else 0.0,
-        )
-        bkp = min(BK, PREP_BK)
-        suffix = fp32 and FP32_KG_SUFFIX
-        norms_in_scores = use_l2 and SCORES2_NORMS
         grid, hf = chunk_head_grid(nch, HV, PREP_HEADS_FIRST)
         _prep_kernel[grid](
-            q,
-            k,
-            **gate_args,
-            **cbc,
-            G_ptr=G,
-            gl_ptr=gl,
-            rq_ptr=rq,
-            rk_ptr=rk,
-            E_ptr=kg,
-            QS=qs,
-            H=H,
-            HV=HV,
-            K=K,
-            C=CHUNK,
-            BKP=bkp,
-            GATE=use_gate,
-            LOWER=lower_bound is not None,
-            HAS_DTB=dt_bias is not None,
-            L2=use_l2 and not norms_in_scores,
-            SUFFIX=suffix,
-            HEADS_FIRST=hf,
-            num_warps=PREP_LAUNCH[0],
-            num_stages=PREP_LAUNCH[1],
+            q, k, g, A_log if use_gate else dummy, dt_bias if (use_gate and dt_bias is not None) else dummy,
+            float(lower_bound) if lower_bound is not None else 0.0, cbos, clen, G_ptr=G, gl_ptr=gl, rq_ptr=rq,
+            rk_ptr=rk, E_ptr=kg, QS=qs, H=H, HV=HV, K=K, C=CHUNK, BKP=min(BK, PREP_BK), GATE=use_gate,
+            LOWER=lower_bound is not None, HAS_DTB=dt_bias is not None, L2=use_l2 and not norms_in_scores,
+            SUFFIX=fp32 and FP32_KG_SUFFIX, HEADS_FIRST=hf, num_warps=PREP_LAUNCH[0], num_stages=PREP_LAUNCH[1],
         )
-        prec = "ieee" if fp32 else INTRA_PREC16
-        grid, hf = chunk_head_grid(nch, HV, SCORES2_HEADS_FIRST)
-        _scores2_kernel[grid](
-            q,
-            k,
-            beta,
-            G,
-            rq,
-            rk,
-            **cbc,
-            Aqk_ptr=Aqk,
-            Akk_ptr=Akk,
-            T_ptr=Tm,
-            v_ptr=v,
-            W_ptr=W,
-            U_ptr=U,
-            qg_ptr=qg,
-            kg_ptr=kg,
-            scale=scale,
-            QS=qs,
-            VS=vs,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            C=CHUNK,
-            S=SUB,
-            BKS=SCORES2_BK,
-            BKW=min(BK, WU_B),
-            BVW=min(BV, WU_B),
-            L2=use_l2,
-            PREC=prec,
-            DPREC=dprec,
-            SUFFIX=suffix,
-            span_max=INTRA_SPAN_MAX,
-            HEADS_FIRST=hf,
-            DINV=SCORES2_DIAG_INV,
-            NORMS=norms_in_scores,
-            num_warps=SCORES2_LAUNCH[0],
-            num_stages=SCORES2_NORMS_STAGES if norms_in_scores else SCORES2_LAUNCH[1],
-            **_maxnreg(SCORES2_MAXNREG),
-        )
-    h0 = initial_state.contiguous() if initial_state is not None else dummy
-    bvs = state_block_v(STATE_BV, V, N * HV, q.device, fill=STATE_FILL)
-    _state_kernel[(triton.cdiv(V, bvs), N * HV)](
-        W,
-        U,
-        kg,
-        gl,
-        h0,
-        h,
-        vn,
-        ht,
-        s0,
-        snc,
-        HV=HV,
-        K=K,
-        V=V,
-        BK=BK,
-        BV=bvs,
-        C=CHUNK,
-        HAS_H0=initial_state is not None,
-        FP32=fp32,
-        num_warps=STATE_LAUNCH[0],
-        num_stages=state_stages(bvs, triton.cdiv(V, bvs) * N * HV, q.device),
+    scores_args = dict(
+        q_ptr=q, k_ptr=k, beta_ptr=beta, G_ptr=G, rq_ptr=rq, rk_ptr=rk, cbos_ptr=cbos, clen_ptr=clen, Aqk_ptr=Aqk,
+        Akk_ptr=Akk, T_ptr=Tm, v_ptr=v, W_ptr=W, U_ptr=U, qg_ptr=qg, kg_ptr=kg, scale=scale, QS=qs, VS=vs, H=H, HV=HV,
+        K=K, V=V, C=CHUNK, S=SUB, BKS=SCORES2_BK, BKW=min(BK, WU_B), BVW=min(BV, WU_B), L2=use_l2,
+        PREC="ieee" if fp32 else INTRA_PREC16, DPREC="ieee" if fp32 else INTRA_DIAG_PREC16,
+        SUFFIX=fp32 and FP32_KG_SUFFIX, span_max=INTRA_SPAN_MAX, DINV=SCORES2_DIAG_INV, NORMS=norms_in_scores,
+        num_warps=SCORES2_LAUNCH[0], num_stages=SCORES2_NORMS_STAGES if norms_in_scores else SCORES2_LAUNCH[1],
+        **_maxnreg(SCORES2_MAXNREG),
     )
-    if nch:
-        bvo = min(BV, OUT_BV)
-        grid, hf = chunk_head_grid(nch, HV, OUT_HEADS_FIRST, lead=(triton.cdiv(V, bvo),))
-        _output_kernel[grid](
-            qg,
-            h,
-            Aqk,
-            vn,
-            o,
-            cbos,
-            clen,
-            HV=HV,
-            K=K,
-            V=V,
-            BK=BK,
-            BV=bvo,
-            C=CHUNK,
-            FP32=fp32,
-            HEADS_FIRST=hf,
-            num_warps=OUT_WARPS,
+    bvs = state_block_v(STATE_BV, V, N * HV, q.device, fill=STATE_FILL)
+    state_args = dict(W_ptr=W, U_ptr=U, kg_ptr=kg, gl_ptr=gl, h_ptr=h, vn_ptr=vn, HV=HV, K=K, V=V, BK=BK, BV=bvs,
+                      C=CHUNK, FP32=fp32, num_warps=STATE_LAUNCH[0],
+                      num_stages=state_stages(bvs, triton.cdiv(V, bvs) * N * HV, q.device))
+    state_grid = (triton.cdiv(V, bvs), N * HV)
+    bvo = min(BV, OUT_BV)
+    out_args = dict(qg_ptr=qg, h_ptr=h, Aqk_ptr=Aqk, vn_ptr=vn, o_ptr=o, cbos_ptr=cbos, clen_ptr=clen, HV=HV, K=K,
+                    V=V, BK=BK, BV=bvo, C=CHUNK, FP32=fp32, num_warps=OUT_WARPS)
+
+    def chunk_kernel(kernel, args: dict, heads_first: bool, cidx: torch.Tensor | None, lead: tuple = ()) -> None:
+        """Launch a per-(chunk, value head) kernel over every chunk, or over the chunks ``cidx`` lists."""
+        grid, hf = chunk_head_grid(nch if cidx is None else cidx.numel(), HV, heads_first, lead)
+        kernel[grid](**args, cidx_ptr=dummy if cidx is None else cidx, HAS_CIDX=cidx is not None, HEADS_FIRST=hf)
+
+    h0 = initial_state.contiguous() if initial_state is not None else dummy
+    pieces = fwd_pieces(None if cu_seqlens is not None else nch // max(B, 1), state_grid[0] * N * HV, dev) if nch else 1
+    if pieces == 1:
+        if nch:
+            chunk_kernel(_scores2_kernel, scores_args, SCORES2_HEADS_FIRST, None)
+        _state_kernel[state_grid](**state_args, h0_ptr=h0, ht_ptr=ht, sc0_ptr=s0, snc_ptr=snc,
+                                  HAS_H0=initial_state is not None)
+        if nch:
+            chunk_kernel(_output_kernel, out_args, OUT_HEADS_FIRST, None, (triton.cdiv(V, bvo),))
+    else:  # pieces along time: each piece's state pass beside the next piece's scores (pieces.py)
+        tab = piece_tables(B, nch // B, pieces, dev)
+        hts = [torch.empty_like(ht) for _ in range(pieces - 1)] + [ht]  # each piece's final states
+        run_pieces(
+            pieces,
+            dev,
+            lambda j: chunk_kernel(_scores2_kernel, scores_args, SCORES2_HEADS_FIRST, tab.cidx[j]),
+            lambda j: _state_kernel[state_grid](**state_args, h0_ptr=hts[j - 1] if j else h0, ht_ptr=hts[j],
+                                                sc0_ptr=tab.s0[j], snc_ptr=tab.nc[j],
+                                                HAS_H0=j > 0 or initial_state is not None),
+            lambda j: chunk_kernel(_output_kernel, out_args, OUT_HEADS_FIRST, tab.cidx[j], (triton.cdiv(V, bvo),)),
         )
     rn = (rq, rk) if use_l2 else (None, None)
     return KDAFwdState(o, ht, G, gl, Aqk, Tm, W, U, qg, kg, h, vn, cbos, clen, s0, snc, *rn)

@@ -94,13 +94,16 @@ def _load_tile(ptr, off, r, ck, n, K: tl.constexpr, rinv_ptr, rb, L2: tl.constex
 
 
 @triton.jit
-def _scores_program(cbos_ptr, clen_ptr, QS: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                    C: tl.constexpr, S: tl.constexpr, HEADS_FIRST: tl.constexpr):
+def _scores_program(cbos_ptr, clen_ptr, cidx_ptr, QS: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, HEADS_FIRST: tl.constexpr,
+                    HAS_CIDX: tl.constexpr):
     """A (chunk, value head) program's set-up: ``(i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb)``: the
     value head, the chunk's first token and length, its slab index, row indices, each row's place in its sub-block
     and that sub-block's first row, and the bases of q / k (tokens ``QS`` elements apart), of G and of the per-row
-    norms."""
+    norms. ``HAS_CIDX``: the grid covers a subset of the chunks, whose indices ``cidx_ptr`` lists (``pieces.py``)."""
     i_c, i_hv = _chunk_head_ids(0, HEADS_FIRST)
+    if HAS_CIDX:
+        i_c = tl.load(cidx_ptr + i_c)
     i_h = i_hv // (HV // H)
     bos = tl.load(cbos_ptr + i_c).to(tl.int64)
     n = tl.load(clen_ptr + i_c)
@@ -178,6 +181,7 @@ def _scores2_kernel(
     rk_ptr,
     cbos_ptr,
     clen_ptr,
+    cidx_ptr,
     Aqk_ptr,
     Akk_ptr,
     T_ptr,
@@ -206,6 +210,7 @@ def _scores2_kernel(
     HEADS_FIRST: tl.constexpr = False,
     DINV: tl.constexpr = 1,
     NORMS: tl.constexpr = False,
+    HAS_CIDX: tl.constexpr = False,
 ):
     """Per (chunk, value head): Akk (fp32) and Aqk, accumulated over K tiles of BKS columns; then
     ``T = (I + Akk)^-1`` (:func:`_solve_chunk`, after a barrier: Akk is re-read from global memory, L1/L2-hot)
@@ -233,8 +238,8 @@ def _scores2_kernel(
     only the discarded entries above the diagonal carry ``e^span``, and ``where`` drops them whatever they hold.
     (Session 38 also built the gate and G in the score loop, with no prep kernel: 1.37 against 1.01 ms at
     1 x 8192 x 32 on an H100; removed, ``kernels/kda/README.md``.)"""
-    i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, QS, H, HV, K, C, S,
-                                                                              HEADS_FIRST)
+    i_hv, bos, n, sc, rows, loc, first, qk_base, g_base, rb = _scores_program(cbos_ptr, clen_ptr, cidx_ptr, QS, H, HV, K,
+                                                                              C, S, HEADS_FIRST, HAS_CIDX)
     blk = rows // S
     NB: tl.constexpr = C // S
     akk3 = tl.zeros([NB, S, C], dtype=tl.float32)  # the off-diagonal blocks: [sub-block, row, column]

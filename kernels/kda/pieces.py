@@ -1,0 +1,99 @@
+"""The KDA forward in pieces along time, so that the sequential state pass overlaps the parallel kernels.
+
+With few (sequence, value head) pairs the state pass (``chunk_triton._state_kernel``) has a program for only some
+of the SMs and walks hundreds of chunks one after another (at 1 x 32768 x 16: 128 programs, 512 chunks each), while
+the scores and output kernels before and after it are fully parallel. Cut every sequence's chunks into ``P``
+consecutive pieces: piece j's scores run on the current stream, its state pass on a high-priority side stream as
+soon as they are done (starting from piece j - 1's final states), its output on a third stream after that, so the
+state pass of piece j runs beside the scores of piece j + 1. The kernels and their arithmetic are the same (the
+outputs are bit-equal); the scores and output kernels read their piece's chunk indices from a table (``HAS_CIDX``),
+the state pass takes per-piece sequence tables. Dense batches only (``cu_seqlens`` None: every sequence has the same
+chunks); under the interpreter (CPU) the pieces run one after another on one stream.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from kernels.backend import sm_count
+
+# pieces of the forward: 1 off; an int > 1 that many (at most one a chunk); None by the shape (fwd_pieces)
+FWD_PIECES: int | None = 1
+PIECES_MAX = 4  # the most pieces the shape rule picks
+PIECE_MIN_CHUNKS = 64  # chunks of a sequence per piece, at least, for the shape rule
+PIECE_FILL = 1.0  # the shape rule cuts only when the state pass has at most this many programs an SM
+
+
+def fwd_pieces(chunks_per_seq: int | None, state_programs: int, device: torch.device) -> int:
+    """How many pieces the forward runs in: ``FWD_PIECES`` when an int (capped at the chunks of a sequence); with
+    ``None``, on a GPU, as many as the sequence has ``PIECE_MIN_CHUNKS`` chunks (at most ``PIECES_MAX``) when the
+    state pass has at most ``PIECE_FILL`` programs an SM. ``chunks_per_seq`` None (varlen): 1."""
+    if chunks_per_seq is None or chunks_per_seq < 2:
+        return 1
+    if FWD_PIECES is not None:
+        return max(1, min(FWD_PIECES, chunks_per_seq))
+    if device.type != "cuda" or state_programs > PIECE_FILL * sm_count(device):
+        return 1
+    return max(1, min(PIECES_MAX, chunks_per_seq // PIECE_MIN_CHUNKS))
+
+
+class PieceTables(NamedTuple):
+    """Per piece j: ``cidx[j]`` the chunk indices (int32, sequence-major, as the chunk table orders them),
+    ``s0[j]``, ``nc[j]`` each sequence's first chunk and number of chunks in the piece ([B] int32)."""
+
+    cidx: list[torch.Tensor]
+    s0: list[torch.Tensor]
+    nc: list[torch.Tensor]
+
+
+@functools.cache
+def piece_tables(batch: int, chunks_per_seq: int, pieces: int, device: torch.device) -> PieceTables:
+    """The tables of ``pieces`` near-equal pieces of ``batch`` sequences of ``chunks_per_seq`` chunks each (cached:
+    made on the device once a shape, so that a CUDA graph capture of a warmed-up forward copies nothing)."""
+    bounds = [j * chunks_per_seq // pieces for j in range(pieces + 1)]
+    first = torch.arange(batch, device=device, dtype=torch.int32) * chunks_per_seq
+    cidx, s0, nc = [], [], []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        cidx.append((first[:, None] + torch.arange(lo, hi, device=device, dtype=torch.int32)[None, :]).flatten())
+        s0.append(first + lo)
+        nc.append(torch.full((batch,), hi - lo, device=device, dtype=torch.int32))
+    return PieceTables(cidx, s0, nc)
+
+
+@functools.cache
+def _side_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+    """The state passes' stream (the highest priority, so its programs take SMs before the next piece's scores
+    programs waiting for them) and the outputs' stream."""
+    return torch.cuda.Stream(device, priority=-100), torch.cuda.Stream(device)
+
+
+def run_pieces(pieces: int, device: torch.device, scores: Callable[[int], None], state: Callable[[int], None],
+               output: Callable[[int], None]) -> None:
+    """Launch piece j's ``scores(j)``, ``state(j)``, ``output(j)`` for every piece: on a GPU the scores on the current
+    stream, the state passes in order on a side stream, each after its piece's scores, and each output after its
+    state pass on a third stream, both joined back before returning (also inside a CUDA graph capture); off CUDA in
+    order on one stream. Every tensor the launches use must be allocated before the call."""
+    if device.type != "cuda":
+        for j in range(pieces):
+            scores(j)
+            state(j)
+            output(j)
+        return
+    main = torch.cuda.current_stream(device)
+    side, outs = _side_streams(device)
+    side.wait_stream(main)
+    outs.wait_stream(main)
+    for j in range(pieces):
+        scores(j)
+        side.wait_event(main.record_event())
+        with torch.cuda.stream(side):
+            state(j)
+        outs.wait_event(side.record_event())
+        with torch.cuda.stream(outs):
+            output(j)
+    main.wait_stream(side)
+    main.wait_stream(outs)
