@@ -61,14 +61,15 @@ def _signature(name: str) -> tuple:
         fn = ct._scores2_kernel
         extra = dict(QS=32 * 128, H=32, S=ct.SUB, BKS=ct.SCORES2_BK, BKW=ct.WU_B, BVW=ct.WU_B, L2=True, PREC="tf32",
                      DPREC=ct.INTRA_DIAG_PREC16, SUFFIX=False, HEADS_FIRST=ct.SCORES2_HEADS_FIRST,
-                     DINV=ct.SCORES2_DIAG_INV, NORMS=ct.SCORES2_NORMS)
+                     DINV=ct.SCORES2_DIAG_INV, NORMS=ct.SCORES2_NORMS, HAS_CIDX=True)
     elif name == "state":
         args = [(n, bf) for n in "W U kg".split()] + [("gl", f32), ("h0", f32), ("h", bf), ("vn", bf)]
         args += [("ht", f32), ("sc0", i32), ("snc", i32)]
         fn, extra = ct._state_kernel, dict(BV=ct.STATE_BV or 16, HAS_H0=True, FP32=False)  # None: 16 here
     else:
         args = [(n, bf) for n in "qg h Aqk vn o".split()] + tab + [("cidx", i32)]
-        fn, extra = ct._output_kernel, dict(BV=ct.OUT_BV, FP32=False, HEADS_FIRST=ct.OUT_HEADS_FIRST)
+        fn, extra = ct._output_kernel, dict(BV=ct.OUT_BV, FP32=False, HEADS_FIRST=ct.OUT_HEADS_FIRST,
+                                                   HAS_CIDX=True)
     consts = {k: v for k, v in SHAPE.items() if k in fn.arg_names} | extra
     sig = dict(zip(fn.arg_names, [t for _, t in args] + ["constexpr"] * len(consts)))
     return fn, sig, consts
