@@ -5,12 +5,17 @@
 #       cross entropy GPU tests (session 37's kernel, not yet tested on a GPU).
 #   bash scripts/gpu_session39.sh pieces  call2: the forward in pieces along time (kernels/kda/pieces.py, FWD_PIECES),
 #       the state pass of each piece beside the next piece's scores: its GPU test (bit-equal to one piece, CUDA graph
-#       capture), then sweep_kda_fwd.py of piece counts and state widths at 1x32768x16, 2x16384x16 and 1x8192x32.
+#       capture), then sweep_kda_fwd.py of piece counts and state widths at 1x32768x16, 2x16384x16 and 1x8192x32
+#       (at e6c1cfa: its "pieces N" settings ran the state at the one-piece width, "pieces N bv16" since; every launch
+#       through the JIT).
+#   bash scripts/gpu_session39.sh pieces2  call3: the same test (later pieces' launches now through the compiled
+#       runners), piece counts at the pieces' state width (32), and bench_kda.py --graph with the shape rule
+#       (FWD_PIECES=None) against fla at the two long shapes.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session39.sh check|pieces}" in
+case "${1:?usage: gpu_session39.sh check|pieces|pieces2}" in
 check)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
   kda_tests 150
@@ -24,6 +29,15 @@ pieces)
   fwd_sweep 1x32768x16 150 "default,pieces 2,pieces 4,pieces 8,pieces 16,pieces 4 bv32,pieces 8 bv32,pieces 4 bv64,pieces 8 bv64,default again"
   fwd_sweep 2x16384x16 100 "default,pieces 2,pieces 4,pieces 8,pieces 4 bv32,pieces 4 bv64,default again"
   fwd_sweep 1x8192x32 80 "default,pieces 2,pieces 4,pieces 4 bv64,default again"
+  ;;
+pieces2)
+  install_fla
+  PART_TAIL=8 part "pieces GPU test" 60 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_kda_pieces.py
+  fwd_sweep 1x32768x16 150 "default,pieces 3,pieces 4,pieces 5,pieces 6,pieces 8,pieces 4 s2,pieces 4 bv16 s2,pieces auto,default again"
+  printf 'FWD_PIECES=None\n' >"$OUT/set.txt"
+  PART_TAIL=30 part "bench_kda ours (pieces by the shape rule) vs fla" 110 python3 kernels/benchmarks/bench_kda.py \
+    --no-prelude --graph --impls ours,fla --deadline 90 --shapes 1x32768x16,2x16384x16 --set-file "$OUT/set.txt" \
+    --out "$OUT/bench_kda.json"
   ;;
 *)
   echo "unknown mode $1" >&2

@@ -84,15 +84,14 @@ SETTINGS = [
     # session 38 (the norms in the scores kernel's loop, now the default): the prep kernel's norms; and 3 stages
     ("norms prep", {"SCORES2_NORMS": False}),
     ("scores norms s3", {"SCORES2_NORMS_STAGES": 3}),
-    # session 39: the forward in pieces along time, each piece's state pass beside the next piece's scores (pieces.py)
-    ("pieces 2", {"FWD_PIECES": 2}),
-    ("pieces 4", {"FWD_PIECES": 4}),
-    ("pieces 8", {"FWD_PIECES": 8}),
-    ("pieces 16", {"FWD_PIECES": 16}),
-    ("pieces 4 bv32", {"FWD_PIECES": 4, "STATE_BV": 32}),
-    ("pieces 8 bv32", {"FWD_PIECES": 8, "STATE_BV": 32}),
-    ("pieces 4 bv64", {"FWD_PIECES": 4, "STATE_BV": 64}),
-    ("pieces 8 bv64", {"FWD_PIECES": 8, "STATE_BV": 64}),
+    # session 39: the forward in pieces along time, each piece's state pass beside the next piece's scores (pieces.py);
+    # "pieces N" at the pieces' own state width (pieces.PIECE_STATE_BV, 32), "bvX" another (call2's "pieces N" ran at
+    # the one-piece width, 16 there: "pieces N bv16" here)
+    *((f"pieces {n}", {"FWD_PIECES": n}) for n in (2, 3, 4, 5, 6, 8)),
+    *((f"pieces {n} bv{bv}", {"FWD_PIECES": n, "STATE_BV": bv}) for n in (2, 4, 8, 16) for bv in (16, 64)),
+    ("pieces 4 s2", {"FWD_PIECES": 4, "STATE_LAUNCH": (4, 2)}),
+    ("pieces 4 bv16 s2", {"FWD_PIECES": 4, "STATE_BV": 16, "STATE_LAUNCH": (4, 2)}),
+    ("pieces auto", {"FWD_PIECES": None}),
 ]
 
 

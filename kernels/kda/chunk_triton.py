@@ -53,7 +53,7 @@ import triton.language as tl
 from kernels.backend import sm_count
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import BwdPrep, bwd_reads_g, chunk_kda_bwd_triton
-from kernels.kda.pieces import fwd_pieces, piece_tables, run_pieces
+from kernels.kda.pieces import Relaunch, fwd_pieces, piece_state_bv, piece_tables, run_pieces
 from kernels.kda.prep_triton import (
     _gate,
     gate_bwd,
@@ -424,43 +424,53 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
         K=K, V=V, C=CHUNK, S=SUB, BKS=SCORES2_BK, BKW=min(BK, WU_B), BVW=min(BV, WU_B), L2=use_l2,
         PREC="ieee" if fp32 else INTRA_PREC16, DPREC="ieee" if fp32 else INTRA_DIAG_PREC16,
         SUFFIX=fp32 and FP32_KG_SUFFIX, span_max=INTRA_SPAN_MAX, DINV=SCORES2_DIAG_INV, NORMS=norms_in_scores,
-        num_warps=SCORES2_LAUNCH[0], num_stages=SCORES2_NORMS_STAGES if norms_in_scores else SCORES2_LAUNCH[1],
-        **_maxnreg(SCORES2_MAXNREG),
     )
-    bvs = state_block_v(STATE_BV, V, N * HV, q.device, fill=STATE_FILL)
+    scores_opts = dict(num_warps=SCORES2_LAUNCH[0], **_maxnreg(SCORES2_MAXNREG),
+                       num_stages=SCORES2_NORMS_STAGES if norms_in_scores else SCORES2_LAUNCH[1])
+    pieces = fwd_pieces(None if cu_seqlens is not None else nch // max(B, 1), N * HV, V, dev) if nch else 1
+    # the pieces' state passes run beside other kernels: their own width (pieces.PIECE_STATE_BV) unless STATE_BV set
+    bvs = state_block_v(STATE_BV if pieces == 1 or STATE_BV else piece_state_bv(), V, N * HV, q.device,
+                        fill=STATE_FILL)
     state_args = dict(W_ptr=W, U_ptr=U, kg_ptr=kg, gl_ptr=gl, h_ptr=h, vn_ptr=vn, HV=HV, K=K, V=V, BK=BK, BV=bvs,
-                      C=CHUNK, FP32=fp32, num_warps=STATE_LAUNCH[0],
-                      num_stages=state_stages(bvs, triton.cdiv(V, bvs) * N * HV, q.device))
+                      C=CHUNK, FP32=fp32)
+    state_opts = dict(num_warps=STATE_LAUNCH[0], num_stages=state_stages(bvs, triton.cdiv(V, bvs) * N * HV, q.device))
     state_grid = (triton.cdiv(V, bvs), N * HV)
     bvo = min(BV, OUT_BV)
     out_args = dict(qg_ptr=qg, h_ptr=h, Aqk_ptr=Aqk, vn_ptr=vn, o_ptr=o, cbos_ptr=cbos, clen_ptr=clen, HV=HV, K=K,
-                    V=V, BK=BK, BV=bvo, C=CHUNK, FP32=fp32, num_warps=OUT_WARPS)
+                    V=V, BK=BK, BV=bvo, C=CHUNK, FP32=fp32)
+    out_opts = dict(num_warps=OUT_WARPS)
 
-    def chunk_kernel(kernel, args: dict, heads_first: bool, cidx: torch.Tensor | None, lead: tuple = ()) -> None:
-        """Launch a per-(chunk, value head) kernel over every chunk, or over the chunks ``cidx`` lists."""
+    def chunk_grid(cidx: torch.Tensor | None, heads_first: bool, lead: tuple = ()) -> tuple[tuple, dict]:
+        """A per-(chunk, value head) kernel's grid over every chunk, or over the chunks ``cidx`` lists, and the
+        arguments that say which."""
         grid, hf = chunk_head_grid(nch if cidx is None else cidx.numel(), HV, heads_first, lead)
-        kernel[grid](**args, cidx_ptr=dummy if cidx is None else cidx, HAS_CIDX=cidx is not None, HEADS_FIRST=hf)
+        return grid, dict(cidx_ptr=dummy if cidx is None else cidx, HAS_CIDX=cidx is not None, HEADS_FIRST=hf)
 
     h0 = initial_state.contiguous() if initial_state is not None else dummy
-    pieces = fwd_pieces(None if cu_seqlens is not None else nch // max(B, 1), state_grid[0] * N * HV, dev) if nch else 1
+    lead = (triton.cdiv(V, bvo),)
     if pieces == 1:
         if nch:
-            chunk_kernel(_scores2_kernel, scores_args, SCORES2_HEADS_FIRST, None)
+            grid, which = chunk_grid(None, SCORES2_HEADS_FIRST)
+            _scores2_kernel[grid](**scores_args, **which, **scores_opts)
         _state_kernel[state_grid](**state_args, h0_ptr=h0, ht_ptr=ht, sc0_ptr=s0, snc_ptr=snc,
-                                  HAS_H0=initial_state is not None)
+                                  HAS_H0=initial_state is not None, **state_opts)
         if nch:
-            chunk_kernel(_output_kernel, out_args, OUT_HEADS_FIRST, None, (triton.cdiv(V, bvo),))
+            grid, which = chunk_grid(None, OUT_HEADS_FIRST, lead)
+            _output_kernel[grid](**out_args, **which, **out_opts)
     else:  # pieces along time: each piece's state pass beside the next piece's scores (pieces.py)
         tab = piece_tables(B, nch // B, pieces, dev)
         hts = [torch.empty_like(ht) for _ in range(pieces - 1)] + [ht]  # each piece's final states
+        scores, state, out = (Relaunch(kern, **o) for kern, o in ((_scores2_kernel, scores_opts),
+                                                                   (_state_kernel, state_opts),
+                                                                   (_output_kernel, out_opts)))
         run_pieces(
             pieces,
             dev,
-            lambda j: chunk_kernel(_scores2_kernel, scores_args, SCORES2_HEADS_FIRST, tab.cidx[j]),
-            lambda j: _state_kernel[state_grid](**state_args, h0_ptr=hts[j - 1] if j else h0, ht_ptr=hts[j],
-                                                sc0_ptr=tab.s0[j], snc_ptr=tab.nc[j],
-                                                HAS_H0=j > 0 or initial_state is not None),
-            lambda j: chunk_kernel(_output_kernel, out_args, OUT_HEADS_FIRST, tab.cidx[j], (triton.cdiv(V, bvo),)),
+            lambda j: scores(*chunk_grid(tab.cidx[j], SCORES2_HEADS_FIRST), **scores_args),
+            lambda j: state(state_grid, dict(h0_ptr=hts[j - 1] if j else h0, ht_ptr=hts[j], sc0_ptr=tab.s0[j],
+                                             snc_ptr=tab.nc[j], HAS_H0=j > 0 or initial_state is not None),
+                            **state_args),
+            lambda j: out(*chunk_grid(tab.cidx[j], OUT_HEADS_FIRST, lead), **out_args),
         )
     rn = (rq, rk) if use_l2 else (None, None)
     return KDAFwdState(o, ht, G, gl, Aqk, Tm, W, U, qg, kg, h, vn, cbos, clen, s0, snc, *rn)

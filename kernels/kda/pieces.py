@@ -20,25 +20,35 @@ from typing import NamedTuple
 import torch
 
 from kernels.backend import sm_count
+from kernels.fast_launch import CompiledLaunch, fast_launch_enabled
 
 # pieces of the forward: 1 off; an int > 1 that many (at most one a chunk); None by the shape (fwd_pieces)
 FWD_PIECES: int | None = 1
 PIECES_MAX = 4  # the most pieces the shape rule picks
-PIECE_MIN_CHUNKS = 64  # chunks of a sequence per piece, at least, for the shape rule
+PIECE_MIN_CHUNKS = 128  # chunks of a sequence per piece, at least, for the shape rule
 PIECE_FILL = 1.0  # the shape rule cuts only when the state pass has at most this many programs an SM
+PIECE_STATE_BV = 32  # value columns per program of the pieces' state passes (chunk_triton.STATE_BV, when set, wins)
 
 
-def fwd_pieces(chunks_per_seq: int | None, state_programs: int, device: torch.device) -> int:
-    """How many pieces the forward runs in: ``FWD_PIECES`` when an int (capped at the chunks of a sequence); with
-    ``None``, on a GPU, as many as the sequence has ``PIECE_MIN_CHUNKS`` chunks (at most ``PIECES_MAX``) when the
-    state pass has at most ``PIECE_FILL`` programs an SM. ``chunks_per_seq`` None (varlen): 1."""
+def fwd_pieces(chunks_per_seq: int | None, pairs: int, v: int, device: torch.device) -> int:
+    """How many pieces the forward runs in, for sequences of ``chunks_per_seq`` chunks (None: varlen, one piece) and
+    ``pairs`` (sequence, value head) pairs of ``v`` value columns: ``FWD_PIECES`` when an int (capped at the chunks
+    of a sequence); with ``None``, on a GPU, as many as the sequence has ``PIECE_MIN_CHUNKS`` chunks (at most
+    ``PIECES_MAX``) when the pieces' state pass (``PIECE_STATE_BV`` columns a program) has at most ``PIECE_FILL``
+    programs an SM."""
     if chunks_per_seq is None or chunks_per_seq < 2:
         return 1
     if FWD_PIECES is not None:
         return max(1, min(FWD_PIECES, chunks_per_seq))
-    if device.type != "cuda" or state_programs > PIECE_FILL * sm_count(device):
+    programs = pairs * -(-max(v, 16) // PIECE_STATE_BV)
+    if device.type != "cuda" or programs > PIECE_FILL * sm_count(device):
         return 1
     return max(1, min(PIECES_MAX, chunks_per_seq // PIECE_MIN_CHUNKS))
+
+
+def piece_state_bv() -> int:
+    """``PIECE_STATE_BV`` (read at call time, so that a benchmark's override reaches the forward)."""
+    return PIECE_STATE_BV
 
 
 class PieceTables(NamedTuple):
@@ -62,6 +72,27 @@ def piece_tables(batch: int, chunks_per_seq: int, pieces: int, device: torch.dev
         s0.append(first + lo)
         nc.append(torch.full((batch,), hi - lo, device=device, dtype=torch.int32))
     return PieceTables(cidx, s0, nc)
+
+
+class Relaunch:
+    """One kernel launched once a piece in one forward: ``relaunch(grid, varying, **args)``, ``varying`` the
+    arguments that change between pieces (pointers to per-piece tables and states, 16-byte aligned as every fresh
+    allocation is, and the flags that come with them), ``args`` those that do not. The first launch at a grid and set
+    of flags goes through the JIT, the later ones call its compiled runner (``kernels.fast_launch.CompiledLaunch``;
+    the JIT's own launch costs ~30 us of host time, session 12, and the pieces multiply the launches). Made afresh
+    for each forward, so its key only needs what varies inside one: the grid and the varying flags."""
+
+    def __init__(self, kernel, **options) -> None:
+        self.kernel, self.options, self.launch = kernel, options, CompiledLaunch(kernel)
+
+    def __call__(self, grid: tuple, varying: dict, **args) -> None:
+        args = args | varying
+        if not fast_launch_enabled():  # the interpreter (whose kernels have no signature list) or KVL_FAST_LAUNCH=0
+            self.kernel[grid](**args, **self.options)
+            return
+        key = tuple(v for v in varying.values() if isinstance(v, bool | int))
+        values = [args[p.name] if p.name in args else p.default for p in self.kernel.params]
+        self.launch(grid, key, *values, **self.options)
 
 
 @functools.cache

@@ -60,15 +60,16 @@ def test_piece_tables_cover_every_chunk_once():
 def test_fwd_pieces_rule(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setattr(pieces, "FWD_PIECES", 8)
-    assert fwd_pieces(5, 10, cpu) == 5  # at most one a chunk
-    assert fwd_pieces(None, 10, cpu) == 1  # varlen: one piece
+    assert fwd_pieces(5, 16, 128, cpu) == 5  # at most one a chunk
+    assert fwd_pieces(None, 16, 128, cpu) == 1  # varlen: one piece
     monkeypatch.setattr(pieces, "FWD_PIECES", None)
-    assert fwd_pieces(512, 10, cpu) == 1  # the shape rule only on a GPU
+    assert fwd_pieces(512, 16, 128, cpu) == 1  # the shape rule only on a GPU
     monkeypatch.setattr(pieces, "sm_count", lambda device: 132)
+    monkeypatch.setattr(pieces, "PIECE_STATE_BV", 32)
     gpu = torch.device("cuda")
-    assert fwd_pieces(512, 128, gpu) == pieces.PIECES_MAX
-    assert fwd_pieces(512, 133, gpu) == 1  # more state programs than SMs
-    assert fwd_pieces(pieces.PIECE_MIN_CHUNKS * 2, 128, gpu) == 2
+    assert fwd_pieces(512, 33, 128, gpu) == pieces.PIECES_MAX  # 132 programs of 32 columns: one an SM
+    assert fwd_pieces(512, 34, 128, gpu) == 1  # 136: more state programs than SMs
+    assert fwd_pieces(pieces.PIECE_MIN_CHUNKS * 2, 16, 128, gpu) == 2
 
 
 @pytest.mark.gpu
