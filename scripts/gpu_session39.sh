@@ -10,12 +10,14 @@
 #       through the JIT).
 #   bash scripts/gpu_session39.sh pieces2  call3: the same test (later pieces' launches now through the compiled
 #       runners), piece counts at the pieces' state width (32), and bench_kda.py --graph with the shape rule
-#       (FWD_PIECES=None) against fla at the two long shapes.
+#       (FWD_PIECES=None) against fla at the two long shapes (the pieces test's 60 s ran out: no summary line).
+#   bash scripts/gpu_session39.sh final   call4: with the shape rule the default, the KDA GPU tests with the pieces
+#       test, and bench_kda.py --graph ours vs fla at the five shapes.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session39.sh check|pieces|pieces2}" in
+case "${1:?usage: gpu_session39.sh check|pieces|pieces2|final}" in
 check)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
   kda_tests 150
@@ -38,6 +40,11 @@ pieces2)
   PART_TAIL=30 part "bench_kda ours (pieces by the shape rule) vs fla" 110 python3 kernels/benchmarks/bench_kda.py \
     --no-prelude --graph --impls ours,fla --deadline 90 --shapes 1x32768x16,2x16384x16 --set-file "$OUT/set.txt" \
     --out "$OUT/bench_kda.json"
+  ;;
+final)  # call4: the shape rule as the default (FWD_PIECES None): the KDA GPU tests, the pieces test, the five shapes
+  install_fla
+  kda_tests 150 tests/kernels/test_kda_pieces.py
+  bench_five 200
   ;;
 *)
   echo "unknown mode $1" >&2

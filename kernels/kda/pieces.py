@@ -22,12 +22,17 @@ import torch
 from kernels.backend import sm_count
 from kernels.fast_launch import CompiledLaunch, fast_launch_enabled
 
-# pieces of the forward: 1 off; an int > 1 that many (at most one a chunk); None by the shape (fwd_pieces)
-FWD_PIECES: int | None = 1
+# pieces of the forward: 1 off; an int > 1 that many (at most one a chunk); None by the shape (fwd_pieces). H100,
+# session 39 call3 (sweep_kda_fwd, training-path forward at 1x32768x16, 16 pairs): one piece 2.179 / 2.187 ms, 3 or 4
+# pieces 1.944, 5 / 6 / 8 pieces 2.32 / 2.55 / 2.90 (host time 2.3-2.9 ms: launch-bound), the rule's 4: 1.940; at
+# 2x16384x16 (32 pairs) and 1x8192x32 (32) pieces were slower in call2 (1.99 against 1.96, 1.30 against 1.00 ms)
+FWD_PIECES: int | None = None
 PIECES_MAX = 4  # the most pieces the shape rule picks
 PIECE_MIN_CHUNKS = 128  # chunks of a sequence per piece, at least, for the shape rule
 PIECE_FILL = 1.0  # the shape rule cuts only when the state pass has at most this many programs an SM
-PIECE_STATE_BV = 32  # value columns per program of the pieces' state passes (chunk_triton.STATE_BV, when set, wins)
+# value columns per program of the pieces' state passes (chunk_triton.STATE_BV, when set, wins). Call2 at 1x32768x16,
+# 4 pieces: 2.010 ms at 32 columns, 2.084 at 16, 2.050 at 64; call3: 2 stages instead of 3 2.108 (32) / 2.105 (16)
+PIECE_STATE_BV = 32
 
 
 def fwd_pieces(chunks_per_seq: int | None, pairs: int, v: int, device: torch.device) -> int:
