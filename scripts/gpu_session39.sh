@@ -13,11 +13,12 @@
 #       (FWD_PIECES=None) against fla at the two long shapes (the pieces test's 60 s ran out: no summary line).
 #   bash scripts/gpu_session39.sh final   call4: with the shape rule the default, the KDA GPU tests with the pieces
 #       test, and bench_kda.py --graph ours vs fla at the five shapes.
+#   bash scripts/gpu_session39.sh short2  call5: 2 pieces at 1x8192x32 against one (the rule's), CUDA graphs and fla.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session39.sh check|pieces|pieces2|final}" in
+case "${1:?usage: gpu_session39.sh check|pieces|pieces2|final|short2}" in
 check)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
   kda_tests 150
@@ -45,6 +46,14 @@ final)  # call4: the shape rule as the default (FWD_PIECES None): the KDA GPU te
   install_fla
   kda_tests 150 tests/kernels/test_kda_pieces.py
   bench_five 200
+  ;;
+short2)  # call5: 2 pieces at 1x8192x32 (one piece by the rule) as CUDA graphs, against the default in the same run
+  install_fla
+  PART_TAIL=12 part "bench_kda default vs fla at 1x8192x32" 70 python3 kernels/benchmarks/bench_kda.py --no-prelude \
+    --graph --impls ours,fla --deadline 50 --shapes 1x8192x32 --out "$OUT/bench_kda_default.json"
+  printf 'FWD_PIECES=2\n' >"$OUT/set.txt"
+  PART_TAIL=12 part "bench_kda 2 pieces at 1x8192x32" 60 python3 kernels/benchmarks/bench_kda.py --no-prelude \
+    --graph --impls ours --deadline 40 --shapes 1x8192x32 --set-file "$OUT/set.txt" --out "$OUT/bench_kda_pieces2.json"
   ;;
 *)
   echo "unknown mode $1" >&2
