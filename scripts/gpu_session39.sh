@@ -14,11 +14,13 @@
 #   bash scripts/gpu_session39.sh final   call4: with the shape rule the default, the KDA GPU tests with the pieces
 #       test, and bench_kda.py --graph ours vs fla at the five shapes.
 #   bash scripts/gpu_session39.sh short2  call5: 2 pieces at 1x8192x32 against one (the rule's), CUDA graphs and fla.
+#   bash scripts/gpu_session39.sh rule    call6: 1, 2, 4 pieces at 1x8192x32 and 2x16384x16 (the shape rule's
+#       PIECE_MIN_CHUNKS), CUDA graphs, fla in the same call.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session39.sh check|pieces|pieces2|final|short2}" in
+case "${1:?usage: gpu_session39.sh check|pieces|pieces2|final|short2|rule}" in
 check)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
   kda_tests 150
@@ -54,6 +56,17 @@ short2)  # call5: 2 pieces at 1x8192x32 (one piece by the rule) as CUDA graphs, 
   printf 'FWD_PIECES=2\n' >"$OUT/set.txt"
   PART_TAIL=12 part "bench_kda 2 pieces at 1x8192x32" 60 python3 kernels/benchmarks/bench_kda.py --no-prelude \
     --graph --impls ours --deadline 40 --shapes 1x8192x32 --set-file "$OUT/set.txt" --out "$OUT/bench_kda_pieces2.json"
+  ;;
+rule)  # call6: 1, 2 and 4 pieces at 1x8192x32 and 2x16384x16, CUDA graphs, fla in the same call
+  install_fla
+  PART_TAIL=12 part "bench_kda fla" 60 python3 kernels/benchmarks/bench_kda.py --no-prelude --graph --impls fla \
+    --deadline 40 --shapes 1x8192x32,2x16384x16 --out "$OUT/bench_kda_fla.json"
+  for p in 1 2 4; do
+    printf 'FWD_PIECES=%s\n' $p >"$OUT/set$p.txt"
+    PART_TAIL=12 part "bench_kda $p pieces" 60 python3 kernels/benchmarks/bench_kda.py --no-prelude --graph \
+      --impls ours --deadline 40 --shapes 1x8192x32,2x16384x16 --set-file "$OUT/set$p.txt" \
+      --out "$OUT/bench_kda_pieces$p.json"
+  done
   ;;
 *)
   echo "unknown mode $1" >&2
