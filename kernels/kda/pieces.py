@@ -23,12 +23,14 @@ from kernels.backend import sm_count
 from kernels.fast_launch import CompiledLaunch, fast_launch_enabled
 
 # pieces of the forward: 1 off; an int > 1 that many (at most one a chunk); None by the shape (fwd_pieces). H100,
-# session 39 call3 (sweep_kda_fwd, training-path forward at 1x32768x16, 16 pairs): one piece 2.179 / 2.187 ms, 3 or 4
-# pieces 1.944, 5 / 6 / 8 pieces 2.32 / 2.55 / 2.90 (host time 2.3-2.9 ms: launch-bound), the rule's 4: 1.940; at
-# 2x16384x16 (32 pairs) and 1x8192x32 (32) pieces were slower in call2 (1.99 against 1.96, 1.30 against 1.00 ms)
+# session 39, training-path forward: call3 (sweep_kda_fwd) at 1x32768x16 (16 pairs): one piece 2.179 / 2.187 ms, 3 or
+# 4 pieces 1.944, 5 / 6 / 8 pieces 2.32 / 2.55 / 2.90; call6 (bench_kda --graph, CUDA-graph forwards) at 1x8192x32 and
+# 2x16384x16 (32 pairs each): 1 piece 0.999 / 1.921 ms, 2 pieces 0.976 / 1.848, 4 pieces 1.040 / 1.960
 FWD_PIECES: int | None = None
-PIECES_MAX = 4  # the most pieces the shape rule picks
-PIECE_MIN_CHUNKS = 128  # chunks of a sequence per piece, at least, for the shape rule
+PIECES_FEW = 2  # pieces the shape rule picks when the pieces' state pass has a program for most SMs ...
+PIECES_MANY = 4  # ... and when it has one for at most PIECE_MANY_FILL of them
+PIECE_MANY_FILL = 0.5
+PIECE_MIN_CHUNKS = 64  # chunks of a sequence per piece, at least, for the shape rule
 PIECE_FILL = 1.0  # the shape rule cuts only when the state pass has at most this many programs an SM
 # value columns per program of the pieces' state passes (chunk_triton.STATE_BV, when set, wins). Call2 at 1x32768x16,
 # 4 pieces: 2.010 ms at 32 columns, 2.084 at 16, 2.050 at 64; call3: 2 stages instead of 3 2.108 (32) / 2.105 (16)
@@ -38,17 +40,19 @@ PIECE_STATE_BV = 32
 def fwd_pieces(chunks_per_seq: int | None, pairs: int, v: int, device: torch.device) -> int:
     """How many pieces the forward runs in, for sequences of ``chunks_per_seq`` chunks (None: varlen, one piece) and
     ``pairs`` (sequence, value head) pairs of ``v`` value columns: ``FWD_PIECES`` when an int (capped at the chunks
-    of a sequence); with ``None``, on a GPU, as many as the sequence has ``PIECE_MIN_CHUNKS`` chunks (at most
-    ``PIECES_MAX``) when the pieces' state pass (``PIECE_STATE_BV`` columns a program) has at most ``PIECE_FILL``
-    programs an SM."""
+    of a sequence); with ``None``, on a GPU, when the pieces' state pass (``PIECE_STATE_BV`` columns a program) has
+    at most ``PIECE_FILL`` programs an SM: ``PIECES_MANY`` if at most ``PIECE_MANY_FILL``, else ``PIECES_FEW``, and
+    no more than one per ``PIECE_MIN_CHUNKS`` chunks of a sequence."""
     if chunks_per_seq is None or chunks_per_seq < 2:
         return 1
     if FWD_PIECES is not None:
         return max(1, min(FWD_PIECES, chunks_per_seq))
     programs = pairs * -(-max(v, 16) // PIECE_STATE_BV)
-    if device.type != "cuda" or programs > PIECE_FILL * sm_count(device):
+    sms = sm_count(device) if device.type == "cuda" else 0
+    if programs > PIECE_FILL * sms:
         return 1
-    return max(1, min(PIECES_MAX, chunks_per_seq // PIECE_MIN_CHUNKS))
+    want = PIECES_MANY if programs <= PIECE_MANY_FILL * sms else PIECES_FEW
+    return max(1, min(want, chunks_per_seq // PIECE_MIN_CHUNKS))
 
 
 def piece_state_bv() -> int:

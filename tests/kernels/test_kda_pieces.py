@@ -67,9 +67,10 @@ def test_fwd_pieces_rule(monkeypatch):
     monkeypatch.setattr(pieces, "sm_count", lambda device: 132)
     monkeypatch.setattr(pieces, "PIECE_STATE_BV", 32)
     gpu = torch.device("cuda")
-    assert fwd_pieces(512, 33, 128, gpu) == pieces.PIECES_MAX  # 132 programs of 32 columns: one an SM
+    assert fwd_pieces(512, 16, 128, gpu) == pieces.PIECES_MANY  # 64 programs of 32 columns: under half the SMs
+    assert fwd_pieces(512, 33, 128, gpu) == pieces.PIECES_FEW  # 132: one an SM
     assert fwd_pieces(512, 34, 128, gpu) == 1  # 136: more state programs than SMs
-    assert fwd_pieces(pieces.PIECE_MIN_CHUNKS * 2, 16, 128, gpu) == 2
+    assert fwd_pieces(pieces.PIECE_MIN_CHUNKS * 3, 16, 128, gpu) == 3  # one a PIECE_MIN_CHUNKS chunks at most
 
 
 @pytest.mark.gpu
