@@ -16,11 +16,12 @@
 #   bash scripts/gpu_session39.sh short2  call5: 2 pieces at 1x8192x32 against one (the rule's), CUDA graphs and fla.
 #   bash scripts/gpu_session39.sh rule    call6: 1, 2, 4 pieces at 1x8192x32 and 2x16384x16 (the shape rule's
 #       PIECE_MIN_CHUNKS), CUDA graphs, fla in the same call.
+#   bash scripts/gpu_session39.sh five    call7: with the final shape rule, the pieces GPU test and the five shapes.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session39.sh check|pieces|pieces2|final|short2|rule}" in
+case "${1:?usage: gpu_session39.sh check|pieces|pieces2|final|short2|rule|five}" in
 check)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
   kda_tests 150
@@ -67,6 +68,11 @@ rule)  # call6: 1, 2 and 4 pieces at 1x8192x32 and 2x16384x16, CUDA graphs, fla 
       --impls ours --deadline 40 --shapes 1x8192x32,2x16384x16 --set-file "$OUT/set$p.txt" \
       --out "$OUT/bench_kda_pieces$p.json"
   done
+  ;;
+five)  # call7: the shape rule of f9496b1 (2 or 4 pieces): the pieces test and the five shapes against fla
+  install_fla
+  PART_TAIL=8 part "pieces GPU test" 100 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_kda_pieces.py
+  bench_five 200
   ;;
 *)
   echo "unknown mode $1" >&2
