@@ -69,7 +69,7 @@ class PieceTables(NamedTuple):
     nc: list[torch.Tensor]
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)
 def piece_tables(batch: int, chunks_per_seq: int, pieces: int, device: torch.device) -> PieceTables:
     """The tables of ``pieces`` near-equal pieces of ``batch`` sequences of ``chunks_per_seq`` chunks each (cached:
     made on the device once a shape, so that a CUDA graph capture of a warmed-up forward copies nothing)."""
