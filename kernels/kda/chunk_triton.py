@@ -21,6 +21,9 @@ into four 16-token sub-blocks; each kernel works through K (or V) in tiles so th
 6. ``_output_kernel``, one program per (chunk, value head, block of value columns), fully parallel:
    ``O = qg h + tril(Aqk) Vnew``.
 
+With few (sequence, value head) pairs the forward runs kernels 2, 5 and 6 in pieces along time (``pieces.py``): each
+piece's state pass on a side stream beside the next piece's scores, the same arithmetic.
+
 :func:`chunk_kda_fwd_intermediates` returns every intermediate (:class:`KDAFwdState`) of the core op (q, k
 normalised, g the log-decay), as the backward reads them.
 
@@ -378,7 +381,8 @@ class KDAFwdState(NamedTuple):
 
 
 def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool = True) -> KDAFwdState:
-    """Run the forward kernels (prep, scores + solve + W/U, state pass, output) and return every intermediate.
+    """Run the forward kernels (prep, scores + solve + W/U, state pass, output; the last three in pieces along time
+    when :func:`pieces.fwd_pieces` says so) and return every intermediate.
     ``keep_u=False`` (inference): the state pass writes Vnew over U (same rows and columns, read before written by
     the same program), so the returned ``U`` is Vnew and one [NC, HV, C, V] scratch tensor is saved."""
     use_l2, use_gate, A_log, dt_bias, lower_bound = flags
