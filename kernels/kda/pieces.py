@@ -69,10 +69,17 @@ class PieceTables(NamedTuple):
     nc: list[torch.Tensor]
 
 
-@functools.lru_cache(maxsize=64)
 def piece_tables(batch: int, chunks_per_seq: int, pieces: int, device: torch.device) -> PieceTables:
-    """The tables of ``pieces`` near-equal pieces of ``batch`` sequences of ``chunks_per_seq`` chunks each (cached:
-    made on the device once a shape, so that a CUDA graph capture of a warmed-up forward copies nothing)."""
+    """The tables of ``pieces`` near-equal pieces of ``batch`` sequences of ``chunks_per_seq`` chunks each: made on the
+    device once a shape and kept (never evicted: a CUDA graph captured after a warm-up call points at them), except
+    inside a capture, where they are made afresh as part of the graph (a capture does not run its kernels, so tables
+    made there hold nothing until the graph replays and must not serve eager calls)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _make_tables(batch, chunks_per_seq, pieces, device)
+    return _kept_tables(batch, chunks_per_seq, pieces, device)
+
+
+def _make_tables(batch: int, chunks_per_seq: int, pieces: int, device: torch.device) -> PieceTables:
     bounds = [j * chunks_per_seq // pieces for j in range(pieces + 1)]
     first = torch.arange(batch, device=device, dtype=torch.int32) * chunks_per_seq
     cidx, s0, nc = [], [], []
@@ -81,6 +88,9 @@ def piece_tables(batch: int, chunks_per_seq: int, pieces: int, device: torch.dev
         s0.append(first + lo)
         nc.append(torch.full((batch,), hi - lo, device=device, dtype=torch.int32))
     return PieceTables(cidx, s0, nc)
+
+
+_kept_tables = functools.cache(_make_tables)
 
 
 class Relaunch:
