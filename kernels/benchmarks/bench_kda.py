@@ -252,14 +252,14 @@ def time_decode(impl, N=64, H=32) -> dict:
 
 
 def _kda_module(name: str, strict: bool = False):
-    """The KDA kernel module (``chunk_triton``, ``chunk_triton_bwd`` or ``prep_triton``) that defines constant
-    ``name``, or None (``strict``: a KeyError naming it)."""
+    """The KDA kernel module (``chunk_triton``, ``chunk_triton_bwd``, ``prep_triton`` or ``pieces``) that defines
+    constant ``name``, or None (``strict``: a KeyError naming it)."""
     from kernels.kda import chunk_triton, chunk_triton_bwd, pieces, prep_triton
 
     mods = (chunk_triton, chunk_triton_bwd, prep_triton, pieces)
     mod = next((m for m in mods if hasattr(m, name) and name.isupper()), None)
     if mod is None and strict:
-        raise KeyError(f"no KDA kernel constant named {name!r} (chunk_triton, chunk_triton_bwd, prep_triton)")
+        raise KeyError(f"no KDA kernel constant named {name!r} (chunk_triton, chunk_triton_bwd, prep_triton, pieces)")
     return mod
 
 
