@@ -54,9 +54,10 @@ import triton
 import triton.language as tl
 
 from kernels.backend import sm_count
+from kernels.kda import pieces as kda_pieces
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import BwdPrep, bwd_reads_g, chunk_kda_bwd_triton
-from kernels.kda.pieces import Relaunch, fwd_pieces, piece_state_bv, piece_tables, run_pieces
+from kernels.kda.pieces import Relaunch, fwd_pieces, piece_tables, run_pieces
 from kernels.kda.prep_triton import (
     _gate,
     gate_bwd,
@@ -431,9 +432,9 @@ def _fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags, keep_u: bool
     )
     scores_opts = dict(num_warps=SCORES2_LAUNCH[0], **_maxnreg(SCORES2_MAXNREG),
                        num_stages=SCORES2_NORMS_STAGES if norms_in_scores else SCORES2_LAUNCH[1])
-    pieces = fwd_pieces(None if cu_seqlens is not None else nch // max(B, 1), N * HV, V, dev) if nch else 1
+    pieces = fwd_pieces(None if cu_seqlens is not None else nch // B, N * HV, V, dev) if nch else 1
     # the pieces' state passes run beside other kernels: their own width (pieces.PIECE_STATE_BV) unless STATE_BV set
-    bvs = state_block_v(STATE_BV if pieces == 1 or STATE_BV else piece_state_bv(), V, N * HV, q.device,
+    bvs = state_block_v(STATE_BV if pieces == 1 or STATE_BV else kda_pieces.PIECE_STATE_BV, V, N * HV, q.device,
                         fill=STATE_FILL)
     state_args = dict(W_ptr=W, U_ptr=U, kg_ptr=kg, gl_ptr=gl, h_ptr=h, vn_ptr=vn, HV=HV, K=K, V=V, BK=BK, BV=bvs,
                       C=CHUNK, FP32=fp32)

@@ -60,11 +60,6 @@ def fwd_pieces(chunks_per_seq: int | None, pairs: int, v: int, device: torch.dev
     return max(1, min(want, chunks_per_seq // PIECE_MIN_CHUNKS))
 
 
-def piece_state_bv() -> int:
-    """``PIECE_STATE_BV`` (read at call time, so that a benchmark's override reaches the forward)."""
-    return PIECE_STATE_BV
-
-
 class PieceTables(NamedTuple):
     """Per piece j: ``cidx[j]`` the chunk indices (int32, sequence-major, as the chunk table orders them),
     ``s0[j]``, ``nc[j]`` each sequence's first chunk and number of chunks in the piece ([B] int32)."""
