@@ -144,7 +144,7 @@ class _Pipe:
 
 
 class ChromiumBrowser:
-    """One headless Chromium process with one tab; reuse it for many pages (starting costs ~0.5 s).
+    """One headless Chromium process with one tab; reuse it for many pages (a warm start costs ~0.5 s).
 
     Example::
 
@@ -153,9 +153,22 @@ class ChromiumBrowser:
             png = browser.screenshot()
     """
 
-    def __init__(self, executable: str | None = None, timeout_s: float = 20.0) -> None:
+    def __init__(
+        self,
+        executable: str | None = None,
+        timeout_s: float = 20.0,
+        start_timeout_s: float = 120.0,
+        start_attempts: int = 2,
+    ) -> None:
+        if timeout_s <= 0 or start_timeout_s <= 0 or start_attempts < 1:
+            raise ValueError(
+                f"need timeout_s > 0, start_timeout_s > 0 and start_attempts >= 1, got {timeout_s}, "
+                f"{start_timeout_s}, {start_attempts}"
+            )
         self.executable = find_chromium(executable)
         self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.start_attempts = start_attempts
         self._process: subprocess.Popen | None = None
         self._pipe: _Pipe | None = None
         self._session: str | None = None
@@ -177,9 +190,38 @@ class ChromiumBrowser:
         return self._process is not None and self._process.poll() is None
 
     def start(self) -> None:
-        """Start the browser process and open the tab (no-op when already running)."""
+        """Start the browser process and open the tab (no-op when already running).
+
+        A cold first start can take many seconds (16 s seen on a fresh 2-core machine, the binary and fonts still
+        uncached; more with the cores busy), so starting has its own ``start_timeout_s`` and is tried
+        ``start_attempts`` times. The error after the last attempt quotes the end of Chromium's stderr.
+        """
         if self.alive and self._session is not None:
             return
+        for attempt in range(1, self.start_attempts + 1):
+            try:
+                self._start_once()
+                return
+            except RenderError as error:
+                log = self._stderr_tail()
+                self._stop_process()
+                if attempt == self.start_attempts:
+                    raise RenderError(
+                        f"Chromium ({self.executable}) did not start: {error} (tried {attempt} times, "
+                        f"{self.start_timeout_s:g} s each); the end of its stderr:\n{log}"
+                    ) from error
+
+    def _stderr_path(self) -> Path:
+        return Path(self._page_dir) / "chromium-stderr.log"
+
+    def _stderr_tail(self, lines: int = 12) -> str:
+        try:
+            text = self._stderr_path().read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no stderr captured)"
+        return "\n".join(text.strip().splitlines()[-lines:]) or "(empty)"
+
+    def _start_once(self) -> None:
         self._stop_process()
         self._profile_dir = tempfile.mkdtemp(prefix="kvl-chromium-profile-")
         to_child_r, to_child_w = os.pipe()
@@ -193,22 +235,33 @@ class ChromiumBrowser:
             os.dup2(high_w, 4)
 
         args = [self.executable, *BASE_FLAGS, f"--user-data-dir={self._profile_dir}", "about:blank"]
-        self._process = subprocess.Popen(
-            args, pass_fds=(3, 4), preexec_fn=_wire_fds, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        with open(self._stderr_path(), "wb") as stderr:
+            self._process = subprocess.Popen(
+                args, pass_fds=(3, 4), preexec_fn=_wire_fds, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=stderr,
+            )
         os.close(to_child_r)
         os.close(from_child_w)
         self._pipe = _Pipe(to_child_w, from_child_r)
         self._events.clear()
-        target = self.call("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
-        attached = self.call("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)
+        wait = self.start_timeout_s
+        target = self.call("Target.createTarget", {"url": "about:blank"}, session=False, timeout_s=wait)["targetId"]
+        attached = self.call(
+            "Target.attachToTarget", {"targetId": target, "flatten": True}, session=False, timeout_s=wait
+        )
         self._session = attached["sessionId"]
-        self.call("Page.enable")
-        self.call("Emulation.setScriptExecutionDisabled", {"value": True})
+        self.call("Page.enable", timeout_s=wait)
+        self.call("Emulation.setScriptExecutionDisabled", {"value": True}, timeout_s=wait)
 
-    def call(self, method: str, params: dict[str, Any] | None = None, session: bool = True) -> dict[str, Any]:
-        """Send one protocol command and return its ``result``; raise :class:`RenderError` on error/timeout."""
+    def call(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        session: bool = True,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Send one protocol command and return its ``result``; raise :class:`RenderError` on error or after
+        ``timeout_s`` (default: the browser's ``timeout_s``)."""
         if self._pipe is None:
             raise RenderError("browser is not started")
         self._next_id += 1
@@ -216,9 +269,12 @@ class ChromiumBrowser:
         if session:
             message["sessionId"] = self._session
         self._pipe.send(message)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         while True:
-            reply = self._pipe.receive(deadline)
+            try:
+                reply = self._pipe.receive(deadline)
+            except RenderError as error:
+                raise RenderError(f"{error} (command {method})") from None
             if reply.get("id") == self._next_id:
                 if "error" in reply:
                     raise RenderError(f"{method} failed: {reply['error'].get('message', reply['error'])}")

@@ -94,3 +94,36 @@ def test_browser_restarts_after_a_crash() -> None:
         own._process.kill()
         own._process.wait()
         assert render_screenshot("<p>x</p>", browser=own) == first
+
+
+def _fake_chromium(folder, body: str):
+    path = folder / "fake-chromium"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_start_that_never_answers_fails_with_attempts_and_stderr(tmp_path) -> None:
+    from data_pipelines.web import ChromiumBrowser, RenderError
+
+    fake = _fake_chromium(tmp_path, "echo 'fake chromium: no display' >&2\nexec sleep 60\n")
+    browser = ChromiumBrowser(fake, start_timeout_s=0.5, start_attempts=2)
+    began = time.monotonic()
+    with pytest.raises(RenderError, match=r"(?s)tried 2 times, 0.5 s each.*fake chromium: no display"):
+        browser.start()
+    assert 0.9 < time.monotonic() - began < 20 and not browser.alive
+    browser.close()
+    with pytest.raises(ValueError, match="start_attempts >= 1"):
+        ChromiumBrowser(fake, start_attempts=0)
+
+
+def test_start_retries_a_failed_first_start(tmp_path) -> None:
+    """The first start dies at once; the second attempt, a real Chromium, renders the page."""
+    from data_pipelines.web import ChromiumBrowser
+
+    marker = tmp_path / "started-once"
+    real = find_chromium()
+    fake = _fake_chromium(tmp_path, f'if [ ! -e "{marker}" ]; then touch "{marker}"; exit 1; fi\nexec "{real}" "$@"\n')
+    with ChromiumBrowser(fake, start_attempts=2) as own:
+        png = render_screenshot("<p>x</p>", browser=own)
+        assert marker.exists() and decode_png(png).shape[1] == 512
