@@ -91,6 +91,21 @@ def _write_outputs(results: dict, args: argparse.Namespace) -> None:
         out.write_text(json.dumps(keep, indent=1, default=handle_non_serializable, ensure_ascii=False))
 
 
+def check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors for a missing ``--include_path`` folder or ``kimi_vl`` checkpoint, before lm-eval starts."""
+    from kimi_vl.exports import export_folder
+
+    for path in args.include_path:
+        if not Path(path).is_dir():
+            parser.error(f"--include_path {path}: not a directory")
+    model_args = dict(a.split("=", 1) for a in args.model_args.split(",") if "=" in a)
+    if args.model == "kimi_vl" and "checkpoint" in model_args:
+        try:
+            export_folder(model_args["checkpoint"], "--model_args checkpoint")
+        except FileNotFoundError as err:
+            parser.error(str(err))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "lm-eval":
@@ -100,7 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.argv = ["lm-eval", *argv[1:]]
         cli_evaluate()
         return 0
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_inputs(parser, args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     results = run(args)
     if results is None:  # non-zero ranks of a distributed run

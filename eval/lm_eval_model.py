@@ -45,6 +45,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from eval.media_prompt import MediaPrompt, build_media_prompt, merge_media
+from kimi_vl.exports import export_folder
 from kimi_vl.modeling.multimodal import MEDIA_KEYS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
@@ -55,14 +56,16 @@ def _as_bool(v: Any) -> bool:
 
 
 def load_checkpoint(path: str, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
-    """``import kimi_vl`` (registers the suite's Auto classes), then ``from_pretrained`` with
-    ``AutoModelForImageTextToText`` when the checkpoint has a vision tower, else ``AutoModelForCausalLM``."""
+    """``import kimi_vl`` (registers the suite's Auto classes), then ``from_pretrained`` of ``path`` (``RUN`` or
+    ``RUN/final``) with ``AutoModelForImageTextToText`` when the checkpoint has a vision tower, else
+    ``AutoModelForCausalLM``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     import kimi_vl  # noqa: F401 - registers KimiVL configs/models with transformers' Auto classes
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    path = str(export_folder(path, "checkpoint"))
     config = AutoConfig.from_pretrained(path)
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
     model = auto.from_pretrained(path, dtype=DTYPES[dtype])

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from kimi_vl.exports import export_folder
 from rl.config import RLRunConfig
 from rl.tasks import CharTokenizer, LetterCountSource, PromptSource, Tokenizer
 
@@ -37,14 +38,15 @@ def train_view(cfg: RLRunConfig) -> Any:
                        data=data)
 
 
-def export_folder(path: str) -> Path:
-    """``RUN`` or ``RUN/final`` -> the folder holding ``config.json``."""
-    folder = Path(path)
-    if (folder / "final" / "config.json").is_file():
-        folder = folder / "final"
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"init_from={path!r}: no config.json (expected an export folder such as RUN/final)")
-    return folder
+def check_inputs(cfg: RLRunConfig) -> None:
+    """``init_from``, ``data.path`` and ``data.tokenizer`` checked before anything is built (the ``letter_count``
+    source reads no dataset), so that a wrong path is a one-line error naming the field."""
+    from kimi_vl.train.build import check_inputs as check_train_inputs
+
+    if cfg.init_from:
+        export_folder(cfg.init_from, "init_from")
+    if cfg.data.source != "letter_count":
+        check_train_inputs(train_view(cfg))
 
 
 def tokenizer_path(cfg: RLRunConfig) -> Path:
@@ -133,5 +135,5 @@ def build_model(cfg: RLRunConfig, tokenizer: Tokenizer) -> torch.nn.Module:
     return model
 
 
-__all__ = ["HF_PRESETS", "build_model", "build_source", "export_folder", "load_policy", "tokenizer_path",
+__all__ = ["HF_PRESETS", "build_model", "build_source", "check_inputs", "load_policy", "tokenizer_path",
            "train_view"]

@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from kimi_vl.logs import MetricsWriter, print0
-from kimi_vl.runconfig import load_config, save_config
+from kimi_vl.runconfig import ConfigError, load_config, save_config
 from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve_resume, save_checkpoint
 from kimi_vl.train.teardown import end_run
-from rl.build import build_model, build_source
+from rl.build import build_model, build_source, check_inputs
 from rl.config import RLRunConfig
 from rl.objective import length_budget
 from rl.rollout import Group, Prompt, SamplingConfig, sample_groups
@@ -218,7 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML run config (kimi_vl/configs/*_rl.yaml)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_steps=10")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    cfg = load_config(RLRunConfig, args.config, args.overrides)
+    try:
+        cfg = load_config(RLRunConfig, args.config, args.overrides)
+        check_inputs(cfg)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     run_rl(cfg)
     return 0
 

@@ -20,6 +20,7 @@ from eval.ablation.report import write_report
 from eval.ablation.runner import Runner, is_done
 from eval.ablation.spec import load_experiment
 from eval.ablation.stages import run_eval_subprocess, run_stage_subprocess
+from kimi_vl.runconfig import ConfigError
 
 
 def default_devices() -> list[str]:
@@ -77,7 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--devices", default=None, help="comma-separated GPU ids to spread chains over")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    exp = load_experiment(args.experiment, args.overrides)
+    try:
+        exp = load_experiment(args.experiment, args.overrides)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     if exp.eval.suite_samples > 0:
         _write_suites(exp, Path(args.out) / "tasks")
     devices = default_devices() if args.devices is None else [d for d in args.devices.split(",") if d]

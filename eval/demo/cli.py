@@ -26,10 +26,25 @@ def task_parser(task: str, prog: str) -> argparse.ArgumentParser:
     return p
 
 
+def _check_inputs(parser: argparse.ArgumentParser, task: str, args: argparse.Namespace) -> None:
+    """Exit with a one-line usage error (not a traceback after loading the model) for a missing input."""
+    from kimi_vl.exports import export_folder
+
+    for flag, value in ((TASKS[task][0], args.input), ("--reference", args.reference)):
+        if value is not None and not Path(value).is_file():
+            parser.error(f"{flag} {value}: no such file")
+    try:
+        export_folder(args.checkpoint, "--checkpoint")
+    except FileNotFoundError as err:
+        parser.error(str(err))
+
+
 def run_task(task: str, argv: Sequence[str], prog: str) -> int:
     from eval.demo.pipeline import screenshot_to_website, video_to_website
 
-    args = task_parser(task, prog).parse_args(argv)
+    parser = task_parser(task, prog)
+    args = parser.parse_args(argv)
+    _check_inputs(parser, task, args)
     reference = Path(args.reference).read_text(encoding="utf-8") if args.reference else None
     fn = video_to_website if task == "video2web" else screenshot_to_website
     result = fn(args.input, args.checkpoint, args.out, reference_html=reference, max_new_tokens=args.max_new_tokens,

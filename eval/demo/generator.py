@@ -37,6 +37,7 @@ from data_pipelines.packing import IGNORE, Encoder, TokenDoc, collate, left_pad
 from data_pipelines.page_prompts import IMAGE_PROMPT, VIDEO_PROMPT
 from data_pipelines.tokenizer import ROLE_HEADERS
 from data_pipelines.video import DecodedVideo, decode_mp4
+from kimi_vl.exports import export_folder
 from kimi_vl.modeling.multimodal import MEDIA_KEYS
 from vision_encoder.geometry import PatchGeometry
 from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
@@ -113,11 +114,7 @@ class WebsiteGenerator:
         import kimi_vl.modeling.multimodal  # noqa: F401 - registers AutoModelForImageTextToText (not done by kimi_vl)
         from data_pipelines.tokenizer import load_tokenizer
 
-        folder = Path(checkpoint)
-        if (folder / "final" / "config.json").is_file():
-            folder = folder / "final"
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"checkpoint {checkpoint}: no config.json (pass an export such as RUN/final)")
+        folder = export_folder(checkpoint, "checkpoint")
         patches = max_patches if max_patches is not None else run_config_max_patches(folder)
         if patches is None:
             raise ValueError(f"checkpoint {folder}: no run config with data.max_patches beside it; pass max_patches "

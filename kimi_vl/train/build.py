@@ -18,6 +18,7 @@ from data_pipelines.loader import LoaderConfig, VisionRatioSchedule, build_loade
 from data_pipelines.synth.build import read_manifest, split_shards
 from data_pipelines.tokenizer import load_tokenizer, special_ids
 from kimi_vl.configuration import KimiVLConfig
+from kimi_vl.exports import export_folder
 from kimi_vl.logs import print0
 from kimi_vl.modeling.model import KimiVLForCausalLM
 from kimi_vl.train.config import TrainConfig
@@ -63,6 +64,17 @@ def data_root(cfg: TrainConfig) -> Path:
             f"data.path={cfg.data.path!r}: no manifest.json there; create a dataset with "
             "`kimi-vl data synth --out DIR --preset tiny` and pass data.path=DIR (or use data.path=synth:tiny)")
     return root
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """The run's input paths (``data.path``, ``data.tokenizer``, ``init_from``), checked before anything is built so
+    that a wrong one is a one-line error naming the field. A ``synth:`` dataset is generated later, not here."""
+    if not cfg.data.path.startswith(SYNTH_PREFIX):
+        data_root(cfg)
+    if cfg.data.tokenizer and not Path(cfg.data.tokenizer).is_dir():
+        raise FileNotFoundError(f"data.tokenizer={cfg.data.tokenizer!r} is not a folder")
+    if cfg.init_from:
+        export_folder(cfg.init_from, "init_from")
 
 
 def build_tokenizer(cfg: TrainConfig) -> Any:
@@ -117,11 +129,7 @@ def load_init(cls: type, path: str, config: KimiVLConfig) -> torch.nn.Module:
     """Load an export; a checkpoint of another architecture is an error naming the fields."""
     from kimi_vl.train.checkpoint import check_compatible
 
-    folder = Path(path)
-    if (folder / "final" / "config.json").is_file():
-        folder = folder / "final"
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"init_from={path!r}: no config.json (expected an export folder such as RUN/final)")
+    folder = export_folder(path, "init_from")
     saved = KimiVLConfig.from_pretrained(folder)
     keys = ("hidden_size", "num_hidden_layers", "layer_types", "vocab_size", "residual_mode", "num_experts")
     check_compatible({k: getattr(saved, k, None) for k in keys}, {k: getattr(config, k, None) for k in keys},

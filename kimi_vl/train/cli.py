@@ -23,9 +23,12 @@ def parse_args(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, list
 def main(argv: Sequence[str] | None = None, prog: str = "kimi-vl train") -> int:
     import sys
 
+    from kimi_vl.train.build import check_inputs
+
     args, _ = parse_args(sys.argv[1:] if argv is None else argv, prog)
     try:
         cfg = load_config(TrainConfig, resolve_config_path(args.config), args.overrides)
+        check_inputs(cfg)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

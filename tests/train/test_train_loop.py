@@ -148,6 +148,13 @@ def test_bad_inputs_are_named(tiny_data, tmp_path, capsys):
                             [f"data.path={empty}", f"output_dir={tmp_path / 'x'}"]))
     with pytest.raises(ValueError, match="vision_ratio"):
         config(tiny_data, tmp_path, "data.vision_ratio=1.5")
+    # the CLI checks the input paths before building anything: one line naming the field, exit code 2
+    for override, message in ((f"data.path={empty}", "no manifest.json"),
+                              (f"data.tokenizer={empty / 'tok'}", "data.tokenizer="),
+                              (f"init_from={tmp_path / 'run'}", "init_from=")):
+        assert train_cli(["--config", "debug_pretrain", f"data.path={tiny_data}", override]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
 
 
 def test_incompatible_init_from_is_refused(tiny_data, tmp_path):

@@ -1,0 +1,85 @@
+"""Wrong paths and keys given to the commands are one-line errors naming the option, exit code 2, no traceback.
+
+Every command that loads a trained model takes ``RUN`` or ``RUN/final`` (``kimi_vl.exports.export_folder``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kimi_vl.exports import export_folder
+
+
+def test_run_or_final_resolve_to_the_export(tmp_path) -> None:
+    final = tmp_path / "run" / "final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text("{}")
+    assert export_folder(tmp_path / "run") == final
+    assert export_folder(str(final)) == final
+
+
+def test_missing_or_wrong_folder_names_the_option(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"init_from='.*nope': no such folder \(expected an export"):
+        export_folder(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match=r"--checkpoint='.*': no config.json there"):
+        export_folder(tmp_path, "--checkpoint")
+
+
+def test_eval_loader_names_the_checkpoint(tmp_path) -> None:
+    from eval.lm_eval_model import load_checkpoint
+
+    with pytest.raises(FileNotFoundError, match=r"checkpoint='.*missing': no such folder"):
+        load_checkpoint(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("task, flag", [("video2web", "--video"), ("screenshot2web", "--image")])
+def test_demo_cli_rejects_missing_inputs_before_loading(task, flag, tmp_path, capsys) -> None:
+    from kimi_vl.cli import main as kimi_vl_main
+
+    clip = tmp_path / "clip.bin"
+    clip.write_bytes(b"x")
+    none, ckpt = str(tmp_path / "none.mp4"), ["--checkpoint", str(tmp_path)]
+    cases = [
+        ([flag, none, *ckpt], f"{flag} {none}: no such file"),
+        ([flag, str(clip), *ckpt, "--reference", "gone.html"], "--reference gone.html: no such file"),
+        ([flag, str(clip), "--checkpoint", str(tmp_path / "run")], "--checkpoint='"),
+    ]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            kimi_vl_main(["demo", task, *args, "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("init_from={tmp}/run", "init_from='"),
+    ("data.path={tmp}", "no manifest.json"),
+    ("bogus=1", "unknown key 'bogus'"),
+])
+def test_rl_cli_names_the_bad_input(override, message, tmp_path, capsys) -> None:
+    from rl.trainer import main as rl_main
+
+    args = ["--config", "kimi_vl/configs/tiny_rl.yaml", f"output_dir={tmp_path / 'out'}", "init_from="]
+    assert rl_main([*args, override.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ablate_cli_names_the_bad_input(tmp_path, capsys) -> None:
+    from eval.ablation.cli import main as ablate_main
+
+    assert ablate_main([str(tmp_path / "none.yaml"), "--out", str(tmp_path / "out")]) == 2
+    assert "experiment file not found" in capsys.readouterr().err
+    assert ablate_main(["kimi_vl/configs/ablation_smoke.yaml", "bogus=3", "--out", str(tmp_path / "out")]) == 2
+    assert "unknown key 'bogus'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_cli_names_the_bad_input(tmp_path, capsys) -> None:
+    from eval.cli import main as eval_main
+
+    for args, message in ((["--model_args", f"checkpoint={tmp_path / 'run'}"], "--model_args checkpoint='"),
+                          (["--include_path", str(tmp_path / "suites")], "suites: not a directory")):
+        with pytest.raises(SystemExit) as exit_:
+            eval_main(["--tasks", "kimi_text", *args])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
