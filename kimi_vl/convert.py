@@ -158,6 +158,10 @@ def main(argv: Sequence[str]) -> int:
     way.add_argument("--to-hf", metavar="DIR", help="a kimi_vl checkpoint directory")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
     args = parser.parse_args(argv)
+    flag, folder = ("--from-hf", args.from_hf) if args.from_hf else ("--to-hf", args.to_hf)
+    if not (Path(folder) / "config.json").is_file():
+        what = "no such folder" if not Path(folder).exists() else "no config.json there"
+        parser.error(f"{flag} {folder}: {what} (expected a checkpoint folder such as RUN/final)")
     import kimi_vl  # noqa: F401  (registers the Auto classes)
 
     if args.from_hf:

@@ -83,3 +83,13 @@ def test_eval_cli_names_the_bad_input(tmp_path, capsys) -> None:
         with pytest.raises(SystemExit) as exit_:
             eval_main(["--tasks", "kimi_text", *args])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--from-hf", "--to-hf"])
+def test_convert_cli_names_the_bad_input(flag, tmp_path, capsys) -> None:
+    from kimi_vl.convert import main as convert_main
+
+    for folder, message in ((tmp_path / "none", "none: no such folder"), (tmp_path, "no config.json there")):
+        with pytest.raises(SystemExit) as exit_:
+            convert_main([flag, str(folder), "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 2 and f"{flag} " in (err := capsys.readouterr().err) and message in err
