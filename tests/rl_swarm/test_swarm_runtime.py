@@ -13,7 +13,7 @@ from rl.swarm.policies import ScriptedSwarmOrchestrator, scripted_single_agent, 
 from rl.swarm.runtime import RuntimeConfig, SwarmRuntime
 from rl.swarm.toolcalls import format_turn
 
-SLEEP = 0.3
+SLEEP = 1.0  # long against thread start-up on a loaded 2-core CI machine; serial would take 4 s
 
 
 def _orchestrator(turns: list[str]):
