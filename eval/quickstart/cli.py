@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,7 +25,13 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     cfg = QuickstartConfig(out=Path(args.out), seed=args.seed, **(CI_SIZES if args.ci else {}))
-    report = Pipeline(cfg).run()
+    try:
+        report = Pipeline(cfg).run()
+    except KeyboardInterrupt:
+        again = shlex.join(["kimi-vl", "quickstart", *argv])
+        print(f"\nkimi-vl quickstart: interrupted. Finished stages are kept under {cfg.out}; run `{again}` "
+              "again to go on from the stage that stopped (a training stage resumes from its last checkpoint).")
+        return 130
     print("\n".join(["", "=" * 72, "kimi-vl quickstart: done", *summary_lines(cfg.out), f"report: {report}",
                      "=" * 72]))
     return 0

@@ -46,3 +46,14 @@ def test_quickstart_ci_end_to_end(tmp_path, capsys):
     again = Pipeline(QuickstartConfig(out=out, **CI_SIZES))
     again.run()
     assert again.timings == {}
+
+
+def test_interrupt_says_how_to_go_on(tmp_path, capsys, monkeypatch):
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Pipeline, "run", interrupted)
+    out = tmp_path / "qs"
+    assert main(["--out", str(out), "--ci"]) == 130
+    printed = capsys.readouterr().out
+    assert "interrupted" in printed and f"`kimi-vl quickstart --out {out} --ci` again" in printed
