@@ -122,7 +122,8 @@ class KimiVLLM(TemplateLM):
         if isinstance(source, torch.nn.Module):
             self.model = source.to(self._device).eval()
         else:
-            self.model = load_checkpoint(str(source), dtype, str(self._device))
+            source = str(export_folder(str(source), "checkpoint"))  # RUN or RUN/final; the tokenizer lies beside
+            self.model = load_checkpoint(source, dtype, str(self._device))
         if tokenizer is None or isinstance(tokenizer, str):
             tok_source = tokenizer or (source if isinstance(source, str) else None)
             if tok_source is None:

@@ -40,6 +40,15 @@ def test_loglikelihood_equals_manual_sum_in_batches_of_mixed_lengths(lm):
         assert ll == pytest.approx(manual_logprob(lm, ctx_ids, cont_ids), abs=1e-4), (ctx, cont)
 
 
+def test_checkpoint_may_name_the_run_folder(lm, ckpt, tmp_path):
+    import shutil
+
+    shutil.copytree(ckpt, tmp_path / "run" / "final")
+    run = KimiVLLM(checkpoint=str(tmp_path / "run"), batch_size=3, device="cpu")
+    request = [req("loglikelihood", "Two", " cats")]
+    assert run.loglikelihood(request) == lm.loglikelihood(request)
+
+
 def test_is_greedy_flag(lm):
     ctx_ids = lm.tok_encode("The red square is")
     ids = torch.tensor([ctx_ids])
