@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from eval.stats import bootstrap_delta, bootstrap_score
-from kimi_vl.runconfig import load_config
+from kimi_vl.runconfig import ConfigError, load_config
 from rl.config import ObjectiveCfg
 from rl.rollout import SamplingConfig
 from rl.swarm.envs import SceneTask, make_deep_task, make_wide_task
@@ -227,7 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    cfg = load_config(SwarmExperimentCfg, args.config, args.overrides)
+    try:
+        cfg = load_config(SwarmExperimentCfg, args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     command = "python -m rl.swarm.experiment " + " ".join([f"--config {args.config}", *args.overrides])
     result = run(cfg, command)
     out = Path(cfg.report_dir)

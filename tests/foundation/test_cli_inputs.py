@@ -93,3 +93,10 @@ def test_convert_cli_names_the_bad_input(flag, tmp_path, capsys) -> None:
         with pytest.raises(SystemExit) as exit_:
             convert_main([flag, str(folder), "--out", str(tmp_path / "out")])
         assert exit_.value.code == 2 and f"{flag} " in (err := capsys.readouterr().err) and message in err
+
+
+def test_swarm_cli_names_the_bad_input(tmp_path, capsys) -> None:
+    from rl.swarm.experiment import main as swarm_main
+
+    assert swarm_main(["--config", str(tmp_path / "none.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
