@@ -213,6 +213,8 @@ def build_dataset(out: str | os.PathLike, preset: str | Preset = "tiny", seed: i
     """Generate ``preset`` with ``seed`` into ``out``; writes and returns the manifest."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output path {out} is a file, not a folder; choose a new --out")
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"output directory {out} is not empty; choose a new --out")
     out.mkdir(parents=True, exist_ok=True)

@@ -260,6 +260,9 @@ def test_cli_inspect_and_errors(mini_dataset, tmp_path, capsys):
     assert stats["samples"] > 0 and stats["corrupt"] == 0 and (tmp_path / "ins" / "contact_sheet.png").is_file()
     assert data_cli(["inspect", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("x")
+    assert data_cli(["synth", "--out", str(tmp_path / "a_file"), "--preset", "tiny"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
 
 
 def test_tar_members_are_reproducible(mini_dataset):
