@@ -136,6 +136,19 @@ def write_examples(results: list[dict[str, Any]], path: Path, examples: int = 2)
     return picks
 
 
+def _check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A missing checkpoint or dataset folder is a usage error naming the option, before anything loads."""
+    from kimi_vl.exports import export_folder
+    from kimi_vl.train.build import SYNTH_PREFIX
+
+    try:
+        export_folder(args.checkpoint, "--checkpoint")
+    except FileNotFoundError as err:
+        parser.error(str(err))
+    if not args.data.startswith(SYNTH_PREFIX) and not (Path(args.data) / "manifest.json").is_file():
+        parser.error(f"--data {args.data}: no manifest.json there (a folder of `kimi-vl data synth`, or synth:PRESET)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.demo.heldout", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="an export folder (RUN/final) of a vision model")
@@ -146,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-patches", type=int, default=None, help="default: data.max_patches of the run config")
     p.add_argument("--examples", type=int, default=2, help="pages per family in examples.png")
     args = p.parse_args(argv)
+    _check_inputs(p, args)
     summary = evaluate_heldout(args.checkpoint, args.out, args.data, args.limit, args.max_new_tokens,
                                args.max_patches, args.examples)
     print(json.dumps({k: summary[k] for k in ("pages", "rendered", "means", "per_family", "seconds")}, indent=1))

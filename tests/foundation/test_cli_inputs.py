@@ -31,6 +31,19 @@ def test_eval_loader_names_the_checkpoint(tmp_path) -> None:
         load_checkpoint(str(tmp_path / "missing"))
 
 
+def test_demo_heldout_names_the_bad_input(tmp_path, capsys) -> None:
+    from kimi_vl.cli import main as kimi_vl_main
+
+    export = tmp_path / "run" / "final"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    for args, message in (([str(tmp_path / "none")], "--checkpoint='"),
+                          ([str(tmp_path / "run"), "--data", str(tmp_path)], "no manifest.json there")):
+        with pytest.raises(SystemExit) as exit_:
+            kimi_vl_main(["demo", "heldout", "--checkpoint", *args, "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("task, flag", [("video2web", "--video"), ("screenshot2web", "--image")])
 def test_demo_cli_rejects_missing_inputs_before_loading(task, flag, tmp_path, capsys) -> None:
     from kimi_vl.cli import main as kimi_vl_main
