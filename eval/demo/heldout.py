@@ -91,27 +91,57 @@ def _means(results: list[dict[str, Any]]) -> dict[str, float]:
 def evaluate_heldout(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, data: str = DEFAULT_DATA,
                      limit: int | None = None, max_new_tokens: int = 1024, max_patches: int | None = None,
                      examples: int = 2, device: str = "cpu") -> dict[str, Any]:
-    """Run the demo on the held-out pages with one loaded model; returns (and writes) ``summary.json``."""
+    """Run the demo on the held-out pages with one loaded model; returns (and writes) ``summary.json``.
+
+    Resumable: a page whose ``scores.json`` is in ``out_dir`` from a run with the same settings (``settings.json``)
+    is read back, not generated again; other settings in the same ``out_dir`` are an error."""
     from eval.demo.pipeline import screenshot_to_website, video_to_website
+    from kimi_vl.logs import progress
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    generator = WebsiteGenerator.from_checkpoint(checkpoint, max_patches=max_patches, device=device)
-    t0, results = time.perf_counter(), []
-    for page in heldout_pages(data, limit=limit):
+    _claim(out, {"checkpoint": str(checkpoint), "data": data, "limit": limit, "max_new_tokens": max_new_tokens,
+                 "max_patches": max_patches})
+    pages = heldout_pages(data, limit=limit)
+    generator = None
+    t0, results, reused = time.perf_counter(), [], 0
+    for page in progress(pages, desc="held-out pages", unit="page"):
         folder = out / page.key
+        if (folder / "scores.json").is_file():
+            results.append({"key": page.key, "family": page.family, **json.loads((folder / "scores.json").read_text())})
+            reused += 1
+            continue
         folder.mkdir(exist_ok=True)
         media = folder / f"input_{page.media_name}"
         media.write_bytes(page.media)
+        generator = generator or WebsiteGenerator.from_checkpoint(checkpoint, max_patches=max_patches, device=device)
         run = video_to_website if page.family == "page_video" else screenshot_to_website
         result = run(media, checkpoint, folder, reference_html=page.html, max_new_tokens=max_new_tokens,
                      generator=generator)
         results.append({"key": page.key, "family": page.family, **result})
     summary = {"checkpoint": str(checkpoint), "data": data, **summarize(results),
-               "seconds": time.perf_counter() - t0, "max_new_tokens": max_new_tokens}
+               "seconds": time.perf_counter() - t0, "reused_pages": reused, "max_new_tokens": max_new_tokens}
     write_examples(results, out / "examples.png", examples)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+class OtherSettingsError(ValueError):
+    """The output folder holds a held-out run with other settings."""
+
+
+def _claim(out: Path, settings: dict[str, Any]) -> None:
+    """Record the run's settings in ``out/settings.json``; refuse a folder that holds a run with other ones."""
+    path = out / "settings.json"
+    if path.is_file():
+        held = json.loads(path.read_text())
+        if held != settings:
+            changed = sorted(k for k in settings.keys() | held.keys() if held.get(k) != settings.get(k))
+            raise OtherSettingsError(f"{out} holds a held-out run with other settings ({', '.join(changed)}: "
+                             f"{[held.get(k) for k in changed]} there, {[settings.get(k) for k in changed]} now); "
+                             "choose a new --out")
+        return
+    path.write_text(json.dumps(settings, indent=1) + "\n")
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,8 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--examples", type=int, default=2, help="pages per family in examples.png")
     args = p.parse_args(argv)
     _check_inputs(p, args)
-    summary = evaluate_heldout(args.checkpoint, args.out, args.data, args.limit, args.max_new_tokens,
-                               args.max_patches, args.examples)
+    try:
+        summary = evaluate_heldout(args.checkpoint, args.out, args.data, args.limit, args.max_new_tokens,
+                                   args.max_patches, args.examples)
+    except OtherSettingsError as err:
+        p.error(str(err))
     print(json.dumps({k: summary[k] for k in ("pages", "rendered", "means", "per_family", "seconds")}, indent=1))
     return 0
 

@@ -191,7 +191,9 @@ def write_page_result(page: PageInput, checkpoint: str, out_dir: str | os.PathLi
               "scores": compute_scores(html, rendered, viewport, reference_html, **page.score_inputs),
               "files": {k: str(v) for k, v in files.items()}}
     write_report(out_dir, result)
-    files["scores"].write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    partial = files["scores"].with_suffix(".json.tmp")  # written last and whole: a resumed held-out run trusts it
+    partial.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, files["scores"])
     return result
 
 

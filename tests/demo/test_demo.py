@@ -17,6 +17,7 @@ from data_pipelines.shards import decode_sample, iter_tar
 from data_pipelines.synth.build import split_shards
 from eval.demo import WebsiteGenerator, evaluate_heldout, heldout_pages, recover_html, screenshot_to_website
 from eval.demo.generator import Generation
+from eval.demo.heldout import OtherSettingsError
 from vision_encoder.geometry import PatchGeometry
 
 PRESET = web_preset("demo_test", eval_pages=1)
@@ -120,6 +121,14 @@ def test_heldout_run_writes_summary_and_examples(web_data, checkpoint, tmp_path)
     assert 0.0 <= summary["means"]["overall"] <= 1.0 and "scroll_states" in summary["per_family"]["page_video"]
     assert (tmp_path / "heldout" / "examples.png").is_file()
     assert json.loads((tmp_path / "heldout" / "summary.json").read_text())["pages"] == 2
+    # resumable: a second run reads the pages back; a run with other settings in the same folder is refused
+    page = next((tmp_path / "heldout").glob("*/scores.json"))
+    page.unlink()
+    again = evaluate_heldout(checkpoint, tmp_path / "heldout", data=str(web_data), max_new_tokens=12)
+    assert again["reused_pages"] == 1 and page.is_file()
+    assert {k: again[k] for k in ("pages", "per_family")} == {k: summary[k] for k in ("pages", "per_family")}
+    with pytest.raises(OtherSettingsError, match=r"max_new_tokens: \[12\] there, \[13\] now"):
+        evaluate_heldout(checkpoint, tmp_path / "heldout", data=str(web_data), max_new_tokens=13)
 
 
 class FixedText:
