@@ -32,7 +32,13 @@ import torch
 
 from kimi_vl.logs import MetricsWriter, print0
 from kimi_vl.runconfig import ConfigError, load_config, save_config
-from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve_resume, save_checkpoint
+from kimi_vl.train.checkpoint import (
+    architecture,
+    export_pretrained,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+)
 from kimi_vl.train.teardown import end_run
 from rl.build import build_model, build_source, check_inputs
 from rl.config import RLRunConfig
@@ -119,7 +125,7 @@ class RLTrainer:
         path = resolve_resume(self.cfg.resume, self.out)
         if path is None:
             return
-        state = load_checkpoint(self.acc, path)
+        state = load_checkpoint(self.acc, path, architecture(self.acc.unwrap_model(self.model).config))
         self.step, self.update_tokens, self.budget = state["step"], state["update_tokens"], state.get("budget")
         print0(f"rl: resumed from {path} at step {self.step}")
 
@@ -168,7 +174,8 @@ class RLTrainer:
         }
 
     def save(self) -> None:
-        state = {"update_tokens": self.update_tokens, "budget": self.budget}
+        state = {"update_tokens": self.update_tokens, "budget": self.budget,
+                 "architecture": architecture(self.acc.unwrap_model(self.model).config)}
         save_checkpoint(self.acc, self.out, self.step, state, keep_last=self.cfg.keep_last)
 
     def train(self) -> list[dict]:

@@ -127,13 +127,13 @@ def build_model(cfg: TrainConfig, tokenizer: Any) -> torch.nn.Module:
 
 def load_init(cls: type, path: str, config: KimiVLConfig) -> torch.nn.Module:
     """Load an export; a checkpoint of another architecture is an error naming the fields."""
-    from kimi_vl.train.checkpoint import check_compatible
+    from kimi_vl.train.checkpoint import architecture, check_compatible
 
     folder = export_folder(path, "init_from")
     saved = KimiVLConfig.from_pretrained(folder)
-    keys = ("hidden_size", "num_hidden_layers", "layer_types", "vocab_size", "residual_mode", "num_experts")
-    check_compatible({k: getattr(saved, k, None) for k in keys}, {k: getattr(config, k, None) for k in keys},
-                     str(folder))
+    saved_arch, run_arch = architecture(saved), architecture(config)
+    saved_arch.pop("vision"), run_arch.pop("vision")  # (told apart below, with its own message)
+    check_compatible(saved_arch, run_arch, str(folder))
     if (saved.vision_config is None) != (config.vision_config is None):
         raise ValueError(f"init_from={path!r}: vision tower present={saved.vision_config is not None}, "
                          f"run wants vision={config.vision_config is not None}")

@@ -95,15 +95,31 @@ def save_checkpoint(accelerator: Any, output_dir: str | os.PathLike, step: int, 
     return final
 
 
-def load_checkpoint(accelerator: Any, path: str | os.PathLike) -> dict[str, Any]:
-    """Restore the accelerate state from ``path`` and return its trainer state."""
+def load_checkpoint(accelerator: Any, path: str | os.PathLike,
+                    architecture: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Restore the accelerate state from ``path`` and return its trainer state. With ``architecture`` (see
+    :func:`architecture`), a checkpoint that recorded another one is refused naming the fields, before any tensor
+    is loaded (checkpoints from before the record are loaded unchecked)."""
     path = Path(path)
     state_file = path / STATE_FILE
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (missing {STATE_FILE})")
     state = json.loads(state_file.read_text())
+    if architecture is not None and "architecture" in state:
+        check_compatible(state["architecture"], dict(architecture), f"{path} (resume)")
     accelerator.load_state(str(path))
     return state
+
+
+ARCH_KEYS = ("hidden_size", "num_hidden_layers", "layer_types", "vocab_size", "residual_mode", "num_experts")
+
+
+def architecture(config: Any) -> dict[str, Any]:
+    """The fields of a model config that decide its parameter shapes (JSON-ready; ``layer_types`` as a list)."""
+    arch = {k: getattr(config, k, None) for k in ARCH_KEYS}
+    arch["layer_types"] = list(arch["layer_types"]) if arch["layer_types"] is not None else None
+    arch["vision"] = getattr(config, "vision_config", None) is not None
+    return arch
 
 
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], source: str) -> None:

@@ -29,7 +29,13 @@ from kimi_vl.optim.builder import build_optimizer, build_scheduler
 from kimi_vl.optim.qk_clip import QKClipStats
 from kimi_vl.runconfig import save_config, to_dict
 from kimi_vl.train import build
-from kimi_vl.train.checkpoint import export_pretrained, load_checkpoint, resolve_resume, save_checkpoint
+from kimi_vl.train.checkpoint import (
+    architecture,
+    export_pretrained,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+)
 from kimi_vl.train.config import TrainConfig
 from kimi_vl.train.faults import GracefulStop, NonFiniteGuard
 from kimi_vl.train.loss import align_row_losses, breakdown_sums, breakdown_values, mean_loss, token_losses
@@ -286,9 +292,19 @@ class Trainer:
         path = resolve_resume(self.cfg.resume, self.out)
         if path is None:
             return
-        state = load_checkpoint(self.acc, path)
+        state = load_checkpoint(self.acc, path, architecture(self.unwrapped.config))
         self.step, self.tokens = int(state["step"]), int(state.get("tokens", 0))
         print0(f"[train] resumed from {path} at step {self.step}")
+        changed = {k: (v, self._settings().get(k)) for k, v in state.get("settings", {}).items()
+                   if self._settings().get(k) != v}
+        if changed:
+            print0("[train] note: this run's settings differ from the checkpoint's: "
+                   + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items()))
+
+    def _settings(self) -> dict[str, Any]:
+        """What a resumed run may change but should be told about: the shape of a step's batch."""
+        data = self.cfg.data
+        return {"data.batch_size": data.batch_size, "data.seq_len": data.seq_len, "grad_accum": self.cfg.grad_accum}
 
     def _batches(self) -> Iterator[dict[str, Any]]:
         while True:
@@ -391,7 +407,9 @@ class Trainer:
         return evaluate(self.model, self._eval_batches, self.acc.device, self.multimodal, self.autocast)
 
     def checkpoint(self) -> Path:
-        return save_checkpoint(self.acc, self.out, self.step, {"tokens": self.tokens}, self.cfg.keep_last)
+        state = {"tokens": self.tokens, "architecture": architecture(self.unwrapped.config),
+                 "settings": self._settings()}
+        return save_checkpoint(self.acc, self.out, self.step, state, self.cfg.keep_last)
 
     def export(self) -> Path:
         final = self.out / "final"

@@ -164,6 +164,17 @@ def test_incompatible_init_from_is_refused(tiny_data, tmp_path):
                        "model.overrides={hidden_size: 96}"))
 
 
+def test_resume_checks_the_architecture_and_notes_new_batch_settings(tiny_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    train(config(tiny_data, out, "max_steps=2", "checkpoint_every=2"))
+    with pytest.raises(CheckpointError, match=r"(?s)step_00000002 \(resume\).*hidden_size: checkpoint=64 run=96"):
+        Trainer(config(tiny_data, out, "max_steps=3", "model.overrides={hidden_size: 96}")).run()
+    capsys.readouterr()
+    train(config(tiny_data, out, "max_steps=3", "data.batch_size=3"))
+    printed = capsys.readouterr().out
+    assert "resumed from" in printed and "data.batch_size 2 -> 3" in printed and "seq_len" not in printed
+
+
 def test_compile_vision_matches_eager(tiny_data, tmp_path):
     """``compile_vision``: the MoonViT blocks compiled (dynamic shapes) train like eager, without a recompile per
     batch; the option is refused where it cannot work."""
