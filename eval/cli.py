@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not Path(p).is_dir():
             raise ValueError(f"--include_path {p}: not a directory")
     tm = TaskManager(include_path=include or None, include_defaults=args.include_defaults or not include)
+    check_tasks(args.tasks.split(","), tm.all_tasks, include)
     batch = int(args.batch_size) if str(args.batch_size).isdigit() else args.batch_size
     return simple_evaluate(
         model=args.model, model_args=args.model_args, tasks=args.tasks.split(","), num_fewshot=args.num_fewshot,
@@ -72,6 +73,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log_samples=bool(args.log_samples or args.samples_out), task_manager=tm, random_seed=args.seed,
         numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed,
     )
+
+
+class UnknownTaskError(ValueError):
+    """A ``--tasks`` name that no task folder defines."""
+
+
+def check_tasks(tasks: Sequence[str], known: Sequence[str], include: Sequence[str]) -> None:
+    """Raise :class:`UnknownTaskError` naming each unknown task with the closest known names."""
+    import difflib
+
+    unknown = [t for t in tasks if t not in known and not Path(t).is_file()]
+    if unknown:
+        hints = "; ".join(f"{t!r}: did you mean {difflib.get_close_matches(t, known, n=3) or 'none close'}"
+                          for t in unknown)
+        where = f" in {', '.join(include)}" if include else " (lm-eval's own tasks; add --include_path DIR for yours)"
+        raise UnknownTaskError(f"--tasks: unknown {hints}; {len(known)} tasks known{where}")
 
 
 def _write_outputs(results: dict, args: argparse.Namespace) -> None:
@@ -119,7 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_inputs(parser, args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    results = run(args)
+    try:
+        results = run(args)
+    except UnknownTaskError as err:
+        parser.error(str(err))
     if results is None:  # non-zero ranks of a distributed run
         return 0
     _write_outputs(results, args)
