@@ -69,18 +69,25 @@ def data_root(cfg: TrainConfig) -> Path:
 def check_inputs(cfg: TrainConfig) -> None:
     """The run's input paths (``data.path``, ``data.tokenizer``, ``init_from``), checked before anything is built so
     that a wrong one is a one-line error naming the field. A ``synth:`` dataset is generated later, not here."""
-    if not cfg.data.path.startswith(SYNTH_PREFIX):
+    synth = cfg.data.path.startswith(SYNTH_PREFIX)
+    if not synth:
         data_root(cfg)
-    if cfg.data.tokenizer and not Path(cfg.data.tokenizer).is_dir():
-        raise FileNotFoundError(f"data.tokenizer={cfg.data.tokenizer!r} is not a folder")
+    if cfg.data.tokenizer or not synth:
+        tokenizer_folder(cfg)
     if cfg.init_from:
         export_folder(cfg.init_from, "init_from")
 
 
-def build_tokenizer(cfg: TrainConfig) -> Any:
+def tokenizer_folder(cfg: TrainConfig) -> str:
+    """``data.tokenizer``, else ``<data root>/tokenizer``; an error naming the field when it is not a folder."""
     path = cfg.data.tokenizer or str(data_root(cfg) / "tokenizer")
     if not Path(path).is_dir():
         raise FileNotFoundError(f"data.tokenizer={path!r} is not a folder (train one with `kimi-vl data tokenizer`)")
+    return path
+
+
+def build_tokenizer(cfg: TrainConfig) -> Any:
+    path = tokenizer_folder(cfg)
     tok = load_tokenizer(path)
     special_ids(tok, where=path)  # fails with the missing media tokens named
     return tok
