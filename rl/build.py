@@ -39,14 +39,23 @@ def train_view(cfg: RLRunConfig) -> Any:
 
 
 def check_inputs(cfg: RLRunConfig) -> None:
-    """``init_from``, ``data.path`` and ``data.tokenizer`` checked before anything is built (the ``letter_count``
-    source reads no dataset), so that a wrong path is a one-line error naming the field."""
-    from kimi_vl.train.build import check_inputs as check_train_inputs
+    """``init_from``, ``data.path`` and the tokenizer folder (:func:`tokenizer_path`) checked before anything is built
+    (the ``letter_count`` source reads no dataset; a ``synth:`` one is built later), so that a wrong path is a
+    one-line error naming the field."""
+    from kimi_vl.train.build import SYNTH_PREFIX, data_root
 
     if cfg.init_from:
         export_folder(cfg.init_from, "init_from")
-    if cfg.data.source != "letter_count":
-        check_train_inputs(train_view(cfg))
+    if cfg.data.source == "letter_count":
+        return
+    synth = cfg.data.path.startswith(SYNTH_PREFIX)
+    if not synth:
+        data_root(train_view(cfg))
+    if cfg.data.tokenizer or not synth:
+        path = tokenizer_path(cfg)
+        if not path.is_dir():
+            raise FileNotFoundError(f"data.tokenizer={str(path)!r} is not a folder (the tokenizer is data.tokenizer, "
+                                    "else the init_from export's, else <data.path>/tokenizer)")
 
 
 def tokenizer_path(cfg: RLRunConfig) -> Path:

@@ -295,8 +295,8 @@ class Trainer:
         state = load_checkpoint(self.acc, path, architecture(self.unwrapped.config))
         self.step, self.tokens = int(state["step"]), int(state.get("tokens", 0))
         print0(f"[train] resumed from {path} at step {self.step}")
-        changed = {k: (v, self._settings().get(k)) for k, v in state.get("settings", {}).items()
-                   if self._settings().get(k) != v}
+        now = self._settings()
+        changed = {k: (v, now.get(k)) for k, v in state.get("settings", {}).items() if now.get(k) != v}
         if changed:
             print0("[train] note: this run's settings differ from the checkpoint's: "
                    + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items()))

@@ -120,3 +120,25 @@ def test_swarm_cli_names_the_bad_input(tmp_path, capsys) -> None:
 
     assert swarm_main(["--config", str(tmp_path / "none.yaml")]) == 2
     assert "config file not found" in capsys.readouterr().err
+
+
+def test_rl_takes_the_tokenizer_of_the_init_export(tmp_path) -> None:
+    from kimi_vl.runconfig import load_config
+    from rl.build import check_inputs
+    from rl.config import RLRunConfig
+
+    data, export = tmp_path / "data", tmp_path / "run" / "final"
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    def cfg(*extra):
+        return load_config(RLRunConfig, "kimi_vl/configs/tiny_rl.yaml", [f"data.path={data}", "data.source=vision",
+                                                                          *extra])
+
+    with pytest.raises(FileNotFoundError, match=r"data.tokenizer='.*data/tokenizer' is not a folder"):
+        check_inputs(cfg("init_from="))
+    with pytest.raises(FileNotFoundError, match=r"data/tokenizer"):  # the export has no tokenizer either
+        check_inputs(cfg(f"init_from={export.parent}"))
+    (export / "tokenizer.json").write_text("{}")
+    check_inputs(cfg(f"init_from={export.parent}"))
