@@ -138,8 +138,8 @@ def _claim(out: Path, settings: dict[str, Any]) -> None:
         if held != settings:
             changed = sorted(k for k in settings.keys() | held.keys() if held.get(k) != settings.get(k))
             raise OtherSettingsError(f"{out} holds a held-out run with other settings ({', '.join(changed)}: "
-                             f"{[held.get(k) for k in changed]} there, {[settings.get(k) for k in changed]} now); "
-                             "choose a new --out")
+                                     f"{[held.get(k) for k in changed]} there, {[settings.get(k) for k in changed]} "
+                                     "now); choose a new --out")
         return
     path.write_text(json.dumps(settings, indent=1) + "\n")
 
