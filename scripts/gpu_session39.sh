@@ -18,13 +18,12 @@
 #       PIECE_MIN_CHUNKS), CUDA graphs, fla in the same call.
 #   bash scripts/gpu_session39.sh five    call7: with the final shape rule, the pieces GPU test and the five shapes
 #       (not run in session 39: its device time was spent).
-#   bash scripts/gpu_session39.sh split   for a later session: unequal pieces (PIECE_WEIGHTS) at the three shapes
-#       the rule cuts, CUDA-graph forwards against the default and fla in the same call.
+#   (a `split` mode for unequal pieces, PIECE_WEIGHTS, was removed with them, untimed, in session 40's review)
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
 gpu_header
-case "${1:?usage: gpu_session39.sh check|pieces|pieces2|final|short2|rule|five|split}" in
+case "${1:?usage: gpu_session39.sh check|pieces|pieces2|final|short2|rule|five}" in
 check)  # (the most telling parts first: the call may end at the session's last device time)
   install_fla
   kda_tests 150
@@ -76,20 +75,6 @@ five)  # call7: the shape rule of f9496b1 (2 or 4 pieces): the pieces test and t
   install_fla
   PART_TAIL=8 part "pieces GPU test" 100 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_kda_pieces.py
   bench_five 200
-  ;;
-split)  # for a later session: unequal pieces (pieces.PIECE_WEIGHTS), CUDA-graph forwards, fla in the same call
-  install_fla
-  PART_TAIL=12 part "bench_kda default and fla" 70 python3 kernels/benchmarks/bench_kda.py --no-prelude --graph \
-    --impls ours,fla --deadline 50 --shapes 1x8192x32,2x16384x16,1x32768x16 --out "$OUT/bench_kda_fla.json"
-  i=0
-  for w in "(3.0, 2.0)" "(7.0, 3.0)" "(4.0, 1.0)" "(4.0, 3.0, 2.0, 1.0)" "(3.0, 3.0, 2.0, 1.0)" "(2.0, 2.0, 1.0, 1.0)"; do
-    i=$((i + 1))
-    shapes=1x8192x32,2x16384x16  # two pieces by the rule
-    case $w in *,*,*) shapes=1x32768x16 ;; esac  # four
-    printf 'PIECE_WEIGHTS=%s\n' "$w" >"$OUT/set$i.txt"
-    PART_TAIL=10 part "bench_kda PIECE_WEIGHTS=$w" 50 python3 kernels/benchmarks/bench_kda.py --no-prelude --graph \
-      --impls ours --deadline 35 --shapes $shapes --set-file "$OUT/set$i.txt" --out "$OUT/bench_kda_w$i.json"
-  done
   ;;
 *)
   echo "unknown mode $1" >&2

@@ -14,7 +14,6 @@ chunks); under the interpreter (CPU) the pieces run one after another on one str
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -36,10 +35,6 @@ PIECE_FILL = 1.0  # the shape rule cuts only when the state pass has at most thi
 # value columns per program of the pieces' state passes (chunk_triton.STATE_BV, when set, wins). Call2 at 1x32768x16,
 # 4 pieces: 2.010 ms at 32 columns, 2.084 at 16, 2.050 at 64; call3: 2 stages instead of 3 2.108 (32) / 2.105 (16)
 PIECE_STATE_BV = 32
-# relative sizes of the pieces, first to last (None or a length other than the piece count: equal pieces). Larger
-# early pieces leave less of the scores to share SMs with state passes and a shorter last state pass + output after
-# the last scores; not yet timed on a GPU (session 39 ran equal pieces only): `gpu_session39.sh split` sweeps it
-PIECE_WEIGHTS: tuple[float, ...] | None = None
 
 
 def fwd_pieces(chunks_per_seq: int | None, pairs: int, v: int, device: torch.device) -> int:
@@ -70,28 +65,22 @@ class PieceTables(NamedTuple):
 
 
 def piece_tables(batch: int, chunks_per_seq: int, pieces: int, device: torch.device) -> PieceTables:
-    """The tables of ``pieces`` pieces (equal, or in proportion to ``PIECE_WEIGHTS``) of ``batch`` sequences of
-    ``chunks_per_seq`` chunks each: made on the device once a shape and kept (never evicted: a CUDA graph captured after a warm-up call points at them), except
-    inside a capture, where they are made afresh as part of the graph (a capture does not run its kernels, so tables
-    made there hold nothing until the graph replays and must not serve eager calls)."""
-    weights = PIECE_WEIGHTS if PIECE_WEIGHTS is not None and len(PIECE_WEIGHTS) == pieces else (1.0,) * pieces
-    bounds = piece_bounds(chunks_per_seq, tuple(weights))
+    """The tables of ``pieces`` pieces (:func:`piece_bounds`) of ``batch`` sequences of ``chunks_per_seq`` chunks
+    each: made on the device once a shape and kept (never evicted: a CUDA graph captured after a warm-up call points
+    at them), except inside a capture, where they are made afresh as part of the graph (a capture does not run its
+    kernels, so tables made there hold nothing until the graph replays and must not serve eager calls)."""
+    bounds = piece_bounds(chunks_per_seq, pieces)
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return _make_tables(batch, chunks_per_seq, bounds, device)
     return _kept_tables(batch, chunks_per_seq, bounds, device)
 
 
-def piece_bounds(chunks: int, weights: tuple[float, ...]) -> tuple[int, ...]:
-    """Chunk boundaries ``(0, ..., chunks)`` of pieces in proportion to ``weights`` (positive), each at least one
-    chunk (``chunks >= len(weights)``)."""
-    if chunks < len(weights) or min(weights) <= 0:
-        raise ValueError(f"pieces.piece_bounds: {len(weights)} pieces of weights {weights} for {chunks} chunks")
-    total, acc, bounds = sum(weights), 0.0, [0]
-    for j, w in enumerate(weights[:-1]):
-        acc += w
-        left = len(weights) - 1 - j  # pieces still to come after this one, each needing a chunk
-        bounds.append(min(max(math.floor(chunks * acc / total + 1e-9), bounds[-1] + 1), chunks - left))
-    return (*bounds, chunks)
+def piece_bounds(chunks: int, pieces: int) -> tuple[int, ...]:
+    """Chunk boundaries ``(0, ..., chunks)`` of ``pieces`` near-equal pieces (``j * chunks // pieces``), each at least
+    one chunk (``chunks >= pieces``)."""
+    if not 1 <= pieces <= chunks:
+        raise ValueError(f"pieces.piece_bounds: {pieces} pieces for {chunks} chunks")
+    return tuple(j * chunks // pieces for j in range(pieces + 1))
 
 
 def _make_tables(batch: int, chunks_per_seq: int, bounds: tuple[int, ...], device: torch.device) -> PieceTables:

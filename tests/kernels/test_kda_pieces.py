@@ -29,13 +29,11 @@ def _run(monkeypatch, n_pieces, x, **kw):
     return [o.detach(), S.detach()] + [t.grad for t in xs]
 
 
-@pytest.mark.parametrize("dtype,flags,weights", [(torch.float32, False, None), (torch.bfloat16, True, (2.0, 1.0, 1.0))])
-def test_pieces_equal_one_piece(monkeypatch, dtype, flags, weights):
-    """Two sequences of 4 chunks (the last one 8 tokens) in 3 pieces of 1, 1 and 2 chunks (weights (2, 1, 1): 2, 1
-    and 1), with an initial state: o, the final state and every gradient bit-equal to the forward in one piece (the
-    same kernels on the same chunks). With the Kimi flags (in-kernel L2 norm and gate) in bf16, without them in
-    fp32."""
-    monkeypatch.setattr(pieces, "PIECE_WEIGHTS", weights)
+@pytest.mark.parametrize("dtype,flags", [(torch.float32, False), (torch.bfloat16, True)])
+def test_pieces_equal_one_piece(monkeypatch, dtype, flags):
+    """Two sequences of 4 chunks (the last one 8 tokens) in 3 pieces of 1, 1 and 2 chunks, with an initial state:
+    o, the final state and every gradient bit-equal to the forward in one piece (the same kernels on the same
+    chunks). With the Kimi flags (in-kernel L2 norm and gate) in bf16, without them in fp32."""
     dev = kernel_device()
     q, k, v, g, beta, s0 = make_inputs(2, 200, 1, 2, 16, 16, h0=True)
     x = [t.to(dev, dtype) for t in (q, k, v)] + [t.to(dev, torch.float32) for t in (g, beta, s0)]
@@ -50,12 +48,10 @@ def test_pieces_equal_one_piece(monkeypatch, dtype, flags, weights):
         assert torch.equal(a, b), f"{name}: pieces differ from one piece by {(a.float() - b.float()).abs().max()}"
 
 
-@pytest.mark.parametrize("weights,sizes", [(None, [6, 9, 6, 9]), ((4.0, 3.0, 2.0, 1.0), [12, 9, 6, 3])])
-def test_piece_tables_cover_every_chunk_once(monkeypatch, weights, sizes):
-    """3 sequences of 10 chunks in 4 pieces: equal (2, 3, 2, 3 chunks of each sequence) or by ``PIECE_WEIGHTS``."""
-    monkeypatch.setattr(pieces, "PIECE_WEIGHTS", weights)
+def test_piece_tables_cover_every_chunk_once():
+    """3 sequences of 10 chunks in 4 pieces of 2, 3, 2 and 3 chunks of each sequence."""
     tab = piece_tables(3, 10, 4, torch.device("cpu"))
-    assert [c.numel() for c in tab.cidx] == sizes
+    assert [c.numel() for c in tab.cidx] == [6, 9, 6, 9]
     assert sorted(torch.cat(tab.cidx).tolist()) == list(range(30))
     for cidx, s0, nc in zip(tab.cidx, tab.s0, tab.nc):  # each sequence's chunks of a piece: s0 .. s0 + nc - 1
         want = torch.cat([torch.arange(a, a + n) for a, n in zip(s0.tolist(), nc.tolist())])
@@ -63,12 +59,13 @@ def test_piece_tables_cover_every_chunk_once(monkeypatch, weights, sizes):
 
 
 def test_piece_bounds():
-    assert piece_bounds(10, (1.0,) * 4) == (0, 2, 5, 7, 10)  # equal: j * 10 // 4
-    assert piece_bounds(128, (7.0, 3.0)) == (0, 89, 128)
-    assert piece_bounds(4, (100.0, 1.0, 1.0)) == (0, 2, 3, 4)  # every piece keeps a chunk
-    assert piece_bounds(3, (0.1, 0.1, 0.1)) == (0, 1, 2, 3)
-    with pytest.raises(ValueError, match="3 pieces"):
-        piece_bounds(2, (1.0, 1.0, 1.0))
+    assert piece_bounds(10, 4) == (0, 2, 5, 7, 10)  # j * 10 // 4
+    assert piece_bounds(4, 3) == (0, 1, 2, 4)
+    assert piece_bounds(3, 3) == (0, 1, 2, 3)  # every piece keeps a chunk
+    assert all(min(b - a for a, b in zip(bs, bs[1:])) >= 1 for n in range(1, 40) for p in range(1, n + 1)
+               for bs in [piece_bounds(n, p)])
+    with pytest.raises(ValueError, match="3 pieces for 2 chunks"):
+        piece_bounds(2, 3)
 
 
 def test_fwd_pieces_rule(monkeypatch):
