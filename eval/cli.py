@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     include = [str(Path(p).resolve()) for p in args.include_path]
     for p in include:
         if not Path(p).is_dir():
-            raise ValueError(f"--include_path {p}: not a directory")
+            raise EvalInputError(f"--include_path {p}: not a directory")
     tm = TaskManager(include_path=include or None, include_defaults=args.include_defaults or not include)
     check_tasks(args.tasks.split(","), tm.all_tasks, include)
     batch = int(args.batch_size) if str(args.batch_size).isdigit() else args.batch_size
@@ -75,12 +75,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-class UnknownTaskError(ValueError):
-    """A ``--tasks`` name that no task folder defines."""
+class EvalInputError(ValueError):
+    """An input lm-eval would fail on (a task folder that is not one, an unknown task name), named before the model
+    loads; ``kimi-vl eval`` prints it as a usage error."""
 
 
 def check_tasks(tasks: Sequence[str], known: Sequence[str], include: Sequence[str]) -> None:
-    """Raise :class:`UnknownTaskError` naming each unknown task with the closest known names."""
+    """Raise :class:`EvalInputError` naming each unknown task with the closest known names."""
     import difflib
 
     unknown = [t for t in tasks if t not in known and not Path(t).is_file()]
@@ -88,7 +89,7 @@ def check_tasks(tasks: Sequence[str], known: Sequence[str], include: Sequence[st
         hints = "; ".join(f"{t!r}: did you mean {difflib.get_close_matches(t, known, n=3) or 'none close'}"
                           for t in unknown)
         where = f" in {', '.join(include)}" if include else " (lm-eval's own tasks; add --include_path DIR for yours)"
-        raise UnknownTaskError(f"--tasks: unknown {hints}; {len(known)} tasks known{where}")
+        raise EvalInputError(f"--tasks: unknown {hints}; {len(known)} tasks known{where}")
 
 
 def _write_outputs(results: dict, args: argparse.Namespace) -> None:
@@ -109,12 +110,10 @@ def _write_outputs(results: dict, args: argparse.Namespace) -> None:
 
 
 def check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Usage errors for a missing ``--include_path`` folder or ``kimi_vl`` checkpoint, before lm-eval starts."""
+    """A usage error for a missing ``kimi_vl`` checkpoint, before lm-eval starts (task folders and names:
+    :class:`EvalInputError` from :func:`run`)."""
     from kimi_vl.exports import export_folder
 
-    for path in args.include_path:
-        if not Path(path).is_dir():
-            parser.error(f"--include_path {path}: not a directory")
     model_args = dict(a.split("=", 1) for a in args.model_args.split(",") if "=" in a)
     if args.model == "kimi_vl" and "checkpoint" in model_args:
         try:
@@ -138,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         results = run(args)
-    except UnknownTaskError as err:
+    except EvalInputError as err:
         parser.error(str(err))
     if results is None:  # non-zero ranks of a distributed run
         return 0

@@ -89,10 +89,10 @@ def test_ablate_cli_names_the_bad_input(tmp_path, capsys) -> None:
 
 
 def test_eval_cli_names_the_bad_input(tmp_path, capsys) -> None:
-    from eval.cli import UnknownTaskError, check_tasks
+    from eval.cli import EvalInputError, check_tasks
     from eval.cli import main as eval_main
 
-    with pytest.raises(UnknownTaskError, match=r"'kimi_text_mcq': did you mean \['kimi_text_mc'"):
+    with pytest.raises(EvalInputError, match=r"'kimi_text_mcq': did you mean \['kimi_text_mc'"):
         check_tasks(["kimi_text_mcq", "kimi_text"], ["kimi_text", "kimi_text_mc", "arc_easy"], ["suites"])
     with pytest.raises(SystemExit) as exit_:  # an empty task folder: no task is known, before any model loads
         eval_main(["--tasks", "kimi_text", "--include_path", str(tmp_path)])
