@@ -112,14 +112,11 @@ def _write_outputs(results: dict, args: argparse.Namespace) -> None:
 def check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A usage error for a missing ``kimi_vl`` checkpoint, before lm-eval starts (task folders and names:
     :class:`EvalInputError` from :func:`run`)."""
-    from kimi_vl.exports import export_folder
+    from kimi_vl.exports import require_export
 
     model_args = dict(a.split("=", 1) for a in args.model_args.split(",") if "=" in a)
     if args.model == "kimi_vl" and "checkpoint" in model_args:
-        try:
-            export_folder(model_args["checkpoint"], "--model_args checkpoint")
-        except FileNotFoundError as err:
-            parser.error(str(err))
+        require_export(parser, model_args["checkpoint"], "--model_args checkpoint")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -22,4 +23,12 @@ def export_folder(path: str | os.PathLike, field: str = "init_from") -> Path:
     raise FileNotFoundError(f"{field}={str(path)!r}: {what} (expected an export folder such as RUN/final)")
 
 
-__all__ = ["export_folder"]
+def require_export(parser: argparse.ArgumentParser, path: str | os.PathLike, flag: str) -> Path:
+    """:func:`export_folder`, or ``parser``'s usage error (one line, exit code 2) naming ``flag``."""
+    try:
+        return export_folder(path, flag)
+    except FileNotFoundError as err:
+        parser.error(str(err))
+
+
+__all__ = ["export_folder", "require_export"]

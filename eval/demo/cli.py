@@ -28,15 +28,12 @@ def task_parser(task: str, prog: str) -> argparse.ArgumentParser:
 
 def _check_inputs(parser: argparse.ArgumentParser, task: str, args: argparse.Namespace) -> None:
     """Exit with a one-line usage error (not a traceback after loading the model) for a missing input."""
-    from kimi_vl.exports import export_folder
+    from kimi_vl.exports import require_export
 
     for flag, value in ((TASKS[task][0], args.input), ("--reference", args.reference)):
         if value is not None and not Path(value).is_file():
             parser.error(f"{flag} {value}: no such file")
-    try:
-        export_folder(args.checkpoint, "--checkpoint")
-    except FileNotFoundError as err:
-        parser.error(str(err))
+    require_export(parser, args.checkpoint, "--checkpoint")
 
 
 def run_task(task: str, argv: Sequence[str], prog: str) -> int:

@@ -168,13 +168,10 @@ def write_examples(results: list[dict[str, Any]], path: Path, examples: int = 2)
 
 def _check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A missing checkpoint or dataset folder is a usage error naming the option, before anything loads."""
-    from kimi_vl.exports import export_folder
+    from kimi_vl.exports import require_export
     from kimi_vl.train.build import SYNTH_PREFIX
 
-    try:
-        export_folder(args.checkpoint, "--checkpoint")
-    except FileNotFoundError as err:
-        parser.error(str(err))
+    require_export(parser, args.checkpoint, "--checkpoint")
     if not args.data.startswith(SYNTH_PREFIX) and not (Path(args.data) / "manifest.json").is_file():
         parser.error(f"--data {args.data}: no manifest.json there (a folder of `kimi-vl data synth`, or synth:PRESET)")
 
