@@ -3,10 +3,10 @@
     kimi-vl data synth --out DIR --preset {tiny,small,large} --seed S [--workers N] [--vocab-size V]
     kimi-vl data inspect DIR [--out DIR2]
     kimi-vl data tokenizer --data DIR --out TOKDIR [--vocab-size V] [--text FILE ...]
-    kimi-vl data convert-text --out DIR FILE.txt|FILE.jsonl ...
-    kimi-vl data convert-videos --out DIR VIDEO_FOLDER
+    kimi-vl data convert --out DIR [--text FILE ...] [--images FOLDER|FILE.jsonl ...] [--videos FOLDER ...]
+                         [--shards TAR ...] [--eval-shards TAR ...] [--eval-fraction F] [--vocab-size V]
 
-``synth`` writes the shards and ``manifest.json``, then trains a tokenizer into ``DIR/tokenizer`` (the
+``synth`` and ``convert`` write the shards and ``manifest.json``, then train a tokenizer into ``DIR/tokenizer`` (the
 training app's default) unless ``--vocab-size 0``.
 """
 
@@ -64,19 +64,16 @@ def _tokenizer(args: argparse.Namespace) -> int:
     return 0
 
 
-def _convert_text(args: argparse.Namespace) -> int:
-    from data_pipelines.adapters import text_files_to_shards
+def _convert(args: argparse.Namespace) -> int:
+    from data_pipelines.convert import convert_dataset
 
-    shards = text_files_to_shards(args.files, args.out, args.source)
-    print(f"wrote {sum(s.count for s in shards)} documents in {len(shards)} shard(s) to {args.out}")
-    return 0
-
-
-def _convert_videos(args: argparse.Namespace) -> int:
-    from data_pipelines.adapters import video_folder_to_shards
-
-    shards = video_folder_to_shards(args.folder, args.out, args.source)
-    print(f"wrote {sum(s.count for s in shards)} videos in {len(shards)} shard(s) to {args.out}")
+    t0 = time.perf_counter()
+    m = convert_dataset(args.out, text=args.text, videos=args.videos, images=args.images, shards=args.shards,
+                        eval_shards=args.eval_shards, eval_fraction=args.eval_fraction, vocab_size=args.vocab_size,
+                        source=args.source)
+    per_split = ", ".join(f"{split} {m['splits'][split]['samples']}" for split in m["splits"])
+    print(f"wrote {m['total_samples']} samples ({per_split}; {m['total_bytes'] / 2**20:.1f} MiB) to {args.out} in "
+          f"{time.perf_counter() - t0:.1f} s" + ("" if not args.vocab_size else f", tokenizer in {args.out}/tokenizer"))
     return 0
 
 
@@ -100,16 +97,26 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab-size", type=int, default=8192)
     t.add_argument("--text", nargs="*", default=[])
     t.set_defaults(fn=_tokenizer)
-    c = sub.add_parser("convert-text", help="user .txt/.jsonl files -> text shards")
-    c.add_argument("--out", required=True)
-    c.add_argument("--source", default="user_text")
-    c.add_argument("files", nargs="+")
-    c.set_defaults(fn=_convert_text)
-    v = sub.add_parser("convert-videos", help="a folder of videos with same-stem .txt captions -> vision shards")
-    v.add_argument("--out", required=True)
-    v.add_argument("--source", default="user_video")
-    v.add_argument("folder")
-    v.set_defaults(fn=_convert_videos)
+    c = sub.add_parser("convert", help="your text, images (captions, questions), videos or shards -> a dataset folder",
+                       description="Write a dataset folder (train/eval shards, manifest.json, tokenizer) that "
+                       "data.path of training and RL reads. Image JSONL lines: {\"image\": PATH or [PATHS], "
+                       "\"caption\": ..., \"question\": ..., \"answer\": ..., \"split\": train|eval} "
+                       "(see data_pipelines/README.md).")
+    c.add_argument("--out", required=True, help="a new or empty folder")
+    c.add_argument("--text", nargs="+", default=[], metavar="FILE", help=".txt (cut at blank lines) or .jsonl "
+                   "(text or messages per line)")
+    c.add_argument("--images", nargs="+", default=[], metavar="PATH", help="folders of images with same-stem .txt "
+                   "captions, or .jsonl files of images with captions and/or questions")
+    c.add_argument("--videos", nargs="+", default=[], metavar="FOLDER", help="folders of videos with same-stem .txt "
+                   "captions")
+    c.add_argument("--shards", nargs="+", default=[], metavar="TAR", help="webdataset shards (files, folders, globs) "
+                   "for the train split")
+    c.add_argument("--eval-shards", nargs="+", default=[], metavar="TAR", help="webdataset shards for the eval split")
+    c.add_argument("--eval-fraction", type=float, default=0.05, help="share of the other samples held out "
+                   "(evenly spaced per stream; at least one of two or more)")
+    c.add_argument("--vocab-size", type=int, default=8192, help="tokenizer vocabulary (0: no tokenizer)")
+    c.add_argument("--source", default="user", help="prefix of the families and sample keys")
+    c.set_defaults(fn=_convert)
     return p
 
 

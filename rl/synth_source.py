@@ -18,7 +18,8 @@ stripped response when it has no ``<answer>`` tag, so the format check matches w
 QA category -> reward family (:data:`CATEGORY_REWARDS`, registered as aliases in :mod:`rl.rewards`):
 ``count`` -> counting (|pred - gt| shaped), ``ocr`` -> 1 - normalised edit distance, ``grounding`` -> box soft F1,
 ``chart_value`` -> relative error for numbers (exact match for the "which category" questions), and exact
-match for ``color``, ``shape``, ``spatial``, ``arithmetic`` and ``motion``.
+match for ``color``, ``shape``, ``spatial``, ``arithmetic``, ``motion`` and ``exact`` (user questions, see
+``data_pipelines/convert.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 from data_pipelines.packing import Encoder
-from data_pipelines.synth.tasks import TaskItem, eval_items, suite_families
+from data_pipelines.synth.tasks import TaskItem, dataset_families, eval_items
 from data_pipelines.tokenizer import render_chat, special_ids
 from rl.rewards import REWARDS, RewardResult, parsers, register_reward, scores
 from rl.rollout import Prompt
@@ -47,6 +48,7 @@ CATEGORY_REWARDS = {
     "arithmetic": "exact",
     "grounding": "grounding",
     "motion": "exact",
+    "exact": "exact",  # questions of user datasets (data_pipelines.convert) that no other category fits
 }
 SOURCE_SUITES = {"vision": "vision", "text": "text"}
 VIDEO_FPS = 2.0  # frames per second sampled from videos (the training loader's default)
@@ -199,7 +201,7 @@ class SynthPromptSource:
 
     def __init__(self, root: str, builder: PromptBuilder, suite: str = "vision", families: Sequence[str] = (),
                  categories: Sequence[str] = (), seed: int = 0):
-        known = suite_families(suite)
+        known = dataset_families(str(root), suite)
         unknown = sorted(set(families) - set(known))
         if unknown:
             raise ValueError(f"data.reward_families: {unknown} are not families of the {suite!r} suite "

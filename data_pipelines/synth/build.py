@@ -160,7 +160,7 @@ def _work(args: tuple[Preset, int, str, str, int]) -> tuple[str, str, dict[str, 
     return sample.family, sample.stream, to_raw(sample), [q["category"] for q in sample.qa]
 
 
-def _progress(total: int, desc: str) -> Any:
+def progress(total: int, desc: str) -> Any:
     from tqdm.auto import tqdm
 
     env = os.environ.get("KVL_PROGRESS")
@@ -183,7 +183,7 @@ def write_split(out: Path, preset: Preset, seed: int, split: str, workers: int =
     tasks = [(preset, seed, split, fam, i) for fam, i in plan(preset, split, seed)]
     writers = {s: ShardWriter(out / split, s, preset.shard_max_count, preset.shard_max_bytes) for s in STREAMS}
     counts, categories = Counter(), Counter()
-    bar = _progress(len(tasks), f"synth {split}")
+    bar = progress(len(tasks), f"synth {split}")
     for family, stream, raw, cats in _results(tasks, workers):
         writers[stream].write(raw)
         counts[family] += 1

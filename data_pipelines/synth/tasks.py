@@ -47,6 +47,17 @@ def suite_families(suite: str) -> list[str]:
     return fams
 
 
+def dataset_families(root: str | None, suite: str) -> list[str]:
+    """The families of ``suite``: the registered ones, plus those a dataset folder's manifest declares for it
+    (``eval_suites``: ``kimi-vl data convert`` declares the user's questions, ``<source>_vqa``, as ``vision``)."""
+    fams = set(suite_families(suite))
+    if root is not None:
+        from data_pipelines.synth.build import read_manifest
+
+        fams |= {f for f, s in read_manifest(root).get("eval_suites", {}).items() if s == suite}
+    return sorted(fams)
+
+
 def _items(record: dict[str, Any], images: list[Any], videos: list[Any], key: str, suite: str) -> Iterator[TaskItem]:
     context = record.get("caption", "") if suite == "text" else ""
     for j, q in enumerate(record.get("qa", [])):
@@ -59,7 +70,7 @@ def eval_items(source: str | None = None, suite: str = "vision", preset: str = "
     """Items of ``suite`` from a dataset directory's eval split, or generated (``source=None``)."""
     from data_pipelines.shards import decode_sample, iter_tar
 
-    families, out = set(suite_families(suite)), []
+    families, out = set(dataset_families(source, suite)), []
     if source is None:
         p = get_preset(preset)
         for fam in sorted(families & set(p.eval)):

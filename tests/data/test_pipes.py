@@ -9,10 +9,10 @@ import tarfile
 import numpy as np
 import pytest
 import torch
-from conftest import FakeProcessor
+from data_testing import FakeProcessor
 from PIL import Image
 
-from data_pipelines.adapters import text_files_to_shards, video_folder_to_shards
+from data_pipelines.adapters import ensure_record
 from data_pipelines.cli import main as data_cli
 from data_pipelines.loader import LoaderConfig, Mixer, VisionRatioSchedule, build_loader
 from data_pipelines.packing import IGNORE, Encoder, Packer, collate
@@ -227,30 +227,18 @@ def test_loader_bad_inputs(tmp_path, tokenizer):
         build_loader(LoaderConfig(text_shards=[str(tmp_path / "nope.tar")]), tokenizer)
 
 
-def test_adapters(tmp_path, tokenizer):
-    (tmp_path / "a.txt").write_text("First paragraph.\n\nSecond paragraph.")
-    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "hello"}) + "\n" +
-                                      json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                                               {"role": "assistant", "content": "yo"}]}) + "\n")
-    text_files_to_shards([tmp_path / "a.txt", tmp_path / "b.jsonl"], tmp_path / "text")
-    vids = tmp_path / "vids"
-    vids.mkdir()
-    (vids / "c.mp4").write_bytes(encode_mp4(np.zeros((8, 64, 64, 3), np.uint8), 8))
-    (vids / "c.txt").write_text("a dark clip")
-    video_folder_to_shards(vids, tmp_path / "video")
-    w = ShardWriter(tmp_path / "wds", "img")  # the common {jpg, txt} image-text layout, no record of ours
+def test_plain_webdataset_samples_get_a_record(tmp_path, tokenizer):
+    """The common {png, txt} image-text layout, no record of ours: the encoder builds one (adapters.ensure_record)."""
+    w = ShardWriter(tmp_path / "wds", "img")
     w.write({"__key__": "x0", "png": _png((1, 2, 3)), "txt": "a caption"})
+    w.write({"__key__": "x1", "json": json.dumps({"alt": "an alt text"}).encode(), "png": _png((3, 2, 1))})
     w.close()
-    enc = Encoder(tokenizer, "sft")
-    samples = list(ShardStream(list_shards([tmp_path / "text", tmp_path / "video", tmp_path / "wds"]),
-                               shuffle_shards=False))
-    docs = [enc.encode(s) for s in samples]
-    assert len(docs) == 5 and sum(d.modality == 2 for d in docs) == 1 and sum(d.modality == 1 for d in docs) == 1
-    with pytest.raises(FileNotFoundError):
-        text_files_to_shards([tmp_path / "missing.txt"], tmp_path / "t2")
-    (vids / "d.mp4").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match="caption"):
-        video_folder_to_shards(vids, tmp_path / "v2")
+    samples = list(ShardStream(list_shards([tmp_path / "wds"]), shuffle_shards=False))
+    docs = [Encoder(tokenizer, "sft").encode(s) for s in samples]
+    assert len(docs) == 2 and all(d.modality == 1 for d in docs)
+    assert tokenizer.decode([t for t in docs[1].input_ids if t < len(tokenizer)]).count("an alt text") == 1
+    with pytest.raises(ValueError, match="no media, caption or text"):
+        ensure_record({"__key__": "x2", "json": {}})
 
 
 def test_cli_inspect_and_errors(mini_dataset, tmp_path, capsys):

@@ -7,7 +7,7 @@ import random
 from collections import Counter
 
 import pytest
-from conftest import MINI
+from data_testing import MINI
 
 from data_pipelines.shards import decode_sample, iter_tar
 from data_pipelines.synth import FAMILIES, SampleFamily, build_dataset, generate_sample, register_family

@@ -1,0 +1,376 @@
+"""User data -> a dataset folder in the layout ``kimi-vl data synth`` writes, so that training (``data.path``), RL
+(verifiable questions) and the held-out evaluation read it unchanged::
+
+    OUT/{train,eval}/{text,vision}-NNNNNN.tar    webdataset shards (records as the synthetic world's)
+    OUT/manifest.json                            splits, streams, shards (sha256), counts, content hash
+    OUT/tokenizer/                               a byte-level BPE trained on the train split (unless vocab 0)
+
+Inputs (any mix, see :func:`convert_dataset`): text files (``.txt`` cut at blank lines, ``.jsonl`` with ``text`` or
+``messages``), video folders (``clip.mp4`` + ``clip.txt``), image folders (``a.png`` + ``a.txt``), image JSONL
+files (captions and/or verifiable questions, below) and existing webdataset shards (``--shards`` for the train
+split, ``--eval-shards`` for the eval split; each sample is a vision sample when it has an image or video member).
+
+An image JSONL line::
+
+    {"image": "imgs/a.png" | ["a.png", "b.png"],          # relative to the JSONL file's folder
+     "caption": "...",                                     # optional: pre-training text
+     "question": "...", "answer": "3",                     # optional: one verifiable question, or
+     "qa": [{"question": ..., "answer": ..., "answer_type": ..., "category": ...}, ...],
+     "split": "train" | "eval"}                            # optional: else assigned (see below)
+
+``answer_type`` is ``int``, ``str``, ``yesno`` or ``box`` (``[x0, y0, x1, y1]`` in 0-1000); inferred when left out
+(a list of four numbers -> ``box``, an integer -> ``int``, yes/no -> ``yesno``, else ``str``). ``category`` names
+the RL reward (:data:`QA_CATEGORIES`; default ``grounding`` for boxes, ``count`` for integers, ``exact`` otherwise).
+Questions become the record's ``qa`` (evaluation and RL), a chat in ``messages`` (SFT: the first user turn holds the
+images) and ``Q: ... / A: ...`` lines in ``doc`` (pre-training), like the synthetic world's samples.
+
+Splits: samples without an explicit ``split`` go to ``eval`` at evenly spaced positions of their stream, a share
+``eval_fraction`` of them (at least one when a stream has two or more such samples and the fraction is above 0), the
+rest to ``train``. The assignment depends only on the inputs' order, so the same inputs give the same dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data_pipelines.adapters import text_records
+from data_pipelines.shards import IMAGE_EXTS, VIDEO_EXTS, ShardWriter, iter_tar, list_shards
+from data_pipelines.synth.build import progress
+
+GENERATOR = "kimi-vl-suite convert"
+SPLITS = ("train", "eval")
+STREAMS = ("vision", "text")
+ANSWER_TYPES = ("int", "str", "yesno", "box")
+# QA categories the RL trainer has a reward for (rl.synth_source.CATEGORY_REWARDS; a test keeps the two equal)
+QA_CATEGORIES = ("arithmetic", "chart_value", "color", "count", "exact", "grounding", "motion", "ocr", "shape",
+                 "spatial")
+
+
+@dataclass
+class Item:
+    """One planned sample: its stream, family and split (``None``: assigned later), and how to build its members."""
+
+    stream: str
+    family: str
+    split: str | None
+    build: Callable[[], dict[str, Any]]  # -> members without ``__key__`` (``json``, ``txt``, media names)
+    categories: list[str] = field(default_factory=list)
+
+
+def convert_dataset(out: str | os.PathLike, text: Sequence[str | os.PathLike] = (),
+                    videos: Sequence[str | os.PathLike] = (), images: Sequence[str | os.PathLike] = (),
+                    shards: Sequence[str | os.PathLike] = (), eval_shards: Sequence[str | os.PathLike] = (),
+                    eval_fraction: float = 0.05, vocab_size: int = 8192, source: str = "user",
+                    max_count: int = 1000, chunk_chars: int = 2000) -> dict[str, Any]:
+    """Write the dataset folder ``out`` (new or empty) from the inputs; returns its manifest.
+
+    ``source`` prefixes the families (``{source}_text``, ``{source}_video``, ``{source}_image``,
+    ``{source}_vqa``, ``{source}_shards``) and the sample keys; ``vocab_size`` 0 skips the tokenizer."""
+    if not 0.0 <= eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must lie in [0, 1), got {eval_fraction}")
+    if not source.isidentifier():
+        raise ValueError(f"source must be an identifier (it names families and keys), got {source!r}")
+    items = [*_text_items(text, source, chunk_chars), *_video_items(videos, source), *_image_items(images, source)]
+    if not items and not shards and not eval_shards:
+        raise ValueError("nothing to convert: give text files, video folders, image folders/JSONL files or shards")
+    final = _empty_dir(out)
+    _assign_splits(items, eval_fraction)
+    tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")  # a failure leaves no half-written dataset behind
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        manifest = _write(tmp, items, shards, eval_shards, source, max_count, vocab_size)
+        os.replace(tmp, final)  # (onto the empty folder, or a new name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _write(out: Path, items: list[Item], shards: Sequence, eval_shards: Sequence, source: str, max_count: int,
+           vocab_size: int) -> dict[str, Any]:
+    writers = {(sp, st): ShardWriter(out / sp, st, max_count) for sp in SPLITS for st in STREAMS}
+    counts = {sp: Counter() for sp in SPLITS}
+    categories = {sp: Counter() for sp in SPLITS}
+    n, bar = 0, progress(len(items), "convert")
+    for item in items:
+        writers[item.split, item.stream].write({"__key__": f"{source}_{n:08d}", **item.build()})
+        counts[item.split][item.family] += 1
+        categories[item.split].update(item.categories)
+        n += 1
+        bar.update(1)
+    bar.close()
+    for split, paths in (("train", shards), ("eval", eval_shards)):
+        for raw in _shard_samples(paths):
+            stream = "vision" if _has_media(raw) else "text"
+            writers[split, stream].write({"__key__": f"{source}_{n:08d}", **raw})
+            counts[split][f"{source}_shards"] += 1
+            n += 1
+    manifest = _manifest(out, writers, counts, categories, source)
+    if vocab_size:
+        from data_pipelines.tokenizer import iter_corpus_texts, train_tokenizer
+
+        train = [str(out / s["path"]) for st in STREAMS for s in manifest["splits"]["train"]["streams"][st]["shards"]]
+        train_tokenizer(iter_corpus_texts(train), out / "tokenizer", vocab_size)
+    return manifest
+
+
+def _empty_dir(out: str | os.PathLike) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output path {out} is a file, not a folder; choose a new --out")
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"output directory {out} is not empty; choose a new --out")
+    return out
+
+
+def _assign_splits(items: list[Item], eval_fraction: float) -> None:
+    for stream in STREAMS:
+        free = [it for it in items if it.stream == stream and it.split is None]
+        n_eval = 0 if eval_fraction == 0 or len(free) < 2 else max(1, round(len(free) * eval_fraction))
+        chosen = {int((j + 0.5) * len(free) / n_eval) for j in range(n_eval)}
+        for i, it in enumerate(free):
+            it.split = "eval" if i in chosen else "train"
+
+
+def _manifest(out: Path, writers: dict, counts: dict, categories: dict, source: str) -> dict[str, Any]:
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        streams = {}
+        for stream in STREAMS:
+            infos = [s for s in writers[split, stream].close() if s.count]
+            for s in writers[split, stream].shards:
+                if not s.count:  # (a writer that never wrote leaves no file)
+                    Path(s.path).unlink(missing_ok=True)
+            streams[stream] = {"samples": sum(s.count for s in infos), "bytes": sum(s.bytes for s in infos),
+                               "shards": [{"path": os.path.relpath(s.path, out), "count": s.count, "bytes": s.bytes,
+                                           "sha256": s.sha256} for s in infos]}
+        splits[split] = {"counts": dict(sorted(counts[split].items())),
+                         "qa_categories": dict(sorted(categories[split].items())),
+                         "samples": sum(st["samples"] for st in streams.values()),
+                         "bytes": sum(st["bytes"] for st in streams.values()), "streams": streams}
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        for stream in STREAMS:
+            for shard in splits[split]["streams"][stream]["shards"]:
+                digest.update(f"{shard['path']}:{shard['sha256']}\n".encode())
+    manifest = {"generator": GENERATOR, "source": source, "splits": splits,
+                "eval_suites": {f"{source}_vqa": "vision"},
+                "total_samples": sum(s["samples"] for s in splits.values()),
+                "total_bytes": sum(s["bytes"] for s in splits.values()), "content_hash": digest.hexdigest()}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+
+def _text_items(paths: Sequence[str | os.PathLike], source: str, chunk_chars: int) -> list[Item]:
+    items = []
+    for p in map(Path, paths):
+        if not p.is_file():
+            raise FileNotFoundError(f"text file does not exist: {p}")
+        for record in text_records(p, chunk_chars):
+            record.update(family=f"{source}_text", stream="text", media=[])
+            plain = "\n".join(s["text"] for s in record.get("doc", []))
+            items.append(Item("text", record["family"], None, _const({"json": _dumps(record), "txt": plain})))
+    return items
+
+
+def _video_items(folders: Sequence[str | os.PathLike], source: str) -> list[Item]:
+    items = []
+    for folder in map(Path, folders):
+        for video, caption in _captioned(folder, VIDEO_EXTS, "video"):
+            name = "vid0." + video.suffix.lstrip(".").lower()
+            record = {"family": f"{source}_video", "stream": "vision", "doc": [{"media": 0}, {"text": caption}],
+                      "media": [{"kind": "video", "name": name}], "caption": caption}
+            items.append(Item("vision", record["family"], None, _file_sample(record, caption, {name: video})))
+    return items
+
+
+def _image_items(paths: Sequence[str | os.PathLike], source: str) -> list[Item]:
+    items = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            for image, caption in _captioned(p, IMAGE_EXTS, "image"):
+                items.append(_image_item([image], caption, [], None, f"{source}_image", str(image)))
+        elif p.is_file() and p.suffix == ".jsonl":
+            items += _jsonl_image_items(p, source)
+        elif p.is_file():
+            raise ValueError(f"image input {p}: expected a folder of images with captions or a .jsonl file")
+        else:
+            raise FileNotFoundError(f"image input does not exist: {p}")
+    return items
+
+
+def _captioned(folder: Path, exts: tuple[str, ...], kind: str) -> list[tuple[Path, str]]:
+    """``(media path, caption)`` for every file of ``exts`` in ``folder``; each needs a same-stem ``.txt``."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{kind} folder does not exist: {folder}")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lstrip(".").lower() in exts)
+    if not files:
+        raise ValueError(f"no {kind}s ({', '.join(exts)}) in {folder}")
+    out = []
+    for f in files:
+        caption = f.with_suffix(".txt")
+        if not caption.is_file():
+            raise FileNotFoundError(f"{kind} {f} has no caption file {caption.name}")
+        out.append((f, caption.read_text(encoding="utf-8").strip()))
+    return out
+
+
+def _jsonl_image_items(path: Path, source: str) -> list[Item]:
+    items = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not valid JSON: {err}") from err
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: a line must be a JSON object, got {type(obj).__name__}")
+        images = obj.get("image")
+        images = [images] if isinstance(images, str) else images
+        if not images or not all(isinstance(i, str) and i for i in images):
+            raise ValueError(f"{where}: 'image' must be a path or a non-empty list of paths, got {obj.get('image')!r}")
+        files = [(path.parent / i) for i in images]
+        for f in files:
+            if not f.is_file():
+                raise FileNotFoundError(f"{where}: image {f} does not exist")
+            if f.suffix.lstrip(".").lower() not in IMAGE_EXTS:
+                raise ValueError(f"{where}: image {f} is not one of {', '.join(IMAGE_EXTS)}")
+        qa = _questions(obj, where)
+        caption = str(obj.get("caption") or obj.get("text") or "").strip()
+        if not qa and not caption:
+            raise ValueError(f"{where}: give a 'caption', a 'question' with an 'answer', or a 'qa' list")
+        split = obj.get("split")
+        if split not in (None, *SPLITS):
+            raise ValueError(f"{where}: 'split' must be one of {SPLITS}, got {split!r}")
+        family = f"{source}_vqa" if qa else f"{source}_image"
+        items.append(_image_item(files, caption, qa, split, family, where))
+    return items
+
+
+def _questions(obj: dict[str, Any], where: str) -> list[dict[str, str]]:
+    if "qa" in obj:
+        if "question" in obj:
+            raise ValueError(f"{where}: give either 'question' and 'answer' or a 'qa' list, not both")
+        if not isinstance(obj["qa"], list) or not obj["qa"]:
+            raise ValueError(f"{where}: 'qa' must be a non-empty list of questions")
+        raw = obj["qa"]
+    elif "question" in obj or "answer" in obj:
+        raw = [{k: obj[k] for k in ("question", "answer", "answer_type", "category") if k in obj}]
+    else:
+        return []
+    return [_question(q, f"{where} question {j}") for j, q in enumerate(raw)]
+
+
+def _question(q: Any, where: str) -> dict[str, str]:
+    if not isinstance(q, dict) or not str(q.get("question") or "").strip() or q.get("answer") in (None, ""):
+        raise ValueError(f"{where}: needs a non-empty 'question' and 'answer', got {q!r}")
+    answer, kind = q["answer"], q.get("answer_type") or _infer_type(q["answer"])
+    if kind not in ANSWER_TYPES:
+        raise ValueError(f"{where}: answer_type must be one of {ANSWER_TYPES}, got {kind!r}")
+    if kind == "box":
+        box = answer if isinstance(answer, list) else _numbers(str(answer))
+        if len(box) != 4 or not all(isinstance(v, (int, float)) and 0 <= v <= 1000 for v in box):
+            raise ValueError(f"{where}: a box answer is [x0, y0, x1, y1] in 0-1000, got {answer!r}")
+        answer = "[" + ", ".join(str(round(v)) for v in box) + "]"
+    elif kind == "int" and not re.fullmatch(r"-?\d+", str(answer).strip()):
+        raise ValueError(f"{where}: answer_type int needs an integer answer, got {answer!r}")
+    elif kind == "yesno" and str(answer).strip().lower() not in ("yes", "no"):
+        raise ValueError(f"{where}: answer_type yesno needs 'yes' or 'no', got {answer!r}")
+    category = q.get("category") or {"box": "grounding", "int": "count"}.get(kind, "exact")
+    if category not in QA_CATEGORIES:
+        raise ValueError(f"{where}: category {category!r} has no reward; one of {QA_CATEGORIES}")
+    return {"category": category, "question": str(q["question"]).strip(), "answer": str(answer).strip(),
+            "answer_type": kind}
+
+
+def _infer_type(answer: Any) -> str:
+    if isinstance(answer, list):
+        return "box"
+    if isinstance(answer, int) or re.fullmatch(r"-?\d+", str(answer).strip()):
+        return "int"
+    return "yesno" if str(answer).strip().lower() in ("yes", "no") else "str"
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", text)]
+
+
+def _image_item(files: list[Path], caption: str, qa: list[dict[str, str]], split: str | None, family: str,
+                where: str) -> Item:
+    names = [f"img{i}." + f.suffix.lstrip(".").lower() for i, f in enumerate(files)]
+    lines = [f"Q: {q['question']}\nA: {q['answer']}" for q in qa]
+    doc = [{"media": i} for i in range(len(files))] + [{"text": "\n".join(([caption] if caption else []) + lines)}]
+    record: dict[str, Any] = {"family": family, "stream": "vision", "doc": doc, "qa": qa, "caption": caption,
+                              "media": [{"kind": "image", "name": name} for name in names], "source": where}
+    if qa:
+        images = [{"type": "image", "media": i} for i in range(len(files))]
+        messages: list[dict[str, Any]] = []
+        for j, q in enumerate(qa):
+            text = [{"type": "text", "text": q["question"]}]
+            messages += [{"role": "user", "content": (images if j == 0 else []) + text},
+                         {"role": "assistant", "content": q["answer"]}]
+        record["messages"] = messages
+    return Item("vision", family, split, _file_sample(record, doc[-1]["text"], dict(zip(names, files)), where),
+                [q["category"] for q in qa])
+
+
+def _file_sample(record: dict[str, Any], text: str, media: dict[str, Path], where: str = "") -> Callable:
+    """A builder that reads the media files when the sample is written (images are checked to decode)."""
+
+    def build() -> dict[str, Any]:
+        members = {name: path.read_bytes() for name, path in media.items()}
+        for m in record["media"]:
+            if m["kind"] == "image":
+                m["width"], m["height"] = _image_size(members[m["name"]], f"{where or media[m['name']]}")
+        return {"json": _dumps(record), "txt": text, **members}
+
+    return build
+
+
+def _image_size(data: bytes, where: str) -> tuple[int, int]:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+            return im.size
+    except Exception as err:  # PIL raises many types
+        raise ValueError(f"{where}: image does not decode: {err}") from err
+
+
+def _shard_samples(paths: Sequence[str | os.PathLike]):
+    """Raw samples of existing shards, keys dropped (the writer gives new ones)."""
+    if not paths:
+        return
+    for shard in list_shards(list(map(str, paths))):
+        for raw in iter_tar(shard):
+            yield {k: v for k, v in raw.items() if not k.startswith("__")}
+
+
+def _has_media(raw: dict[str, Any]) -> bool:
+    return any(name.rsplit(".", 1)[-1].lower() in IMAGE_EXTS + VIDEO_EXTS for name in raw)
+
+
+def _const(members: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    return lambda: members
+
+
+def _dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True, ensure_ascii=False)
+
+
+__all__ = ["ANSWER_TYPES", "GENERATOR", "QA_CATEGORIES", "convert_dataset"]
