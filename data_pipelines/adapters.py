@@ -45,6 +45,7 @@ def _text_chunks(text: str, chunk_chars: int) -> list[str]:
 
 
 def text_records(path: Path, chunk_chars: int = 2000) -> list[dict[str, Any]]:
+    """The records of a ``.txt`` (``doc`` chunks) or ``.jsonl`` (``doc`` or ``messages``) file; errors name lines."""
     if path.suffix == ".txt":
         return [{"doc": [{"text": c}]} for c in _text_chunks(path.read_text(encoding="utf-8"), chunk_chars)]
     if path.suffix == ".jsonl":
