@@ -2,11 +2,14 @@
 
     python -m data_pipelines.bench gen --preset small --samples 300     # generation, one core
     python -m data_pipelines.bench loader DIR --batches 20 --workers 1  # packed loader, images/s per worker
+    python -m data_pipelines.bench convert --images 2000                # kimi-vl data convert of image questions
 
 ``gen`` times the first ``samples`` of the preset's training plan (a mix of all families) in one process
 and extrapolates to the whole preset. ``loader`` builds packed batches from a built dataset with the
 tokenizer in ``DIR/tokenizer``; ``--processor moonvit`` also runs ``vision_encoder.processor.MoonViTProcessor``
-(resize + normalise + patchify), ``none`` measures decode + tokenize + pack only.
+(resize + normalise + patchify), ``none`` measures decode + tokenize + pack only. ``convert`` draws ``images`` PNGs
+(sides 100-639 px, a few red dots) with a question and caption each into a temporary folder, then times
+``data_pipelines.convert.convert_dataset`` on their JSONL without and with the tokenizer.
 """
 
 from __future__ import annotations
@@ -61,6 +64,41 @@ def bench_loader(root: str, batches: int, workers: int, processor: str, seq_len:
             round(frames / dt / per, 1), "tokens_per_s_per_worker": round(tokens / dt / per)}
 
 
+def bench_convert(images: int, seed: int = 0) -> dict:
+    import random
+    import tempfile
+    from pathlib import Path
+
+    from PIL import Image, ImageDraw
+
+    from data_pipelines.convert import convert_dataset
+
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "imgs").mkdir()
+        lines, png_bytes = [], 0
+        for i in range(images):
+            w, h = rng.randrange(100, 640), rng.randrange(100, 640)
+            im = Image.new("RGB", (w, h), tuple(rng.randrange(256) for _ in range(3)))
+            dots = rng.randrange(1, 6)
+            for _ in range(dots):
+                x, y = rng.randrange(w - 30), rng.randrange(h - 30)
+                ImageDraw.Draw(im).ellipse([x, y, x + 25, y + 25], fill="red")
+            im.save(d / "imgs" / f"{i}.png")
+            png_bytes += (d / "imgs" / f"{i}.png").stat().st_size
+            lines.append({"image": f"imgs/{i}.png", "caption": f"A picture with {dots} red dots.",
+                          "question": "How many red dots?", "answer": dots})
+        (d / "q.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        out = {"images": images, "png_mib": round(png_bytes / 2**20, 1)}
+        for name, vocab in (("seconds_no_tokenizer", 0), ("seconds_with_tokenizer", 8192)):
+            t0 = time.perf_counter()
+            convert_dataset(d / f"ds{vocab}", images=[d / "q.jsonl"], vocab_size=vocab)
+            out[name] = round(time.perf_counter() - t0, 2)
+        out["images_per_s"] = round(images / out["seconds_no_tokenizer"], 1)
+        return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m data_pipelines.bench")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -74,9 +112,13 @@ def main() -> None:
     ld.add_argument("--processor", choices=["moonvit", "none"], default="moonvit")
     ld.add_argument("--seq-len", type=int, default=2048)
     ld.add_argument("--batch-size", type=int, default=4)
+    cv = sub.add_parser("convert")
+    cv.add_argument("--images", type=int, default=2000)
     a = p.parse_args()
     if a.cmd == "gen":
         print(json.dumps(bench_gen(a.preset, a.samples)))
+    elif a.cmd == "convert":
+        print(json.dumps(bench_convert(a.images)))
     else:
         print(json.dumps(bench_loader(a.root, a.batches, a.workers, a.processor, a.seq_len, a.batch_size)))
 
