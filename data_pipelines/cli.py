@@ -99,14 +99,14 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=_tokenizer)
     c = sub.add_parser("convert", help="your text, images (captions, questions), videos or shards -> a dataset folder",
                        description="Write a dataset folder (train/eval shards, manifest.json, tokenizer) that "
-                       "data.path of training and RL reads. Image JSONL lines: {\"image\": PATH or [PATHS], "
-                       "\"caption\": ..., \"question\": ..., \"answer\": ..., \"split\": train|eval} "
+                       "data.path of training and RL reads. JSONL lines: {\"image\": PATH or [PATHS] (or "
+                       "\"video\": PATH), \"caption\": ..., \"question\": ..., \"answer\": ..., \"split\": train|eval} "
                        "(see data_pipelines/README.md).")
     c.add_argument("--out", required=True, help="a new or empty folder")
     c.add_argument("--text", nargs="+", default=[], metavar="FILE", help=".txt (cut at blank lines) or .jsonl "
                    "(text or messages per line)")
     c.add_argument("--images", nargs="+", default=[], metavar="PATH", help="folders of images with same-stem .txt "
-                   "captions, or .jsonl files of images with captions and/or questions")
+                   "captions, or .jsonl files of images (or a video) per line with captions and/or questions")
     c.add_argument("--videos", nargs="+", default=[], metavar="FOLDER", help="folders of videos with same-stem .txt "
                    "captions")
     c.add_argument("--shards", nargs="+", default=[], metavar="TAR", help="webdataset shards (files, folders, globs) "

@@ -6,13 +6,15 @@
     OUT/tokenizer/                               a byte-level BPE trained on the train split (unless vocab 0)
 
 Inputs (any mix, see :func:`convert_dataset`): text files (``.txt`` cut at blank lines, ``.jsonl`` with ``text`` or
-``messages``), video folders (``clip.mp4`` + ``clip.txt``), image folders (``a.png`` + ``a.txt``), image JSONL
-files (captions and/or verifiable questions, below) and existing webdataset shards (``--shards`` for the train
-split, ``--eval-shards`` for the eval split; each sample is a vision sample when it has an image or video member).
+``messages``), video folders (``clip.mp4`` + ``clip.txt``), image folders (``a.png`` + ``a.txt``), JSONL files of
+images or a video per line with captions and/or verifiable questions (below), and existing webdataset shards
+(``--shards`` for the train split, ``--eval-shards`` for the eval split; each sample is a vision sample when it has
+an image or video member).
 
-An image JSONL line::
+A JSONL line of ``--images``::
 
-    {"image": "imgs/a.png" | ["a.png", "b.png"],          # relative to the JSONL file's folder
+    {"image": "imgs/a.png" | ["a.png", "b.png"],          # relative to the JSONL file's folder; or
+     "video": "clips/c.mp4",                               # one video instead
      "caption": "...",                                     # optional: pre-training text
      "question": "...", "answer": "3",                     # optional: one verifiable question, or
      "qa": [{"question": ..., "answer": ..., "answer_type": ..., "category": ...}, ...],
@@ -22,7 +24,7 @@ An image JSONL line::
 (a list of four numbers -> ``box``, an integer -> ``int``, yes/no -> ``yesno``, else ``str``). ``category`` names
 the RL reward (:data:`QA_CATEGORIES`; default ``grounding`` for boxes, ``count`` for integers, ``exact`` otherwise).
 Questions become the record's ``qa`` (evaluation and RL), a chat in ``messages`` (SFT: the first user turn holds the
-images) and ``Q: ... / A: ...`` lines in ``doc`` (pre-training), like the synthetic world's samples.
+media) and ``Q: ... / A: ...`` lines in ``doc`` (pre-training), like the synthetic world's samples.
 
 Splits: samples without an explicit ``split`` go to ``eval`` at evenly spaced positions of their stream, a share
 ``eval_fraction`` of them (at least one when a stream has two or more such samples and the fraction is above 0), the
@@ -186,14 +188,8 @@ def _text_items(paths: Sequence[str | os.PathLike], source: str, chunk_chars: in
 
 
 def _video_items(folders: Sequence[str | os.PathLike], source: str) -> list[Item]:
-    items = []
-    for folder in map(Path, folders):
-        for video, caption in _captioned(folder, VIDEO_EXTS, "video"):
-            name = "vid0." + video.suffix.lstrip(".").lower()
-            record = {"family": f"{source}_video", "stream": "vision", "doc": [{"media": 0}, {"text": caption}],
-                      "media": [{"kind": "video", "name": name}], "caption": caption}
-            items.append(Item("vision", record["family"], None, _file_sample(record, caption, {name: video})))
-    return items
+    return [_media_item([video], "video", caption, [], None, f"{source}_video", str(video))
+            for folder in map(Path, folders) for video, caption in _captioned(folder, VIDEO_EXTS, "video")]
 
 
 def _image_items(paths: Sequence[str | os.PathLike], source: str) -> list[Item]:
@@ -201,11 +197,12 @@ def _image_items(paths: Sequence[str | os.PathLike], source: str) -> list[Item]:
     for p in map(Path, paths):
         if p.is_dir():
             for image, caption in _captioned(p, IMAGE_EXTS, "image"):
-                items.append(_image_item([image], caption, [], None, f"{source}_image", str(image)))
+                items.append(_media_item([image], "image", caption, [], None, f"{source}_image", str(image)))
         elif p.is_file() and p.suffix == ".jsonl":
-            items += _jsonl_image_items(p, source)
+            items += _jsonl_items(p, source)
         elif p.is_file():
-            raise ValueError(f"image input {p}: expected a folder of images with captions or a .jsonl file")
+            raise ValueError(f"image input {p}: expected a folder of images with captions or a .jsonl file of "
+                             "images or videos with captions and/or questions")
         else:
             raise FileNotFoundError(f"image input does not exist: {p}")
     return items
@@ -227,7 +224,7 @@ def _captioned(folder: Path, exts: tuple[str, ...], kind: str) -> list[tuple[Pat
     return out
 
 
-def _jsonl_image_items(path: Path, source: str) -> list[Item]:
+def _jsonl_items(path: Path, source: str) -> list[Item]:
     items = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -239,16 +236,7 @@ def _jsonl_image_items(path: Path, source: str) -> list[Item]:
             raise ValueError(f"{where}: not valid JSON: {err}") from err
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: a line must be a JSON object, got {type(obj).__name__}")
-        images = obj.get("image")
-        images = [images] if isinstance(images, str) else images
-        if not images or not all(isinstance(i, str) and i for i in images):
-            raise ValueError(f"{where}: 'image' must be a path or a non-empty list of paths, got {obj.get('image')!r}")
-        files = [(path.parent / i) for i in images]
-        for f in files:
-            if not f.is_file():
-                raise FileNotFoundError(f"{where}: image {f} does not exist")
-            if f.suffix.lstrip(".").lower() not in IMAGE_EXTS:
-                raise ValueError(f"{where}: image {f} is not one of {', '.join(IMAGE_EXTS)}")
+        kind, files = _line_media(obj, path.parent, where)
         qa = _questions(obj, where)
         caption = str(obj.get("caption") or obj.get("text") or "").strip()
         if not qa and not caption:
@@ -256,9 +244,28 @@ def _jsonl_image_items(path: Path, source: str) -> list[Item]:
         split = obj.get("split")
         if split not in (None, *SPLITS):
             raise ValueError(f"{where}: 'split' must be one of {SPLITS}, got {split!r}")
-        family = f"{source}_vqa" if qa else f"{source}_image"
-        items.append(_image_item(files, caption, qa, split, family, where))
+        family = f"{source}_vqa" if qa else f"{source}_{kind}"
+        items.append(_media_item(files, kind, caption, qa, split, family, where))
     return items
+
+
+def _line_media(obj: dict[str, Any], folder: Path, where: str) -> tuple[str, list[Path]]:
+    """``("image", paths)`` for a line's ``image`` (a path or a list), or ``("video", [path])`` for its ``video``."""
+    if ("image" in obj) == ("video" in obj):
+        raise ValueError(f"{where}: give 'image' (a path or a list of paths) or 'video' (a path), one of the two")
+    kind = "image" if "image" in obj else "video"
+    names = [obj[kind]] if isinstance(obj[kind], str) else obj[kind]
+    if not names or not all(isinstance(i, str) and i for i in names) or (kind == "video" and len(names) != 1):
+        what = "a path or a non-empty list of paths" if kind == "image" else "one path"
+        raise ValueError(f"{where}: '{kind}' must be {what}, got {obj[kind]!r}")
+    exts = IMAGE_EXTS if kind == "image" else VIDEO_EXTS
+    files = [folder / name for name in names]
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"{where}: {kind} {f} does not exist")
+        if f.suffix.lstrip(".").lower() not in exts:
+            raise ValueError(f"{where}: {kind} {f} is not one of {', '.join(exts)}")
+    return kind, files
 
 
 def _questions(obj: dict[str, Any], where: str) -> list[dict[str, str]]:
@@ -309,19 +316,22 @@ def _numbers(text: str) -> list[float]:
     return [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", text)]
 
 
-def _image_item(files: list[Path], caption: str, qa: list[dict[str, str]], split: str | None, family: str,
-                where: str) -> Item:
-    names = [f"img{i}." + f.suffix.lstrip(".").lower() for i, f in enumerate(files)]
+def _media_item(files: list[Path], kind: str, caption: str, qa: list[dict[str, str]], split: str | None,
+                family: str, where: str) -> Item:
+    """A vision sample of ``files`` (images, or one video): the caption and the questions' ``Q: / A:`` lines in
+    ``doc``, the questions in ``qa`` and as a chat in ``messages`` (the first user turn holds the media)."""
+    prefix = "img" if kind == "image" else "vid"
+    names = [f"{prefix}{i}." + f.suffix.lstrip(".").lower() for i, f in enumerate(files)]
     lines = [f"Q: {q['question']}\nA: {q['answer']}" for q in qa]
     doc = [{"media": i} for i in range(len(files))] + [{"text": "\n".join(([caption] if caption else []) + lines)}]
     record: dict[str, Any] = {"family": family, "stream": "vision", "doc": doc, "qa": qa, "caption": caption,
-                              "media": [{"kind": "image", "name": name} for name in names], "source": where}
+                              "media": [{"kind": kind, "name": name} for name in names], "source": where}
     if qa:
-        images = [{"type": "image", "media": i} for i in range(len(files))]
+        parts = [{"type": kind, "media": i} for i in range(len(files))]
         messages: list[dict[str, Any]] = []
         for j, q in enumerate(qa):
             text = [{"type": "text", "text": q["question"]}]
-            messages += [{"role": "user", "content": (images if j == 0 else []) + text},
+            messages += [{"role": "user", "content": (parts if j == 0 else []) + text},
                          {"role": "assistant", "content": q["answer"]}]
         record["messages"] = messages
     return Item("vision", family, split, _file_sample(record, doc[-1]["text"], dict(zip(names, files)), where),
@@ -329,7 +339,8 @@ def _image_item(files: list[Path], caption: str, qa: list[dict[str, str]], split
 
 
 def _file_sample(record: dict[str, Any], text: str, media: dict[str, Path], where: str = "") -> Callable:
-    """A builder that reads the media files when the sample is written (images are checked to decode)."""
+    """A builder that reads the media files when the sample is written (images are checked to decode; videos are
+    decoded only when read, where a bad one is counted as a corrupt sample)."""
 
     def build() -> dict[str, Any]:
         members = {name: path.read_bytes() for name, path in media.items()}

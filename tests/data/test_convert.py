@@ -52,6 +52,7 @@ def user_data(tmp_path):
                        {"question": "Box of the picture?", "answer": [0, 0, 1000, 1000]},
                        {"question": "What colour are the dots?", "answer": "red", "category": "color"}]}
     lines[1]["split"] = "train"
+    lines.append({"video": "vids/v.mp4", "question": "What colour is the clip?", "answer": "black", "split": "eval"})
     (d / "vqa.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     vids = d / "vids"
     vids.mkdir()
@@ -76,14 +77,14 @@ def test_convert_writes_a_dataset_folder(user_data, tmp_path):
     m = _convert(user_data, tmp_path / "ds")
     root = tmp_path / "ds"
     train, ev = m["splits"]["train"], m["splits"]["eval"]
-    # 12 + 1 text documents, 3 captioned images, 10 question lines, 1 video, 2 shard samples
-    assert m["total_samples"] == 29 and train["samples"] + ev["samples"] == 29
+    # 12 + 1 text documents, 3 captioned images, 10 image and 1 video question lines, 1 video, 2 shard samples
+    assert m["total_samples"] == 30 and train["samples"] + ev["samples"] == 30
     assert train["counts"]["user_shards"] == 2 and "user_shards" not in ev["counts"]
     assert ev["streams"]["text"]["samples"] >= 1 and ev["streams"]["vision"]["samples"] >= 2
     assert m["eval_suites"] == {"user_vqa": "vision"}
     # the explicit splits are kept; the rest is held out evenly: 20% of the 13 text documents (3) and of the 12
-    # vision samples without a split (2: 3 captioned images, 8 question lines, 1 video), plus the line marked eval
-    assert ev["counts"]["user_text"] == 3 and ev["streams"]["vision"]["samples"] == 2 + 1
+    # vision samples without a split (2: 3 captioned images, 8 question lines, 1 video), plus the 2 lines marked eval
+    assert ev["counts"]["user_text"] == 3 and ev["streams"]["vision"]["samples"] == 2 + 2
     keys = {split: [raw["json"] for sh in split_shards(root, split) for raw in iter_tar(sh) if "json" in raw]
             for split in ("train", "eval")}
     records = {split: [json.loads(r) for r in keys[split]] for split in keys}
@@ -98,7 +99,9 @@ def test_convert_writes_a_dataset_folder(user_data, tmp_path):
         enc = Encoder(tok, mode)
         docs = [enc.encode(decode_sample(raw)) for split in ("train", "eval") for sh in split_shards(root, split)
                 for raw in iter_tar(sh)]
-        assert len(docs) == 29 and all(len(doc.input_ids) > 0 for doc in docs)
+        assert len(docs) == 30 and all(len(doc.input_ids) > 0 for doc in docs)
+    clip = next(r for r in records["eval"] if r["media"] and r["media"][0]["kind"] == "video" and r["qa"])
+    assert clip["messages"][0]["content"][0] == {"type": "video", "media": 0} and clip["family"] == "user_vqa"
     # the same inputs give the same dataset
     assert _convert(user_data, tmp_path / "again")["content_hash"] == m["content_hash"]
 
@@ -111,7 +114,7 @@ def test_converted_questions_feed_evaluation_rl_and_lm_eval(user_data, tmp_path)
     _convert(user_data, root)
     held = eval_items(str(root), "vision")
     assert held and {it.family for it in held} == {"user_vqa"}
-    assert {it.category for it in held} >= {"exact", "grounding", "color"}
+    assert {it.category for it in held} >= {"exact", "grounding", "color"} and any(it.videos for it in held)
     pool = train_items(str(root), "vision", ["user_vqa"], [])
     assert pool and all(it.images for it in pool) and not {it.id for it in pool} & {it.id for it in held}
     assert set(QA_CATEGORIES) == set(CATEGORY_REWARDS)
@@ -127,7 +130,7 @@ def test_converted_questions_feed_evaluation_rl_and_lm_eval(user_data, tmp_path)
     tasks = write_dataset_suite(root, tmp_path / "suites")
     assert tasks == ["kimi_data_qa", "kimi_data_grounding"]
     rows = [json.loads(x) for x in (tmp_path / "suites/kimi_data/kimi_data_qa.jsonl").read_text().splitlines()]
-    assert len(rows) == sum(it.answer_type != "box" for it in held)
+    assert len(rows) == sum(it.answer_type != "box" and not it.videos for it in held)  # video questions left out
     assert all(Path(p).is_file() for r in rows for p in r["images"])
     assert rows[0]["prompt"].startswith("<image>") and rows[0]["prompt"].endswith("Answer:")
 
@@ -159,7 +162,10 @@ def _jsonl(tmp_path, obj) -> Path:
 
 @pytest.mark.parametrize("line, match", [
     ("{not json", "q.jsonl:1: not valid JSON"),
-    ({"caption": "x"}, "'image' must be a path"),
+    ({"caption": "x"}, "give 'image'"),
+    ({"image": "imgs/a.png", "video": "v.mp4", "caption": "x"}, "one of the two"),
+    ({"video": ["a.mp4", "b.mp4"], "caption": "x"}, "'video' must be one path"),
+    ({"video": "imgs/a.png", "caption": "x"}, "is not one of mp4"),
     ({"image": "imgs/missing.png", "caption": "x"}, "imgs/missing.png does not exist"),
     ({"image": "imgs/a.png"}, "give a 'caption', a 'question'"),
     ({"image": "imgs/a.png", "question": "n?", "answer": "two", "answer_type": "int"}, "needs an integer"),
