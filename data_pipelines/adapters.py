@@ -3,15 +3,12 @@
 - Webdataset image-text shards (``{key}.jpg|png`` + ``{key}.txt|json`` with a caption) are read as they
   are: :func:`ensure_record` turns a decoded sample without our ``json`` record into one
   (``doc = [image..., caption]``), and the packer calls it for every sample.
-- :func:`text_records`: a ``.txt`` file (cut at blank lines into ~``chunk_chars`` documents) or a ``.jsonl`` file
-  (one object per line with ``text`` or ``messages``) -> records; ``data_pipelines.convert`` writes them (and
-  images, videos, questions) into a dataset folder.
+- :func:`text_chunks`: a ``.txt`` file's text cut at blank lines into ~``chunk_chars`` documents (used by
+  ``data_pipelines.convert``, which writes the user's text, images, videos and questions into a dataset folder).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 CAPTION_KEYS = ("caption", "text", "txt", "alt", "description")
@@ -33,7 +30,8 @@ def ensure_record(sample: dict[str, Any], source: str = "external") -> dict[str,
     return {"family": record.get("source", source), "doc": doc, "media": media}
 
 
-def _text_chunks(text: str, chunk_chars: int) -> list[str]:
+def text_chunks(text: str, chunk_chars: int = 2000) -> list[str]:
+    """Paragraphs (blank-line separated) joined into documents of up to ~``chunk_chars`` characters."""
     out, cur = [], ""
     for para in (p.strip() for p in text.split("\n\n")):
         if para:
@@ -42,26 +40,3 @@ def _text_chunks(text: str, chunk_chars: int) -> list[str]:
                 cur = ""
             cur = f"{cur}\n\n{para}" if cur else para
     return out + ([cur] if cur else [])
-
-
-def text_records(path: Path, chunk_chars: int = 2000) -> list[dict[str, Any]]:
-    """The records of a ``.txt`` (``doc`` chunks) or ``.jsonl`` (``doc`` or ``messages``) file; errors name lines."""
-    if path.suffix == ".txt":
-        return [{"doc": [{"text": c}]} for c in _text_chunks(path.read_text(encoding="utf-8"), chunk_chars)]
-    if path.suffix == ".jsonl":
-        records = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{n}: not valid JSON: {err}") from err
-            if "messages" in obj:
-                records.append({"messages": obj["messages"]})
-            elif "text" in obj:
-                records.append({"doc": [{"text": str(obj["text"])}]})
-            else:
-                raise ValueError(f"{path}:{n}: a line needs a 'text' or 'messages' field")
-        return records
-    raise ValueError(f"unsupported text file {path} (expected .txt or .jsonl)")

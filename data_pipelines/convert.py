@@ -5,11 +5,12 @@
     OUT/manifest.json                            splits, streams, shards (sha256), counts, content hash
     OUT/tokenizer/                               a byte-level BPE trained on the train split (unless vocab 0)
 
-Inputs (any mix, see :func:`convert_dataset`): text files (``.txt`` cut at blank lines, ``.jsonl`` with ``text`` or
-``messages``), video folders (``clip.mp4`` + ``clip.txt``), image folders (``a.png`` + ``a.txt``), JSONL files of
-images or a video per line with captions and/or verifiable questions (below), and existing webdataset shards
-(``--shards`` for the train split, ``--eval-shards`` for the eval split; each sample is a vision sample when it has
-an image or video member).
+Inputs (any mix, see :func:`convert_dataset`): text files (``.txt`` cut at blank lines; ``.jsonl`` lines with
+``text``, ``messages``, or questions about a ``context``: ``{"context": ..., "question": ..., "answer": ...}`` or
+``"qa": [...]``, family ``<source>_textqa`` of the ``text`` suite, for the text RL arm and evaluation), video
+folders (``clip.mp4`` + ``clip.txt``), image folders (``a.png`` + ``a.txt``), JSONL files of images or a video per
+line with captions and/or verifiable questions (below), and existing webdataset shards (``--shards`` for the train
+split, ``--eval-shards`` for the eval split; each sample is a vision sample when it has an image or video member).
 
 A JSONL line of ``--images``::
 
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_pipelines.adapters import text_records
+from data_pipelines.adapters import text_chunks
 from data_pipelines.shards import IMAGE_EXTS, VIDEO_EXTS, ShardWriter, iter_tar, list_shards
 from data_pipelines.synth.build import progress
 
@@ -165,7 +166,7 @@ def _manifest(out: Path, writers: dict, counts: dict, categories: dict, source: 
             for shard in splits[split]["streams"][stream]["shards"]:
                 digest.update(f"{shard['path']}:{shard['sha256']}\n".encode())
     manifest = {"generator": GENERATOR, "source": source, "splits": splits,
-                "eval_suites": {f"{source}_vqa": "vision"},
+                "eval_suites": {f"{source}_vqa": "vision", f"{source}_textqa": "text"},
                 "total_samples": sum(s["samples"] for s in splits.values()),
                 "total_bytes": sum(s["bytes"] for s in splits.values()), "content_hash": digest.hexdigest()}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -180,11 +181,65 @@ def _text_items(paths: Sequence[str | os.PathLike], source: str, chunk_chars: in
     for p in map(Path, paths):
         if not p.is_file():
             raise FileNotFoundError(f"text file does not exist: {p}")
-        for record in text_records(p, chunk_chars):
-            record.update(family=f"{source}_text", stream="text", media=[])
-            plain = "\n".join(s["text"] for s in record.get("doc", []))
-            items.append(Item("text", record["family"], None, _const({"json": _dumps(record), "txt": plain})))
+        if p.suffix == ".txt":
+            items += [_text_item({"doc": [{"text": c}]}, f"{source}_text", None)
+                      for c in text_chunks(p.read_text(encoding="utf-8"), chunk_chars)]
+        elif p.suffix == ".jsonl":
+            items += [_text_line_item(obj, source, where) for where, obj in _jsonl_lines(p)]
+        else:
+            raise ValueError(f"unsupported text file {p} (expected .txt or .jsonl)")
     return items
+
+
+def _text_line_item(obj: dict[str, Any], source: str, where: str) -> Item:
+    """A text JSONL line: ``messages`` (a chat), ``text`` (a document), or questions about a ``context``."""
+    split = _split(obj, where)
+    if "question" in obj or "qa" in obj:
+        qa = _questions(obj, where)
+        context = str(obj.get("context") or "").strip()
+        if not context:
+            raise ValueError(f"{where}: a text question needs the 'context' it is about")
+        lines = [f"Q: {q['question']}\nA: {q['answer']}" for q in qa]
+        messages: list[dict[str, Any]] = []
+        for j, q in enumerate(qa):
+            text = f"{context}\n{q['question']}" if j == 0 else q["question"]
+            messages += [{"role": "user", "content": text}, {"role": "assistant", "content": q["answer"]}]
+        record = {"doc": [{"text": "\n".join([context, *lines])}], "messages": messages, "qa": qa, "caption": context,
+                  "source": where}
+        return _text_item(record, f"{source}_textqa", split, [q["category"] for q in qa])
+    if "messages" in obj:
+        return _text_item({"messages": obj["messages"]}, f"{source}_text", split)
+    if "text" in obj:
+        return _text_item({"doc": [{"text": str(obj["text"])}]}, f"{source}_text", split)
+    raise ValueError(f"{where}: a line needs 'text', 'messages', or a 'question' (or 'qa') with a 'context'")
+
+
+def _text_item(record: dict[str, Any], family: str, split: str | None, categories: Sequence[str] = ()) -> Item:
+    record.update(family=family, stream="text", media=[])
+    plain = "\n".join(s["text"] for s in record.get("doc", []))
+    return Item("text", family, split, _const({"json": _dumps(record), "txt": plain}), list(categories))
+
+
+def _jsonl_lines(path: Path):
+    """``(where, object)`` for each non-blank line of a JSONL file (``where`` = ``path:line``)."""
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not valid JSON: {err}") from err
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: a line must be a JSON object, got {type(obj).__name__}")
+        yield where, obj
+
+
+def _split(obj: dict[str, Any], where: str) -> str | None:
+    split = obj.get("split")
+    if split not in (None, *SPLITS):
+        raise ValueError(f"{where}: 'split' must be one of {SPLITS}, got {split!r}")
+    return split
 
 
 def _video_items(folders: Sequence[str | os.PathLike], source: str) -> list[Item]:
@@ -226,26 +281,14 @@ def _captioned(folder: Path, exts: tuple[str, ...], kind: str) -> list[tuple[Pat
 
 def _jsonl_items(path: Path, source: str) -> list[Item]:
     items = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not valid JSON: {err}") from err
-        if not isinstance(obj, dict):
-            raise ValueError(f"{where}: a line must be a JSON object, got {type(obj).__name__}")
+    for where, obj in _jsonl_lines(path):
         kind, files = _line_media(obj, path.parent, where)
         qa = _questions(obj, where)
         caption = str(obj.get("caption") or obj.get("text") or "").strip()
         if not qa and not caption:
             raise ValueError(f"{where}: give a 'caption', a 'question' with an 'answer', or a 'qa' list")
-        split = obj.get("split")
-        if split not in (None, *SPLITS):
-            raise ValueError(f"{where}: 'split' must be one of {SPLITS}, got {split!r}")
         family = f"{source}_vqa" if qa else f"{source}_{kind}"
-        items.append(_media_item(files, kind, caption, qa, split, family, where))
+        items.append(_media_item(files, kind, caption, qa, _split(obj, where), family, where))
     return items
 
 

@@ -1,14 +1,17 @@
 """An offline lm-eval suite from a dataset folder's held-out questions (``kimi_data``): the eval split's verifiable
-image questions of any family, e.g. the user's own from ``kimi-vl data convert --images questions.jsonl``.
+image and text questions of any family, e.g. the user's own from ``kimi-vl data convert --images questions.jsonl
+--text text_questions.jsonl``.
 
 ``python -m eval.tasks --out DIR --data DATASET`` writes::
 
-    DIR/kimi_data/   kimi_data_qa (short answers, exact match) and kimi_data_grounding (boxes, IoU), images under
-                     media/, utils.py, and the group kimi_data
+    DIR/kimi_data/   kimi_data_qa (image questions, short answers, exact match), kimi_data_grounding (boxes, IoU),
+                     kimi_data_text (text questions about their context, exact match; boxes there by IoU in
+                     kimi_data_text_grounding), images under media/, utils.py, and the group kimi_data
 
-Prompts and scoring are the kimi_vision suite's (:mod:`eval.tasks.writer`): the images, then ``Question: ...`` and
-``Answer:``; exact match ignoring case, punctuation and surrounding whitespace; IoU of the first box. Video
-questions are left out (a task here feeds images only).
+Prompts and scoring are the kimi_vision / kimi_text suites' (:mod:`eval.tasks.writer`): the images (or the
+context), then ``Question: ...`` and ``Answer:``; exact match ignoring case, punctuation and surrounding
+whitespace; IoU of the first box. Video questions are left out (a task here feeds images only). Tasks without
+questions are not written.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ from eval.tasks.writer import (
 )
 
 GROUP = "kimi_data"
-TASKS = ("kimi_data_qa", "kimi_data_grounding")
+TASKS = ("kimi_data_qa", "kimi_data_grounding", "kimi_data_text", "kimi_data_text_grounding")
 
 
 def write_dataset_suite(root: str | Path, out: str | Path, limit: int | None = None) -> list[str]:
     """Write ``out/kimi_data`` from the eval split of the dataset folder ``root``; returns the task names. Raises
-    ``ValueError`` when the split has no image questions."""
+    ``ValueError`` when the split has no image or text questions."""
     from data_pipelines.synth.tasks import eval_items
 
     d = Path(out) / GROUP
@@ -50,12 +53,15 @@ def write_dataset_suite(root: str | Path, out: str | Path, limit: int | None = N
                 image.save(path)
                 saved[sample].append(str(path.resolve()))
         task = "kimi_data_grounding" if item.answer_type == "box" else "kimi_data_qa"
-        rows[task].append({"id": item.id.replace("#", "_"), "family": item.family, "category": item.category,
-                           "prompt": "<image>" * len(saved[sample]) + "\n" + _prompt(item.question),
-                           "answer": item.answer, "images": saved[sample], "video": None})
+        rows[task].append({**_row(item), "prompt": "<image>" * len(saved[sample]) + "\n" + _prompt(item.question),
+                           "images": saved[sample], "video": None})
+    for item in eval_items(str(root), "text", limit=limit):
+        task = "kimi_data_text_grounding" if item.answer_type == "box" else "kimi_data_text"
+        rows[task].append({**_row(item), "prompt": _prompt(item.question, item.context)})
     if not any(rows.values()):
-        raise ValueError(f"dataset {root}: its eval split has no image questions (records with 'qa'); convert "
-                         "questions with `kimi-vl data convert --images FILE.jsonl` (a share goes to eval)")
+        raise ValueError(f"dataset {root}: its eval split has no image or text questions (records with 'qa'); "
+                         "convert questions with `kimi-vl data convert --images FILE.jsonl` or `--text FILE.jsonl` "
+                         "(a share goes to eval)")
     gen_kwargs = {"until": ["\n"], "max_gen_toks": 32, "do_sample": False}
     tasks = [t for t in TASKS if rows[t]]
     for name in tasks:
@@ -63,11 +69,16 @@ def write_dataset_suite(root: str | Path, out: str | Path, limit: int | None = N
         extra = _grounding_extra(gen_kwargs) if name.endswith("grounding") else {
             "doc_to_text": "{{prompt}}", "doc_to_target": "{{answer}}", "generation_kwargs": gen_kwargs,
             "metric_list": [EXACT_MATCH]}
-        extra["doc_to_image"] = "!function utils.doc_to_image__FN_END__"
+        if not name.startswith("kimi_data_text"):
+            extra["doc_to_image"] = "!function utils.doc_to_image__FN_END__"
         _yaml(d / f"{name}.yaml", _task_yaml(name, d / f"{name}.jsonl", "generate_until", extra))
     (d / "utils.py").write_text(UTILS_SHIM)
     _yaml(d / f"{GROUP}.yaml", {"group": GROUP, "task": tasks})
     return tasks
+
+
+def _row(item) -> dict:
+    return {"id": item.id.replace("#", "_"), "family": item.family, "category": item.category, "answer": item.answer}
 
 
 __all__ = ["GROUP", "TASKS", "write_dataset_suite"]

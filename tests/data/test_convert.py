@@ -36,8 +36,13 @@ def user_data(tmp_path):
     d = tmp_path / "in"
     (d / "imgs").mkdir(parents=True)
     (d / "a.txt").write_text("\n\n".join(f"Paragraph {i} about dots." for i in range(12)))
-    (d / "b.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                                        {"role": "assistant", "content": "hello"}]}) + "\n")
+    text_questions = [{"context": f"The box holds {i} apples.", "question": "How many apples?", "answer": i}
+                      for i in range(4)]
+    text_questions[0].update(split="eval", qa=[{"question": "Is the box empty?", "answer": "yes"}])
+    del text_questions[0]["question"], text_questions[0]["answer"]
+    (d / "b.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+        *text_questions]))
     caps = d / "caps"
     caps.mkdir()
     for i in range(3):
@@ -77,14 +82,15 @@ def test_convert_writes_a_dataset_folder(user_data, tmp_path):
     m = _convert(user_data, tmp_path / "ds")
     root = tmp_path / "ds"
     train, ev = m["splits"]["train"], m["splits"]["eval"]
-    # 12 + 1 text documents, 3 captioned images, 10 image and 1 video question lines, 1 video, 2 shard samples
-    assert m["total_samples"] == 30 and train["samples"] + ev["samples"] == 30
+    # 12 + 1 text documents and 4 text question lines, 3 captioned images, 10 image and 1 video question lines,
+    # 1 video, 2 shard samples
+    assert m["total_samples"] == 34 and train["samples"] + ev["samples"] == 34
     assert train["counts"]["user_shards"] == 2 and "user_shards" not in ev["counts"]
     assert ev["streams"]["text"]["samples"] >= 1 and ev["streams"]["vision"]["samples"] >= 2
-    assert m["eval_suites"] == {"user_vqa": "vision"}
-    # the explicit splits are kept; the rest is held out evenly: 20% of the 13 text documents (3) and of the 12
-    # vision samples without a split (2: 3 captioned images, 8 question lines, 1 video), plus the 2 lines marked eval
-    assert ev["counts"]["user_text"] == 3 and ev["streams"]["vision"]["samples"] == 2 + 2
+    assert m["eval_suites"] == {"user_vqa": "vision", "user_textqa": "text"}
+    # the explicit splits are kept; the rest is held out evenly: 20% of the 16 text samples without a split (3) and of
+    # the 12 vision ones (2: 3 captioned images, 8 question lines, 1 video), plus the lines marked eval (1 and 2)
+    assert ev["streams"]["text"]["samples"] == 3 + 1 and ev["streams"]["vision"]["samples"] == 2 + 2
     keys = {split: [raw["json"] for sh in split_shards(root, split) for raw in iter_tar(sh) if "json" in raw]
             for split in ("train", "eval")}
     records = {split: [json.loads(r) for r in keys[split]] for split in keys}
@@ -99,7 +105,7 @@ def test_convert_writes_a_dataset_folder(user_data, tmp_path):
         enc = Encoder(tok, mode)
         docs = [enc.encode(decode_sample(raw)) for split in ("train", "eval") for sh in split_shards(root, split)
                 for raw in iter_tar(sh)]
-        assert len(docs) == 30 and all(len(doc.input_ids) > 0 for doc in docs)
+        assert len(docs) == 34 and all(len(doc.input_ids) > 0 for doc in docs)
     clip = next(r for r in records["eval"] if r["media"] and r["media"][0]["kind"] == "video" and r["qa"])
     assert clip["messages"][0]["content"][0] == {"type": "video", "media": 0} and clip["family"] == "user_vqa"
     # the same inputs give the same dataset
@@ -127,8 +133,15 @@ def test_converted_questions_feed_evaluation_rl_and_lm_eval(user_data, tmp_path)
     assert len(src.heldout(100)) == len(held) and src.sample(3, random.Random(0))[0].family == "user_vqa"
     with pytest.raises(ValueError, match="not families"):
         SynthPromptSource(str(root), Builder(), "vision", ["user_nope"])
+    text_held = eval_items(str(root), "text")
+    assert text_held and {it.family for it in text_held} == {"user_textqa"}
+    assert text_held[0].context == "The box holds 0 apples." and text_held[0].answer == "yes"
+    text_src = SynthPromptSource(str(root), Builder(), "text", ["user_textqa"])
+    assert {it.category for it in text_src.pool} == {"count"} and len(text_src.heldout(100)) == len(text_held)
     tasks = write_dataset_suite(root, tmp_path / "suites")
-    assert tasks == ["kimi_data_qa", "kimi_data_grounding"]
+    assert tasks == ["kimi_data_qa", "kimi_data_grounding", "kimi_data_text"]
+    text_rows = [json.loads(x) for x in (tmp_path / "suites/kimi_data/kimi_data_text.jsonl").read_text().splitlines()]
+    assert len(text_rows) == len(text_held) and text_rows[0]["prompt"].startswith("The box holds 0 apples.\n")
     rows = [json.loads(x) for x in (tmp_path / "suites/kimi_data/kimi_data_qa.jsonl").read_text().splitlines()]
     assert len(rows) == sum(it.answer_type != "box" and not it.videos for it in held)  # video questions left out
     assert all(Path(p).is_file() for r in rows for p in r["images"])
@@ -160,26 +173,29 @@ def _jsonl(tmp_path, obj) -> Path:
     return path
 
 
-@pytest.mark.parametrize("line, match", [
-    ("{not json", "q.jsonl:1: not valid JSON"),
-    ({"caption": "x"}, "give 'image'"),
-    ({"image": "imgs/a.png", "video": "v.mp4", "caption": "x"}, "one of the two"),
-    ({"video": ["a.mp4", "b.mp4"], "caption": "x"}, "'video' must be one path"),
-    ({"video": "imgs/a.png", "caption": "x"}, "is not one of mp4"),
-    ({"image": "imgs/missing.png", "caption": "x"}, "imgs/missing.png does not exist"),
-    ({"image": "imgs/a.png"}, "give a 'caption', a 'question'"),
-    ({"image": "imgs/a.png", "question": "n?", "answer": "two", "answer_type": "int"}, "needs an integer"),
-    ({"image": "imgs/a.png", "question": "n?", "answer": "3", "answer_type": "float"}, "answer_type must be"),
-    ({"image": "imgs/a.png", "question": "b?", "answer": [0, 0, 2000, 5]}, "0-1000"),
-    ({"image": "imgs/a.png", "question": "b?", "answer": "maybe", "answer_type": "yesno"}, "'yes' or 'no'"),
-    ({"image": "imgs/a.png", "question": "c?", "answer": "red", "category": "colour"}, "category 'colour' has no"),
-    ({"image": "imgs/a.png", "question": "c?", "answer": "", "split": "train"}, "question 0: needs a non-empty"),
-    ({"image": "imgs/a.png", "qa": [], "caption": "x"}, "'qa' must be a non-empty list"),
-    ({"image": "imgs/a.png", "caption": "x", "split": "test"}, "'split' must be one of"),
+@pytest.mark.parametrize("kind, line, match", [
+    ("images", "{not json", "q.jsonl:1: not valid JSON"),
+    ("images", {"caption": "x"}, "give 'image'"),
+    ("images", {"image": "imgs/a.png", "video": "v.mp4", "caption": "x"}, "one of the two"),
+    ("images", {"video": ["a.mp4", "b.mp4"], "caption": "x"}, "'video' must be one path"),
+    ("images", {"video": "imgs/a.png", "caption": "x"}, "is not one of mp4"),
+    ("images", {"image": "imgs/missing.png", "caption": "x"}, "imgs/missing.png does not exist"),
+    ("images", {"image": "imgs/a.png"}, "give a 'caption', a 'question'"),
+    ("images", {"image": "imgs/a.png", "question": "n?", "answer": "two", "answer_type": "int"}, "needs an integer"),
+    ("images", {"image": "imgs/a.png", "question": "n?", "answer": "3", "answer_type": "float"}, "answer_type must be"),
+    ("images", {"image": "imgs/a.png", "question": "b?", "answer": [0, 0, 2000, 5]}, "0-1000"),
+    ("images", {"image": "imgs/a.png", "question": "b?", "answer": "maybe", "answer_type": "yesno"}, "'yes' or 'no'"),
+    ("images", {"image": "imgs/a.png", "question": "c?", "answer": "red", "category": "colour"}, "'colour' has no"),
+    ("images", {"image": "imgs/a.png", "question": "c?", "answer": "", "split": "train"}, "question 0: needs a"),
+    ("images", {"image": "imgs/a.png", "qa": [], "caption": "x"}, "'qa' must be a non-empty list"),
+    ("images", {"image": "imgs/a.png", "caption": "x", "split": "test"}, "'split' must be one of"),
+    ("text", '{"question": "n?", "answer": 1}', "needs the 'context'"),
+    ("text", '{"title": "x"}', "a line needs 'text', 'messages', or a 'question'"),
+    ("text", '[1, 2]', "must be a JSON object"),
 ])
-def test_bad_question_lines_are_named(tmp_path, line, match):
+def test_bad_lines_are_named(tmp_path, kind, line, match):
     with pytest.raises((ValueError, FileNotFoundError), match=match):
-        convert_dataset(tmp_path / "ds", images=[_jsonl(tmp_path, line)], vocab_size=0)
+        convert_dataset(tmp_path / "ds", **{kind: [_jsonl(tmp_path, line)]}, vocab_size=0)
     assert not (tmp_path / "ds").exists()
 
 
