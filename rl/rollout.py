@@ -16,7 +16,8 @@ The same seed, prompts and ``max_rows`` give the same samples; a different batch
 the same prompt's tokens from different random numbers (the distribution is the same).
 
 Log-probs are ``log softmax(logits / temperature)`` of the sampled token - the tempered policy that
-the trainer also scores (:func:`recompute_logprobs`); top-p only restricts which tokens are drawn.
+the trainer also scores (:func:`recompute_logprobs`); top-p and ``banned_ids`` (tokens never drawn: the media
+placeholders, which a forward pass would expect media for) only restrict which tokens are drawn.
 
 Shapes: K responses per prompt, R rows of a batch, S prompt tokens (left-padded to the batch's longest),
 T response tokens (right-padded to the longest response of the group), V vocabulary. ``media`` is the
@@ -108,11 +109,15 @@ def top_p_filter(logprobs_KV: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample_tokens(
-    logits_KV: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
+    logits_KV: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None,
+    banned_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row; return (tokens ``[K]``, their log-probs under softmax(logits / T) ``[K]``)."""
+    """Draw one token per row, never one of ``banned_ids``; return (tokens ``[K]``, their log-probs under
+    softmax(logits / T) ``[K]``)."""
     logprobs = torch.log_softmax(logits_KV.float() / cfg.temperature, dim=-1)
     filtered = top_p_filter(logprobs, cfg.top_p)
+    if banned_ids is not None and banned_ids.numel():
+        filtered = filtered.index_fill(1, banned_ids, float("-inf"))
     probs = torch.softmax(filtered, dim=-1)
     tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
@@ -163,9 +168,10 @@ def sample_group(
     pad_id: int,
     decode: Callable[[list[int]], str],
     generator: torch.Generator | None = None,
+    banned_ids: Sequence[int] = (),
 ) -> Group:
     """Sample ``k`` responses to one prompt (see :func:`sample_groups`)."""
-    return sample_groups(model, [prompt], k, cfg, eos_ids, pad_id, decode, generator)[0]
+    return sample_groups(model, [prompt], k, cfg, eos_ids, pad_id, decode, generator, banned_ids)[0]
 
 
 def sample_groups(
@@ -177,17 +183,19 @@ def sample_groups(
     pad_id: int,
     decode: Callable[[list[int]], str],
     generator: torch.Generator | None = None,
+    banned_ids: Sequence[int] = (),
 ) -> list[Group]:
     """Sample ``k`` responses to each prompt; all prompts share one left-padded batch of ``n * k`` rows (or
     batches of at most ``cfg.max_rows`` rows, see the module docstring). ``decode(ids) -> str`` turns response
-    ids into text for stop strings and rewards; ``eos_ids`` end a response (the EOS token is kept and scored).
-    Groups come back in prompt order."""
+    ids into text for stop strings and rewards; ``eos_ids`` end a response (the EOS token is kept and scored);
+    ``banned_ids`` are never drawn. Groups come back in prompt order."""
     for i, p in enumerate(prompts):
         if not p.input_ids:
             raise ValueError(f"sample_groups: prompts[{i}].input_ids is empty")
     out: list[Group | None] = [None] * len(prompts)
     for idx in prompt_batches([len(p.input_ids) for p in prompts], k, cfg.max_rows):
-        groups = _sample_batch(model, [prompts[i] for i in idx], k, cfg, eos_ids, pad_id, decode, generator)
+        groups = _sample_batch(model, [prompts[i] for i in idx], k, cfg, eos_ids, pad_id, decode, generator,
+                               banned_ids)
         for i, g in zip(idx, groups):
             out[i] = g
     return out  # type: ignore[return-value]
@@ -221,14 +229,16 @@ def _sample_batch(
     pad_id: int,
     decode: Callable[[list[int]], str],
     generator: torch.Generator | None,
+    banned_ids: Sequence[int] = (),
 ) -> list[Group]:
     device = next(model.parameters()).device
+    banned = torch.tensor(sorted(set(banned_ids)), dtype=torch.long, device=device)
     logits_RV, past, seq, attn_RS, media = _prefill(model, prompts, k, pad_id, cfg.use_cache, device)
     r = seq.shape[0]  # len(prompts) * k rows
     watch = _StopWatch(r, eos_ids, cfg.stop_strings, decode)
     tokens, logps = [], []
     for _ in range(cfg.max_new_tokens):
-        tok, lp = sample_tokens(logits_RV, cfg, generator)
+        tok, lp = sample_tokens(logits_RV, cfg, generator, banned)
         live = torch.tensor([not d for d in watch.done], device=device)
         tok = torch.where(live, tok, torch.full_like(tok, pad_id))
         tokens.append(tok)

@@ -91,7 +91,8 @@ def ground_truth(item: TaskItem) -> Any:
 @dataclass
 class ChatTokenizer:
     """What the RL loop needs from a chat tokenizer: pad id, the ids that end a response (``<|im_end|>`` and
-    ``<|endoftext|>``), and decoding without special tokens."""
+    ``<|endoftext|>``), the ids never to sample (the media placeholders, which the model's forward would expect
+    pixel values for), and decoding without special tokens."""
 
     tokenizer: Any
 
@@ -101,6 +102,7 @@ class ChatTokenizer:
             raise ValueError("ChatTokenizer: the tokenizer has no <|im_end|> token (needed to end chat answers)")
         self.pad_token_id, self.eos_token_id = ids.pad, ids.im_end
         self.eos_ids = [ids.im_end] + ([ids.eos] if ids.eos >= 0 and ids.eos != ids.im_end else [])
+        self.banned_ids = [ids.media_pad, ids.video_placeholder]
 
     @property
     def vocab_size(self) -> int:

@@ -81,7 +81,8 @@ def rollout(model: Any, tokenizer: Tokenizer, prompts: list[Prompt], k: int, sam
     was_training = model.training
     model.eval()
     eos_ids = getattr(tokenizer, "eos_ids", [tokenizer.eos_token_id])
-    groups = sample_groups(model, prompts, k, sampling, eos_ids, tokenizer.pad_token_id, tokenizer.decode, gen)
+    groups = sample_groups(model, prompts, k, sampling, eos_ids, tokenizer.pad_token_id, tokenizer.decode, gen,
+                           getattr(tokenizer, "banned_ids", ()))
     model.train(was_training)
     return groups
 

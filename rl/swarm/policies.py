@@ -180,6 +180,8 @@ class ModelPolicy:
         vocab = tokenizer.get_vocab()
         self.stop_ids = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
         self.pad_id = vocab["<|pad|>"]
+        # media placeholders are never sampled: a forward pass over them would expect pixel values
+        self.banned_ids = [vocab[t] for t in ("<|media_pad|>", "<|kimi_k25_video_placeholder|>") if t in vocab]
         self.turns: list[TurnSample] = []
         self._lock, self._calls = threading.Lock(), 0
 
@@ -197,7 +199,7 @@ class ModelPolicy:
             device = next(self.model.parameters()).device
             gen, self._calls = torch.Generator(device=device).manual_seed(self.seed + self._calls), self._calls + 1
         group = sample_groups(self.model, [Prompt(ids, "swarm", None)], 1, self.sampling, self.stop_ids,
-                              self.pad_id, self.decode, gen)[0]  # fmt: skip
+                              self.pad_id, self.decode, gen, self.banned_ids)[0]  # fmt: skip
         n = int(group.lengths[0])
         resp = group.response_ids_KT[0, :n]
         text = self.decode([i for i in resp.tolist() if i not in self.stop_ids])

@@ -70,6 +70,36 @@ def test_top_p_keeps_the_nucleus():
     assert tok.item() == 1 and tok_lp.item() == pytest.approx(0.0, abs=1e-6)
 
 
+def test_banned_tokens_are_never_drawn_and_logprobs_still_match():
+    """The media placeholders must never be sampled (a text prompt's update forward would find a placeholder with no
+    pixel values); like top-p, the ban restricts the draw, so recorded log-probs still equal recomputed ones."""
+    logits = torch.log(torch.tensor([[0.9, 0.05, 0.05]] * 64))
+    tok, lp = sample_tokens(logits, SamplingConfig(), torch.Generator().manual_seed(0), torch.tensor([0]))
+    assert (tok != 0).all() and torch.allclose(lp, torch.log_softmax(logits, -1).gather(1, tok[:, None])[:, 0])
+    model = tiny_text_lm()
+    prompt = Prompt(input_ids=[1, 5, 9, 13, 4], family="exact", answer="x")
+    free = sample_group(model, prompt, 16, SamplingConfig(max_new_tokens=8), [EOS], PAD, decode,
+                        torch.Generator().manual_seed(3))
+    common = torch.mode(free.response_ids_KT[free.mask_KT.bool()]).values.item()  # the token drawn most often
+    banned = [common, IMAGE_TOKEN]
+    g = sample_group(model, prompt, 16, SamplingConfig(max_new_tokens=8), [EOS], PAD, decode,
+                     torch.Generator().manual_seed(3), banned_ids=banned)
+    drawn = g.response_ids_KT[g.mask_KT.bool()]
+    assert drawn.numel() and not torch.isin(drawn, torch.tensor(banned)).any()
+    with torch.no_grad():
+        recomputed, _ = recompute_logprobs(model, prompt.input_ids, g.response_ids_KT, prompt.media, 1.0)
+    assert ((recomputed - g.logprobs_KT) * g.mask_KT).abs().max().item() < 1e-5
+
+
+def test_chat_tokenizer_bans_the_media_placeholders(rl_data):
+    from data_pipelines.tokenizer import load_tokenizer, special_ids
+    from rl.synth_source import ChatTokenizer
+
+    tok = load_tokenizer(rl_data / "tokenizer")
+    ids = special_ids(tok)
+    assert ChatTokenizer(tok).banned_ids == [ids.media_pad, ids.video_placeholder]
+
+
 def _suite_models():
     from kimi_vl import KimiVLConfig, KimiVLForCausalLM
     from kimi_vl.modeling.multimodal import KimiVLForConditionalGeneration, vision_config_dict
