@@ -77,8 +77,8 @@ def convert_dataset(out: str | os.PathLike, text: Sequence[str | os.PathLike] = 
                     max_count: int = 1000, chunk_chars: int = 2000) -> dict[str, Any]:
     """Write the dataset folder ``out`` (new or empty) from the inputs; returns its manifest.
 
-    ``source`` prefixes the families (``{source}_text``, ``{source}_video``, ``{source}_image``,
-    ``{source}_vqa``, ``{source}_shards``) and the sample keys; ``vocab_size`` 0 skips the tokenizer."""
+    ``source`` prefixes the families (``{source}_text``, ``{source}_textqa``, ``{source}_image``, ``{source}_video``,
+    ``{source}_vqa``; ``{source}_shards`` in the counts) and the sample keys; ``vocab_size`` 0 skips the tokenizer."""
     if not 0.0 <= eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must lie in [0, 1), got {eval_fraction}")
     if not source.isidentifier():
