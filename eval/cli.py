@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include_path", action="append", default=[], help="directory of task YAML (repeatable)")
     p.add_argument("--include_defaults", action="store_true", help="also index lm-eval's bundled tasks")
     p.add_argument("--num_fewshot", type=int, default=None)
-    p.add_argument("--batch_size", default="8")
+    p.add_argument("--batch_size", default=None, help="requests per forward (default 8; or batch_size= in "
+                   "--model_args, not both)")
     p.add_argument("--device", default=None)
     p.add_argument("--limit", type=float, default=None, help="max docs per task (a fraction if < 1)")
     p.add_argument("--gen_kwargs", default=None, help="e.g. temperature=0,max_gen_toks=64")
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise EvalInputError(f"--include_path {p}: not a directory")
     tm = TaskManager(include_path=include or None, include_defaults=args.include_defaults or not include)
     check_tasks(args.tasks.split(","), tm.all_tasks, include)
-    batch = int(args.batch_size) if str(args.batch_size).isdigit() else args.batch_size
+    batch = _batch_size(args)
     return simple_evaluate(
         model=args.model, model_args=args.model_args, tasks=args.tasks.split(","), num_fewshot=args.num_fewshot,
         batch_size=batch, device=args.device, limit=args.limit, gen_kwargs=args.gen_kwargs,
@@ -78,6 +79,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 class EvalInputError(ValueError):
     """An input lm-eval would fail on (a task folder that is not one, an unknown task name), named before the model
     loads; ``kimi-vl eval`` prints it as a usage error."""
+
+
+def _batch_size(args: argparse.Namespace) -> int | str | None:
+    """``--batch_size``, or ``None`` when ``--model_args`` sets it (lm-eval would pass the model two), else 8."""
+    in_model_args = "batch_size" in _model_args(args)
+    if args.batch_size is not None and in_model_args:
+        raise EvalInputError("--batch_size and --model_args batch_size=... both set the batch size; keep one")
+    if in_model_args:
+        return None
+    size = "8" if args.batch_size is None else str(args.batch_size)
+    return int(size) if size.isdigit() else size
+
+
+def _model_args(args: argparse.Namespace) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in args.model_args.split(",") if "=" in a)
 
 
 def check_tasks(tasks: Sequence[str], known: Sequence[str], include: Sequence[str]) -> None:
@@ -99,6 +115,7 @@ def _write_outputs(results: dict, args: argparse.Namespace) -> None:
         from eval.ablation.collect import samples_from_lm_eval, write_samples
 
         metrics = dict(m.split("=", 1) for m in args.metric)
+        Path(args.samples_out).parent.mkdir(parents=True, exist_ok=True)
         write_samples(args.samples_out, samples_from_lm_eval(results, metrics))
     if args.output_path:
         out = Path(args.output_path)
@@ -114,9 +131,17 @@ def check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     :class:`EvalInputError` from :func:`run`)."""
     from kimi_vl.exports import require_export
 
-    model_args = dict(a.split("=", 1) for a in args.model_args.split(",") if "=" in a)
+    model_args = _model_args(args)
     if args.model == "kimi_vl" and "checkpoint" in model_args:
         require_export(parser, model_args["checkpoint"], "--model_args checkpoint")
+    for flag in ("--samples_out", "--output_path"):  # made before the evaluation, not after it (results kept)
+        value = getattr(args, flag[2:])
+        if value:
+            folder = Path(value) if flag == "--output_path" and Path(value).suffix != ".json" else Path(value).parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                parser.error(f"{flag} {value}: cannot create {folder}: {err}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import warnings
 from collections import defaultdict
 from typing import Any
 
@@ -119,6 +120,10 @@ class KimiVLLM(TemplateLM):
         if source is None:
             raise ValueError("kimi_vl: pass model_args checkpoint=DIR (or a model instance as pretrained=)")
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self._device.type == "cuda" and not torch.cuda.is_available():  # lm-eval's own CLI defaults to cuda
+            warnings.warn(f"kimi_vl: device {device!r} asked for but CUDA is not available; running on the CPU",
+                          stacklevel=2)
+            self._device = torch.device("cpu")
         if isinstance(source, torch.nn.Module):
             self.model = source.to(self._device).eval()
         else:
