@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -150,7 +151,21 @@ def _build(cls: type[T], data: Mapping[str, Any], prefix: str, source: str | Map
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
         where = f" '{prefix}'" if prefix else ""
-        raise ConfigError(f"invalid config{where} from {_source_of(source, prefix)}: {exc}") from exc
+        raise ConfigError(f"invalid config{where} from {_blamed_source(source, prefix, data, str(exc))}: {exc}") \
+            from exc
+
+
+def _blamed_source(source: str | Mapping[str, str], prefix: str, data: Mapping[str, Any], message: str) -> str:
+    """Where the value a dataclass check rejected came from: the origin of the longest key path the message names that
+    leads to a value in ``data`` (a check in ``__post_init__`` names its field), else the section's."""
+    if not isinstance(source, str):
+        for word in sorted(set(re.findall(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", message)), key=len, reverse=True):
+            node: Any = data
+            for part in word.split("."):
+                node = node.get(part) if isinstance(node, Mapping) else None
+            if node is not None and not isinstance(node, Mapping):
+                return _source_of(source, f"{prefix}.{word}" if prefix else word)
+    return _source_of(source, prefix)
 
 
 def _coerce_nested(value: Any, tp: Any, dotted: str, source: str | Mapping[str, str]) -> Any:

@@ -39,6 +39,7 @@ from kimi_vl.train.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
+from kimi_vl.train.config import CONFIG_DIR, resolve_config_path
 from kimi_vl.train.teardown import end_run
 from rl.build import build_model, build_source, check_inputs
 from rl.config import RLRunConfig
@@ -223,11 +224,12 @@ def run_rl(cfg: RLRunConfig, accelerator: Any = None) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     """``kimi-vl rl --config FILE [key=value ...]``."""
     parser = argparse.ArgumentParser(prog="kimi-vl rl", description="vision RL with verifiable rewards (K2.5)")
-    parser.add_argument("--config", required=True, help="YAML run config (kimi_vl/configs/*_rl.yaml)")
+    parser.add_argument("--config", required=True, help=f"a YAML file or the name of a shipped config ({CONFIG_DIR}, "
+                        "e.g. tiny_rl)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_steps=10")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        cfg = load_config(RLRunConfig, args.config, args.overrides)
+        cfg = load_config(RLRunConfig, resolve_config_path(args.config), args.overrides)
         check_inputs(cfg)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)

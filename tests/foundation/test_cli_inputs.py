@@ -71,7 +71,7 @@ def test_demo_cli_rejects_missing_inputs_before_loading(task, flag, tmp_path, ca
 def test_rl_cli_names_the_bad_input(override, message, tmp_path, capsys) -> None:
     from rl.trainer import main as rl_main
 
-    args = ["--config", "kimi_vl/configs/tiny_rl.yaml", f"output_dir={tmp_path / 'out'}", "init_from="]
+    args = ["--config", "tiny_rl", f"output_dir={tmp_path / 'out'}", "init_from="]  # a shipped config's name
     assert rl_main([*args, override.format(tmp=tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

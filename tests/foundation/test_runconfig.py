@@ -62,6 +62,28 @@ def test_wrong_type_names_key_and_source(tmp_path):
         load_config(Run, p, ["max_steps=1", "optim.lr=fast"])
 
 
+@dataclass
+class Checked:
+    optim: Optim = field(default_factory=Optim)
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.optim.lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.optim.lr}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+
+
+def test_a_rejected_value_is_blamed_on_its_own_source(tmp_path):
+    """A check in __post_init__ names its field: the error names where that value came from, not the section's
+    first source (it used to say "from defaults" for a value given on the command line)."""
+    p = write(tmp_path, "c.yaml", {"optim": {"name": "adamw"}, "steps": 0})
+    with pytest.raises(ConfigError, match=r"from command line: optim\.lr must be > 0"):
+        load_config(Checked, p, ["steps=2", "optim.lr=-1"])
+    with pytest.raises(ConfigError, match=r"from .*c\.yaml: steps must be >= 1"):
+        load_config(Checked, p)
+
+
 def test_missing_required(tmp_path):
     p = write(tmp_path, "m.yaml", {"max_steps": 3})
     with pytest.raises(ConfigError, match="missing required key 'output_dir'"):
