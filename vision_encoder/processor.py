@@ -146,7 +146,9 @@ def _array_to_chw(t: torch.Tensor, name: str, channels_last: bool) -> torch.Tens
         rgb, alpha = t[:3].float() / 255, t[3:].float() / 255
         return ((rgb * alpha + (1 - alpha)) * 255).round().clamp(0, 255).to(torch.uint8)
     if c != 3:
-        raise ValueError(f"image {name}: expected 1, 3 or 4 channels, got shape {tuple(t.shape)}")
+        layout = "numpy arrays are HWC" if channels_last else "tensors are CHW"
+        raise ValueError(f"image {name}: expected 1, 3 or 4 channels ({layout}), got shape "
+                         f"{tuple(t.permute(1, 2, 0).shape) if channels_last else tuple(t.shape)}")
     return t
 
 
