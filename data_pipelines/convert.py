@@ -86,16 +86,26 @@ def convert_dataset(out: str | os.PathLike, text: Sequence[str | os.PathLike] = 
     items = [*_text_items(text, source, chunk_chars), *_video_items(videos, source), *_image_items(images, source)]
     if not items and not shards and not eval_shards:
         raise ValueError("nothing to convert: give text files, video folders, image folders/JSONL files or shards")
-    final = _empty_dir(out)
+    final = _empty_dir(out).resolve()
     _assign_splits(items, eval_fraction)
     tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")  # a failure leaves no half-written dataset behind
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         manifest = _write(tmp, items, shards, eval_shards, source, max_count, vocab_size)
-        os.replace(tmp, final)  # (onto the empty folder, or a new name)
+        _publish(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """``tmp`` becomes ``final``: renamed when ``final`` does not exist, else (an empty folder, maybe the working
+    directory) its entries moved in with the manifest last, so that a folder without one is never a dataset."""
+    if not final.exists():
+        os.replace(tmp, final)
+        return
+    for child in sorted(tmp.iterdir(), key=lambda p: p.name == "manifest.json"):
+        os.replace(child, final / child.name)
 
 
 def _write(out: Path, items: list[Item], shards: Sequence, eval_shards: Sequence, source: str, max_count: int,

@@ -199,7 +199,7 @@ def test_bad_lines_are_named(tmp_path, kind, line, match):
     assert not (tmp_path / "ds").exists()
 
 
-def test_failures_leave_nothing_behind_and_the_cli_names_them(tmp_path, capsys):
+def test_failures_leave_nothing_behind_and_the_cli_names_them(tmp_path, capsys, monkeypatch):
     path = _jsonl(tmp_path, {"image": "imgs/bad.png", "caption": "x"})
     (tmp_path / "imgs" / "bad.png").write_bytes(b"not a png")
     with pytest.raises(ValueError, match=r"q.jsonl:1: image does not decode"):
@@ -219,3 +219,8 @@ def test_failures_leave_nothing_behind_and_the_cli_names_them(tmp_path, capsys):
     assert data_cli(["convert", "--out", str(tmp_path / "ds"), "--images", str(good), "--vocab-size", "300"]) == 0
     assert "wrote 1 samples (train 1, eval 0" in capsys.readouterr().out
     assert (tmp_path / "ds" / "tokenizer").is_dir() and (tmp_path / "ds" / "manifest.json").is_file()
+    (tmp_path / "empty").mkdir()  # an existing empty folder (e.g. the working directory, `--out .`) is filled in place
+    monkeypatch.chdir(tmp_path / "empty")
+    assert data_cli(["convert", "--out", ".", "--images", str(good), "--vocab-size", "0"]) == 0
+    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["eval", "manifest.json", "train"]
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
