@@ -34,7 +34,6 @@ rest to ``train``. The assignment depends only on the inputs' order, so the same
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -48,11 +47,10 @@ from typing import Any
 
 from data_pipelines.adapters import text_chunks
 from data_pipelines.shards import IMAGE_EXTS, VIDEO_EXTS, ShardWriter, iter_tar, list_shards
-from data_pipelines.synth.build import progress
+from data_pipelines.synth.build import STREAMS, check_new_output, progress, split_entry, write_manifest
 
 GENERATOR = "kimi-vl-suite convert"
 SPLITS = ("train", "eval")
-STREAMS = ("vision", "text")
 ANSWER_TYPES = ("int", "str", "yesno", "box")
 # QA categories the RL trainer has a reward for (rl.synth_source.CATEGORY_REWARDS; a test keeps the two equal)
 QA_CATEGORIES = ("arithmetic", "chart_value", "color", "count", "exact", "grounding", "motion", "ocr", "shape",
@@ -86,7 +84,7 @@ def convert_dataset(out: str | os.PathLike, text: Sequence[str | os.PathLike] = 
     items = [*_text_items(text, source, chunk_chars), *_video_items(videos, source), *_image_items(images, source)]
     if not items and not shards and not eval_shards:
         raise ValueError("nothing to convert: give text files, video folders, image folders/JSONL files or shards")
-    final = _empty_dir(out).resolve()
+    final = check_new_output(out).resolve()
     _assign_splits(items, eval_fraction)
     tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")  # a failure leaves no half-written dataset behind
     shutil.rmtree(tmp, ignore_errors=True)
@@ -136,15 +134,6 @@ def _write(out: Path, items: list[Item], shards: Sequence, eval_shards: Sequence
     return manifest
 
 
-def _empty_dir(out: str | os.PathLike) -> Path:
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output path {out} is a file, not a folder; choose a new --out")
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"output directory {out} is not empty; choose a new --out")
-    return out
-
-
 def _assign_splits(items: list[Item], eval_fraction: float) -> None:
     for stream in STREAMS:
         free = [it for it in items if it.stream == stream and it.split is None]
@@ -155,32 +144,10 @@ def _assign_splits(items: list[Item], eval_fraction: float) -> None:
 
 
 def _manifest(out: Path, writers: dict, counts: dict, categories: dict, source: str) -> dict[str, Any]:
-    splits: dict[str, Any] = {}
-    for split in SPLITS:
-        streams = {}
-        for stream in STREAMS:
-            infos = [s for s in writers[split, stream].close() if s.count]
-            for s in writers[split, stream].shards:
-                if not s.count:  # (a writer that never wrote leaves no file)
-                    Path(s.path).unlink(missing_ok=True)
-            streams[stream] = {"samples": sum(s.count for s in infos), "bytes": sum(s.bytes for s in infos),
-                               "shards": [{"path": os.path.relpath(s.path, out), "count": s.count, "bytes": s.bytes,
-                                           "sha256": s.sha256} for s in infos]}
-        splits[split] = {"counts": dict(sorted(counts[split].items())),
-                         "qa_categories": dict(sorted(categories[split].items())),
-                         "samples": sum(st["samples"] for st in streams.values()),
-                         "bytes": sum(st["bytes"] for st in streams.values()), "streams": streams}
-    digest = hashlib.sha256()
-    for split in SPLITS:
-        for stream in STREAMS:
-            for shard in splits[split]["streams"][stream]["shards"]:
-                digest.update(f"{shard['path']}:{shard['sha256']}\n".encode())
-    manifest = {"generator": GENERATOR, "source": source, "splits": splits,
-                "eval_suites": {f"{source}_vqa": "vision", f"{source}_textqa": "text"},
-                "total_samples": sum(s["samples"] for s in splits.values()),
-                "total_bytes": sum(s["bytes"] for s in splits.values()), "content_hash": digest.hexdigest()}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    return manifest
+    splits = {split: split_entry(out, {st: writers[split, st] for st in STREAMS}, counts[split], categories[split])
+              for split in SPLITS}
+    return write_manifest(out, {"generator": GENERATOR, "source": source, "splits": splits,
+                                "eval_suites": {f"{source}_vqa": "vision", f"{source}_textqa": "text"}})
 
 
 # ---------------------------------------------------------------------------------------------------- inputs

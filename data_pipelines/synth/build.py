@@ -190,6 +190,12 @@ def write_split(out: Path, preset: Preset, seed: int, split: str, workers: int =
         categories.update(cats)
         bar.update(1)
     bar.close()
+    return split_entry(out, writers, counts, categories)
+
+
+def split_entry(out: Path, writers: dict[str, ShardWriter], counts: Counter, categories: Counter) -> dict[str, Any]:
+    """One split's manifest entry from its closed-now stream writers (``stream -> ShardWriter``), the samples per
+    family and the questions per QA category (paths relative to the dataset folder ``out``)."""
     streams = {}
     for name, writer in writers.items():
         shards = writer.close()
@@ -198,6 +204,31 @@ def write_split(out: Path, preset: Preset, seed: int, split: str, workers: int =
                                      "sha256": s.sha256} for s in shards]}
     return {"counts": dict(sorted(counts.items())), "qa_categories": dict(sorted(categories.items())),
             "samples": sum(counts.values()), "bytes": sum(s["bytes"] for s in streams.values()), "streams": streams}
+
+
+def check_new_output(out: str | os.PathLike) -> Path:
+    """``out`` as a path, if it is a new or empty folder (else ``FileExistsError`` saying to choose another)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output path {out} is a file, not a folder; choose a new --out")
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"output directory {out} is not empty; choose a new --out")
+    return out
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Add the totals and the content hash (of every shard's path and sha256, in split and stream order) to
+    ``manifest`` (with its ``splits``), write it to ``out/manifest.json`` and return it."""
+    digest = hashlib.sha256()
+    for split in manifest["splits"].values():
+        for stream in STREAMS:
+            for shard in split["streams"][stream]["shards"]:
+                digest.update(f"{shard['path']}:{shard['sha256']}\n".encode())
+    manifest["total_samples"] = sum(s["samples"] for s in manifest["splits"].values())
+    manifest["total_bytes"] = sum(s["bytes"] for s in manifest["splits"].values())
+    manifest["content_hash"] = digest.hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
 
 
 def _versions() -> dict[str, str]:
@@ -212,26 +243,13 @@ def build_dataset(out: str | os.PathLike, preset: str | Preset = "tiny", seed: i
                   splits: tuple[str, ...] = ("train", "eval")) -> dict[str, Any]:
     """Generate ``preset`` with ``seed`` into ``out``; writes and returns the manifest."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output path {out} is a file, not a folder; choose a new --out")
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"output directory {out} is not empty; choose a new --out")
+    out = check_new_output(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest: dict[str, Any] = {"generator": "kimi-vl-suite synth", "generator_version": GENERATOR_VERSION,
                                 "preset": preset.name, "seed": seed, "versions": _versions(), "splits": {}}
     for split in splits:
         manifest["splits"][split] = write_split(out, preset, seed, split, workers)
-    digest = hashlib.sha256()
-    for split in splits:
-        for stream in STREAMS:
-            for shard in manifest["splits"][split]["streams"][stream]["shards"]:
-                digest.update(f"{shard['path']}:{shard['sha256']}\n".encode())
-    manifest["total_samples"] = sum(s["samples"] for s in manifest["splits"].values())
-    manifest["total_bytes"] = sum(s["bytes"] for s in manifest["splits"].values())
-    manifest["content_hash"] = digest.hexdigest()
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    return manifest
+    return write_manifest(out, manifest)
 
 
 def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
