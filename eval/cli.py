@@ -115,7 +115,6 @@ def _write_outputs(results: dict, args: argparse.Namespace) -> None:
         from eval.ablation.collect import samples_from_lm_eval, write_samples
 
         metrics = dict(m.split("=", 1) for m in args.metric)
-        Path(args.samples_out).parent.mkdir(parents=True, exist_ok=True)
         write_samples(args.samples_out, samples_from_lm_eval(results, metrics))
     if args.output_path:
         out = Path(args.output_path)

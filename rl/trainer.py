@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from kimi_vl.logs import MetricsWriter, print0
-from kimi_vl.runconfig import ConfigError, load_config, save_config
+from kimi_vl.runconfig import save_config
 from kimi_vl.train.checkpoint import (
     architecture,
     export_pretrained,
@@ -39,7 +39,7 @@ from kimi_vl.train.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
-from kimi_vl.train.config import CONFIG_DIR, resolve_config_path
+from kimi_vl.train.config import CONFIG_DIR, load_run_config
 from kimi_vl.train.teardown import end_run
 from rl.build import build_model, build_source, check_inputs
 from rl.config import RLRunConfig
@@ -228,11 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "e.g. tiny_rl)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_steps=10")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        cfg = load_config(RLRunConfig, resolve_config_path(args.config), args.overrides)
-        check_inputs(cfg)
-    except (ConfigError, FileNotFoundError) as exc:
-        print(f"{parser.prog}: {exc}", file=sys.stderr)
+    cfg = load_run_config(RLRunConfig, args.config, args.overrides, check_inputs, parser.prog)
+    if cfg is None:
         return 2
     run_rl(cfg)
     return 0

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from kimi_vl.runconfig import ConfigError, load_config
-from kimi_vl.train.config import CONFIG_DIR, TrainConfig, list_run_configs, resolve_config_path
+from kimi_vl.train.config import CONFIG_DIR, TrainConfig, list_run_configs, load_run_config
 
 
 def parse_args(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, list[str]]:
@@ -26,11 +25,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "kimi-vl train") -> int:
     from kimi_vl.train.build import check_inputs
 
     args, _ = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    try:
-        cfg = load_config(TrainConfig, resolve_config_path(args.config), args.overrides)
-        check_inputs(cfg)
-    except (ConfigError, FileNotFoundError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    cfg = load_run_config(TrainConfig, args.config, args.overrides, check_inputs, prog)
+    if cfg is None:
         return 2
     if args.dry_run:
         return dry_run(cfg)

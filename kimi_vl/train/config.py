@@ -7,9 +7,10 @@ sections hold the model, data, optimizer and loop settings. Ship configs live in
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from kimi_vl.optim.builder import OptimConfig
 
@@ -122,3 +123,24 @@ def resolve_config_path(name: str) -> Path:
         return shipped
     known = ", ".join(p.stem for p in list_run_configs())
     raise FileNotFoundError(f"run config {name!r} not found (not a file, not a shipped config; shipped: {known})")
+
+
+T = TypeVar("T")
+
+
+def load_run_config(cls: type[T], name: str, overrides: Sequence[str], check: Callable[[T], None], prog: str
+                    ) -> T | None:
+    """A CLI's run config: ``cls`` from a YAML file or a shipped config's name plus ``key=value`` overrides, then
+    ``check`` (its input paths). A bad key, value or path is printed as ``prog: message`` and gives ``None`` (the
+    command then exits with 2)."""
+    import sys
+
+    from kimi_vl.runconfig import ConfigError, load_config
+
+    try:
+        cfg = load_config(cls, resolve_config_path(name), overrides)
+        check(cfg)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    return cfg

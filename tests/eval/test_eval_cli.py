@@ -46,11 +46,11 @@ def test_two_batch_sizes_are_a_usage_error(ckpt, tmp_path, capsys):
     assert err.value.code == 2 and "both set the batch size" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback of a machine without CUDA")
-def test_cuda_device_without_cuda_falls_back_to_the_cpu(ckpt):
+def test_cuda_device_without_cuda_falls_back_to_the_cpu(ckpt, monkeypatch):
     """lm-eval's own CLI passes device='cuda' by default; on a CPU machine the model runs there with a warning."""
     from eval.lm_eval_model import KimiVLLM
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (a machine without CUDA, wherever this runs)
     with pytest.warns(UserWarning, match="CUDA is not available"):
         lm = KimiVLLM(checkpoint=str(ckpt), device="cuda")
     assert lm.device.type == "cpu"
