@@ -29,6 +29,7 @@ from kernels.benchmarks.bench_kda import (  # noqa: E402
     bench,
     call,
     correctness,
+    graph_ms,
     host_ms,
     kda_constants,
     kernel_ms,
@@ -92,13 +93,18 @@ SETTINGS = [
     ("pieces 4 s2", {"FWD_PIECES": 4, "STATE_LAUNCH": (4, 2)}),
     ("pieces 4 bv16 s2", {"FWD_PIECES": 4, "STATE_BV": 16, "STATE_LAUNCH": (4, 2)}),
     ("pieces auto", {"FWD_PIECES": None}),
+    # session 42: unequal pieces (pieces.PIECE_WEIGHTS, first to last), larger early ones
+    *((f"pieces {len(w)} w{':'.join(map(str, w))}", {"FWD_PIECES": len(w), "PIECE_WEIGHTS": tuple(map(float, w))})
+      for w in ((3, 2), (2, 1), (7, 3), (3, 1), (4, 1), (2, 1, 1), (3, 2, 1), (5, 3, 2), (4, 3, 2, 1), (3, 3, 2, 1),
+                (2, 2, 1, 1), (4, 4, 3, 2))),
 ]
 
 
-def run_setting(consts: dict, xs, ref) -> tuple[dict, torch.Tensor]:
+def run_setting(consts: dict, xs, ref, graph: bool = False) -> tuple[dict, torch.Tensor]:
     with kda_constants(consts):
         o = call("ours", xs)[0].detach()
         ms = bench(lambda: call("ours", xs))
+        graphed = {"fwd_graph_ms": graph_ms(lambda: call("ours", xs))} if graph else {}
         host = host_ms(lambda: call("ours", xs))
         kernels = kernel_ms(lambda: call("ours", xs), 5)
         diff = rel(o, ref) if ref is not None else 0.0
@@ -109,7 +115,7 @@ def run_setting(consts: dict, xs, ref) -> tuple[dict, torch.Tensor]:
         "rel_diff_vs_default": diff,
         "o_err_vs_fp64": errs.get("o"),
         "kernels_ms": kernels,
-    }, o
+    } | graphed, o
 
 
 def main() -> None:
@@ -119,6 +125,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sweep_kda_fwd.json"))
     ap.add_argument("--best-out", default=None, help="write the fastest setting within 2%% of the lowest o error")
     ap.add_argument("--no-fla", action="store_true", help="skip fla (it autotunes for minutes at a new head count)")
+    ap.add_argument("--graph", action="store_true", help="also each forward replayed as a CUDA graph (fwd_graph_ms)")
     add_gates_arg(ap)
     args = ap.parse_args()
     use_gates(args.gates, args.beta)
@@ -133,6 +140,8 @@ def main() -> None:
         res["fla_fwd_ms"] = bench(lambda: call("fla", xs))
         res["fla_fwd_host_ms"] = host_ms(lambda: call("fla", xs))
         res["fla_fwd_kernels_ms"] = kernel_ms(lambda: call("fla", xs), 5)
+        if args.graph:
+            res["fla_fwd_graph_ms"] = graph_ms(lambda: call("fla", xs))
     except Exception as e:  # noqa: BLE001 - no fla: the sweep still runs
         res["fla_error"] = repr(e)[:300]
     only = {s for s in args.only.split(",") if s}
@@ -142,7 +151,7 @@ def main() -> None:
         if only and name not in only and name != "default":
             continue
         try:
-            res["settings"][name], o = run_setting(consts, xs, ref)
+            res["settings"][name], o = run_setting(consts, xs, ref, args.graph)
             ref = o if ref is None else ref
         except Exception as e:  # noqa: BLE001 - a failed compile is a result too
             res["settings"][name] = {"error": repr(e)[:300]}
@@ -161,17 +170,24 @@ def main() -> None:
     json.dump(res, open(args.out, "w"), indent=1)
     print(
         f"best: {res.get('best')}; fla fwd ms: {res.get('fla_fwd_ms', res.get('fla_error'))}, host ms {res.get('fla_fwd_host_ms')}"
+        f", as a CUDA graph {res.get('fla_fwd_graph_ms')}"
     )
     print(f"fla fwd kernels: {json.dumps(res.get('fla_fwd_kernels_ms'))}")
     short = {"_prep_kernel": "prep", "_scores2_kernel": "scores2", "_state_kernel": "state",
              "_output_kernel": "out"}
-    print(f"{'setting':>22} {'fwd ms':>7} {'rel diff':>9} {'o err':>8} " + " ".join(f"{v:>8}" for v in short.values()))
+    fla_graph = res.get("fla_fwd_graph_ms")
+    print(f"{'setting':>22} {'fwd ms':>7} {'graph ms':>8} {'/fla':>6} {'rel diff':>9} {'o err':>8} "
+          + " ".join(f"{v:>8}" for v in short.values()))
     for name, r in res["settings"].items():
         if "error" in r:
             print(f"{name:>22} {r['error'][:100]}")
             continue
         ks = " ".join(f"{r['kernels_ms'].get(k, float('nan')):8.3f}" for k in short)
-        print(f"{name:>22} {r['fwd_ms']:7.3f} {r['rel_diff_vs_default']:9.2e} {r['o_err_vs_fp64']:8.2e} {ks}")
+        g = r.get("fwd_graph_ms")
+        g_txt = f"{g:8.3f}" if isinstance(g, float) else f"{'-':>8}"
+        ratio = f"{g / fla_graph:6.3f}" if isinstance(g, float) and isinstance(fla_graph, float) else f"{'-':>6}"
+        print(f"{name:>22} {r['fwd_ms']:7.3f} {g_txt} {ratio} {r['rel_diff_vs_default']:9.2e} "
+              f"{r['o_err_vs_fp64']:8.2e} {ks}")
 
 
 if __name__ == "__main__":

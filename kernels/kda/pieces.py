@@ -14,6 +14,7 @@ chunks); under the interpreter (CPU) the pieces run one after another on one str
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -35,6 +36,9 @@ PIECE_FILL = 1.0  # the shape rule cuts only when the state pass has at most thi
 # value columns per program of the pieces' state passes (chunk_triton.STATE_BV, when set, wins). Call2 at 1x32768x16,
 # 4 pieces: 2.010 ms at 32 columns, 2.084 at 16, 2.050 at 64; call3: 2 stages instead of 3 2.108 (32) / 2.105 (16)
 PIECE_STATE_BV = 32
+# relative sizes of the pieces, first to last (None, or a length other than the piece count: near-equal pieces).
+# Larger early pieces leave a shorter last state pass and output after the last scores, the part nothing overlaps
+PIECE_WEIGHTS: tuple[float, ...] | None = None
 
 
 def fwd_pieces(chunks_per_seq: int | None, pairs: int, v: int, device: torch.device) -> int:
@@ -69,18 +73,29 @@ def piece_tables(batch: int, chunks_per_seq: int, pieces: int, device: torch.dev
     each: made on the device once a shape and kept (never evicted: a CUDA graph captured after a warm-up call points
     at them), except inside a capture, where they are made afresh as part of the graph (a capture does not run its
     kernels, so tables made there hold nothing until the graph replays and must not serve eager calls)."""
-    bounds = piece_bounds(chunks_per_seq, pieces)
+    weights = PIECE_WEIGHTS if PIECE_WEIGHTS is not None and len(PIECE_WEIGHTS) == pieces else None
+    bounds = piece_bounds(chunks_per_seq, pieces, weights)
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return _make_tables(batch, chunks_per_seq, bounds, device)
     return _kept_tables(batch, chunks_per_seq, bounds, device)
 
 
-def piece_bounds(chunks: int, pieces: int) -> tuple[int, ...]:
-    """Chunk boundaries ``(0, ..., chunks)`` of ``pieces`` near-equal pieces (``j * chunks // pieces``), each at least
-    one chunk (``chunks >= pieces``)."""
+def piece_bounds(chunks: int, pieces: int, weights: tuple[float, ...] | None = None) -> tuple[int, ...]:
+    """Chunk boundaries ``(0, ..., chunks)`` of ``pieces`` pieces, each at least one chunk (``chunks >= pieces``):
+    near-equal (``j * chunks // pieces``) without ``weights``, else in proportion to them (positive, one a piece),
+    each boundary rounded down."""
     if not 1 <= pieces <= chunks:
         raise ValueError(f"pieces.piece_bounds: {pieces} pieces for {chunks} chunks")
-    return tuple(j * chunks // pieces for j in range(pieces + 1))
+    if weights is None:
+        return tuple(j * chunks // pieces for j in range(pieces + 1))
+    if len(weights) != pieces or min(weights) <= 0:
+        raise ValueError(f"pieces.piece_bounds: weights {weights} for {pieces} pieces (positive, one a piece)")
+    total, acc, bounds = sum(weights), 0.0, [0]
+    for j, w in enumerate(weights[:-1]):
+        acc += w
+        later = pieces - 1 - j  # pieces after this one, each keeping a chunk
+        bounds.append(min(max(math.floor(chunks * acc / total + 1e-9), bounds[-1] + 1), chunks - later))
+    return (*bounds, chunks)
 
 
 def _make_tables(batch: int, chunks_per_seq: int, bounds: tuple[int, ...], device: torch.device) -> PieceTables:

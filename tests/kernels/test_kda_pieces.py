@@ -29,11 +29,13 @@ def _run(monkeypatch, n_pieces, x, **kw):
     return [o.detach(), S.detach()] + [t.grad for t in xs]
 
 
-@pytest.mark.parametrize("dtype,flags", [(torch.float32, False), (torch.bfloat16, True)])
-def test_pieces_equal_one_piece(monkeypatch, dtype, flags):
-    """Two sequences of 4 chunks (the last one 8 tokens) in 3 pieces of 1, 1 and 2 chunks, with an initial state:
-    o, the final state and every gradient bit-equal to the forward in one piece (the same kernels on the same
-    chunks). With the Kimi flags (in-kernel L2 norm and gate) in bf16, without them in fp32."""
+@pytest.mark.parametrize("dtype,flags,weights", [(torch.float32, False, None), (torch.bfloat16, True, (2.0, 1.0, 1.0))])
+def test_pieces_equal_one_piece(monkeypatch, dtype, flags, weights):
+    """Two sequences of 4 chunks (the last one 8 tokens) in 3 pieces of 1, 1 and 2 chunks (``PIECE_WEIGHTS`` (2, 1,
+    1): 2, 1 and 1), with an initial state: o, the final state and every gradient bit-equal to the forward in one
+    piece (the same kernels on the same chunks). With the Kimi flags (in-kernel L2 norm and gate) in bf16, without
+    them in fp32."""
+    monkeypatch.setattr(pieces, "PIECE_WEIGHTS", weights)
     dev = kernel_device()
     q, k, v, g, beta, s0 = make_inputs(2, 200, 1, 2, 16, 16, h0=True)
     x = [t.to(dev, dtype) for t in (q, k, v)] + [t.to(dev, torch.float32) for t in (g, beta, s0)]
@@ -48,10 +50,14 @@ def test_pieces_equal_one_piece(monkeypatch, dtype, flags):
         assert torch.equal(a, b), f"{name}: pieces differ from one piece by {(a.float() - b.float()).abs().max()}"
 
 
-def test_piece_tables_cover_every_chunk_once():
-    """3 sequences of 10 chunks in 4 pieces of 2, 3, 2 and 3 chunks of each sequence."""
+@pytest.mark.parametrize("weights,sizes", [(None, [6, 9, 6, 9]), ((4.0, 3.0, 2.0, 1.0), [12, 9, 6, 3]),
+                                           ((1.0, 1.0), [6, 9, 6, 9])])
+def test_piece_tables_cover_every_chunk_once(monkeypatch, weights, sizes):
+    """3 sequences of 10 chunks in 4 pieces: near-equal (2, 3, 2 and 3 chunks of each sequence), by
+    ``PIECE_WEIGHTS`` (4, 3, 2, 1), or near-equal again when the weights are for another piece count."""
+    monkeypatch.setattr(pieces, "PIECE_WEIGHTS", weights)
     tab = piece_tables(3, 10, 4, torch.device("cpu"))
-    assert [c.numel() for c in tab.cidx] == [6, 9, 6, 9]
+    assert [c.numel() for c in tab.cidx] == sizes
     assert sorted(torch.cat(tab.cidx).tolist()) == list(range(30))
     for cidx, s0, nc in zip(tab.cidx, tab.s0, tab.nc):  # each sequence's chunks of a piece: s0 .. s0 + nc - 1
         want = torch.cat([torch.arange(a, a + n) for a, n in zip(s0.tolist(), nc.tolist())])
@@ -66,6 +72,14 @@ def test_piece_bounds():
                for bs in [piece_bounds(n, p)])
     with pytest.raises(ValueError, match="3 pieces for 2 chunks"):
         piece_bounds(2, 3)
+    assert piece_bounds(10, 4, (1.0,) * 4) == (0, 2, 5, 7, 10)  # equal weights: the near-equal pieces
+    assert piece_bounds(128, 2, (7.0, 3.0)) == (0, 89, 128)
+    assert piece_bounds(4, 3, (100.0, 1.0, 1.0)) == (0, 2, 3, 4)  # every piece keeps a chunk
+    assert piece_bounds(3, 3, (0.1, 0.1, 0.1)) == (0, 1, 2, 3)
+    with pytest.raises(ValueError, match="weights"):
+        piece_bounds(10, 3, (1.0, 1.0))
+    with pytest.raises(ValueError, match="weights"):
+        piece_bounds(10, 2, (1.0, 0.0))
 
 
 def test_fwd_pieces_rule(monkeypatch):
