@@ -94,7 +94,7 @@ SETTINGS = [
     ("pieces 4 bv16 s2", {"FWD_PIECES": 4, "STATE_BV": 16, "STATE_LAUNCH": (4, 2)}),
     ("pieces auto", {"FWD_PIECES": None}),
     # session 42: unequal pieces (pieces.PIECE_WEIGHTS, first to last), larger early ones
-    *((f"pieces {len(w)} w{':'.join(map(str, w))}", {"FWD_PIECES": len(w), "PIECE_WEIGHTS": tuple(map(float, w))})
+    *((f"pieces {len(w)} w{':'.join(map(str, w))}", {"FWD_PIECES": len(w), "PIECE_WEIGHTS": {len(w): tuple(map(float, w))}})
       for w in ((3, 2), (2, 1), (7, 3), (3, 1), (4, 1), (2, 1, 1), (3, 2, 1), (5, 3, 2), (4, 3, 2, 1), (3, 3, 2, 1),
                 (2, 2, 1, 1), (4, 4, 3, 2))),
 ]

@@ -36,9 +36,9 @@ PIECE_FILL = 1.0  # the shape rule cuts only when the state pass has at most thi
 # value columns per program of the pieces' state passes (chunk_triton.STATE_BV, when set, wins). Call2 at 1x32768x16,
 # 4 pieces: 2.010 ms at 32 columns, 2.084 at 16, 2.050 at 64; call3: 2 stages instead of 3 2.108 (32) / 2.105 (16)
 PIECE_STATE_BV = 32
-# relative sizes of the pieces, first to last (None, or a length other than the piece count: near-equal pieces).
-# Larger early pieces leave a shorter last state pass and output after the last scores, the part nothing overlaps
-PIECE_WEIGHTS: tuple[float, ...] | None = None
+# relative sizes of the pieces, first to last, by piece count (a count not in it: near-equal pieces). Larger early
+# pieces leave a shorter last state pass and output after the last scores, the part nothing overlaps
+PIECE_WEIGHTS: dict[int, tuple[float, ...]] = {}
 
 
 def fwd_pieces(chunks_per_seq: int | None, pairs: int, v: int, device: torch.device) -> int:
@@ -73,8 +73,7 @@ def piece_tables(batch: int, chunks_per_seq: int, pieces: int, device: torch.dev
     each: made on the device once a shape and kept (never evicted: a CUDA graph captured after a warm-up call points
     at them), except inside a capture, where they are made afresh as part of the graph (a capture does not run its
     kernels, so tables made there hold nothing until the graph replays and must not serve eager calls)."""
-    weights = PIECE_WEIGHTS if PIECE_WEIGHTS is not None and len(PIECE_WEIGHTS) == pieces else None
-    bounds = piece_bounds(chunks_per_seq, pieces, weights)
+    bounds = piece_bounds(chunks_per_seq, pieces, PIECE_WEIGHTS.get(pieces))
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return _make_tables(batch, chunks_per_seq, bounds, device)
     return _kept_tables(batch, chunks_per_seq, bounds, device)

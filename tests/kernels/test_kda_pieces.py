@@ -29,10 +29,11 @@ def _run(monkeypatch, n_pieces, x, **kw):
     return [o.detach(), S.detach()] + [t.grad for t in xs]
 
 
-@pytest.mark.parametrize("dtype,flags,weights", [(torch.float32, False, None), (torch.bfloat16, True, (2.0, 1.0, 1.0))])
+@pytest.mark.parametrize("dtype,flags,weights",
+                         [(torch.float32, False, {}), (torch.bfloat16, True, {3: (2.0, 1.0, 1.0)})])
 def test_pieces_equal_one_piece(monkeypatch, dtype, flags, weights):
-    """Two sequences of 4 chunks (the last one 8 tokens) in 3 pieces of 1, 1 and 2 chunks (``PIECE_WEIGHTS`` (2, 1,
-    1): 2, 1 and 1), with an initial state: o, the final state and every gradient bit-equal to the forward in one
+    """Two sequences of 4 chunks (the last one 8 tokens) in 3 pieces of 1, 1 and 2 chunks (``PIECE_WEIGHTS[3]`` (2,
+    1, 1): 2, 1 and 1), with an initial state: o, the final state and every gradient bit-equal to the forward in one
     piece (the same kernels on the same chunks). With the Kimi flags (in-kernel L2 norm and gate) in bf16, without
     them in fp32."""
     monkeypatch.setattr(pieces, "PIECE_WEIGHTS", weights)
@@ -50,11 +51,11 @@ def test_pieces_equal_one_piece(monkeypatch, dtype, flags, weights):
         assert torch.equal(a, b), f"{name}: pieces differ from one piece by {(a.float() - b.float()).abs().max()}"
 
 
-@pytest.mark.parametrize("weights,sizes", [(None, [6, 9, 6, 9]), ((4.0, 3.0, 2.0, 1.0), [12, 9, 6, 3]),
-                                           ((1.0, 1.0), [6, 9, 6, 9])])
+@pytest.mark.parametrize("weights,sizes", [({}, [6, 9, 6, 9]), ({4: (4.0, 3.0, 2.0, 1.0)}, [12, 9, 6, 3]),
+                                           ({2: (1.0, 3.0)}, [6, 9, 6, 9])])
 def test_piece_tables_cover_every_chunk_once(monkeypatch, weights, sizes):
     """3 sequences of 10 chunks in 4 pieces: near-equal (2, 3, 2 and 3 chunks of each sequence), by
-    ``PIECE_WEIGHTS`` (4, 3, 2, 1), or near-equal again when the weights are for another piece count."""
+    ``PIECE_WEIGHTS[4]`` (4, 3, 2, 1), or near-equal again when the weights are for another piece count."""
     monkeypatch.setattr(pieces, "PIECE_WEIGHTS", weights)
     tab = piece_tables(3, 10, 4, torch.device("cpu"))
     assert [c.numel() for c in tab.cidx] == sizes
@@ -99,9 +100,11 @@ def test_fwd_pieces_rule(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_pieces_equal_one_piece_and_capture(monkeypatch):
-    """At 1 x 8192 x 4 (128 chunks) in 4 pieces on the GPU's three streams: bit-equal o, state and gradients to one
-    piece, and a CUDA graph of the pieced forward replays to the same o."""
+@pytest.mark.parametrize("weights", [{}, {4: (4.0, 3.0, 2.0, 1.0)}])
+def test_gpu_pieces_equal_one_piece_and_capture(monkeypatch, weights):
+    """At 1 x 8192 x 4 (128 chunks) in 4 pieces (near-equal, or by ``PIECE_WEIGHTS``) on the GPU's three streams:
+    bit-equal o, state and gradients to one piece, and a CUDA graph of the pieced forward replays to the same o."""
+    monkeypatch.setattr(pieces, "PIECE_WEIGHTS", weights)
     q, k, v, g, beta, s0 = make_inputs(1, 8192, 4, 4, 128, 128, h0=True, dtype=torch.float32)
     x = [t.cuda().bfloat16() for t in (q, k, v)] + [t.cuda() for t in (g, beta, s0)]
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=torch.rand(4, device="cuda"),
