@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
 # Session 42's GPU calls (results: docs/results/gpu-2026-12-07-s42/):
-#   bash scripts/gpu_session42.sh split   unequal pieces (pieces.PIECE_WEIGHTS, larger early ones) against the shape
-#       rule's equal pieces, one process a shape (sweep_kda_fwd.py --graph, fla in the same process) at the three
-#       shapes the rule cuts; the pieces GPU test first.
-#       Then scripts/pick_piece_weights.py picks each piece count's best weights (against equal pieces, same process)
-#       into $OUT/set.txt and bench_kda.py runs ours with them vs fla at the issue's five shapes (CUDA graphs).
-#   bash scripts/gpu_session42.sh lean    the same at the two 2-piece shapes with fewer weights, then bench_kda.py
-#       ours (picked weights) vs fla at those two shapes (for a call with little device time left).
+#   bash scripts/gpu_session42.sh lean    call1 (at 6eca08a, weights off by default there): the pieces GPU test;
+#       sweep_kda_fwd.py --graph at 1x8192x32 and 2x16384x16, equal pieces against weighted ones (2 pieces at 3:2, 2:1,
+#       3:1, 4:1; 3 pieces at 3:2:1), one process a shape with fla; scripts/pick_piece_weights.py picks each piece
+#       count's best weights into $OUT/set.txt; bench_kda.py ours (with them) vs fla at the two shapes, CUDA graphs.
+#   bash scripts/gpu_session42.sh split   for a later session (not run: too little device time): the same with larger
+#       first pieces (2 pieces up to 8:1) and weighted 4-piece forwards at 1x32768x16, then the five shapes.
 #   bash scripts/gpu_session42.sh five [set.txt]   bench_kda.py ours vs fla at the issue's five shapes, CUDA graphs.
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
 
-TWO="pieces 2,pieces 2 w3:2,pieces 2 w2:1,pieces 2 w7:3,pieces 2 w3:1,pieces 3,pieces 3 w2:1:1,pieces 3 w3:2:1"
-TWO="$TWO,pieces 3 w5:3:2,default again"
-FOUR="pieces 4,pieces 4 w4:3:2:1,pieces 4 w3:3:2:1,pieces 4 w2:2:1:1,pieces 4 w4:4:3:2,pieces 3 w3:2:1"
+TWO="pieces 2,pieces 2 w3:1,pieces 2 w4:1,pieces 2 w5:1,pieces 2 w6:1,pieces 2 w8:1,pieces 3,pieces 3 w2:1:1"
+TWO="$TWO,pieces 3 w3:2:1,pieces 3 w5:3:2,default again"
+FOUR="pieces 4,pieces 4 w4:3:2:1,pieces 4 w3:3:2:1,pieces 4 w6:3:2:1,pieces 4 w4:4:3:2,pieces 3 w3:2:1"
 FOUR="$FOUR,pieces 3 w5:3:2,default again"
 
 gpu_header

@@ -88,15 +88,16 @@ SETTINGS = [
     # session 39: the forward in pieces along time, each piece's state pass beside the next piece's scores (pieces.py);
     # "pieces N" at the pieces' own state width (pieces.PIECE_STATE_BV, 32), "bvX" another (call2's "pieces N" ran at
     # the one-piece width, 16 there: "pieces N bv16" here)
-    *((f"pieces {n}", {"FWD_PIECES": n}) for n in (2, 3, 4, 5, 6, 8)),
+    # (since session 42 "pieces N" are near-equal pieces whatever pieces.PIECE_WEIGHTS says)
+    *((f"pieces {n}", {"FWD_PIECES": n, "PIECE_WEIGHTS": {}}) for n in (2, 3, 4, 5, 6, 8)),
     *((f"pieces {n} bv{bv}", {"FWD_PIECES": n, "STATE_BV": bv}) for n in (2, 4, 8, 16) for bv in (16, 64)),
     ("pieces 4 s2", {"FWD_PIECES": 4, "STATE_LAUNCH": (4, 2)}),
     ("pieces 4 bv16 s2", {"FWD_PIECES": 4, "STATE_BV": 16, "STATE_LAUNCH": (4, 2)}),
     ("pieces auto", {"FWD_PIECES": None}),
     # session 42: unequal pieces (pieces.PIECE_WEIGHTS, first to last), larger early ones
     *((f"pieces {len(w)} w{':'.join(map(str, w))}", {"FWD_PIECES": len(w), "PIECE_WEIGHTS": {len(w): tuple(map(float, w))}})
-      for w in ((3, 2), (2, 1), (7, 3), (3, 1), (4, 1), (2, 1, 1), (3, 2, 1), (5, 3, 2), (4, 3, 2, 1), (3, 3, 2, 1),
-                (2, 2, 1, 1), (4, 4, 3, 2))),
+      for w in ((3, 2), (2, 1), (7, 3), (3, 1), (4, 1), (5, 1), (6, 1), (8, 1), (2, 1, 1), (3, 2, 1), (5, 3, 2),
+                (4, 3, 2, 1), (3, 3, 2, 1), (2, 2, 1, 1), (4, 4, 3, 2), (6, 3, 2, 1))),
 ]
 
 

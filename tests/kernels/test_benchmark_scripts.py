@@ -140,3 +140,34 @@ def test_backbone_summary(tmp_path):
                         "peak 20.63 GiB")
     assert lines[1] == "{'gemm': 31.5, 'kda': 24.1}"
     assert lines[2:] == ["  5.833 ms 9 calls _bwd_inter_kernel"]
+
+
+def test_pick_piece_weights(tmp_path):
+    """``scripts/pick_piece_weights.py`` compares each weighting with the near-equal pieces of its count in the same
+    sweep, takes the lowest mean ratio over the shapes that timed both, leaves out a count whose equal pieces win,
+    and ignores settings that change other constants."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def sweep(shape, rows):
+        path = tmp_path / f"{shape}.json"
+        path.write_text(json.dumps({"shape": shape, "settings": {
+            name: {"fwd_graph_ms": ms, "consts": consts} for name, ms, consts in rows}}))
+        return str(path)
+
+    two = lambda w: {"FWD_PIECES": 2, "PIECE_WEIGHTS": {"2": w}}  # noqa: E731 - as sweep_kda_fwd's JSON holds them
+    four = lambda w: {"FWD_PIECES": 4, "PIECE_WEIGHTS": {"4": w}}  # noqa: E731
+    a = sweep("1x8192x32", [("default", 1.0, {}), ("pieces 2", 1.0, {"FWD_PIECES": 2, "PIECE_WEIGHTS": {}}),
+                            ("pieces 2 w3:1", 0.96, two([3.0, 1.0])), ("pieces 2 w4:1", 0.97, two([4.0, 1.0])),
+                            ("pieces 2 bv16", 0.5, {"FWD_PIECES": 2, "STATE_BV": 16})])
+    b = sweep("2x16384x16", [("pieces 2", 2.0, {"FWD_PIECES": 2, "PIECE_WEIGHTS": {}}),
+                             ("pieces 2 w3:1", 1.98, two([3.0, 1.0])), ("pieces 2 w4:1", 1.9, two([4.0, 1.0]))])
+    c = sweep("1x32768x16", [("pieces 4", 2.0, {"FWD_PIECES": 4, "PIECE_WEIGHTS": {}}),
+                             ("pieces 4 w4:3:2:1", 2.1, four([4.0, 3.0, 2.0, 1.0]))])
+    out = tmp_path / "set.txt"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "pick_piece_weights.py"
+    run = subprocess.run([sys.executable, str(script), a, b, c, "--out", str(out)],
+                         capture_output=True, text=True, check=True)
+    assert out.read_text() == "PIECE_WEIGHTS={2: (4.0, 1.0)}\n", run.stdout  # 4:1 0.960 mean against 3:1 0.975
