@@ -112,13 +112,13 @@ def sample_tokens(
     logits_KV: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None,
     banned_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row, never one of ``banned_ids``; return (tokens ``[K]``, their log-probs under
-    softmax(logits / T) ``[K]``)."""
+    """Draw one token per row, never one of ``banned_ids`` (top-p then keeps the nucleus of the allowed tokens);
+    return (tokens ``[K]``, their log-probs under softmax(logits / T) ``[K]``)."""
     logprobs = torch.log_softmax(logits_KV.float() / cfg.temperature, dim=-1)
-    filtered = top_p_filter(logprobs, cfg.top_p)
-    if banned_ids is not None and banned_ids.numel():
-        filtered = filtered.index_fill(1, banned_ids, float("-inf"))
-    probs = torch.softmax(filtered, dim=-1)
+    allowed = logprobs
+    if banned_ids is not None and banned_ids.numel():  # before top-p: its nucleus is taken among allowed tokens
+        allowed = torch.log_softmax(logprobs.index_fill(1, banned_ids, float("-inf")), dim=-1)
+    probs = torch.softmax(top_p_filter(allowed, cfg.top_p), dim=-1)
     tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
 

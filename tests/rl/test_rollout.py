@@ -91,6 +91,15 @@ def test_banned_tokens_are_never_drawn_and_logprobs_still_match():
     assert ((recomputed - g.logprobs_KT) * g.mask_KT).abs().max().item() < 1e-5
 
 
+def test_ban_applies_before_top_p():
+    """With top-p, the nucleus is taken among the allowed tokens: a banned top token that alone reaches ``top_p``
+    must not leave nothing to draw (the ban after top-p masked every row's only kept token)."""
+    logits = torch.log(torch.tensor([[0.9, 0.06, 0.04]] * 256))
+    tok, lp = sample_tokens(logits, SamplingConfig(top_p=0.5), torch.Generator().manual_seed(0), torch.tensor([0]))
+    assert (tok == 1).all()  # the nucleus of the allowed [0.6, 0.4] at top_p 0.5 is token 1 alone
+    assert torch.allclose(lp, torch.log(torch.tensor(0.06)))  # the log-prob under the unrestricted policy
+
+
 def test_chat_tokenizer_bans_the_media_placeholders(rl_data):
     from data_pipelines.tokenizer import load_tokenizer, special_ids
     from rl.synth_source import ChatTokenizer
