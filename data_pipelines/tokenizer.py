@@ -108,6 +108,15 @@ def special_ids(tokenizer: Any, where: str = "tokenizer") -> SpecialIds:
     return SpecialIds(*ids, eos=eos, pad=pad, im_end=_token_id(tokenizer, "<|im_end|>"))
 
 
+PLACEHOLDER_TOKENS = ("<|media_pad|>", "<|kimi_k25_video_placeholder|>")
+
+
+def placeholder_ids(tokenizer: Any) -> list[int]:
+    """The ids of the media placeholders (a forward pass puts media features there, so a sampler must never draw
+    them) that ``tokenizer`` has."""
+    return [i for i in (_token_id(tokenizer, t) for t in PLACEHOLDER_TOKENS) if i >= 0]
+
+
 def require_chat_tokens(tokenizer: Any, where: str = "tokenizer") -> None:
     missing = [t for t in (*CHAT_TOKENS, *TOOL_TOKENS) if _token_id(tokenizer, t) < 0]
     if missing:

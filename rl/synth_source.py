@@ -34,7 +34,7 @@ import torch
 
 from data_pipelines.packing import Encoder
 from data_pipelines.synth.tasks import TaskItem, dataset_families, eval_items
-from data_pipelines.tokenizer import render_chat, special_ids
+from data_pipelines.tokenizer import placeholder_ids, render_chat, special_ids
 from rl.rewards import REWARDS, RewardResult, parsers, register_reward, scores
 from rl.rollout import Prompt
 
@@ -102,7 +102,7 @@ class ChatTokenizer:
             raise ValueError("ChatTokenizer: the tokenizer has no <|im_end|> token (needed to end chat answers)")
         self.pad_token_id, self.eos_token_id = ids.pad, ids.im_end
         self.eos_ids = [ids.im_end] + ([ids.eos] if ids.eos >= 0 and ids.eos != ids.im_end else [])
-        self.banned_ids = [ids.media_pad, ids.video_placeholder]
+        self.banned_ids = placeholder_ids(self.tokenizer)
 
     @property
     def vocab_size(self) -> int:

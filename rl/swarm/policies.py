@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from data_pipelines.tokenizer import render_chat
+from data_pipelines.tokenizer import placeholder_ids, render_chat
 from rl.rewards import extract_answer, parse_int
 from rl.rollout import Prompt, SamplingConfig, sample_groups
 from rl.swarm.envs import SHAPE_KINDS, count_in_description
@@ -180,8 +180,7 @@ class ModelPolicy:
         vocab = tokenizer.get_vocab()
         self.stop_ids = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
         self.pad_id = vocab["<|pad|>"]
-        # media placeholders are never sampled: a forward pass over them would expect pixel values
-        self.banned_ids = [vocab[t] for t in ("<|media_pad|>", "<|kimi_k25_video_placeholder|>") if t in vocab]
+        self.banned_ids = placeholder_ids(tokenizer)  # never sampled: a forward over them would expect pixel values
         self.turns: list[TurnSample] = []
         self._lock, self._calls = threading.Lock(), 0
 

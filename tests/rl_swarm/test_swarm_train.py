@@ -50,6 +50,8 @@ def test_sft_labels_cover_assistant_turns_only(tok) -> None:
 
 def test_model_policy_logprobs_match_recompute_and_never_crash(model, tok) -> None:
     policy = ModelPolicy(model, tok, SamplingConfig(max_new_tokens=12), seed=3)
+    vocab = tok.get_vocab()  # the media placeholders are never drawn
+    assert policy.banned_ids == [vocab["<|media_pad|>"], vocab["<|kimi_k25_video_placeholder|>"]]
     ep = SwarmRuntime(policy, lambda m: "Answer: 1", RuntimeConfig(max_orchestrator_steps=3)).run(make_wide_task(0, 4))
     assert len(policy.turns) == len(ep.stages) >= 1
     t = policy.turns[0]
