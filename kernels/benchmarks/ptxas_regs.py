@@ -8,6 +8,7 @@ instruction).
     .venv/bin/python kernels/benchmarks/ptxas_regs.py                      # every forward kernel
     .venv/bin/python kernels/benchmarks/ptxas_regs.py --kernel scores2 --num-warps 8
     .venv/bin/python kernels/benchmarks/ptxas_regs.py --attnres           # the AttnRes mix kernels
+    .venv/bin/python kernels/benchmarks/ptxas_regs.py --swiglu            # the SwiGLU GEMM kernels' tilings
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def compile_report(fn, sig: dict, consts: dict, opts: dict, attrs: dict | None =
         )
     lines = [line.strip() for line in (r.stderr + r.stdout).splitlines() if re.search("regist|spill|rror", line)]
     if shared:  # Triton's shared memory (software-pipelined loads stage through it) and its cp.async count
-        lines.append(f"shared memory {k.metadata.shared} bytes, {ptx.count('cp.async.c')} cp.async copies")
+        lines.append(f"shared memory {k.metadata.shared} bytes, {ptx.count('cp.async.c')} cp.async copies, "
+                     f"{ptx.count('wgmma.mma_async')} wgmma")
     return "\n".join(lines)
 
 
@@ -165,17 +167,45 @@ def mla_expand_ptxas_report(kernel: str) -> str:
     return compile_report(fn, sig, consts, {"num_warps": me.NUM_WARPS, "num_stages": 2})
 
 
+def swiglu_ptxas_report(kind: str, cfg=None) -> str:
+    """``kernels.swiglu``'s ``fwd`` (gate/up GEMM + ``silu_mul``) or ``bwd`` (``dh`` GEMM + its backward) kernel for
+    bf16 at a GEMM width of 768 (the small flavor's ``K`` / ``D``), under ``cfg`` (a ``GemmConfig``; default: the
+    module's ``GPU_CONFIG``), with its shared memory and ``wgmma`` count (Hopper's asynchronous MMA)."""
+    from kernels.swiglu import swiglu_triton as st
+
+    cfg = cfg or st.GPU_CONFIG[kind]
+    fn = st._gate_up_silu_kernel if kind == "fwd" else st._down_silu_bwd_kernel
+    consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                  EVEN_K=768 % cfg.block_k == 0, PRECISION="tf32")
+    sig = dict(zip(fn.arg_names, ["*bf16"] * 4 + ["i32"] * 3 + ["constexpr"] * len(consts)))
+    # pointers and sizes divisible by 16, as a launch at the model's sizes specialises them: without the sizes'
+    # divisibility a row's alignment is unknown, loads stay 2-byte and nothing is software-pipelined
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
+    return compile_report(fn, sig, consts, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}, attrs,
+                          shared=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", choices=("all",) + KERNELS, default="all")
     ap.add_argument("--num-warps", type=int, default=None, help="default: the launch's")
     ap.add_argument("--maxnreg", type=int, default=None, help="default: the launch's (None: ptxas chooses)")
     ap.add_argument("--attnres", action="store_true", help="the AttnRes mix kernels at N = 1..7 instead")
+    ap.add_argument("--swiglu", action="store_true",
+                    help="the SwiGLU GEMM kernels under bench_swiglu's FWD_SWEEP / BWD_SWEEP tilings instead")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a module constant of chunk_triton (or, with --attnres, mix_triton) for this compile, e.g. "
                          "--set PREP_BK=16 --set 'INTRA_DIAG_PREC16=\"ieee\"'")
     args = ap.parse_args()
     _set_constants(args.set, args.attnres)
+    if args.swiglu:
+        from kernels.benchmarks.bench_swiglu import BWD_SWEEP, FWD_SWEEP
+        from kernels.swiglu.swiglu_triton import GemmConfig
+
+        for kind, table in (("fwd", FWD_SWEEP), ("bwd", BWD_SWEEP)):
+            for spec in table:
+                print(kind, spec, " | ".join(swiglu_ptxas_report(kind, GemmConfig(*spec)).splitlines()), flush=True)
+        return
     if args.attnres:
         for kernel in ("fwd", "bwd", "flush"):
             for n in range(1, 8):

@@ -111,6 +111,7 @@ CATEGORIES = (
     ("short_conv", r"^_(fwd|dpre|dx|conv_bwd_stream|final_state|dstate|update)_kernel$"),
     ("loss", r"^_ce_(fwd|bwd|fwd_grad|fwd_grad_row)_kernel$|^_scale_rows_kernel$|SoftMax|nll_loss|cross_entropy"),
     ("norm/act", r"^_(norm_fwd|norm_bwd|norm_bwd_rows|silu_mul_fwd|silu_mul_bwd)_kernel$"),
+    ("swiglu gemm", r"^_(gate_up_silu|down_silu_bwd)_kernel$"),  # KVL_SWIGLU_IMPL=fused: GEMM + activation
     ("attn_res", r"attn_res"),
     ("attention", r"flex_attention|flash|fmha|attention"),
     ("embedding", r"^_embed_(rows|join)_kernel$|embedding|compute_grad_weight|sum_and_scatter|RadixSort"),

@@ -2,7 +2,8 @@
 
 The gate and up projections run as one matmul against their concatenated weights (the parameters stay
 separate, under the checkpoint names), and ``kernels.norm.silu_mul`` reads that ``[..., 2I]`` output in one
-pass (fused Triton on CUDA) and writes its gradient as one tensor.
+pass (fused Triton on CUDA) and writes its gradient as one tensor. ``KVL_SWIGLU_IMPL=fused`` runs the activation
+inside Triton GEMMs instead (``kernels/swiglu``; not the default until a GPU run times it).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.norm import silu_mul
+from kernels.swiglu import SwiGLUGemmFunction, resolve_impl
 
 
 class SwiGLU(nn.Module):
@@ -22,5 +24,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(x_BTD, torch.cat([self.gate_proj.weight, self.up_proj.weight]))  # [B, T, 2I]
-        return self.down_proj(silu_mul(gate_up))
+        w_gate_up = torch.cat([self.gate_proj.weight, self.up_proj.weight])  # [2I, D]
+        if resolve_impl(None, x_BTD.device) == "fused":
+            return SwiGLUGemmFunction.apply(x_BTD, w_gate_up, self.down_proj.weight)
+        return self.down_proj(silu_mul(F.linear(x_BTD, w_gate_up)))  # gate_up [B, T, 2I]

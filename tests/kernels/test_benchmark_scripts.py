@@ -171,3 +171,21 @@ def test_pick_piece_weights(tmp_path):
     run = subprocess.run([sys.executable, str(script), a, b, c, "--out", str(out)],
                          capture_output=True, text=True, check=True)
     assert out.read_text() == "PIECE_WEIGHTS={2: (4.0, 1.0)}\n", run.stdout  # 4:1 0.960 mean against 3:1 0.975
+
+
+def test_swiglu_config_line_replaces_the_module_line():
+    """``bench_swiglu --sweep`` writes its best tiling as a ``GPU_CONFIG = ...`` line that the GPU script puts in place
+    of the one line of ``kernels/swiglu/swiglu_triton.py`` starting so (``sed s/^GPU_CONFIG = .*/LINE/``): the line
+    must evaluate to the configurations it names, and the module must have exactly one such line."""
+    from kernels.benchmarks.bench_swiglu import config_line
+    from kernels.swiglu import swiglu_triton
+    from kernels.swiglu.swiglu_triton import GemmConfig
+
+    fwd, bwd = GemmConfig(64, 256, 32, 4, 8, 5), GemmConfig(256, 128, 64, 16, 4, 2)
+    line = config_line(fwd, bwd)
+    scope = {"GemmConfig": GemmConfig}
+    exec(line, scope)
+    assert scope["GPU_CONFIG"] == {"fwd": fwd, "bwd": bwd}
+    assert "/" not in line and "&" not in line  # sed's special characters
+    source = Path(swiglu_triton.__file__).read_text().splitlines()
+    assert sum(s.startswith("GPU_CONFIG = ") for s in source) == 1

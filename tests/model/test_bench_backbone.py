@@ -26,3 +26,12 @@ def test_every_loss_kernel_is_in_the_loss_category():
     names = ("_ce_fwd_kernel", "_ce_bwd_kernel", "_ce_fwd_grad_kernel", "_ce_fwd_grad_row_kernel", "_scale_rows_kernel")
     assert [categorise(n) for n in names] == ["loss"] * len(names)
     assert categorise("_norm_fwd_kernel") == "norm/act"
+
+
+def test_fused_swiglu_kernels_have_their_own_category():
+    """``KVL_SWIGLU_IMPL=fused``'s GEMM + activation kernels are counted apart from cuBLAS's GEMMs and the split
+    path's activation kernels, so that a profile can compare the two paths' categories."""
+    from kimi_vl.benchmarks.bench_backbone import categorise
+
+    assert categorise("_gate_up_silu_kernel") == categorise("_down_silu_bwd_kernel") == "swiglu gemm"
+    assert categorise("_silu_mul_bwd_kernel") == "norm/act"
