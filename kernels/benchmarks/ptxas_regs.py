@@ -176,7 +176,7 @@ def swiglu_ptxas_report(kind: str, cfg=None) -> str:
     cfg = cfg or st.GPU_CONFIG[kind]
     fn = st._gate_up_silu_kernel if kind == "fwd" else st._down_silu_bwd_kernel
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                  EVEN_K=768 % cfg.block_k == 0, PRECISION="tf32")
+                  EVEN_K=768 % cfg.block_k == 0, PRECISION="tf32", UPCAST=False)
     sig = dict(zip(fn.arg_names, ["*bf16"] * 4 + ["i32"] * 3 + ["constexpr"] * len(consts)))
     # pointers and sizes divisible by 16, as a launch at the model's sizes specialises them: without the sizes'
     # divisibility a row's alignment is unknown, loads stay 2-byte and nothing is software-pipelined

@@ -76,7 +76,8 @@ def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
 @triton.jit
 def _gate_up_silu_kernel(x_ptr, w_ptr, gu_ptr, h_ptr, M, I, K,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+                         GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+                         UPCAST: tl.constexpr):
     """``x [M, K]``, ``w [2I, K]`` (gate rows, then up rows) -> ``gu [M, 2I]``, ``h = silu(g) u [M, I]``."""
     rm, rn = _tile(M, I, BLOCK_M, BLOCK_N, GROUP_M)
     rk = tl.arange(0, BLOCK_K)
@@ -95,6 +96,8 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, gu_ptr, h_ptr, M, I, K,
             a = tl.load(a_ptrs, mask=k_in[None, :], other=0.0)
             b_g = tl.load(g_ptrs, mask=k_in[:, None], other=0.0)
             b_u = tl.load(g_ptrs + up_offset, mask=k_in[:, None], other=0.0)
+        if UPCAST:
+            a, b_g, b_u = a.to(tl.float32), b_g.to(tl.float32), b_u.to(tl.float32)
         acc_g = tl.dot(a, b_g, acc_g, input_precision=PRECISION)
         acc_u = tl.dot(a, b_u, acc_u, input_precision=PRECISION)
         a_ptrs += BLOCK_K
@@ -113,7 +116,8 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, gu_ptr, h_ptr, M, I, K,
 @triton.jit
 def _down_silu_bwd_kernel(dy_ptr, wd_ptr, gu_ptr, dgu_ptr, M, I, D,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+                          GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+                          UPCAST: tl.constexpr):
     """``dy [M, D]``, ``wd [D, I]``, ``gu [M, 2I]`` -> ``dgu [M, 2I]``, the activation's backward of
     ``dh = dy wd`` (rounded to ``dgu``'s dtype first, as the split path's GEMM output is)."""
     rm, rn = _tile(M, I, BLOCK_M, BLOCK_N, GROUP_M)
@@ -129,6 +133,8 @@ def _down_silu_bwd_kernel(dy_ptr, wd_ptr, gu_ptr, dgu_ptr, M, I, D,
             k_in = rk < D - k * BLOCK_K
             a = tl.load(a_ptrs, mask=k_in[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_in[:, None], other=0.0)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K * I
@@ -147,10 +153,13 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _launch(kernel, cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, *args) -> None:
+    # Triton's interpreter multiplies bf16 tl.dot operands as their raw bit patterns (triton-lang/triton#11584, not
+    # supported there): there the bf16 tiles are widened to fp32 first, the same exact products the GPU's MMA forms
+    upcast = dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     kernel[grid](*args, M, N, K, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                 EVEN_K=K % cfg.block_k == 0, PRECISION=_precision(dtype), num_warps=cfg.num_warps,
-                 num_stages=cfg.num_stages)
+                 EVEN_K=K % cfg.block_k == 0, PRECISION="ieee" if upcast else _precision(dtype), UPCAST=upcast,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def gate_up_silu(x_MK: torch.Tensor, w_2IK: torch.Tensor,

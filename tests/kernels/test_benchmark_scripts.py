@@ -189,3 +189,38 @@ def test_swiglu_config_line_replaces_the_module_line():
     assert "/" not in line and "&" not in line  # sed's special characters
     source = Path(swiglu_triton.__file__).read_text().splitlines()
     assert sum(s.startswith("GPU_CONFIG = ") for s in source) == 1
+
+
+def test_bench_swiglu_runs_end_to_end_with_stub_timers(tmp_path, monkeypatch):
+    """``bench_swiglu.py --sweep``'s logic on a CPU (interpreter, stub timers that call each function once): the JSON
+    has every part, both paths' errors (bf16-sized), the sweep's rows and best pair, the whole MLP under that pair,
+    and the ``GPU_CONFIG`` line file; the module's configuration is restored."""
+    from kernels.benchmarks import bench_swiglu as bs
+    from kernels.swiglu import swiglu_triton as st
+
+    calls = iter(range(1, 10_000))
+
+    def stub(fn):
+        fn()
+        return float(next(calls))  # distinct times: the first tiling of each sweep is the fastest
+
+    monkeypatch.setattr(bs, "DEVICE", "cpu")
+    monkeypatch.setattr(bs, "graph_ms", stub)
+    monkeypatch.setattr(bs, "eager_ms", stub)
+    monkeypatch.setattr(bs, "FWD_SWEEP", [(32, 16, 16, 2, 4, 1), (16, 16, 16, 1, 4, 1)])
+    monkeypatch.setattr(bs, "BWD_SWEEP", [(16, 32, 16, 2, 4, 1), (16, 16, 32, 1, 4, 1)])
+    before = dict(st.GPU_CONFIG)
+    out = tmp_path / "bench_swiglu.json"
+    bs.main(["--rows", "40", "--dims", "32,48", "--sweep", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert st.GPU_CONFIG == before
+    assert {"gate_up_gemm", "fused_fwd_kernel", "dh_gemm", "fused_bwd_kernel", "fwd_ratio"} <= set(res["parts"])
+    for impl in ("split", "fused"):
+        assert set(res["errors"][impl]) == {"y", "dx", "dw_gate_up", "dw_down"}
+    # bf16: the interpreter truncates fp32 -> bf16 (about 2.5x the GPU's rounding error here); garbage would be >> 1
+    assert max(res["errors"]["fused"].values()) < 0.03 and max(res["errors"]["split"].values()) < 0.03
+    assert [r["config"] for r in res["sweep"]["fwd"]] == [[32, 16, 16, 2, 4, 1], [16, 16, 16, 1, 4, 1]]
+    assert res["sweep"]["best_fwd"] == [32, 16, 16, 2, 4, 1] and res["sweep"]["best_bwd"] == [16, 32, 16, 2, 4, 1]
+    assert {"fwd_ms", "fwd_bwd_ms"} <= set(res["fused_best"])
+    line = (tmp_path / "swiglu_gpu_config.txt").read_text().strip()
+    assert line == res["best_config_line"] and line.startswith("GPU_CONFIG = ")

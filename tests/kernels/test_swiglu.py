@@ -96,6 +96,19 @@ def test_fp16_error_at_most_split():
         assert rel(a, ref) <= 1.5 * rel(h, ref) + 1e-4
 
 
+def test_bf16_is_bf16_accurate():
+    """bf16 against fp32 maths of the same bf16 inputs: errors of bf16's size (Triton's interpreter multiplies bf16
+    ``tl.dot`` operands as raw bits, triton-lang/triton#11584; the launcher widens them to fp32 there). The
+    interpreter also truncates fp32 -> bf16, hence the loose bound; the ``gpu`` test compares with the split path's
+    error."""
+    x, w_gu, w_d, dy = make(40, 32, 48, 24, torch.bfloat16, seed=7)
+    y_f, g_f = run("fused", x, w_gu, w_d, dy)
+    y_r, g_r = run("split", x.float(), w_gu.float(), w_d.float(), dy.float())
+    assert y_f.dtype == torch.bfloat16
+    for a, b in zip([y_f, *g_f], [y_r, *g_r]):
+        assert rel(a, b) < 0.02
+
+
 def test_leading_dims_and_partial_gradients():
     """``x [B, T, K]`` keeps its leading dims; with only the weights requiring gradients, x gets none and the
     weights' gradients equal the split path's."""
