@@ -18,6 +18,8 @@ Example::
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from kernels.kda.api import preprocess, resolve_backend, validate
@@ -32,6 +34,10 @@ __all__ = [
     "naive_chunk_kda",
     "naive_recurrent_kda",
 ]
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _torch_path(core, q, k, v, g, beta, scale, initial_state, cu_seqlens, shapes, flags):
@@ -82,7 +88,10 @@ def chunk_kda(
     if which == "triton":
         from kernels.kda.chunk_triton import chunk_kda_triton
 
-        o, S = chunk_kda_triton(q, k, v, g, beta, scale, initial_state, cu_seqlens, flags)
+        ins = (q, k, v, g, beta)
+        if _interpreting():  # the interpreter multiplies bf16 tl.dot operands as raw bits (triton-lang/triton#11584)
+            ins = tuple(t.float() if t.dtype == torch.bfloat16 else t for t in ins)
+        o, S = chunk_kda_triton(*ins, scale, initial_state, cu_seqlens, flags)
     else:
         o, S = _torch_path(chunk_kda_torch, q, k, v, g, beta, scale, initial_state, cu_seqlens, shapes, flags)
     out_dt = torch.float64 if q.dtype == torch.float64 else torch.float32

@@ -201,7 +201,8 @@ def test_gpu_no_nan_long_and_decode_matches_chunk():
 
 def test_triton_16bit_path_fp16():
     """The 16-bit storage / tensor-core-dot path (what bf16 uses on a GPU), exercised with fp16 because the
-    interpreter mishandles bf16 loads; compared with the fp32 PyTorch path on the same rounded inputs."""
+    interpreter multiplies bf16 dot operands as raw bits (so ``chunk_kda`` runs bf16 as fp32 there); compared with
+    the fp32 PyTorch path on the same rounded inputs."""
     q, k, v, g, beta, s0 = make_inputs(1, 80, 1, 2, 32, 16, gate="logsig", h0=True)
     A_log = torch.log(torch.empty(2).uniform_(1, 16)).to(kernel_device())
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, output_final_state=True)
@@ -211,6 +212,28 @@ def test_triton_16bit_path_fp16():
     o2, S2 = chunk_kda(*(t.float() for t in x[:5]), initial_state=x[5], backend="torch", **kw)
     assert_rel_rms(o, o2, 2e-3, "o fp16")
     assert_rel_rms(S, S2, 2e-3, "S fp16")
+
+
+def test_triton_bf16_is_bf16_accurate():
+    """bf16 q, k, v through the Triton path: output, state and gradients of bf16's accuracy against the fp32
+    PyTorch path on the same rounded inputs, also under the interpreter, where ``chunk_kda`` widens bf16 inputs to
+    fp32 (it multiplies bf16 ``tl.dot`` operands as raw bits, triton-lang/triton#11584: errors ~1e11 before);
+    the output keeps v's dtype and the gradients their inputs'."""
+    q, k, v, g, beta, s0 = make_inputs(1, 80, 2, 2, 32, 16, gate="logsig", h0=True)
+    kw = dict(use_qk_l2norm_in_kernel=True, output_final_state=True)
+    x = [t.to(kernel_device(), torch.bfloat16).requires_grad_() for t in (q, k, v)] + _to([g, beta, s0])
+    o, S = chunk_kda(*x[:5], initial_state=x[5], **kw)
+    ref = [t.detach().float().requires_grad_() for t in x[:3]]
+    o2, S2 = chunk_kda(*ref, *x[3:5], initial_state=x[5], backend="torch", **kw)
+    assert o.dtype == torch.bfloat16
+    assert_rel_rms(o, o2, 1e-2, "o bf16")
+    assert_rel_rms(S, S2, 1e-2, "S bf16")
+    do = torch.randn_like(o2)
+    got = torch.autograd.grad(o, x[:3], do.to(o.dtype))
+    want = torch.autograd.grad(o2, ref, do)
+    for name, a, b in zip("qkv", got, want):
+        assert a.dtype == torch.bfloat16
+        assert_rel_rms(a, b, 2e-2, f"d{name} bf16")
 
 
 def _chunk_intermediates_ref(q, k, v, g, beta, scale, h0, cu, C=64):
