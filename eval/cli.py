@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_fewshot", type=int, default=None)
     p.add_argument("--batch_size", default=None, help="requests per forward (default 8; or batch_size= in "
                    "--model_args, not both)")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cuda, cuda:1, cpu, ... (default: cuda when there is one, else cpu; "
+                   "or device= in --model_args, not both)")
     p.add_argument("--limit", type=float, default=None, help="max docs per task (a fraction if < 1)")
     p.add_argument("--gen_kwargs", default=None, help="e.g. temperature=0,max_gen_toks=64")
     p.add_argument("--apply_chat_template", action="store_true")
@@ -66,10 +67,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise EvalInputError(f"--include_path {p}: not a directory")
     tm = TaskManager(include_path=include or None, include_defaults=args.include_defaults or not include)
     check_tasks(args.tasks.split(","), tm.all_tasks, include)
-    batch = _batch_size(args)
+    batch, device = _batch_size(args), _device(args)
     return simple_evaluate(
         model=args.model, model_args=args.model_args, tasks=args.tasks.split(","), num_fewshot=args.num_fewshot,
-        batch_size=batch, device=args.device, limit=args.limit, gen_kwargs=args.gen_kwargs,
+        batch_size=batch, device=device, limit=args.limit, gen_kwargs=args.gen_kwargs,
         apply_chat_template=args.apply_chat_template, use_cache=args.use_cache, bootstrap_iters=args.bootstrap_iters,
         log_samples=bool(args.log_samples or args.samples_out), task_manager=tm, random_seed=args.seed,
         numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed,
@@ -90,6 +91,21 @@ def _batch_size(args: argparse.Namespace) -> int | str | None:
         return None
     size = "8" if args.batch_size is None else str(args.batch_size)
     return int(size) if size.isdigit() else size
+
+
+def _device(args: argparse.Namespace) -> str | None:
+    """``--device``, or ``None`` when ``--model_args`` sets it, else ``cuda`` when there is one and ``cpu`` otherwise
+    (lm-eval's ``hf`` model takes cuda for an unset device and stops on a machine without it)."""
+    in_model_args = "device" in _model_args(args)
+    if args.device is not None and in_model_args:
+        raise EvalInputError("--device and --model_args device=... both set the device; keep one")
+    if in_model_args:
+        return None
+    if args.device is not None:
+        return args.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _model_args(args: argparse.Namespace) -> dict[str, str]:

@@ -22,7 +22,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=1024)
     steps = p.parse_args().steps
-    tok = train_tokenizer(synthetic_sentences(400), tempfile.mkdtemp() + "/tok", vocab_size=1024)
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = train_tokenizer(synthetic_sentences(400), tmp + "/tok", vocab_size=1024)
     ids = torch.randint(300, len(tok), (8, 512 + steps), generator=torch.Generator().manual_seed(0))
     crit = StopStrings(tok, STOP, 512)
     checks = {"whole texts": lambda n: [any(s in t for s in STOP)

@@ -104,6 +104,8 @@ def _open_pil(source: str | os.PathLike | bytes, max_pixels: int) -> Image.Image
         image.load()
     except Image.DecompressionBombError as err:
         raise ValueError(f"image {name} exceeds PIL's decompression-bomb limit: {err}") from err
+    except FileNotFoundError as err:
+        raise ValueError(f"image {name}: no such file") from err
     except (OSError, SyntaxError) as err:
         raise ValueError(f"image {name} could not be decoded (empty, truncated or not an image): {err}") from err
     return image
@@ -286,6 +288,8 @@ class MoonViTProcessor:
         import decord
 
         name = "<bytes>" if isinstance(source, bytes) else str(source)
+        if not isinstance(source, bytes) and not os.path.isfile(source):
+            raise ValueError(f"video {name}: no such file")
         try:
             reader = decord.VideoReader(io.BytesIO(source) if isinstance(source, bytes) else str(source))
         except Exception as err:  # decord raises its own DECORDError / RuntimeError subclasses

@@ -28,10 +28,22 @@ def main(argv=None) -> int:
         raise SystemExit("--split train would evaluate on training data; use test or eval")
     lengths = tuple(int(v) for v in args.retrieval_lengths.split(",") if v.strip())
     spec = SuiteSpec(Path(args.out).resolve(), args.n, args.preset, args.seed, args.split, lengths, args.tokenizer)
+    extra = []
     for suite, tasks in write_suites(spec, tuple(args.suites.split(","))).items():
-        print(f"{suite}: {', '.join(tasks)}")
+        grouped = _group_tasks(spec.out / suite / f"{suite}.yaml")
+        print(f"{suite}: {', '.join(t for t in tasks if t in grouped)}")
+        extra += [t for t in tasks if t not in grouped]
+    if extra:
+        print(f"also written, outside the groups (name them in --tasks): {', '.join(extra)}")
     print(f"run: kimi-vl eval --model_args checkpoint=DIR --tasks {args.suites} --include_path {spec.out}")
     return 0
+
+
+def _group_tasks(group_yaml: Path) -> list[str]:
+    """The task names of a group file written by :func:`write_suites`."""
+    import yaml
+
+    return list(yaml.safe_load(group_yaml.read_text())["task"])
 
 
 def _dataset_suite(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -45,8 +45,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.files or len(args.files) % 2:
         parser.error("give REFERENCE CANDIDATE pairs of HTML files")
-    texts = [Path(f).read_text(encoding="utf-8") for f in args.files]
-    report = score_pages(texts[0::2], texts[1::2])
+    try:
+        raw = [Path(f).read_bytes() for f in args.files]
+    except OSError as err:
+        parser.error(f"{err.filename}: {err.strerror}")
+    references = []
+    for name, data in zip(args.files[0::2], raw[0::2]):
+        try:
+            references.append(data.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            parser.error(f"{name}: a reference must be UTF-8 ({err.reason} at byte {err.start})")
+    # a candidate that is not UTF-8 scores 0 with its reason in the report (the metric's protocol), as in the API
+    report = score_pages(references, raw[1::2])
     json.dump(report.to_dict(), sys.stdout, indent=2)
     print()
     return 0

@@ -58,3 +58,21 @@ def test_cuda_device_without_cuda_falls_back_to_the_cpu(ckpt, monkeypatch):
 
 def test_commands_are_registered():
     assert COMMANDS["eval"][1] == "eval.cli:main" and COMMANDS["ablate"][1] == "eval.ablation.cli:main"
+
+
+def test_device_defaults_to_the_cpu_without_cuda(monkeypatch):
+    """Without ``--device`` the evaluation runs on cuda when there is one, else on the CPU (lm-eval's ``hf`` model
+    would take cuda and stop); ``--device`` wins, ``device=`` in ``--model_args`` is passed once, both is an error."""
+    from eval.cli import EvalInputError, _device, build_parser
+
+    def parse(*argv):
+        return build_parser().parse_args(["--tasks", "t", *argv])
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _device(parse()) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _device(parse()) == "cuda"
+    assert _device(parse("--device", "cpu")) == "cpu"
+    assert _device(parse("--model_args", "pretrained=x,device=cpu")) is None
+    with pytest.raises(EvalInputError, match="both set the device"):
+        _device(parse("--model_args", "device=cpu", "--device", "cpu"))

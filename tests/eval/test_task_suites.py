@@ -97,3 +97,15 @@ def test_integer_distractors_for_small_and_negative_answers():
         options, label = mc_choices(qa, {}, "", {}, rng)
         assert len(set(options)) == 4 and options[label] == str(a)
         assert a < 0 or all(int(o) >= 0 for o in options)
+
+
+def test_summary_lists_group_members_apart_from_other_tasks(tmp_path, capsys):
+    """``python -m eval.tasks`` prints each group's own tasks (what ``--tasks kimi_vision`` runs) and names the tasks
+    it wrote outside the groups (the tool-use task) separately."""
+    from eval.tasks.__main__ import main
+
+    assert main(["--out", str(tmp_path / "s"), "--n", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    vision = next(line for line in lines if line.startswith("kimi_vision: "))
+    assert vision.split(": ", 1)[1].split(", ") == list(VISION_TASKS)
+    assert any(line.startswith("also written, outside the groups") and "kimi_vision_tooluse" in line for line in lines)

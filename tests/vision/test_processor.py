@@ -155,6 +155,10 @@ def test_bad_inputs_are_converted_or_rejected(tmp_path) -> None:
     empty.write_bytes(b"")
     with pytest.raises(ValueError, match="empty.jpg"):
         proc.preprocess_images([empty])
+    with pytest.raises(ValueError, match=r"image .*missing.png: no such file"):
+        proc.preprocess_images([tmp_path / "missing.png"])
+    with pytest.raises(ValueError, match=r"video .*missing.mp4: no such file"):
+        proc.load_video(tmp_path / "missing.mp4")
     big = tmp_path / "big.png"
     _pil(200, 100).save(big)
     with pytest.raises(ValueError, match=r"big.png.*max_input_pixels=10000"):

@@ -136,3 +136,23 @@ def test_report_reward_and_lm_eval_hook(page, browser) -> None:
     generation = f"Here is the page:\n```html\n{page.html}```\nDone."
     assert extract_html(generation) == page.html.strip()
     assert process_results({"html": page.html}, [generation])["design2code"] == pytest.approx(1.0)
+
+
+def test_cli_reads_bytes_and_names_bad_files(page, tmp_path, capsys) -> None:
+    """``python -m eval.web_metric REF CAND``: a candidate that is not UTF-8 scores 0 with its reason (the protocol,
+    as through the API); a missing file or a reference that is not UTF-8 is a usage error naming the file."""
+    import json
+
+    from eval.web_metric.__main__ import main
+
+    ref, bad = tmp_path / "ref.html", tmp_path / "bad.html"
+    ref.write_text(page.html, encoding="utf-8")
+    bad.write_bytes(b"<html>\xff\xfe</html>")
+    assert main([str(ref), str(bad)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["overall"] == 0.0 and "not UTF-8" in report["pages"][0]["reason"]
+    for argv, message in (([str(ref), str(tmp_path / "nope.html")], "nope.html: No such file"),
+                          ([str(bad), str(ref)], "bad.html: a reference must be UTF-8")):
+        with pytest.raises(SystemExit) as err:
+            main(argv)
+        assert err.value.code == 2 and message in capsys.readouterr().err
