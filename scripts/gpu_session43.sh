@@ -4,7 +4,9 @@
 #       (kernels/swiglu, KVL_SWIGLU_IMPL=fused). Its GPU tests; bench_swiglu.py --sweep (each fused kernel against
 #       the cuBLAS GEMM + silu_mul pair it replaces, the whole MLP, the tilings of FWD_SWEEP / BWD_SWEEP); then the
 #       small hybrid's profiled training step at 4096 with the split and the fused MLP, interleaved twice, in a copy
-#       of the tree whose GPU_CONFIG is the sweep's best pair. About 5 minutes.
+#       of the tree whose GPU_CONFIG is the sweep's best pair. Also session 43's CPU-written tests that behave
+#       differently with CUDA (bf16 KDA without the interpreter's widening; kimi-vl eval's --device default).
+#       About 5 minutes.
 #   bash scripts/gpu_session43.sh split    issue 4: session 42's prepared unequal-pieces run (gpu_session42.sh split).
 set -u
 source "$(dirname "$0")/gpu_parts.sh"
@@ -20,8 +22,9 @@ step() {  # name impl: bench_backbone --profile of the hybrid's step at 4096 in 
 gpu_header
 case "${1:?usage: gpu_session43.sh swiglu|split}" in
 swiglu)
-  PART_TAIL=8 part "SwiGLU GEMM tests on the GPU" 120 python3 -m pytest -q -p no:cacheprovider -rf \
-    tests/kernels/test_swiglu.py tests/model/test_bench_backbone.py
+  PART_TAIL=8 part "SwiGLU GEMM tests (and session 43's bf16 KDA test) on the GPU" 150 python3 -m pytest -q \
+    -p no:cacheprovider -rf tests/kernels/test_swiglu.py tests/model/test_bench_backbone.py \
+    tests/kernels/test_kda_triton.py::test_triton_bf16_is_bf16_accurate tests/eval/test_eval_cli.py
   PART_TAIL=30 part "bench_swiglu --sweep" 240 python3 kernels/benchmarks/bench_swiglu.py --sweep \
     --out "$OUT/bench_swiglu.json"
   if [ -s "$OUT/swiglu_gpu_config.txt" ]; then
