@@ -239,13 +239,13 @@ def apply_overrides(data: dict, overrides: Sequence[str], origins: dict[str, str
     for text in overrides:
         path, value = parse_override(text)
         node = data
-        for part in path[:-1]:
+        for i, part in enumerate(path[:-1]):
             child = node.get(part)
             if not isinstance(child, dict):
-                child = {} if child is None else child
-                if not isinstance(child, dict):
+                if child is not None:
                     raise ConfigError(f"override '{text}': '{part}' is not a mapping")
-                node[part] = child
+                child = node[part] = {}
+                origins[".".join(path[: i + 1])] = CLI_SOURCE  # a section made here: an unknown one is blamed on it
             node = child
         node[path[-1]] = value
         origins[".".join(path)] = CLI_SOURCE

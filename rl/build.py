@@ -42,14 +42,16 @@ def check_inputs(cfg: RLRunConfig) -> None:
     """``init_from``, ``data.path`` and the tokenizer folder (:func:`tokenizer_path`) checked before anything is built
     (the ``letter_count`` source reads no dataset; a ``synth:`` one is built later), so that a wrong path is a
     one-line error naming the field."""
-    from kimi_vl.train.build import SYNTH_PREFIX, data_root
+    from kimi_vl.train.build import SYNTH_PREFIX, data_root, parse_synth
 
     if cfg.init_from:
         export_folder(cfg.init_from, "init_from")
     if cfg.data.source == "letter_count":
         return
     synth = cfg.data.path.startswith(SYNTH_PREFIX)
-    if not synth:
+    if synth:
+        parse_synth(cfg.data.path)
+    else:
         data_root(train_view(cfg))
     if cfg.data.tokenizer or not synth:
         path = tokenizer_path(cfg)

@@ -63,6 +63,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name == "heldout":
         from eval.demo.heldout import main as heldout_main
 
-        return heldout_main(rest)
+        return heldout_main(rest, "kimi-vl demo heldout")
     print(f"kimi-vl demo: unknown demo {name!r}\n{usage}")
     return 2

@@ -169,15 +169,21 @@ def write_examples(results: list[dict[str, Any]], path: Path, examples: int = 2)
 def _check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A missing checkpoint or dataset folder is a usage error naming the option, before anything loads."""
     from kimi_vl.exports import require_export
-    from kimi_vl.train.build import SYNTH_PREFIX
+    from kimi_vl.runconfig import ConfigError
+    from kimi_vl.train.build import SYNTH_PREFIX, parse_synth
 
     require_export(parser, args.checkpoint, "--checkpoint")
-    if not args.data.startswith(SYNTH_PREFIX) and not (Path(args.data) / "manifest.json").is_file():
+    if args.data.startswith(SYNTH_PREFIX):
+        try:
+            parse_synth(args.data, "--data")
+        except ConfigError as err:
+            parser.error(str(err))
+    elif not (Path(args.data) / "manifest.json").is_file():
         parser.error(f"--data {args.data}: no manifest.json there (a folder of `kimi-vl data synth`, or synth:PRESET)")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eval.demo.heldout", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "python -m eval.demo.heldout") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="an export folder (RUN/final) of a vision model")
     p.add_argument("--out", required=True)
     p.add_argument("--data", default=DEFAULT_DATA, help="dataset folder or synth:PRESET[:SEED]")

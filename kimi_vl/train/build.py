@@ -21,6 +21,7 @@ from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.exports import export_folder
 from kimi_vl.logs import print0
 from kimi_vl.modeling.model import KimiVLForCausalLM
+from kimi_vl.runconfig import ConfigError
 from kimi_vl.train.config import TrainConfig
 from vision_encoder.geometry import PatchGeometry
 from vision_encoder.processor import MoonViTProcessor, MoonViTProcessorConfig
@@ -32,10 +33,21 @@ def synth_cache_dir() -> Path:
     return Path(os.environ.get("KVL_DATA_CACHE", Path.home() / ".cache" / "kimi-vl" / "synth"))
 
 
+def parse_synth(spec: str, field: str = "data.path") -> tuple[str, int]:
+    """``synth:PRESET[:SEED]`` -> ``(preset, seed)``; a :class:`ConfigError` naming ``field`` for an unknown preset
+    or a seed that is not an integer."""
+    from data_pipelines.synth import PRESETS
+
+    parts = spec[len(SYNTH_PREFIX):].split(":")
+    if parts[0] not in PRESETS or len(parts) > 2 or (len(parts) == 2 and not parts[1].lstrip("-").isdigit()):
+        raise ConfigError(f"{field}={spec!r}: expected synth:PRESET[:SEED] with PRESET one of {sorted(PRESETS)} and "
+                          "an integer SEED")
+    return parts[0], int(parts[1]) if len(parts) == 2 else 0
+
+
 def ensure_synth(spec: str) -> Path:
     """``synth:PRESET[:SEED]`` -> the built dataset in the cache, generated once (atomically) if missing."""
-    parts = spec[len(SYNTH_PREFIX):].split(":")
-    preset, seed = parts[0], int(parts[1]) if len(parts) > 1 else 0
+    preset, seed = parse_synth(spec)
     root = synth_cache_dir() / f"{preset}-seed{seed}"
     if (root / "manifest.json").is_file() and (root / "tokenizer").is_dir():
         return root
@@ -68,9 +80,12 @@ def data_root(cfg: TrainConfig) -> Path:
 
 def check_inputs(cfg: TrainConfig) -> None:
     """The run's input paths (``data.path``, ``data.tokenizer``, ``init_from``), checked before anything is built so
-    that a wrong one is a one-line error naming the field. A ``synth:`` dataset is generated later, not here."""
+    that a wrong one is a one-line error naming the field. A ``synth:`` dataset is generated later, not here (only its
+    spec is checked)."""
     synth = cfg.data.path.startswith(SYNTH_PREFIX)
-    if not synth:
+    if synth:
+        parse_synth(cfg.data.path)
+    else:
         data_root(cfg)
     if cfg.data.tokenizer or not synth:
         tokenizer_folder(cfg)

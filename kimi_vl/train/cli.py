@@ -30,10 +30,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "kimi-vl train") -> int:
         return 2
     if args.dry_run:
         return dry_run(cfg)
+    from kimi_vl.train.checkpoint import CheckpointError
     from kimi_vl.train.loop import Trainer
 
-    trainer = Trainer(cfg)
-    out = trainer.run()
+    try:
+        trainer = Trainer(cfg)
+        out = trainer.run()
+    except CheckpointError as exc:  # init_from or resume names a checkpoint this run cannot load (fields named)
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     trainer.close()
     if trainer.interrupted:
         print(f"[train] stopped by {trainer.interrupted}; checkpoint {out}")

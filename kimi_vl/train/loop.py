@@ -244,13 +244,13 @@ class Trainer:
             project_dir=str(self.out), kwargs_handlers=[ddp])
         set_seed(cfg.seed)
         set_cpu_threads(cfg.cpu_threads, self.acc.device.type == "cuda")
-        if self.acc.is_main_process:
-            self.out.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.out / "config.yaml")
         self.tokenizer = build.build_tokenizer(cfg)
         self.processor = build.build_processor(cfg)
         self.multimodal = self.processor is not None
-        model = build.build_model(cfg, self.tokenizer)
+        model = build.build_model(cfg, self.tokenizer)  # an incompatible init_from stops here, before the output
+        if self.acc.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.out / "config.yaml")
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.flop_model = FlopModel.of(model)  # parameter counts read once, before any sharding

@@ -38,10 +38,12 @@ def test_demo_heldout_names_the_bad_input(tmp_path, capsys) -> None:
     export.mkdir(parents=True)
     (export / "config.json").write_text("{}")
     for args, message in (([str(tmp_path / "none")], "--checkpoint='"),
-                          ([str(tmp_path / "run"), "--data", str(tmp_path)], "no manifest.json there")):
+                          ([str(tmp_path / "run"), "--data", str(tmp_path)], "no manifest.json there"),
+                          ([str(tmp_path / "run"), "--data", "synth:nosuch"], "--data='synth:nosuch': expected")):
         with pytest.raises(SystemExit) as exit_:
             kimi_vl_main(["demo", "heldout", "--checkpoint", *args, "--out", str(tmp_path / "out")])
-        assert exit_.value.code == 2 and message in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err and "usage: kimi-vl demo heldout" in err
 
 
 @pytest.mark.parametrize("task, flag", [("video2web", "--video"), ("screenshot2web", "--image")])
@@ -67,6 +69,7 @@ def test_demo_cli_rejects_missing_inputs_before_loading(task, flag, tmp_path, ca
     ("init_from={tmp}/run", "init_from='"),
     ("data.path={tmp}", "no manifest.json"),
     ("bogus=1", "unknown key 'bogus'"),
+    ("data.path=synth:nosuch", "expected synth:PRESET[:SEED]"),
 ])
 def test_rl_cli_names_the_bad_input(override, message, tmp_path, capsys) -> None:
     from rl.trainer import main as rl_main

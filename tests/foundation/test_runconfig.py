@@ -48,6 +48,8 @@ def test_unknown_override_names_command_line(tmp_path):
     p = write(tmp_path, "ok.yaml", {"output_dir": "o"})
     with pytest.raises(ConfigError, match=r"'nope'.*command line"):
         load_config(Run, p, ["nope=1"])
+    with pytest.raises(ConfigError, match=r"'nope'.*command line"):  # a section only the command line made
+        load_config(Run, p, ["nope.deeper=1"])
 
 
 def test_wrong_type_names_key_and_source(tmp_path):

@@ -103,3 +103,12 @@ def test_bad_inputs_raise() -> None:
         max_logits_per_head(q, k, 1.0, True, key_padding_mask=torch.ones(2, 7))
     with pytest.raises(ValueError, match="backend"):
         max_logits_per_head(q, k, 1.0, True, backend="cuda")
+
+
+def test_triton_on_a_cpu_tensor_needs_the_interpreter(monkeypatch) -> None:
+    """``backend="triton"`` on a CPU tensor without ``TRITON_INTERPRET=1``: the package's own error, not Triton's
+    "0 active drivers"."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k = _qk(2, 8, 8)
+    with pytest.raises(ValueError, match=r"backend 'triton' on device cpu needs CUDA or TRITON_INTERPRET=1"):
+        max_logits_per_head(q, k, 1.0, True, backend="triton")

@@ -151,17 +151,27 @@ def test_bad_inputs_are_named(tiny_data, tmp_path, capsys):
     # the CLI checks the input paths before building anything: one line naming the field, exit code 2
     for override, message in ((f"data.path={empty}", "no manifest.json"),
                               (f"data.tokenizer={empty / 'tok'}", "data.tokenizer="),
-                              (f"init_from={tmp_path / 'run'}", "init_from=")):
+                              (f"init_from={tmp_path / 'run'}", "init_from="),
+                              ("data.path=synth:nosuch", "expected synth:PRESET[:SEED]"),
+                              ("data.path=synth:tiny:x", "expected synth:PRESET[:SEED]")):
         assert train_cli(["--config", "debug_pretrain", f"data.path={tiny_data}", override]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
 
 
-def test_incompatible_init_from_is_refused(tiny_data, tmp_path):
+def test_incompatible_init_from_is_refused(tiny_data, tmp_path, capsys):
+    """The differing fields are named; the CLI prints them as one usage error (exit 2, no traceback) and leaves no
+    output folder behind."""
     final = train(config(tiny_data, tmp_path / "a", "max_steps=1"))
     with pytest.raises(CheckpointError, match="hidden_size"):
         Trainer(config(tiny_data, tmp_path / "b", "max_steps=1", f"init_from={final}",
                        "model.overrides={hidden_size: 96}"))
+    capsys.readouterr()
+    assert train_cli(["--config", "debug_pretrain", f"data.path={tiny_data}", f"output_dir={tmp_path / 'c'}",
+                      *FAST, "max_steps=1", f"init_from={final}", "model.overrides={hidden_size: 96}"]) == 2
+    err = capsys.readouterr().err
+    assert "incompatible architecture" in err and "hidden_size" in err and "Traceback" not in err
+    assert not (tmp_path / "c" / "config.yaml").exists()
 
 
 def test_resume_checks_the_architecture_and_notes_new_batch_settings(tiny_data, tmp_path, capsys):
