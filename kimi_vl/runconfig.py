@@ -7,8 +7,9 @@ config is a YAML mapping merged *strictly* into that tree:
   naming the dotted key and where the value came from (the file, or ``command line``);
 - ``key=value`` overrides use dotted keys for nesting (``optim.lr=3e-4``) and YAML syntax for values
   (``layers=[kda,mla]``, ``resume=null``);
-- a YAML file may start from another one with ``_base_: other.yaml`` (relative to the file); keys
-  of the derived file replace the base's, mappings merge recursively;
+- a YAML file may start from another one with ``_base_: other.yaml`` (relative to the file, else a shipped run
+  config of ``kimi_vl/configs`` by name, e.g. ``_base_: tiny_pretrain``); keys of the derived file replace the
+  base's, mappings merge recursively;
 - :func:`save_config` writes the resolved config, which :func:`load_config` reads back unchanged.
 
 Example::
@@ -40,6 +41,7 @@ import yaml
 
 T = TypeVar("T")
 BASE_KEY = "_base_"
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"  # what a _base_ name that is not a file beside refers to
 CLI_SOURCE = "command line"
 
 
@@ -203,9 +205,19 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str,
     merged: dict = {}
     origins: dict[str, str] = {}
     if base is not None:
-        merged, origins = _read_yaml((path.parent / base), seen + (path,))
+        merged, origins = _read_yaml(_base_path(path, str(base)), seen + (path,))
     _deep_merge(merged, data, origins, str(path))
     return merged, origins
+
+
+def _base_path(path: Path, base: str) -> Path:
+    """``_base_`` of the file at ``path``: a file relative to it, else a shipped run config by name."""
+    name = base if base.endswith((".yaml", ".yml")) else f"{base}.yaml"
+    for beside in (path.parent / base, path.parent / name):
+        if beside.is_file():
+            return beside
+    shipped = SHIPPED_CONFIGS / name
+    return shipped if "/" not in base and shipped.is_file() else path.parent / base  # (missing: _read_yaml names it)
 
 
 def _deep_merge(dst: dict, src: Mapping, origins: dict[str, str], source: str, prefix: str = "") -> None:

@@ -111,3 +111,19 @@ def test_replace_config_is_strict():
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(Run, tmp_path / "nope.yaml")
+
+
+def test_base_names_a_shipped_config(tmp_path):
+    """``_base_: debug_pretrain`` in a user's file (no such file beside it) starts from the shipped run config; a file
+    beside it of that name would win; a base that is neither is an error naming the path."""
+    from kimi_vl.train.config import TrainConfig
+
+    mine = write(tmp_path, "mine.yaml", {"_base_": "debug_pretrain", "max_steps": 3})
+    cfg = load_config(TrainConfig, mine)
+    assert cfg.max_steps == 3 and cfg.model.flavor == "debug" and cfg.stage == "pretrain"
+    write(tmp_path, "debug_pretrain.yaml", {"_base_": "tiny_pretrain.yaml", "seed": 7})
+    cfg = load_config(TrainConfig, mine)
+    assert cfg.seed == 7 and cfg.model.flavor == "tiny" and cfg.max_steps == 3
+    bad = write(tmp_path, "bad.yaml", {"_base_": "no_such_config"})
+    with pytest.raises(ConfigError, match="config file not found: .*no_such_config"):
+        load_config(TrainConfig, bad)
