@@ -82,12 +82,18 @@ class EvalInputError(ValueError):
     loads; ``kimi-vl eval`` prints it as a usage error."""
 
 
+def _set_in_model_args(args: argparse.Namespace, key: str, what: str) -> bool:
+    """Whether ``--model_args`` sets ``key`` (lm-eval would then pass the model two values if the flag did too: that
+    is an :class:`EvalInputError`)."""
+    in_model_args = key in _model_args(args)
+    if in_model_args and getattr(args, key) is not None:
+        raise EvalInputError(f"--{key} and --model_args {key}=... both set the {what}; keep one")
+    return in_model_args
+
+
 def _batch_size(args: argparse.Namespace) -> int | str | None:
-    """``--batch_size``, or ``None`` when ``--model_args`` sets it (lm-eval would pass the model two), else 8."""
-    in_model_args = "batch_size" in _model_args(args)
-    if args.batch_size is not None and in_model_args:
-        raise EvalInputError("--batch_size and --model_args batch_size=... both set the batch size; keep one")
-    if in_model_args:
+    """``--batch_size``, or ``None`` when ``--model_args`` sets it, else 8."""
+    if _set_in_model_args(args, "batch_size", "batch size"):
         return None
     size = "8" if args.batch_size is None else str(args.batch_size)
     return int(size) if size.isdigit() else size
@@ -96,10 +102,7 @@ def _batch_size(args: argparse.Namespace) -> int | str | None:
 def _device(args: argparse.Namespace) -> str | None:
     """``--device``, or ``None`` when ``--model_args`` sets it, else ``cuda`` when there is one and ``cpu`` otherwise
     (lm-eval's ``hf`` model takes cuda for an unset device and stops on a machine without it)."""
-    in_model_args = "device" in _model_args(args)
-    if args.device is not None and in_model_args:
-        raise EvalInputError("--device and --model_args device=... both set the device; keep one")
-    if in_model_args:
+    if _set_in_model_args(args, "device", "device"):
         return None
     if args.device is not None:
         return args.device

@@ -1,7 +1,8 @@
 """The backend choice every op package makes the same way (``docs/INTERFACES.md``): the ``backend`` argument, else
 the op's environment variable (``KVL_KDA_BACKEND``, ``KVL_CONV_BACKEND``, ...), else Triton on CUDA and PyTorch
-elsewhere; Triton on a CPU needs ``TRITON_INTERPRET=1``. Errors name the calling function and its package. Also the
-SM count that kernels size their grids by (:func:`sm_count`)."""
+elsewhere; Triton on a CPU needs ``TRITON_INTERPRET=1`` (:func:`interpreting`, :func:`require_triton_device`). Errors
+name the calling function and its package. Also the SM count that kernels size their grids by (:func:`sm_count`) and
+the dtype a product runs in under autocast (:func:`matmul_dtype`)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,28 @@ def choose_backend(backend: str | None, device: torch.device, fn: str, package: 
     if choice not in BACKENDS:
         raise ValueError(f"{fn} ({package}): backend must be one of {BACKENDS} (argument or {env_var}), "
                          f"got {choice!r}")
-    if choice == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"{fn} ({package}): backend 'triton' on device {device} needs CUDA or TRITON_INTERPRET=1")
+    if choice == "triton":
+        require_triton_device(device, f"{fn} ({package})")
     return choice
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels run under its interpreter (``TRITON_INTERPRET=1``, read at each call)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def require_triton_device(device: torch.device, where: str, what: str = "backend 'triton'") -> None:
+    """A ``ValueError`` naming ``where`` unless Triton can run on ``device`` (CUDA, or any device interpreted)."""
+    if device.type != "cuda" and not interpreting():
+        raise ValueError(f"{where}: {what} on device {device} needs CUDA or TRITON_INTERPRET=1")
+
+
+def matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype ``F.linear`` computes ``x``'s product in: autocast's on x's device when it is on there, else x's."""
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind) and x.is_floating_point():
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
 
 
 @functools.lru_cache(maxsize=16)

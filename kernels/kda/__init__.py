@@ -18,10 +18,9 @@ Example::
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from kernels.backend import interpreting
 from kernels.kda.api import preprocess, resolve_backend, validate
 from kernels.kda.chunk_torch import chunk_kda_torch, pack_varlen, recurrent_kda_torch, unpack_varlen
 from kernels.kda.naive import kda_gate_ref, l2norm_ref, naive_chunk_kda, naive_recurrent_kda
@@ -34,10 +33,6 @@ __all__ = [
     "naive_chunk_kda",
     "naive_recurrent_kda",
 ]
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _torch_path(core, q, k, v, g, beta, scale, initial_state, cu_seqlens, shapes, flags):
@@ -89,7 +84,7 @@ def chunk_kda(
         from kernels.kda.chunk_triton import chunk_kda_triton
 
         ins = (q, k, v, g, beta)
-        if _interpreting():  # the interpreter multiplies bf16 tl.dot operands as raw bits (triton-lang/triton#11584)
+        if interpreting():  # the interpreter multiplies bf16 tl.dot operands as raw bits (triton-lang/triton#11584)
             ins = tuple(t.float() if t.dtype == torch.bfloat16 else t for t in ins)
         o, S = chunk_kda_triton(*ins, scale, initial_state, cu_seqlens, flags)
     else:

@@ -46,14 +46,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import sm_count
+from kernels.backend import interpreting, sm_count
 from kernels.kda import pieces as kda_pieces
 from kernels.kda.chunk_bwd_torch import CHUNK, chunk_tables
 from kernels.kda.chunk_triton_bwd import BwdPrep, bwd_reads_g, chunk_kda_bwd_triton
@@ -331,10 +330,6 @@ def state_stages(bv: int, programs: int, device: torch.device) -> int:
     return STATE_STAGES_WIDE_MANY if wide_many else STATE_LAUNCH[1]
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 @functools.cache
 def _has_maxnreg() -> bool:
     try:
@@ -347,7 +342,7 @@ def _has_maxnreg() -> bool:
 
 def _maxnreg(n: int | None) -> dict:
     """``maxnreg`` launch option where this Triton's CUDA backend has it (not under the interpreter); None: no cap."""
-    return {"maxnreg": n} if n and not _interpreting() and _has_maxnreg() else {}
+    return {"maxnreg": n} if n and not interpreting() and _has_maxnreg() else {}
 
 
 class KDAFwdState(NamedTuple):

@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from kernels.backend import require_triton_device
 from kernels.host_ints import host_ints
 from kernels.qk_max.chunked import max_logits_per_head_chunked
 from kernels.qk_max.naive import max_logits_per_head_naive
@@ -83,8 +84,8 @@ def max_logits_per_head(
     backend = backend or os.environ.get("KVL_QK_MAX_BACKEND") or ("triton" if q.is_cuda else "torch")
     if backend not in _BACKENDS:
         raise ValueError(f"kernels/qk_max: KVL_QK_MAX_BACKEND must be one of {_BACKENDS[1:]}, got {backend!r}")
-    if backend == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"kernels/qk_max: backend 'triton' on device {q.device} needs CUDA or TRITON_INTERPRET=1")
+    if backend == "triton":
+        require_triton_device(q.device, "max_logits_per_head (kernels/qk_max)")
     with torch.no_grad():
         if backend == "triton":
             from kernels.qk_max.triton_max import max_logits_per_head_triton

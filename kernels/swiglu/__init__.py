@@ -24,6 +24,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from kernels.backend import require_triton_device
 from kernels.norm import silu_mul
 from kernels.swiglu.swiglu_triton import SwiGLUGemmFunction
 
@@ -39,9 +40,8 @@ def resolve_impl(impl: str | None, device: torch.device) -> str:
     if choice not in IMPLS:
         raise ValueError(f"swiglu_mlp (kernels/swiglu): impl must be one of {IMPLS} (argument or {ENV_VAR}), "
                          f"got {choice!r}")
-    if choice == "fused" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"swiglu_mlp (kernels/swiglu): impl 'fused' on device {device} needs CUDA or "
-                         "TRITON_INTERPRET=1")
+    if choice == "fused":
+        require_triton_device(device, "swiglu_mlp (kernels/swiglu)", "impl 'fused'")
     return choice
 
 

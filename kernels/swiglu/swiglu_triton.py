@@ -28,12 +28,13 @@ reduction's mask when ``BLOCK_K`` divides it. Fixed configurations (:data:`GPU_C
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.backend import interpreting, matmul_dtype
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ INTERPRET_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)  # the interpreter runs each 
 
 def pick_config(kind: str, device: torch.device) -> GemmConfig:
     """The launch configuration of ``kind`` (``"fwd"`` or ``"bwd"``) on ``device``."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or interpreting():
         return INTERPRET_CONFIG
     return GPU_CONFIG[kind]
 
@@ -155,7 +156,7 @@ def _precision(dtype: torch.dtype) -> str:
 def _launch(kernel, cfg: GemmConfig, M: int, N: int, K: int, dtype: torch.dtype, *args) -> None:
     # Triton's interpreter multiplies bf16 tl.dot operands as their raw bit patterns (triton-lang/triton#11584, not
     # supported there): there the bf16 tiles are widened to fp32 first, the same exact products the GPU's MMA forms
-    upcast = dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    upcast = dtype == torch.bfloat16 and interpreting()
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     kernel[grid](*args, M, N, K, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                  EVEN_K=K % cfg.block_k == 0, PRECISION="ieee" if upcast else _precision(dtype), UPCAST=upcast,
@@ -194,14 +195,6 @@ def down_silu_bwd(dy_MD: torch.Tensor, wd_DI: torch.Tensor, gu_M2I: torch.Tensor
     return dgu
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """Autocast's dtype for matmuls on x's device when autocast is on there, else x's dtype."""
-    kind = x.device.type
-    if torch.is_autocast_enabled(kind) and x.is_floating_point():
-        return torch.get_autocast_dtype(kind)
-    return x.dtype
-
-
 class SwiGLUGemmFunction(torch.autograd.Function):
     """``(x [..., K], w_gu [2I, K], w_down [D, I]) -> y [..., D]``: the dense SwiGLU with the activation inside the
     gate/up GEMM (forward) and inside the ``dh`` GEMM (backward). Under autocast every matmul runs in autocast's
@@ -209,7 +202,7 @@ class SwiGLUGemmFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_gu, w_down):
-        cdt = _compute_dtype(x)
+        cdt = matmul_dtype(x)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(cdt).contiguous()
         wgu = w_gu.to(cdt).contiguous()

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from kimi_vl.optim.builder import OptimConfig
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+from kimi_vl.runconfig import SHIPPED_CONFIGS as CONFIG_DIR
 
 
 @dataclass
